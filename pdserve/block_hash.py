@@ -1,0 +1,35 @@
+"""THE chained block hash: the engine, the router and the prefix index all use this one.
+
+A full KV block is named by hash(parent block's hash, the block's token ids). Chaining makes a
+block's name depend on the whole prefix before it, so equal names mean equal prefixes. The hash
+is blake2b over a fixed byte encoding: identical across processes, runs and machines (Python's
+built-in `hash()` is salted per process and must never be used here).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Sequence
+
+# The parent hash of a sequence's first block. Part of the wire contract with the index.
+ROOT_HASH = 0
+_MASK = (1 << 63) - 1  # keep hashes positive and inside a signed 64-bit integer (Redis, protobuf)
+
+
+def block_hash(parent_hash: int, token_ids: Sequence[int]) -> int:
+    """Hash of one full block given its parent's hash (ROOT_HASH for the first block)."""
+    digest = hashlib.blake2b(digest_size=8)
+    digest.update(struct.pack("<q", parent_hash))
+    digest.update(struct.pack(f"<{len(token_ids)}I", *token_ids))
+    return int.from_bytes(digest.digest(), "little") & _MASK
+
+
+def prompt_block_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
+    """Chained hashes of every *full* block of `token_ids`; a trailing partial block has none."""
+    hashes: list[int] = []
+    parent = ROOT_HASH
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        parent = block_hash(parent, token_ids[start : start + block_size])
+        hashes.append(parent)
+    return hashes

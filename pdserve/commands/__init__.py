@@ -1,0 +1,1 @@
+"""One module per `pdserve` subcommand (see pdserve/cli.py)."""
