@@ -1,0 +1,39 @@
+"""KV transfer from prefill to decode workers: one interface, two transports.
+
+- `base.py` — the seam: KVSender / KVReceiver ABCs, the KVSink protocol, request dataclasses.
+- `wire.py` — chunk framing without extra copies, checksums.
+- `reservations.py` — decode-side table of transfers: deadlines, fencing, commit, the reaper.
+- `grpc_common.py` — secret, channel options, auth interceptor, status codes.
+- `grpc_receiver.py` / `grpc_sender.py` — the grpc transport (and the control plane of both).
+- `collective_group.py` — 2-rank torch.distributed groups, one per prefill-decode pair.
+- `collective_receiver.py` / `collective_sender.py` — the collective transport (NCCL / Gloo).
+- `factory.py` — `make_receiver(config, sink, layout)`, `make_sender(config)`.
+
+Group topology of the collective transport: one 2-rank process group per prefill-decode pair,
+formed lazily on the pair's first transfer; see docs/kv_transfer.md for why and what it costs.
+"""
+
+from kv_transfer.base import (
+    CommitInfo,
+    KVLayout,
+    KVReceiver,
+    KVSender,
+    KVSink,
+    KVTransferError,
+    TransferRequest,
+    TransferResult,
+)
+from kv_transfer.factory import make_receiver, make_sender
+
+__all__ = [
+    "CommitInfo",
+    "KVLayout",
+    "KVReceiver",
+    "KVSender",
+    "KVSink",
+    "KVTransferError",
+    "TransferRequest",
+    "TransferResult",
+    "make_receiver",
+    "make_sender",
+]

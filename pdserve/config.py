@@ -45,6 +45,7 @@ class KVTransferConfig:
     advertise_host: str | None = None  # host other workers dial; default: the node's Ray IP
     chunk_bytes: int = 4 * MiB  # target payload of one chunk
     reservation_timeout_s: float = 30.0  # a reservation not committed by then is freed
+    port: int = 0  # port of the decode worker's KV endpoint; 0 = an ephemeral port
 
 
 @dataclass
@@ -60,6 +61,10 @@ class RouterConfig:
     max_pending_requests: int = 256  # admission control: beyond this, RESOURCE_EXHAUSTED
     max_retries: int = 2  # retries of a failed prefill/transfer/decode on other workers
     api_keys: list[str] = field(default_factory=list)  # empty = no client authentication
+    # Admission control per worker: a prompt queue past this many tokens takes no more requests.
+    max_queued_prefill_tokens: int = 65536
+    tpot_weight: float = 1.0  # weight of TPOT against TTFT in the routing objective
+    prefix_heartbeat_ttl_s: float = 10.0  # a worker silent this long drops out of the prefix index
 
 
 @dataclass

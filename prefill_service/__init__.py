@@ -1,0 +1,1 @@
+"""PrefillWorker: an engine in the prefill role plus the KV sender that pushes to decode workers."""

@@ -1,0 +1,170 @@
+"""DecodeWorker: the Ray actor that generates tokens, from KV it receives or computes itself.
+
+Lifecycle of a disaggregated request here (DESIGN.md, "Disaggregated request lifecycle"):
+reserve() allocates the prompt's blocks (reusing this worker's prefix cache) and opens a
+transfer on the KV receiver; the prefill worker pushes the missing blocks and commits with the
+first token (KVSink.on_commit, on a receiver thread); the engine then decodes and stream()
+hands the tokens to the router. A reservation that is not committed by its deadline is freed
+by the receiver's reaper (on_expired). generate() is the local path: this worker prefills too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+from pdserve.config import EngineConfig, KVTransferConfig
+from pdserve.messages import KVReservation, TokenBatch, WorkerStats, WorkRequest
+
+if TYPE_CHECKING:  # torch; imported on the worker only, so the router can import this module
+    from pdserve.engine.worker_runtime import WorkerRuntime
+
+log = logging.getLogger(__name__)
+
+# How long on_commit waits for the engine thread before failing the commit.
+COMMIT_TIMEOUT_S = 30.0
+# Recent requests whose received trace context trace_contexts() can report.
+TRACE_CONTEXTS_KEPT = 1024
+
+
+class DecodeWorker:
+    def __init__(self, worker_id: str, engine_config: EngineConfig, kv_config: KVTransferConfig,
+                 redis_url: str | None = None) -> None:
+        self.worker_id = worker_id
+        self._engine_config = engine_config
+        self._kv_config = kv_config
+        self._redis_url = redis_url
+        self._runtime: WorkerRuntime | None = None
+        self._receiver = None
+        self._endpoint = ""
+        self._request_of_transfer: dict[str, str] = {}
+        self._transfer_of_request: dict[str, str] = {}
+        self._streams: dict[str, asyncio.Queue] = {}
+        self._trace_contexts: dict[str, dict[str, dict[str, str]]] = {}  # oldest first
+        self._start_lock = asyncio.Lock()
+
+    async def _started(self) -> WorkerRuntime:
+        # Started lazily on the actor's event loop (Ray runs __init__ outside it), so a restarted
+        # actor comes back on its first call.
+        async with self._start_lock:
+            if self._runtime is None:
+                from kv_transfer.base import KVLayout
+                from kv_transfer.factory import make_receiver
+                from pdserve.engine.worker_runtime import WorkerRuntime
+
+                self._aloop = asyncio.get_running_loop()
+                self._runtime = WorkerRuntime(self.worker_id, "decode", self._engine_config,
+                                              self._redis_url)
+                self._receiver = make_receiver(self._kv_config, self,
+                                               KVLayout.of(self._runtime.engine.kv_cache))
+                self._endpoint = self._receiver.start()
+        return self._runtime
+
+    async def ready(self) -> dict:
+        runtime = await self._started()
+        return {"worker_id": self.worker_id, "epoch": runtime.epoch, "kv_endpoint": self._endpoint}
+
+    # ---- router-facing ---------------------------------------------------------------------
+    async def reserve(self, request: WorkRequest,
+                      reservation_timeout_s: float | None = None) -> KVReservation | None:
+        """Allocates the prompt's blocks and opens a transfer; None when there is no room now.
+
+        The reservation is freed if no commit arrives within the timeout (default: config).
+        """
+        runtime = await self._started()
+        self._remember_trace(request.request_id, "ray", request.trace_context)
+        engine = runtime.engine
+        reservation = await runtime.loop.acall(
+            lambda: engine.reserve(request.request_id, request.prompt_token_ids,
+                                   request.sampling))
+        if reservation is None:
+            return None
+        self._streams[request.request_id] = runtime.loop.open_stream(request.request_id)
+        dest_blocks = [reservation.block_ids[i] for i in reservation.missing_block_indices]
+        timeout = reservation_timeout_s or self._kv_config.reservation_timeout_s
+        transfer_id = self._receiver.open(dest_blocks, timeout, request.trace_context)
+        self._request_of_transfer[transfer_id] = request.request_id
+        self._transfer_of_request[request.request_id] = transfer_id
+        return KVReservation(
+            decode_worker=self.worker_id, transfer_id=transfer_id, endpoint=self._endpoint,
+            missing_block_indices=list(reservation.missing_block_indices),
+            num_cached_tokens=reservation.num_cached_tokens, deadline=time.time() + timeout,
+            transport=self._kv_config.transport,
+            transport_info=getattr(self._receiver, "transport_info", lambda: {})(),
+        )
+
+    async def generate(self, request: WorkRequest) -> None:
+        """Local path: prefill and decode here. Tokens come out of stream()."""
+        runtime = await self._started()
+        self._remember_trace(request.request_id, "ray", request.trace_context)
+        self._streams[request.request_id] = runtime.loop.open_stream(request.request_id)
+        await runtime.loop.acall(lambda: runtime.engine.add_request(
+            request.request_id, request.prompt_token_ids, request.sampling))
+
+    async def stream(self, request_id: str) -> AsyncIterator[TokenBatch]:
+        """Token batches of a reserved-and-committed or locally prefilled request."""
+        runtime = await self._started()
+        stream = self._streams.pop(request_id, None)
+        if stream is None:
+            yield TokenBatch(request_id, [], [], "", finished=True, finish_reason="abort")
+            return
+        started = time.perf_counter()
+        first = True
+        async for batch in runtime.batches(request_id, stream):
+            if first:
+                batch.prefill_s, first = time.perf_counter() - started, False
+            yield batch
+        self._forget_transfer(request_id)
+
+    async def abort(self, request_id: str) -> None:
+        """Ends the request whatever its state: reservation, transfer, decoding. Idempotent."""
+        runtime = await self._started()
+        transfer_id = self._forget_transfer(request_id)
+        if transfer_id is not None:
+            self._receiver.abort(transfer_id)
+        self._streams.pop(request_id, None)
+        await runtime.abort(request_id)
+
+    async def stats(self) -> WorkerStats:
+        runtime = await self._started()
+        return await runtime.stats()
+
+    async def trace_contexts(self, request_id: str) -> dict[str, dict[str, str]]:
+        """The W3C trace context this worker received for a request, by path: "ray" (the
+        router's call) and "kv" (the prefill worker's chunks and commit). For debugging."""
+        return self._trace_contexts.get(request_id, {})
+
+    def _remember_trace(self, request_id: str, path: str, context: dict[str, str]) -> None:
+        self._trace_contexts.setdefault(request_id, {})[path] = dict(context)
+        while len(self._trace_contexts) > TRACE_CONTEXTS_KEPT:
+            self._trace_contexts.pop(next(iter(self._trace_contexts)))
+
+    def _forget_transfer(self, request_id: str) -> str | None:
+        transfer_id = self._transfer_of_request.pop(request_id, None)
+        if transfer_id is not None:
+            self._request_of_transfer.pop(transfer_id, None)
+        return transfer_id
+
+    # ---- KVSink: called by the receiver on its own threads ---------------------------------
+    def write_kv(self, block_ids: list[int], layer_start: int, data) -> None:
+        self._runtime.engine.write_kv(block_ids, layer_start, data)
+
+    def on_commit(self, transfer_id: str, commit) -> None:
+        request_id = self._request_of_transfer.get(transfer_id)
+        if request_id is None:
+            raise KeyError(f"transfer {transfer_id!r} is not open on {self.worker_id}")
+        self._remember_trace(request_id, "kv", commit.trace_context)
+        engine = self._runtime.engine
+        self._runtime.loop.call(lambda: engine.commit(
+            request_id, commit.first_token_id, commit.first_logprob)).result(COMMIT_TIMEOUT_S)
+
+    def on_expired(self, transfer_id: str) -> None:
+        request_id = self._request_of_transfer.get(transfer_id)
+        if request_id is None:
+            return
+        log.warning("reservation of %s expired before commit; freeing its blocks", request_id)
+        self._aloop.call_soon_threadsafe(
+            lambda: asyncio.ensure_future(self.abort(request_id)))

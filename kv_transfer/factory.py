@@ -1,0 +1,37 @@
+"""Builds the receiver and sender of the configured transport (`KVTransferConfig.transport`)."""
+
+from __future__ import annotations
+
+from kv_transfer.base import KVLayout, KVReceiver, KVSender, KVSink
+from pdserve.config import KVTransferConfig
+
+TRANSPORTS = ("grpc", "collective")
+
+
+def make_receiver(
+    config: KVTransferConfig, sink: KVSink, layout: KVLayout | None = None
+) -> KVReceiver:
+    """Decode side. `layout` (KVLayout.of(engine.kv_cache)) lets the receiver reject chunks of
+    the wrong model or dtype outright, and tells the collective transport the cache's device."""
+    if config.transport == "grpc":
+        from kv_transfer.grpc_receiver import GrpcKVReceiver
+
+        return GrpcKVReceiver(config, sink, layout)
+    if config.transport == "collective":
+        from kv_transfer.collective_receiver import CollectiveKVReceiver
+
+        return CollectiveKVReceiver(config, sink, layout)
+    raise ValueError(f"unknown KV transport {config.transport!r}; choose one of {TRANSPORTS}")
+
+
+def make_sender(config: KVTransferConfig) -> KVSender:
+    """Prefill side."""
+    if config.transport == "grpc":
+        from kv_transfer.grpc_sender import GrpcKVSender
+
+        return GrpcKVSender(config)
+    if config.transport == "collective":
+        from kv_transfer.collective_sender import CollectiveKVSender
+
+        return CollectiveKVSender(config)
+    raise ValueError(f"unknown KV transport {config.transport!r}; choose one of {TRANSPORTS}")

@@ -1,0 +1,165 @@
+"""Decode side of the grpc transport: the KV endpoint (a `pdserve.v1.KVTransfer` gRPC server).
+
+The server is a sync `grpc.server` with its own thread pool, so verifying checksums and copying
+KV into the cache never runs on the decode worker's event loop or engine thread. The collective
+receiver reuses this server for its control plane and adds two methods.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterator
+from concurrent import futures
+from typing import Any
+
+import grpc
+
+from kv_transfer import wire
+from kv_transfer.base import CommitInfo, KVLayout, KVReceiver, KVSink
+from kv_transfer.grpc_common import (
+    CHANNEL_OPTIONS,
+    SERVICE,
+    STATUS_OF,
+    SecretInterceptor,
+    advertise_host,
+    resolve_secret,
+)
+from kv_transfer.reservations import (
+    ChunkSpec,
+    RejectReason,
+    ReservationTable,
+    TransferRejected,
+    TransferState,
+)
+from pdserve.config import KVTransferConfig
+from pdserve.pb import kv_transfer_pb2 as pb
+
+_SERVER_THREADS = 8  # concurrent KV streams a decode worker accepts; more wait in gRPC's queue
+
+
+def spec_of(header: pb.ChunkHeader) -> ChunkSpec:
+    return ChunkSpec(
+        header.layer_start, header.layer_end, header.num_layers, header.dtype, tuple(header.shape)
+    )
+
+
+class GrpcKVReceiver(KVReceiver):
+    """Serves PushChunks/Commit/Abort over one ReservationTable."""
+
+    def __init__(
+        self, config: KVTransferConfig, sink: KVSink, layout: KVLayout | None = None
+    ) -> None:
+        self.config = config
+        self.layout = layout
+        self._secret = resolve_secret(config)
+        self._table = ReservationTable(sink, layout, config.reservation_timeout_s)
+        self._server: grpc.Server | None = None
+        self.endpoint = ""
+
+    # -- KVReceiver -------------------------------------------------------------------------
+
+    def start(self) -> str:
+        assert self._server is None, "start() called twice"
+        server = grpc.server(
+            futures.ThreadPoolExecutor(_SERVER_THREADS, thread_name_prefix="kv-recv"),
+            interceptors=[SecretInterceptor(self._secret)],
+            options=CHANNEL_OPTIONS,
+        )
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(SERVICE, self._handlers()),)
+        )
+        port = server.add_insecure_port(f"{self.config.bind_host}:{self.config.port}")
+        if port == 0:
+            raise OSError(f"cannot bind the KV endpoint on {self.config.bind_host}:{self.config.port}")
+        server.start()
+        self._server = server
+        self.endpoint = f"{advertise_host(self.config)}:{port}"
+        return self.endpoint
+
+    def open(
+        self,
+        dest_block_ids: list[int],
+        deadline_s: float | None = None,
+        trace_context: dict[str, str] | None = None,
+    ) -> str:
+        return self._table.open(dest_block_ids, deadline_s, trace_context or {})
+
+    def abort(self, transfer_id: str) -> bool:
+        return self._table.abort(transfer_id, notify_sink=False)
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop(grace=0.5).wait()
+            self._server = None
+        self._table.close()
+
+    def state(self, transfer_id: str) -> TransferState | None:
+        """The transfer's state, or None if unknown (for stats and tests)."""
+        return self._table.state(transfer_id)
+
+    def open_transfer_ids(self) -> list[str]:
+        return self._table.open_ids()
+
+    # -- RPC handlers -----------------------------------------------------------------------
+
+    def _handlers(self) -> dict[str, grpc.RpcMethodHandler]:
+        return {
+            "PushChunks": grpc.stream_unary_rpc_method_handler(
+                self._push_chunks,
+                request_deserializer=wire.decode_chunk,  # zero-copy split of header and payload
+                response_serializer=pb.PushChunksResponse.SerializeToString,
+            ),
+            "Commit": grpc.unary_unary_rpc_method_handler(
+                self._commit,
+                request_deserializer=pb.CommitRequest.FromString,
+                response_serializer=pb.CommitResponse.SerializeToString,
+            ),
+            "Abort": grpc.unary_unary_rpc_method_handler(
+                self._abort,
+                request_deserializer=pb.AbortRequest.FromString,
+                response_serializer=pb.AbortResponse.SerializeToString,
+            ),
+        }
+
+    def _push_chunks(
+        self, chunks: Iterator[tuple[pb.ChunkHeader, memoryview]], context: grpc.ServicerContext
+    ) -> pb.PushChunksResponse:
+        count = nbytes = 0
+        try:
+            for header, payload in chunks:
+                self._write_chunk(header, payload)
+                count += 1
+                nbytes += payload.nbytes
+        except TransferRejected as exc:
+            context.abort(STATUS_OF[exc.reason], str(exc))
+        return pb.PushChunksResponse(chunks=count, bytes=nbytes)
+
+    def _write_chunk(self, header: pb.ChunkHeader, payload: memoryview) -> None:
+        tid, spec = header.transfer_id, spec_of(header)
+        self._table.validate(tid, spec)  # cheap checks first: fenced ids cost no CRC work
+        if zlib.crc32(payload) != header.checksum:
+            self._table.fail(
+                tid, f"transfer {tid}: chunk {header.seq} checksum mismatch", RejectReason.CORRUPT
+            )
+        try:
+            data = wire.tensor_from_payload(payload, header.dtype, list(header.shape))
+        except ValueError as exc:
+            self._table.fail(tid, f"transfer {tid}: chunk {header.seq}: {exc}", RejectReason.INVALID)
+        self._table.write(tid, spec, data)
+
+    def _commit(self, request: pb.CommitRequest, context: grpc.ServicerContext) -> Any:
+        info = CommitInfo(
+            first_token_id=request.first_token_id,
+            first_logprob=request.first_logprob if request.HasField("first_logprob") else None,
+            num_prompt_tokens=request.num_prompt_tokens,
+            trace_context=dict(request.trace_context),
+        )
+        try:
+            self._table.commit(request.transfer_id, info)
+        except TransferRejected as exc:
+            context.abort(STATUS_OF[exc.reason], str(exc))
+        return pb.CommitResponse()
+
+    def _abort(self, request: pb.AbortRequest, context: grpc.ServicerContext) -> Any:
+        # A remote abort: the decode worker did not ask for it, so the sink must free the blocks.
+        return pb.AbortResponse(was_open=self._table.abort(request.transfer_id, notify_sink=True))

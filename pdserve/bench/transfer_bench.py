@@ -1,0 +1,164 @@
+"""`pdserve bench transfer`: KV-transfer GB/s against raw TCP on loopback, in one run.
+
+A receiver process holds a decode-side KV cache and serves both a KV endpoint (the chosen
+transport) and a plain TCP socket. The sender (this process) moves the same bytes both ways:
+- raw TCP: `sendall` of a same-shaped contiguous tensor, `recv_into` a preallocated buffer,
+  one-byte ack — the ceiling for a byte stream on this machine;
+- the transport: a full transfer (read_kv gather, chunks, checksums, sink.write_kv into the
+  cache, commit), timed until the commit returns.
+Prints the median GB/s over the repeats for both and their ratio (target >= 0.7 for grpc).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import socket
+import statistics
+import sys
+import time
+from typing import Any
+
+MiB = 1 << 20
+SECRET = "transfer-bench"
+LAYERS, BLOCK_SIZE, HEADS, HEAD_DIM, DTYPE = 32, 16, 8, 128, "float16"  # a Llama-8B-like cache
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--kv-transport", choices=["grpc", "collective"], default="grpc")
+    parser.add_argument("--mb", type=int, default=256, help="KV bytes per transfer, in MiB")
+    parser.add_argument("--repeats", type=int, default=5, help="timed transfers per method")
+    parser.add_argument("--chunk-mb", type=float, default=4.0, help="target chunk size, in MiB")
+
+
+def _num_blocks(mb: int) -> int:
+    block_bytes = LAYERS * 2 * BLOCK_SIZE * HEADS * HEAD_DIM * 2  # float16
+    return max(1, mb * MiB // block_bytes)
+
+
+def _config(args: argparse.Namespace) -> Any:
+    from pdserve.config import KVTransferConfig
+
+    return KVTransferConfig(
+        transport=args.kv_transport,
+        secret=SECRET,
+        bind_host="127.0.0.1",
+        chunk_bytes=int(args.chunk_mb * MiB),
+        reservation_timeout_s=120.0,
+    )
+
+
+class _CacheSink:
+    def __init__(self, cache: Any) -> None:
+        self.cache = cache
+
+    def write_kv(self, block_ids: list[int], layer_start: int, data: Any) -> None:
+        self.cache[layer_start : layer_start + data.shape[0], :, block_ids] = data
+
+    def on_commit(self, transfer_id: str, commit: Any) -> None:
+        pass
+
+    def on_expired(self, transfer_id: str) -> None:
+        pass
+
+
+def _receiver_main(conn: Any, args: argparse.Namespace) -> None:
+    """Child process: KV endpoint + raw TCP sink; answers `open` requests over `conn`."""
+    import torch
+
+    from kv_transfer import KVLayout, make_receiver
+
+    blocks = _num_blocks(args.mb)
+    cache = torch.zeros(LAYERS, 2, blocks, BLOCK_SIZE, HEADS, HEAD_DIM, dtype=torch.float16)
+    receiver = make_receiver(_config(args), _CacheSink(cache), KVLayout.of(cache))
+    endpoint = receiver.start()
+    listener = socket.create_server(("127.0.0.1", 0))
+    conn.send((endpoint, listener.getsockname()[1]))
+    tcp, _ = listener.accept()
+    tcp.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    buffer = memoryview(torch.empty_like(cache).view(-1).view(torch.uint8).numpy())
+    while True:
+        command = conn.recv()
+        if command == "open":
+            conn.send(receiver.open(list(range(blocks))))
+        elif command == "tcp":
+            received = 0
+            while received < buffer.nbytes:
+                received += tcp.recv_into(buffer[received:])
+            tcp.sendall(b"k")
+        else:
+            break
+    tcp.close()
+    receiver.stop()
+
+
+def _median_gbps(nbytes: int, seconds: list[float]) -> float:
+    return nbytes / statistics.median(seconds) / 1e9
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from kv_transfer import CommitInfo, TransferRequest, make_sender
+
+    blocks = _num_blocks(args.mb)
+    src = torch.randn(LAYERS, 2, blocks, BLOCK_SIZE, HEADS, HEAD_DIM).to(torch.float16)
+    nbytes = src.nbytes
+    block_ids = list(range(blocks))
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_receiver_main, args=(child, args), daemon=True)
+    proc.start()
+    endpoint, tcp_port = parent.recv()
+    tcp = socket.create_connection(("127.0.0.1", tcp_port))
+    tcp.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sender = make_sender(_config(args))
+
+    def read_kv(ids: list[int], l0: int, l1: int) -> torch.Tensor:
+        return src[l0:l1, :, ids].contiguous()  # the engine's gather, as LLMEngine.read_kv does
+
+    def one_transfer() -> float:
+        parent.send("open")
+        tid = parent.recv()
+        start = time.perf_counter()
+        sender.send(
+            TransferRequest(endpoint, tid, block_ids, LAYERS, read_kv, CommitInfo(first_token_id=1))
+        )
+        return time.perf_counter() - start
+
+    raw = memoryview(src.view(-1).view(torch.uint8).numpy())
+
+    def one_tcp() -> float:
+        parent.send("tcp")
+        start = time.perf_counter()
+        tcp.sendall(raw)
+        tcp.recv(1)
+        return time.perf_counter() - start
+
+    try:
+        one_transfer(), one_tcp()  # warm-up: connections, process group, page faults
+        tcp_s, kv_s = [], []
+        for _ in range(args.repeats):  # interleaved, so drift in the machine hits both alike
+            tcp_s.append(one_tcp())
+            kv_s.append(one_transfer())
+    finally:
+        parent.send("stop")
+        sender.close()
+        tcp.close()
+        proc.join(timeout=10)
+    tcp_gbps, kv_gbps = _median_gbps(nbytes, tcp_s), _median_gbps(nbytes, kv_s)
+    name = args.kv_transport
+    print(
+        f"KV transfer: {nbytes / MiB:.0f} MiB per transfer ({LAYERS} layers x {blocks} blocks of "
+        f"{BLOCK_SIZE} tokens, {DTYPE}), chunk {args.chunk_mb:g} MiB, median of {args.repeats}"
+    )
+    print(f"  raw TCP loopback : {tcp_gbps:6.2f} GB/s")
+    print(f"  {name:<16} : {kv_gbps:6.2f} GB/s")
+    print(f"  ratio {name} / raw TCP : {kv_gbps / tcp_gbps:.2f}  (target >= 0.7)")
+    return 0
+
+
+if __name__ == "__main__":
+    _parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(_parser)
+    sys.exit(run(_parser.parse_args()))

@@ -1,0 +1,101 @@
+"""`pdserve generate "prompt"`: send one prompt to a running server and print the completion.
+
+The text goes to stdout (as it is produced with --stream); usage and timings go to stderr so
+`pdserve generate ... > out.txt` keeps only the text. With --json, stdout is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Iterator
+
+from pdserve.client import DEFAULT_TARGET, Completion, GenerationClient, GenerationError
+from pdserve.pb import generate_pb2
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("prompt", help='the prompt text ("-" reads it from stdin)')
+    parser.add_argument(
+        "--target",
+        default=os.environ.get("PDSERVE_TARGET", DEFAULT_TARGET),
+        help="host:port of the router (env PDSERVE_TARGET; default %(default)s)",
+    )
+    parser.add_argument("--stream", action="store_true", help="print tokens as they arrive")
+    parser.add_argument("--max-tokens", type=int, default=None, help="server default: 64")
+    parser.add_argument("--temperature", type=float, default=None, help="0 = greedy (default)")
+    parser.add_argument("--top-k", type=int, default=None)
+    parser.add_argument("--top-p", type=float, default=None)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument(
+        "--stop", action="append", default=[], help="stop string (repeatable)", metavar="TEXT"
+    )
+    parser.add_argument("--ignore-eos", action="store_true", help="generate past EOS")
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("PDSERVE_API_KEY"),
+        help="sent as 'authorization: Bearer KEY' (env PDSERVE_API_KEY)",
+    )
+    parser.add_argument("--timeout", type=float, default=None, help="deadline in seconds")
+    parser.add_argument("--json", action="store_true", help="print the completion as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    params = {
+        "max_tokens": args.max_tokens,
+        "temperature": args.temperature,
+        "top_k": args.top_k,
+        "top_p": args.top_p,
+        "seed": args.seed,
+        "stop": args.stop,
+        "ignore_eos": args.ignore_eos,
+    }
+    try:
+        with GenerationClient(args.target, api_key=args.api_key, timeout=args.timeout) as client:
+            stream = client.generate_stream(prompt, **params)
+            if args.stream and not args.json:
+                stream = _echo(stream)
+            completion = Completion.from_responses(stream)
+    except GenerationError as error:
+        if args.stream:
+            print(file=sys.stderr)
+        print(f"error: {error.code.name}: {error.details}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:  # the stream's `finally` has cancelled the RPC
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+    if args.json:
+        print(json.dumps(completion.to_dict()))
+        return 0
+    print("" if args.stream else completion.text)
+    print(describe(completion), file=sys.stderr)
+    return 0
+
+
+def _echo(
+    stream: Iterator[generate_pb2.GenerateResponse],
+) -> Iterator[generate_pb2.GenerateResponse]:
+    """Passes responses through, printing their text the moment each arrives."""
+    for response in stream:
+        sys.stdout.write(response.text)
+        sys.stdout.flush()
+        yield response
+
+
+def describe(completion: Completion) -> str:
+    """One line of usage and timings, e.g. for stderr."""
+    usage, timings = completion.usage, completion.timings
+    line = (
+        f"[{completion.finish_reason or 'unfinished'}] prompt {usage.prompt_tokens} tokens "
+        f"({usage.cached_prompt_tokens} cached), completion {usage.completion_tokens} tokens | "
+        f"ttft {timings.ttft_ms:.1f} ms, e2e {timings.e2e_ms:.1f} ms "
+        f"(queue {timings.queue_ms:.1f}, prefill {timings.prefill_ms:.1f}, "
+        f"transfer {timings.transfer_ms:.1f})"
+    )
+    if timings.prefill_worker or timings.decode_worker:
+        mode = "disaggregated" if timings.disaggregated else "local prefill"
+        line += f" | {timings.prefill_worker} -> {timings.decode_worker} ({mode})"
+    return line

@@ -1,0 +1,154 @@
+"""BlockManager: the KV blocks, their reference counts, and the prefix cache over them.
+
+Every block is in exactly one state:
+- free: ref 0, no contents worth keeping (in `_free`, FIFO);
+- cached-evictable: ref 0 but registered under its hash (in `_evictable`, LRU order), so a
+  later request with the same prefix reuses it; it is evicted only when a block is needed;
+- used: ref > 0 (running, held or reserved sequences share it; hashed or not).
+A full block is registered under `block_hash(parent, tokens)` once its K/V are computed; a hit
+is also checked against the stored token ids, so a hash collision can never serve wrong KV.
+Stores and evictions are queued as KVEvents; the engine drains them with `take_events()`.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+
+from pdserve.block_hash import ROOT_HASH, block_hash
+from pdserve.engine.kv_events import KVEvent, KVEventKind
+from pdserve.engine.sequence import Sequence
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self._ref = [0] * num_blocks
+        self._hash: list[int | None] = [None] * num_blocks
+        self._tokens: list[tuple[int, ...] | None] = [None] * num_blocks
+        self._free: deque[int] = deque(range(num_blocks))
+        self._evictable: OrderedDict[int, None] = OrderedDict()
+        self._cached: dict[int, int] = {}  # hash -> block id
+        self._events: list[tuple[KVEventKind, int]] = []
+
+    # ---- counts -------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks an allocation can take: free plus cached-evictable."""
+        return len(self._free) + len(self._evictable)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - self.num_free_blocks
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self._cached)
+
+    def ref_count(self, block_id: int) -> int:
+        return self._ref[block_id]
+
+    # ---- sequence-level operations ------------------------------------------------------
+    def acquire_prefix(self, seq: Sequence, max_tokens: int) -> int:
+        """Gives a sequence with no blocks the longest cached run of full blocks within its
+        first `max_tokens` tokens; returns how many tokens that covers."""
+        assert not seq.block_table, "prefix lookup is only for a sequence without blocks"
+        if not self.enable_prefix_caching:
+            return 0
+        parent = ROOT_HASH
+        for start in range(0, max_tokens - self.block_size + 1, self.block_size):
+            tokens = tuple(seq.token_ids[start : start + self.block_size])
+            h = block_hash(parent, tokens)
+            block_id = self._cached.get(h)
+            if block_id is None or self._tokens[block_id] != tokens:
+                break
+            self._acquire(block_id)
+            seq.block_table.append(block_id)
+            seq.block_hashes.append(h)
+            parent = h
+        return len(seq.block_table) * self.block_size
+
+    def ensure_blocks(self, seq: Sequence, num_tokens: int) -> bool:
+        """Grows the block table to hold `num_tokens` tokens; all or nothing."""
+        needed = -(-num_tokens // self.block_size) - len(seq.block_table)
+        if needed <= 0:
+            return True
+        if needed > self.num_free_blocks:
+            return False
+        seq.block_table.extend(self._allocate_one() for _ in range(needed))
+        return True
+
+    def cache_full_blocks(self, seq: Sequence) -> None:
+        """Registers the blocks that became full and computed since the last call."""
+        if not self.enable_prefix_caching:
+            return
+        num_full = min(seq.num_computed_tokens // self.block_size, len(seq.block_table))
+        for i in range(len(seq.block_hashes), num_full):
+            tokens = tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
+            parent = seq.block_hashes[-1] if seq.block_hashes else ROOT_HASH
+            h = block_hash(parent, tokens)
+            seq.block_hashes.append(h)
+            block_id = seq.block_table[i]
+            # Another block may already hold this prefix (computed concurrently); keep that
+            # one and let this copy become plain free space when released.
+            if h not in self._cached and self._hash[block_id] is None:
+                self._cached[h] = block_id
+                self._hash[block_id] = h
+                self._tokens[block_id] = tokens
+                self._events.append(("stored", h))
+
+    def release(self, seq: Sequence) -> None:
+        """Drops the sequence's references. Blocks are released tail first, so under LRU the
+        end of a prefix is evicted before its beginning (which more requests share)."""
+        for block_id in reversed(seq.block_table):
+            self._ref[block_id] -= 1
+            assert self._ref[block_id] >= 0, f"block {block_id} freed twice"
+            if self._ref[block_id] == 0:
+                if self._hash[block_id] is not None:
+                    self._evictable[block_id] = None
+                else:
+                    self._free.append(block_id)
+        seq.block_table = []
+        seq.block_hashes = []
+
+    def take_events(self, ) -> list[KVEvent]:
+        """Queued stores and evictions, consecutive ones of a kind merged into one event."""
+        events: list[KVEvent] = []
+        for kind, h in self._events:
+            if events and events[-1].kind == kind:
+                events[-1].block_hashes.append(h)
+            else:
+                events.append(KVEvent(kind, [h], 0))
+        self._events = []
+        return [KVEvent(e.kind, e.block_hashes, len(e.block_hashes) * self.block_size) for e in events]
+
+    # ---- single blocks ------------------------------------------------------------------
+    def _acquire(self, block_id: int) -> None:
+        if self._ref[block_id] == 0:
+            del self._evictable[block_id]
+        self._ref[block_id] += 1
+
+    def _allocate_one(self) -> int:
+        if self._free:
+            block_id = self._free.popleft()
+        else:
+            block_id, _ = self._evictable.popitem(last=False)  # least recently used
+            h = self._hash[block_id]
+            del self._cached[h]
+            self._hash[block_id] = self._tokens[block_id] = None
+            self._events.append(("removed", h))
+        self._ref[block_id] = 1
+        return block_id
+
+    def check_invariants(self) -> None:
+        """Asserts the state partition above (used by tests)."""
+        free, evictable = set(self._free), set(self._evictable)
+        assert len(free) == len(self._free) and not free & evictable
+        for block_id, ref in enumerate(self._ref):
+            assert ref >= 0
+            in_pool = block_id in free or block_id in evictable
+            assert in_pool == (ref == 0), f"block {block_id}: ref {ref}, in free pool {in_pool}"
+            assert (block_id in evictable) <= (self._hash[block_id] is not None)
+        for h, block_id in self._cached.items():
+            assert self._hash[block_id] == h

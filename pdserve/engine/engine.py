@@ -1,0 +1,306 @@
+"""LLMEngine: one engine for every role (colocated, prefill, decode).
+
+A step reads: schedule -> run -> postprocess. Besides plain generation it has the hooks of
+disaggregated serving (docs/structures.md, "Engine"): a prefill_only request keeps its blocks
+*held* after its first token until `release()`; the decode side `reserve()`s a block table,
+receives KV with `write_kv()` (from another thread) and `commit()`s to join the batch.
+All methods except `write_kv` and `read_kv` must be called from one thread.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence as Seq
+from pathlib import Path
+
+import torch
+
+from pdserve.config import EngineConfig
+from pdserve.engine.block_manager import BlockManager
+from pdserve.engine.kv_events import KVEvent, KVEventSink
+from pdserve.engine.model_runner import ModelRunner
+from pdserve.engine.outputs import RequestOutput, Reservation
+from pdserve.engine.sampler import Sampler
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.engine.scheduler import ScheduledBatch, Scheduler
+from pdserve.engine.sequence import Sequence, SequenceStatus
+from pdserve.models.builtin import default_model_dir
+from pdserve.models.loader import DTYPES, ModelLoadError, load_model, sliding_window
+from pdserve.tokenizer import IncrementalDetokenizer, Tokenizer
+
+__all__ = ["LLMEngine", "RequestOutput", "Reservation", "SamplingParams", "KVEvent"]
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, kv_event_sink: KVEventSink | None = None) -> None:
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        model_dir = Path(config.model) if config.model else default_model_dir()
+        self.config = config
+        self.model, self.model_config = load_model(model_dir, config.dtype, config.device)
+        try:
+            self.tokenizer = Tokenizer.from_dir(model_dir)
+        except FileNotFoundError as e:
+            raise ModelLoadError(str(e)) from e
+        self.block_size = config.block_size
+        self.num_layers = self.model.config.num_layers
+        dtype = DTYPES[config.dtype]
+        num_blocks = config.num_kv_blocks or config.kv_cache_bytes // ModelRunner.bytes_per_block(
+            self.model, self.block_size, dtype
+        )
+        if num_blocks < 1:
+            raise ValueError("the KV cache must hold at least one block")
+        model_len = self.model.config.max_position_embeddings
+        if config.max_model_len and config.max_model_len > model_len:
+            raise ValueError(f"max_model_len {config.max_model_len} > the model's {model_len}")
+        # Capped by the KV pool too: a sequence that can never fit would preempt forever.
+        limits = [config.max_model_len or model_len, num_blocks * self.block_size]
+        self.max_model_len = min(limits + [w for w in [sliding_window(self.model_config)] if w])
+        self.runner = ModelRunner(
+            self.model, num_blocks, self.block_size, dtype, torch.device(config.device)
+        )
+        self.kv_cache = self.runner.kv_cache
+        self.block_manager = BlockManager(num_blocks, self.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(
+            self.block_manager,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            config.enable_chunked_prefill,
+        )
+        self.sampler = Sampler()
+        self.eos_token_ids = set(self.tokenizer.eos_token_ids)
+        self._kv_event_sink = kv_event_sink
+        self._seqs: dict[str, Sequence] = {}
+        self._pending: list[RequestOutput] = []  # outputs produced outside step()
+        self._arrivals = itertools.count()
+        self._counters = dict.fromkeys(("prefill_tokens_computed", "decode_tokens", "steps"), 0)
+
+    # ---- requests -----------------------------------------------------------------------
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Seq[int],
+        params: SamplingParams,
+        *,
+        prefill_only: bool = False,
+    ) -> None:
+        seq = self._new_sequence(request_id, prompt_token_ids, params, prefill_only)
+        self._seqs[request_id] = seq
+        self.scheduler.add(seq)
+
+    def abort(self, request_id: str) -> None:
+        """Frees the request's blocks at once, whatever its state. Unknown ids are ignored."""
+        seq = self._seqs.pop(request_id, None)
+        if seq is not None:
+            self._finish(seq, "abort")
+            self._emit_events()
+
+    def release(self, request_id: str) -> None:
+        """Frees the blocks of a held prefill_only request (no-op for other states)."""
+        seq = self._seqs.get(request_id)
+        if seq is not None and seq.status == SequenceStatus.HELD:
+            self.abort(request_id)
+
+    def has_unfinished(self) -> bool:
+        """Whether step() has work (waiting or running requests, or outputs to deliver)."""
+        return self.scheduler.has_work() or bool(self._pending)
+
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]
+    ) -> list[list[int]]:
+        """Convenience for tests and benchmarks: runs prompts to completion, returns outputs."""
+        per_prompt = params if isinstance(params, list) else [params] * len(prompts)
+        ids = [f"generate-{next(self._arrivals)}" for _ in prompts]
+        for rid, prompt, p in zip(ids, prompts, per_prompt, strict=True):
+            self.add_request(rid, prompt, p)
+        tokens: dict[str, list[int]] = {rid: [] for rid in ids}
+        while self.has_unfinished():
+            for out in self.step():
+                tokens[out.request_id] += out.new_token_ids
+        return [tokens[rid] for rid in ids]
+
+    # ---- the step -----------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        batch = self.scheduler.schedule()
+        outputs, self._pending = self._pending, []
+        if batch.seqs:
+            logits, sample_idx = self.runner.run(batch)
+            outputs += self._postprocess(batch, logits, sample_idx)
+        self._counters["steps"] += 1
+        self._emit_events()
+        return outputs
+
+    def _postprocess(
+        self, batch: ScheduledBatch, logits: torch.Tensor, sample_idx: list[int]
+    ) -> list[RequestOutput]:
+        for seq, n in zip(batch.seqs, batch.num_tokens, strict=True):
+            is_decode = n == 1 and seq.num_computed_tokens >= seq.num_prompt_tokens
+            key = "decode_tokens" if is_decode else "prefill_tokens_computed"
+            self._counters[key] += n
+            seq.num_computed_tokens += n
+            self.block_manager.cache_full_blocks(seq)
+        if not sample_idx:
+            return []
+        sampled = [batch.seqs[i] for i in sample_idx]
+        tokens, logprobs = self.sampler(
+            logits, [s.params for s in sampled], [s.num_output_tokens for s in sampled]
+        )
+        return [
+            self._append_token(seq, token, logprob)
+            for seq, token, logprob in zip(sampled, tokens, logprobs, strict=True)
+        ]
+
+    def _append_token(self, seq: Sequence, token: int, logprob: float | None) -> RequestOutput:
+        seq.token_ids.append(token)
+        if seq.params.logprobs:
+            seq.output_logprobs.append(logprob if logprob is not None else 0.0)
+        params = seq.params
+        stop_token = token in params.stop_token_ids or (
+            not params.ignore_eos and token in self.eos_token_ids
+        )
+        assert seq.detokenizer is not None
+        text = "" if stop_token else seq.detokenizer.add([token])
+        reason = "stop" if stop_token or seq.detokenizer.stopped is not None else None
+        if reason is None and (
+            seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len
+        ):
+            reason = "length"
+        if reason is not None:
+            text += seq.detokenizer.flush()
+        elif seq.prefill_only:
+            reason = "prefill"
+        out = RequestOutput(
+            request_id=seq.request_id,
+            new_token_ids=[token],
+            new_logprobs=[seq.output_logprobs[-1]] if params.logprobs else None,
+            text_delta=text,
+            finished=reason is not None,
+            finish_reason=reason,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_cached_tokens=seq.num_cached_tokens,
+        )
+        if reason == "prefill":
+            self.scheduler.remove(seq)
+            seq.status = SequenceStatus.HELD
+            out.block_ids = list(seq.block_table)
+        elif reason is not None:
+            del self._seqs[seq.request_id]
+            self._finish(seq, reason)
+        return out
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        self.scheduler.remove(seq)
+        self.block_manager.release(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+
+    # ---- decode-side handoff ------------------------------------------------------------
+    def reserve(
+        self, request_id: str, prompt_token_ids: Seq[int], params: SamplingParams
+    ) -> Reservation | None:
+        """Allocates the prompt's whole block table, reusing prefix-cache hits; None when
+        there is no room now. Blocks from `missing_block_indices` on must be written."""
+        seq = self._new_sequence(request_id, prompt_token_ids, params, prefill_only=False)
+        cached = self.block_manager.acquire_prefix(seq, seq.num_tokens)
+        if not self.block_manager.ensure_blocks(seq, seq.num_tokens):
+            self.block_manager.release(seq)
+            self._emit_events()
+            return None
+        seq.status = SequenceStatus.RESERVED
+        seq.admitted = True
+        seq.num_cached_tokens = cached
+        self.scheduler.prefix_hit_tokens += cached
+        self.scheduler.prefix_query_tokens += seq.num_prompt_tokens
+        self._seqs[request_id] = seq
+        self._emit_events()
+        missing = list(range(cached // self.block_size, len(seq.block_table)))
+        return Reservation(cached, list(seq.block_table), missing)
+
+    def write_kv(self, block_ids: list[int], layer_start: int, data: torch.Tensor) -> None:
+        """data: [l1 - l0, 2, n, block_size, kv_heads, head_dim] -> kv_cache[l0:l1, :, ids].
+        Thread-safe against step(): reserved blocks are never read or written by a step."""
+        index = torch.tensor(block_ids, dtype=torch.int64, device=self.kv_cache.device)
+        layer_end = layer_start + data.shape[0]
+        data = data.to(device=self.kv_cache.device, dtype=self.kv_cache.dtype)
+        self.kv_cache[layer_start:layer_end].index_copy_(2, index, data)
+
+    def read_kv(self, block_ids: list[int], layer_start: int, layer_end: int) -> torch.Tensor:
+        """A contiguous copy of kv_cache[l0:l1, :, block_ids]."""
+        index = torch.tensor(block_ids, dtype=torch.int64, device=self.kv_cache.device)
+        return self.kv_cache[layer_start:layer_end].index_select(2, index)
+
+    def commit(self, request_id: str, first_token_id: int, first_logprob: float | None) -> None:
+        """The reserved prompt's KV is complete: cache its full blocks, append the first
+        token (whose text the prefill side already emitted) and join the running batch."""
+        seq = self._seqs.get(request_id)
+        if seq is None or seq.status != SequenceStatus.RESERVED:
+            raise KeyError(f"request {request_id!r} has no reservation to commit")
+        seq.num_computed_tokens = seq.num_prompt_tokens
+        self.block_manager.cache_full_blocks(seq)
+        out = self._append_token(seq, first_token_id, first_logprob)
+        if out.finished:  # the first token already ended it; report the end, not the token
+            self._pending.append(
+                RequestOutput(
+                    request_id,
+                    finished=True,
+                    finish_reason=out.finish_reason,
+                    num_prompt_tokens=seq.num_prompt_tokens,
+                    num_cached_tokens=seq.num_cached_tokens,
+                )
+            )
+        else:
+            self.scheduler.add_running(seq)
+        self._emit_events()
+
+    # ---- introspection ------------------------------------------------------------------
+    def stats(self) -> dict[str, int]:
+        bm, sched = self.block_manager, self.scheduler
+        by_status = {s: 0 for s in SequenceStatus}
+        for seq in self._seqs.values():
+            by_status[seq.status] += 1
+        return {
+            "num_blocks": bm.num_blocks,
+            "num_free_blocks": bm.num_free_blocks,
+            "num_used_blocks": bm.num_used_blocks,
+            "num_cached_blocks": bm.num_cached_blocks,
+            "num_waiting": len(sched.waiting),
+            "num_running": len(sched.running),
+            "num_reserved": by_status[SequenceStatus.RESERVED],
+            "num_held": by_status[SequenceStatus.HELD],
+            "waiting_prompt_tokens": sum(s.num_uncomputed_tokens for s in sched.waiting),
+            "prefix_hit_tokens": sched.prefix_hit_tokens,
+            "prefix_query_tokens": sched.prefix_query_tokens,
+            "num_preemptions": sched.num_preemptions,
+            **self._counters,
+        }
+
+    # ---- helpers ------------------------------------------------------------------------
+    def _new_sequence(
+        self, request_id: str, prompt: Seq[int], params: SamplingParams, prefill_only: bool
+    ) -> Sequence:
+        if request_id in self._seqs:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        prompt = list(prompt)
+        if not prompt:
+            raise ValueError("the prompt must have at least one token")
+        vocab = self.model.config.vocab_size
+        if min(prompt) < 0 or max(prompt) >= vocab:
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        if len(prompt) > self.max_model_len:
+            raise ValueError(
+                f"prompt of {len(prompt)} tokens exceeds max_model_len {self.max_model_len}"
+            )
+        return Sequence(
+            request_id=request_id,
+            token_ids=prompt,
+            num_prompt_tokens=len(prompt),
+            params=params,
+            arrival=next(self._arrivals),
+            prefill_only=prefill_only,
+            detokenizer=IncrementalDetokenizer(self.tokenizer, prompt, params.stop),
+        )
+
+    def _emit_events(self) -> None:
+        events = self.block_manager.take_events()
+        if events and self._kv_event_sink is not None:
+            self._kv_event_sink(events)

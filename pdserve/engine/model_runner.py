@@ -1,0 +1,105 @@
+"""ModelRunner: owns the model and the paged KV cache; turns a scheduled batch into tensors,
+runs the forward pass and returns the logits of the sequences that sample this step."""
+
+from __future__ import annotations
+
+import torch
+
+from pdserve.engine.scheduler import ScheduledBatch
+from pdserve.models.attention import AttentionContext
+from pdserve.models.llama import LlamaForCausalLM
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        config = model.config
+        self.model = model
+        self.block_size = block_size
+        self.device = device
+        # [num_layers, 2 (K, V), num_blocks, block_size, kv_heads, head_dim]: a layer range of
+        # a set of blocks is kv_cache[l0:l1, :, block_ids] (what KV transfer reads and writes).
+        self.kv_cache = torch.zeros(
+            config.num_layers,
+            2,
+            num_blocks,
+            block_size,
+            config.num_kv_heads,
+            config.head_dim,
+            dtype=dtype,
+            device=device,
+        )
+
+    @staticmethod
+    def bytes_per_block(model: LlamaForCausalLM, block_size: int, dtype: torch.dtype) -> int:
+        c = model.config
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        return c.num_layers * 2 * block_size * c.num_kv_heads * c.head_dim * itemsize
+
+    @torch.inference_mode()
+    def run(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[int]]:
+        """Computes every scheduled chunk. Returns logits [N, vocab] (float32) for the N
+        sequences whose tokens are now all computed, and their indices in `batch.seqs`."""
+        input_ids, positions, ctx, last_rows, sample_idx = self._prepare(batch)
+        hidden = self.model(input_ids, positions, self.kv_cache, ctx)  # [T, hidden]
+        if not sample_idx:
+            return hidden.new_empty(0, self.model.config.vocab_size), sample_idx
+        return self.model.compute_logits(hidden[last_rows]), sample_idx
+
+    def _prepare(self, batch: ScheduledBatch):
+        bs = self.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        starts: list[int] = []
+        last_rows: list[int] = []
+        sample_idx: list[int] = []
+        tables: list[list[int]] = []
+        for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_tokens, strict=True)):
+            start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
+            table = seq.block_table
+            input_ids.extend(seq.token_ids[start:end])
+            positions.extend(range(start, end))
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            starts.append(start)
+            tables.append(table)
+            if end == seq.num_tokens:
+                last_rows.append(len(input_ids) - 1)
+                sample_idx.append(i)
+        num_q = max(batch.num_tokens)
+        max_blocks = max(-(-(s + n) // bs) for s, n in zip(starts, batch.num_tokens, strict=True))
+        padded = [t[:max_blocks] + [0] * (max_blocks - len(t[:max_blocks])) for t in tables]
+
+        dev = self.device
+        start_t = torch.tensor(starts, dtype=torch.int64)
+        # Query i of sequence b sits at position start_b + i and sees keys 0..that position.
+        q_pos = start_t[:, None] + torch.arange(num_q)[None, :]  # [B, Q]
+        key_pos = torch.arange(max_blocks * bs)
+        mask = (key_pos[None, None, :] <= q_pos[:, :, None]).unsqueeze(1)  # [B, 1, Q, S]
+        query_index = unpad_index = None
+        if num_q > 1:
+            lens = torch.tensor(batch.num_tokens, dtype=torch.int64)
+            first = torch.cumsum(lens, 0) - lens
+            offs = torch.arange(num_q)[None, :]
+            # Padding rows repeat the sequence's last token; their outputs are dropped.
+            query_index = first[:, None] + torch.minimum(offs, lens[:, None] - 1)
+            valid = (offs < lens[:, None]).flatten()
+            unpad_index = torch.nonzero(valid).squeeze(1).to(dev)
+            query_index = query_index.to(dev)
+        ctx = AttentionContext(
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            block_tables=torch.tensor(padded, dtype=torch.int64, device=dev),
+            attn_mask=mask.to(dev),
+            query_index=query_index,
+            unpad_index=unpad_index,
+        )
+        ids = torch.tensor(input_ids, dtype=torch.int64, device=dev)
+        pos = torch.tensor(positions, dtype=torch.int64, device=dev)
+        rows = torch.tensor(last_rows, dtype=torch.int64, device=dev)
+        return ids, pos, ctx, rows, sample_idx

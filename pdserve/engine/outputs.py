@@ -1,0 +1,35 @@
+"""What the engine hands back: RequestOutput per step, Reservation for a decode handoff.
+
+No torch import here: workers and the router pass these around as plain data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+FinishReason = Literal["stop", "length", "abort", "prefill"]
+
+
+@dataclass
+class RequestOutput:
+    """The tokens one request produced in one step (a delta, not the whole output so far)."""
+
+    request_id: str
+    new_token_ids: list[int] = field(default_factory=list)
+    new_logprobs: list[float] | None = None  # set when SamplingParams.logprobs
+    text_delta: str = ""
+    finished: bool = False
+    finish_reason: FinishReason | None = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (or transferred)
+    block_ids: list[int] | None = None  # the held block table of a finished prefill_only request
+
+
+@dataclass
+class Reservation:
+    """A decode-side block table waiting for KV to arrive from a prefill worker."""
+
+    num_cached_tokens: int  # prompt tokens already in this engine's prefix cache
+    block_ids: list[int]  # the whole block table of the prompt
+    missing_block_indices: list[int]  # positions in block_ids whose KV must be written

@@ -1,0 +1,83 @@
+"""Sampler: one next token per sequence from its logits, under that sequence's params.
+
+Greedy rows take the argmax (ties: the lowest id, like transformers). Sampled rows apply
+temperature, then top-k, then top-p, and draw by the exponential race (argmax p / E with
+E ~ Exp(1)), which equals a categorical draw. A seeded request's n-th token uses noise from
+a generator seeded by (seed, n) alone, so its output does not depend on what else is in the
+batch, and a decode worker continues a prefill worker's stream exactly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+
+import torch
+
+from pdserve.engine.sampling_params import SamplingParams
+
+
+def token_seed(seed: int, n: int) -> int:
+    """Deterministic seed of a request's n-th token (the same in every process)."""
+    digest = hashlib.blake2b(struct.pack("<QQ", seed & (2**64 - 1), n), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
+class Sampler:
+    def __init__(self, seed: int | None = None) -> None:
+        self._generator = torch.Generator()  # noise of unseeded requests
+        if seed is None:
+            self._generator.seed()
+        else:
+            self._generator.manual_seed(seed)
+
+    @torch.inference_mode()
+    def __call__(
+        self,
+        logits: torch.Tensor,  # [N, vocab] float32
+        params: list[SamplingParams],
+        token_indices: list[int],  # n of each row: how many tokens its request already has
+    ) -> tuple[list[int], list[float | None]]:
+        logits = logits.float().cpu()
+        tokens = logits.argmax(dim=-1)
+        sampled = [i for i, p in enumerate(params) if not p.greedy]
+        if sampled:
+            rows = torch.tensor(sampled)
+            picked = self._sample(
+                logits[rows], [params[i] for i in sampled], [token_indices[i] for i in sampled]
+            )
+            tokens[rows] = picked
+        want = [i for i, p in enumerate(params) if p.logprobs]
+        logprobs: list[float | None] = [None] * len(params)
+        if want:
+            rows = torch.tensor(want)
+            # Log-probabilities under the model's own distribution (before temperature).
+            lp = torch.log_softmax(logits[rows], dim=-1).gather(1, tokens[rows, None])
+            for i, value in zip(want, lp.squeeze(1).tolist(), strict=True):
+                logprobs[i] = value
+        return tokens.tolist(), logprobs
+
+    def _sample(
+        self, logits: torch.Tensor, params: list[SamplingParams], token_indices: list[int]
+    ) -> torch.Tensor:  # [M, vocab] -> [M] token ids
+        temps = torch.tensor([p.temperature for p in params], dtype=torch.float32)
+        logits = logits / temps[:, None]
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        vocab = logits.shape[-1]
+        rank = torch.arange(vocab)[None, :]
+        top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params])
+        sorted_logits = sorted_logits.masked_fill(rank >= top_k[:, None], float("-inf"))
+        probs = torch.softmax(sorted_logits, dim=-1)
+        # top_p == 1 must keep the whole tail even where the cumulative sum rounds to 1.
+        top_p = torch.tensor([p.top_p if p.top_p < 1.0 else 2.0 for p in params])
+        # Drop a token when the tokens ranked above it already reach top_p (the first stays).
+        before = torch.cumsum(probs, dim=-1) - probs
+        probs = probs.masked_fill(before >= top_p[:, None], 0.0)
+        noise = torch.empty_like(probs)
+        for i, (p, n) in enumerate(zip(params, token_indices, strict=True)):
+            gen = self._generator
+            if p.seed is not None:
+                gen = torch.Generator().manual_seed(token_seed(p.seed, n))
+            noise[i].exponential_(generator=gen)
+        choice = (probs / noise).argmax(dim=-1)
+        return order.gather(1, choice[:, None]).squeeze(1)

@@ -1,0 +1,126 @@
+"""Scheduler: which sequences run in the next step, and how many of their tokens.
+
+Continuous batching under a token budget: running sequences go first (a decode costs one
+token, an unfinished chunked prefill continues), then waiting ones are admitted in arrival
+order while budget, `max_num_seqs` and free blocks last. A long prompt is split across steps
+(chunked prefill). When a running sequence cannot get a block, the latest-arrived running
+sequence is preempted: its blocks are released (full ones stay in the prefix cache) and it
+goes back to the front of the queue to be recomputed. Reserved and held sequences are in
+neither queue.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from pdserve.engine.block_manager import BlockManager
+from pdserve.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledBatch:
+    seqs: list[Sequence] = field(default_factory=list)
+    num_tokens: list[int] = field(default_factory=list)  # tokens to compute, per sequence
+    num_preempted: int = 0
+
+    def add(self, seq: Sequence, num_tokens: int) -> None:
+        self.seqs.append(seq)
+        self.num_tokens.append(num_tokens)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        enable_chunked_prefill: bool = True,
+    ) -> None:
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.enable_chunked_prefill = enable_chunked_prefill
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # kept in arrival order: preemption takes the tail
+        self.num_preemptions = 0
+        self.prefix_hit_tokens = 0
+        self.prefix_query_tokens = 0
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def add_running(self, seq: Sequence) -> None:
+        """A committed decode handoff joins the batch directly (its prompt is computed)."""
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+        self.running.sort(key=lambda s: s.arrival)
+
+    def remove(self, seq: Sequence) -> None:
+        """Takes a finished or aborted sequence out of its queue (its blocks are not touched)."""
+        if seq.status == SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        elif seq.status == SequenceStatus.RUNNING:
+            self.running.remove(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        budget = self.max_num_batched_tokens
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = min(seq.num_uncomputed_tokens, budget)
+            while not self.block_manager.ensure_blocks(seq, seq.num_computed_tokens + n):
+                victim = self.running[-1]
+                self._preempt(victim)
+                batch.num_preempted += 1
+                if victim is seq:
+                    break
+            if seq.status != SequenceStatus.RUNNING:
+                break  # it preempted itself: everything after it is gone too
+            batch.add(seq, n)
+            budget -= n
+            i += 1
+        if batch.num_preempted:
+            return batch  # no room for newcomers when running ones were just evicted
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            n = self._admit(seq, budget)
+            if n == 0:
+                break
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            batch.add(seq, n)
+            budget -= n
+        self.running.sort(key=lambda s: s.arrival)
+        return batch
+
+    def _admit(self, seq: Sequence, budget: int) -> int:
+        """Blocks for the next chunk of a waiting sequence; the chunk's size, 0 = not now."""
+        # At least the last token must be computed: its logits give the next token.
+        seq.num_computed_tokens = self.block_manager.acquire_prefix(seq, seq.num_tokens - 1)
+        n = min(seq.num_uncomputed_tokens, budget)
+        too_long = n < seq.num_uncomputed_tokens and not self.enable_chunked_prefill
+        if too_long or not self.block_manager.ensure_blocks(seq, seq.num_computed_tokens + n):
+            self.block_manager.release(seq)
+            seq.num_computed_tokens = 0
+            return 0
+        if not seq.admitted:  # a preempted sequence's recompute is not a new query
+            seq.admitted = True
+            seq.num_cached_tokens = seq.num_computed_tokens
+            self.prefix_hit_tokens += seq.num_cached_tokens
+            self.prefix_query_tokens += seq.num_prompt_tokens
+        return n
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.block_manager.release(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1

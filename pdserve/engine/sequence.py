@@ -1,0 +1,59 @@
+"""Sequence: one request's state inside the engine. Its status changes only in the engine
+and the scheduler, through `status`.
+
+token_ids = prompt + generated tokens. The first `num_computed_tokens` of them have their K/V
+in the blocks of `block_table`; a step computes the next chunk and, once all are computed,
+samples one more token.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.tokenizer import IncrementalDetokenizer
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"  # queued (new, or preempted and to be recomputed)
+    RUNNING = "running"  # in the batch: prefilling in chunks, or decoding
+    HELD = "held"  # prefill_only and done: blocks kept for a KV transfer until release()
+    RESERVED = "reserved"  # decode handoff: blocks allocated, KV arriving, awaiting commit()
+    FINISHED = "finished"
+
+
+@dataclass
+class Sequence:
+    request_id: str
+    token_ids: list[int]
+    num_prompt_tokens: int
+    params: SamplingParams
+    arrival: int  # admission order: the latest-arrived running sequence is preempted first
+    prefill_only: bool = False
+    status: SequenceStatus = SequenceStatus.WAITING
+    block_table: list[int] = field(default_factory=list)
+    # Chained hashes of the full blocks of token_ids seen so far (prefix caching).
+    block_hashes: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at first admission
+    admitted: bool = False  # has been scheduled once (later admissions are recomputes)
+    output_logprobs: list[float] = field(default_factory=list)
+    detokenizer: IncrementalDetokenizer | None = None
+    finish_reason: str | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens

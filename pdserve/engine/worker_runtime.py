@@ -1,0 +1,120 @@
+"""What every worker actor has, whatever its role: an engine on its thread, its costs, its stats.
+
+The prefill and decode actors compose one WorkerRuntime each. The runtime measures the engine's
+step costs (the router's cost model learns from them), turns engine outputs into TokenBatches,
+and feeds the engine's KV events to the prefix index.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from collections.abc import AsyncIterator
+from dataclasses import asdict
+
+from pdserve.config import EngineConfig
+from pdserve.engine.engine import LLMEngine, RequestOutput
+from pdserve.engine.engine_loop import END_OF_STREAM, EngineLoop
+from pdserve.messages import TokenBatch, WorkerStats
+from pdserve.models.builtin import default_model_dir
+
+log = logging.getLogger(__name__)
+
+
+class WorkerRuntime:
+    def __init__(self, worker_id: str, role: str, engine_config: EngineConfig,
+                 redis_url: str | None = None) -> None:
+        import torch
+
+        if engine_config.num_threads:
+            torch.set_num_threads(engine_config.num_threads)
+        self.worker_id = worker_id
+        self.role = role
+        # A new epoch each time the actor (re)starts: the prefix index drops older entries.
+        self.epoch = time.time_ns()
+        engine_config.model = engine_config.model or str(default_model_dir())
+        self.index_feeder = None
+        if redis_url:
+            from pdserve.engine.index_feeder import IndexFeeder
+
+            self.index_feeder = IndexFeeder(redis_url, worker_id, self.epoch,
+                                            model=Path(engine_config.model).name,
+                                            block_size=engine_config.block_size)
+        sink = self.index_feeder.enqueue if self.index_feeder else None
+        self.engine = LLMEngine(engine_config, kv_event_sink=sink)
+        self.loop = EngineLoop(self.engine, asyncio.get_running_loop())
+        self.loop.step_listeners.append(self._measure_step)
+        self._stats = WorkerStats(worker_id=worker_id, role=role, epoch=self.epoch,
+                                  block_size=self.engine.block_size,
+                                  bytes_per_block=self._bytes_per_block())
+        self._last_prefill_tokens = 0
+
+    def _bytes_per_block(self) -> int:
+        kv = self.engine.kv_cache  # [layers, 2, blocks, block_size, kv_heads, head_dim]
+        return kv[:, :, 0].numel() * kv.element_size()
+
+    # Runs on the engine thread after every step.
+    def _measure_step(self, outputs: list[RequestOutput], seconds: float) -> None:
+        engine_stats = self.engine.stats()
+        computed = engine_stats["prefill_tokens_computed"] - self._last_prefill_tokens
+        self._last_prefill_tokens = engine_stats["prefill_tokens_computed"]
+        if computed > 0:
+            self._stats.prefill_tokens += computed
+            self._stats.prefill_seconds += seconds
+        elif outputs:
+            self._stats.decode_steps += 1
+            self._stats.decode_seconds += seconds
+            self._stats.decode_tokens += sum(len(o.new_token_ids) for o in outputs)
+
+    async def stats(self) -> WorkerStats:
+        engine_stats = await self.loop.acall(self.engine.stats)
+        stats = self._stats
+        for name in ("num_waiting", "num_running", "num_reserved", "num_held", "num_blocks",
+                     "num_free_blocks", "num_used_blocks", "num_cached_blocks",
+                     "prefix_hit_tokens", "prefix_query_tokens"):
+            setattr(stats, name, int(engine_stats.get(name, 0)))
+        stats.waiting_prompt_tokens = int(engine_stats.get("waiting_prompt_tokens", 0))
+        return WorkerStats(**asdict(stats))
+
+    def record_transfer(self, num_bytes: int, seconds: float, failed: bool = False) -> None:
+        if failed:
+            self._stats.transfer_failures += 1
+        else:
+            self._stats.transfer_bytes += num_bytes
+            self._stats.transfer_seconds += seconds
+
+    async def abort(self, request_id: str) -> None:
+        """Frees the request's blocks at once and ends its stream. Idempotent."""
+        await self.loop.acall(lambda: self.engine.abort(request_id))
+        self.loop.close_stream(request_id)
+
+    async def batches(self, request_id: str, stream: asyncio.Queue) -> AsyncIterator[TokenBatch]:
+        """Yields TokenBatches from a request's output queue; everything queued is one batch."""
+        while True:
+            items = [await stream.get()]
+            while not stream.empty():
+                items.append(stream.get_nowait())
+            batch = TokenBatch(request_id=request_id, token_ids=[], logprobs=[], text="")
+            ended = False
+            for item in items:
+                if item is END_OF_STREAM:
+                    batch.finished, batch.finish_reason, ended = True, "abort", True
+                    break
+                batch.token_ids += item.new_token_ids
+                batch.logprobs += item.new_logprobs or []
+                batch.text += item.text_delta
+                batch.num_prompt_tokens = item.num_prompt_tokens
+                batch.num_cached_tokens = item.num_cached_tokens
+                if item.finished:
+                    batch.finished, batch.finish_reason, ended = True, item.finish_reason, True
+                    break
+            yield batch
+            if ended:
+                return
+
+    def shutdown(self) -> None:
+        self.loop.stop()
+        if self.index_feeder:
+            self.index_feeder.stop()

@@ -1,0 +1,103 @@
+"""Messages between the router and the workers (through Ray calls): plain dataclasses.
+
+No torch here: the router imports this module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pdserve.engine.sampling_params import SamplingParams
+
+
+@dataclass
+class WorkRequest:
+    """One request as a worker sees it: already tokenized and validated by the router."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    trace_context: dict[str, str] = field(default_factory=dict)  # W3C traceparent/tracestate
+
+
+@dataclass
+class KVReservation:
+    """A decode worker's promise to take a prompt's KV: the blocks it lacks, by a deadline."""
+
+    decode_worker: str
+    transfer_id: str  # unguessable capability issued by the decode worker
+    endpoint: str  # the decode worker's KV server, "host:port"
+    missing_block_indices: list[int]  # positions in the prompt's block table to send
+    num_cached_tokens: int  # prompt tokens the decode worker already holds
+    deadline: float  # unix time after which the reservation is freed
+    transport: str = "grpc"
+    # Transport-specific rendezvous data (e.g. the collective backend's group address).
+    transport_info: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class PrefillResult:
+    """What a prefill worker returns once the KV is on the decode worker (or the request ended)."""
+
+    request_id: str
+    worker_id: str
+    first_token_id: int
+    first_logprob: float | None
+    text: str  # text delta of the first token
+    finished: bool  # the first token already ended the request (stop token, max_tokens=1)
+    finish_reason: str | None
+    num_prompt_tokens: int
+    num_cached_tokens: int  # prefix-cache hits on the prefill worker
+    queue_s: float  # waiting in the prefill worker before compute
+    prefill_s: float  # prefill compute
+    transfer_s: float = 0.0  # pushing KV and committing
+    transfer_bytes: int = 0
+    transfer_chunks: int = 0
+
+
+@dataclass
+class TokenBatch:
+    """Tokens a worker produced since its previous batch for one request (one or more steps)."""
+
+    request_id: str
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finished: bool = False
+    finish_reason: str | None = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    # Set on a local prefill's first batch: how long the prompt waited and computed.
+    queue_s: float | None = None
+    prefill_s: float | None = None
+
+
+@dataclass
+class WorkerStats:
+    """A worker's load and its measured costs; the router polls it for routing."""
+
+    worker_id: str
+    role: str  # "prefill" | "decode"
+    epoch: int  # changes when the actor restarts
+    num_waiting: int = 0
+    num_running: int = 0
+    num_reserved: int = 0
+    num_held: int = 0
+    waiting_prompt_tokens: int = 0  # uncomputed prompt tokens queued on this worker
+    num_blocks: int = 0
+    num_free_blocks: int = 0
+    num_used_blocks: int = 0
+    num_cached_blocks: int = 0
+    block_size: int = 16
+    bytes_per_block: int = 0  # KV bytes of one block over all layers (for transfer estimates)
+    # Cumulative measurements: the router's cost model differentiates them between polls.
+    prefill_tokens: int = 0  # prompt tokens computed
+    prefill_seconds: float = 0.0  # time spent in steps that computed prompt tokens
+    decode_steps: int = 0  # steps that only decoded
+    decode_seconds: float = 0.0
+    decode_tokens: int = 0  # tokens produced by those steps (sum of batch sizes)
+    prefix_hit_tokens: int = 0
+    prefix_query_tokens: int = 0
+    transfer_bytes: int = 0  # KV bytes sent (prefill) or received (decode)
+    transfer_seconds: float = 0.0
+    transfer_failures: int = 0

@@ -1,0 +1,99 @@
+"""The built-in model: a deterministic random-weight Llama written in Hugging Face layout.
+
+`make_model` writes config.json, generation_config.json, model.safetensors and a tokenizer.
+`default_model_dir()` creates the tiny preset once in the cache directory and returns it;
+it is what every component uses when no model is configured (nothing is ever downloaded).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from pdserve.config import default_cache_dir
+from pdserve.models.presets import preset_config
+from pdserve.models.tokenizer_builder import write_tokenizer
+
+# Bump when presets or initialization change, so a stale cached model is not reused.
+BUILTIN_VERSION = 1
+
+
+def random_weights(config: dict, seed: int) -> dict[str, torch.Tensor]:
+    """HF-named float32 tensors. Scales are chosen so the model is not a near-no-op: linear
+    layers keep activations at unit scale (std 1/sqrt(fan_in)), so attention visibly shapes
+    the output, and logits have std ~3, so greedy decoding is rarely close to a tie (a near
+    tie would make token-for-token comparisons with transformers flaky)."""
+    gen = torch.Generator().manual_seed(seed)
+    hidden, inter = config["hidden_size"], config["intermediate_size"]
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    head_dim = config.get("head_dim") or hidden // heads
+
+    def normal(rows: int, cols: int, std: float) -> torch.Tensor:
+        return torch.randn(rows, cols, generator=gen) * std
+
+    def linear(out_features: int, in_features: int) -> torch.Tensor:
+        return normal(out_features, in_features, 1.0 / math.sqrt(in_features))
+
+    tensors = {"model.embed_tokens.weight": normal(config["vocab_size"], hidden, 1.0)}
+    for i in range(config["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        tensors[p + "self_attn.q_proj.weight"] = linear(heads * head_dim, hidden)
+        tensors[p + "self_attn.k_proj.weight"] = linear(kv_heads * head_dim, hidden)
+        tensors[p + "self_attn.v_proj.weight"] = linear(kv_heads * head_dim, hidden)
+        tensors[p + "self_attn.o_proj.weight"] = linear(hidden, heads * head_dim)
+        tensors[p + "mlp.gate_proj.weight"] = linear(inter, hidden)
+        tensors[p + "mlp.up_proj.weight"] = linear(inter, hidden)
+        tensors[p + "mlp.down_proj.weight"] = linear(hidden, inter)
+        tensors[p + "input_layernorm.weight"] = torch.ones(hidden)
+        tensors[p + "post_attention_layernorm.weight"] = torch.ones(hidden)
+    tensors["model.norm.weight"] = torch.ones(hidden)
+    tensors["lm_head.weight"] = normal(config["vocab_size"], hidden, 3.0 / math.sqrt(hidden))
+    return tensors
+
+
+def make_model(directory: str | Path, preset: str = "tiny", seed: int = 0) -> Path:
+    """Writes a random-weight model directory; the same (preset, seed) gives the same files."""
+    out = Path(directory)
+    config = preset_config(preset)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(random_weights(config, seed), str(out / "model.safetensors"), {"format": "pt"})
+    generation = {
+        "bos_token_id": config["bos_token_id"],
+        "eos_token_id": config["eos_token_id"],
+        "pad_token_id": config["pad_token_id"],
+        "do_sample": False,
+    }
+    for name, content in (("config.json", config), ("generation_config.json", generation)):
+        (out / name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
+    write_tokenizer(out, config["vocab_size"])
+    return out
+
+
+def default_model_dir() -> Path:
+    """The built-in tiny model, created in the cache directory on first use.
+
+    Safe against several processes doing it at once: each builds in its own temporary
+    directory and renames it into place; a loser of the race discards its copy.
+    """
+    target = default_cache_dir() / "models" / f"tiny-llama-v{BUILTIN_VERSION}"
+    if (target / "config.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tiny-llama-", dir=target.parent))
+    try:
+        make_model(tmp, "tiny", seed=0)
+        try:
+            os.rename(tmp, target)  # atomic; fails if another process got there first
+        except OSError:
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target

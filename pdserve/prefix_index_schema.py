@@ -1,0 +1,108 @@
+"""The prefix index's layout in Redis: the contract between workers (writers) and the router.
+
+All keys of one model share the hash tag `{model}`, so they live in one Redis Cluster slot and
+the Lua scripts may touch any of them. With namespace "pdserve" and model "m":
+
+  pdserve:{m}:blk:<hash>      HASH  worker_id -> epoch        who holds the block with that hash
+  pdserve:{m}:wblk:<worker>   SET   block hashes               what one worker published (cleanup)
+  pdserve:{m}:hb:<worker>     STR   epoch, with a TTL          the worker is alive in that epoch
+  pdserve:{m}:workers         HASH  worker_id -> epoch        newest epoch ever registered
+  pdserve:{m}:reuse           HASH  hit_tokens, miss_tokens, requests, w:<worker>:<counter>
+  pdserve:models              SET   model names with reuse statistics
+
+An entry counts only while the worker's heartbeat key exists and holds the entry's epoch, so a
+restarted worker's old entries and a dead worker's entries stop counting at once, before any
+cleanup. Epochs are non-negative integers, compared as numbers; a newer one fences older ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Removes every block entry a worker published (any epoch) and its block set.
+# KEYS[1] = the worker's block set; ARGV[1] = block key prefix; ARGV[2] = worker id.
+DROP_WORKER_LUA = """
+local hashes = redis.call('SMEMBERS', KEYS[1])
+for _, h in ipairs(hashes) do
+  redis.call('HDEL', ARGV[1] .. h, ARGV[2])
+end
+redis.call('DEL', KEYS[1])
+return #hashes
+"""
+
+# Records that a worker is alive in an epoch. Returns -1 when a newer epoch of the same worker
+# is registered (this process is a zombie and must stop writing), 1 when the previous heartbeat
+# of this epoch was still there, 0 when it was gone (Redis restarted, or the TTL passed): the
+# worker's entries may be missing and it must resynchronise.
+# KEYS[1] = heartbeat key, KEYS[2] = workers hash; ARGV = worker id, epoch, ttl in ms.
+HEARTBEAT_LUA = """
+local function newer(a, b)
+  if #a ~= #b then return #a > #b end
+  return a > b
+end
+local registered = redis.call('HGET', KEYS[2], ARGV[1])
+if registered and newer(registered, ARGV[2]) then return -1 end
+local previous = redis.call('GET', KEYS[1])
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+if previous == ARGV[2] then return 1 end
+return 0
+"""
+
+
+@dataclass(frozen=True)
+class IndexKeys:
+    """Key names of one model's index (see the module docstring)."""
+
+    model: str
+    namespace: str = "pdserve"
+
+    def __post_init__(self) -> None:
+        if not self.model or "{" in self.model or "}" in self.model:
+            raise ValueError(
+                f"model name for the prefix index must be non-empty, no braces: {self.model!r}"
+            )
+
+    @property
+    def base(self) -> str:
+        return f"{self.namespace}:{{{self.model}}}:"
+
+    @property
+    def block_prefix(self) -> str:
+        return self.base + "blk:"
+
+    @property
+    def heartbeat_prefix(self) -> str:
+        return self.base + "hb:"
+
+    def block(self, block_hash: int) -> str:
+        return f"{self.block_prefix}{block_hash}"
+
+    def heartbeat(self, worker_id: str) -> str:
+        return self.heartbeat_prefix + worker_id
+
+    @property
+    def worker_blocks_prefix(self) -> str:
+        return self.base + "wblk:"
+
+    def worker_blocks(self, worker_id: str) -> str:
+        return self.worker_blocks_prefix + worker_id
+
+    @property
+    def workers(self) -> str:
+        return self.base + "workers"
+
+    @property
+    def reuse(self) -> str:
+        return self.base + "reuse"
+
+    @property
+    def models(self) -> str:
+        return f"{self.namespace}:models"
+
+
+def epoch_str(epoch: int) -> str:
+    """The canonical text of an epoch (the Lua scripts compare these strings)."""
+    if epoch < 0:
+        raise ValueError(f"epoch must be >= 0, got {epoch}")
+    return str(int(epoch))

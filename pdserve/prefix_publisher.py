@@ -1,0 +1,222 @@
+"""PrefixIndexPublisher: a worker's side of the prefix index (Redis), fed by its KV events.
+
+A worker creates one, calls `register()` once, `publish(events)` for every batch of KV events
+(`pdserve.engine.kv_events.KVEvent` or anything with `kind` and `block_hashes`), and
+`heartbeat()` every `heartbeat_ttl_s / 3` seconds. None of these raises on a Redis outage; they
+return False instead. The publisher remembers the set of hashes the worker holds (from the
+events themselves), so after an outage, a Redis restart or a missed heartbeat it rewrites that
+whole set in one transaction (`resync`) without asking the engine. Thread-safe.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable
+from typing import Protocol
+
+from pdserve.prefix_index_schema import DROP_WORKER_LUA, HEARTBEAT_LUA, IndexKeys, epoch_str
+from pdserve.redis_link import RedisLink
+
+log = logging.getLogger(__name__)
+
+
+class KVEventLike(Protocol):
+    kind: str  # "stored" | "removed"
+    block_hashes: list[int]
+
+
+class PrefixIndexPublisher:
+    def __init__(
+        self,
+        redis_url: str,
+        worker_id: str,
+        model: str,
+        block_size: int,
+        *,
+        heartbeat_ttl_s: float = 10.0,
+        namespace: str = "pdserve",
+        socket_timeout_s: float = 0.3,
+    ) -> None:
+        if heartbeat_ttl_s <= 0:
+            raise ValueError(f"heartbeat_ttl_s must be > 0, got {heartbeat_ttl_s}")
+        self.worker_id = worker_id
+        self.block_size = block_size
+        self.heartbeat_ttl_s = heartbeat_ttl_s
+        self.keys = IndexKeys(model, namespace)
+        self.link = RedisLink(redis_url, name="publisher", socket_timeout_s=socket_timeout_s)
+        self.link.on_reconnect.append(self._lost_sync)
+        self._drop = self.link.client.register_script(DROP_WORKER_LUA)
+        self._beat = self.link.client.register_script(HEARTBEAT_LUA)
+        self._lock = threading.RLock()
+        self._held: set[int] = set()
+        self._epoch: str | None = None
+        self.needs_resync = True  # nothing is in Redis until the first successful resync
+        self.fenced = False  # a newer epoch of this worker exists: stop writing
+
+    @property
+    def available(self) -> bool:
+        return self.link.available
+
+    @property
+    def epoch(self) -> int | None:
+        return None if self._epoch is None else int(self._epoch)
+
+    @property
+    def held_hashes(self) -> frozenset[int]:
+        """Hashes of the blocks this worker holds, as its events describe them."""
+        with self._lock:
+            return frozenset(self._held)
+
+    def register(self, epoch: int | None = None) -> bool:
+        """Starts a new epoch (default: now in ns). Entries of older epochs stop counting at once
+        and are deleted. Returns True when Redis has the registration now (else it is retried
+        by `heartbeat()`)."""
+        with self._lock:
+            self._epoch = epoch_str(time.time_ns() if epoch is None else epoch)
+            self.fenced = False
+            self.needs_resync = True
+            return self.resync()
+
+    def publish(self, events: Iterable[KVEventLike]) -> bool:
+        """Applies a batch of KV events in one round trip. True when Redis has them."""
+        with self._lock:
+            stored: list[int] = []
+            removed: list[int] = []
+            for event in events:
+                if event.kind == "stored":
+                    stored += event.block_hashes
+                    self._held.update(event.block_hashes)
+                    removed_now = set(event.block_hashes)
+                    removed = [h for h in removed if h not in removed_now]
+                elif event.kind == "removed":
+                    removed += event.block_hashes
+                    self._held.difference_update(event.block_hashes)
+                    removed_now = set(event.block_hashes)
+                    stored = [h for h in stored if h not in removed_now]
+                else:
+                    raise ValueError(f"unknown KV event kind {event.kind!r}")
+            if self._epoch is None or self.fenced:
+                return False
+            if self.needs_resync:
+                return self.resync()
+            if not stored and not removed:
+                return True
+            ok = self.link.call(lambda client: self._apply(client, stored, removed), False)
+            if not ok:
+                self.needs_resync = True  # these events are lost: rewrite everything later
+            return ok
+
+    def heartbeat(self) -> bool:
+        """Renews liveness; re-registers and resynchronises when Redis lost our entries.
+        True when Redis holds an up-to-date view of this worker afterwards."""
+        with self._lock:
+            if self._epoch is None or self.fenced:
+                return False
+            if self.needs_resync:
+                return self.resync()
+            result = self.link.call(lambda client: self._beat_once(client), None)
+            if result is None:
+                self.needs_resync = True
+                return False
+            if result == -1:
+                self._fence()
+                return False
+            if result == 0 or self.needs_resync:  # our heartbeat key was gone: entries may be too
+                self.needs_resync = True
+                return self.resync()
+            return True
+
+    def resync(self, block_hashes: Iterable[int] | None = None) -> bool:
+        """Replaces everything Redis has for this worker with `block_hashes` (default: the set
+        the events describe) and renews the heartbeat, atomically. True on success."""
+        with self._lock:
+            if block_hashes is not None:
+                self._held = set(block_hashes)
+            if self._epoch is None or self.fenced:
+                return False
+            hashes = sorted(self._held)
+            result = self.link.call(lambda client: self._rewrite(client, hashes), None)
+            if result is None:
+                self.needs_resync = True
+                return False
+            if result == -1:
+                self._fence()
+                return False
+            self.needs_resync = False
+            return True
+
+    def unregister(self) -> None:
+        """Clean shutdown: this worker's entries and heartbeat disappear now, not after the TTL."""
+        with self._lock:
+            if self._epoch is None or self.fenced:
+                return
+
+            def drop(client) -> None:
+                pipe = client.pipeline(transaction=True)
+                self._drop(
+                    keys=[self.keys.worker_blocks(self.worker_id)],
+                    args=[self.keys.block_prefix, self.worker_id],
+                    client=pipe,
+                )
+                pipe.delete(self.keys.heartbeat(self.worker_id))
+                pipe.execute()
+
+            self.link.call(drop, None)
+            self._epoch = None
+
+    def close(self) -> None:
+        self.link.close()
+
+    def _apply(self, client, stored: list[int], removed: list[int]) -> bool:
+        pipe = client.pipeline(transaction=False)
+        for block in removed:
+            pipe.hdel(self.keys.block(block), self.worker_id)
+        for block in stored:
+            pipe.hset(self.keys.block(block), self.worker_id, self._epoch)
+        if removed:
+            pipe.srem(self.keys.worker_blocks(self.worker_id), *removed)
+        if stored:
+            pipe.sadd(self.keys.worker_blocks(self.worker_id), *stored)
+        pipe.execute()
+        return True
+
+    def _beat_once(self, client) -> int:
+        return int(self._beat(keys=self._beat_keys(), args=self._beat_args(), client=client))
+
+    def _rewrite(self, client, hashes: list[int]) -> int:
+        # A zombie (superseded epoch) must not overwrite the live incarnation's entries, hence
+        # the check first; the rewrite itself is one MULTI so lookups never see half a set.
+        if int(self._beat(keys=self._beat_keys(), args=self._beat_args(), client=client)) == -1:
+            return -1
+        pipe = client.pipeline(transaction=True)
+        self._drop(
+            keys=[self.keys.worker_blocks(self.worker_id)],
+            args=[self.keys.block_prefix, self.worker_id],
+            client=pipe,
+        )
+        for block in hashes:
+            pipe.hset(self.keys.block(block), self.worker_id, self._epoch)
+        if hashes:
+            pipe.sadd(self.keys.worker_blocks(self.worker_id), *hashes)
+        self._beat(keys=self._beat_keys(), args=self._beat_args(), client=pipe)
+        pipe.execute()
+        return 1
+
+    def _beat_keys(self) -> list[str]:
+        return [self.keys.heartbeat(self.worker_id), self.keys.workers]
+
+    def _beat_args(self) -> list[str]:
+        return [self.worker_id, self._epoch or "0", str(int(self.heartbeat_ttl_s * 1000))]
+
+    def _lost_sync(self) -> None:
+        self.needs_resync = True  # events published during the outage never reached Redis
+
+    def _fence(self) -> None:
+        self.fenced = True
+        log.error(
+            "prefix index: worker %s epoch %s was superseded by a newer epoch; not publishing",
+            self.worker_id,
+            self._epoch,
+        )

@@ -1,0 +1,47 @@
+"""Creates the worker actors on their Ray pools (custom resources, plus GPUs when configured)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+
+from decode_service.worker import DecodeWorker
+from pdserve.config import ServeConfig
+from prefill_service.worker import PrefillWorker
+
+
+def create_workers(config: ServeConfig, redis_url: str | None,
+                   ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Starts the prefill and decode actors; returns {worker_id: handle} for each pool.
+
+    Each actor takes one unit of its pool's custom resource, so Ray places prefill actors only on
+    nodes that advertise `prefill_pool` and decode actors on `decode_pool` nodes. Actors restart
+    after a crash (with a new epoch); calls are not retried by Ray, the router retries requests.
+    """
+    pools = (
+        ("prefill", PrefillWorker, config.prefill_workers, config.prefill_pool_resource),
+        ("decode", DecodeWorker, config.decode_workers, config.decode_pool_resource),
+    )
+    created: list[dict[str, Any]] = []
+    for role, cls, count, resource in pools:
+        actor_cls = ray.remote(cls)
+        handles = {}
+        for index in range(count):
+            worker_id = f"{role}-{index}"
+            handles[worker_id] = actor_cls.options(
+                name=f"pdserve-{worker_id}", resources={resource: 1},
+                num_cpus=config.cpus_per_worker, num_gpus=config.gpus_per_worker,
+                max_restarts=-1, max_task_retries=0, max_concurrency=1000,
+                runtime_env={"env_vars": _worker_env()},
+            ).remote(worker_id, config.engine, config.kv, redis_url)
+        created.append(handles)
+    return created[0], created[1]
+
+
+def _worker_env() -> dict[str, str]:
+    import os
+
+    # Workers inherit tracing and secrets settings from the process that starts them.
+    return {k: v for k, v in os.environ.items()
+            if k.startswith(("OTEL_", "PDSERVE_")) and k != "PDSERVE_API_KEYS"}

@@ -1,0 +1,154 @@
+"""Everything behind `pdserve serve`: Ray, Redis, the worker pools and the router server.
+
+`ServingApp` owns what it started and stops it in reverse order. `BackgroundApp` runs one on its
+own event loop thread, for tests and benchmarks that drive it with ordinary gRPC clients.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pdserve.config import ServeConfig
+from pdserve.tokenizer import Tokenizer
+from router.generation_service import GenerationService
+from router.request_flow import RequestFlow
+from router.routing import Routing
+from router.server import RouterServer
+from router.validation import ModelLimits
+from router.worker_pool import WorkerPool
+
+log = logging.getLogger(__name__)
+
+
+def model_limits(model_dir: Path, max_model_len: int | None, tokenizer: Tokenizer) -> ModelLimits:
+    config = json.loads((model_dir / "config.json").read_text())
+    context = config.get("max_position_embeddings", 2048)
+    return ModelLimits(name=model_dir.name, vocab_size=int(config["vocab_size"]),
+                       max_model_len=min(max_model_len or context, context),
+                       eos_token_ids=list(tokenizer.eos_token_ids))
+
+
+@dataclass
+class ServingApp:
+    config: ServeConfig
+    port: int = 0
+    _stack: list = field(default_factory=list)  # (description, async stop callable), LIFO
+
+    async def start(self) -> None:
+        import ray
+
+        from pdserve.models.builtin import default_model_dir
+        from router.actors import create_workers
+
+        config = self.config
+        # Resolve (and on first use, write) the model once here, not in every actor.
+        model_dir = Path(config.engine.model or default_model_dir())
+        config.engine.model = str(model_dir)
+        config.kv.secret = config.kv.secret or os.environ.get("PDSERVE_KV_SECRET") or (
+            _random_secret())
+        redis_url = config.redis_url or await self._start_private_redis()
+        if not ray.is_initialized():
+            ray.init(address=config.ray_address, **_local_ray_args(config))
+            self._stack.append(("ray", _async(ray.shutdown)))
+        prefill, decode = create_workers(config, redis_url)
+        self._stack.append(("workers", _async(lambda: _kill(ray, {**prefill, **decode}))))
+        self.pool = WorkerPool(prefill, decode)
+        await self.pool.start()
+        self._stack.append(("pool", self.pool.stop))
+
+        tokenizer = Tokenizer.from_dir(model_dir)
+        limits = model_limits(model_dir, config.engine.max_model_len, tokenizer)
+        self.routing = Routing(self.pool, config.router)
+        flow = RequestFlow(self.pool, self.routing.choose, config.router.max_retries)
+        info = {"block_size": config.engine.block_size, "kv_transport": config.kv.transport}
+        api_keys = config.router.api_keys or _env_list("PDSERVE_API_KEYS")
+        service = GenerationService(flow, tokenizer, limits, info, api_keys)
+        service.worker_counts = lambda: (len(self.pool.of_role("prefill")),
+                                         len(self.pool.of_role("decode")))
+        self.server = RouterServer(service, config.router.host, config.router.port)
+        await self.server.start()
+        self._stack.append(("server", self.server.stop))
+        self.port = self.server.port
+
+    async def _start_private_redis(self) -> str:
+        from pdserve.redis_server import RedisServer
+
+        server = RedisServer()
+        server.start()
+        self._stack.append(("redis", _async(server.stop)))
+        log.info("started a private redis-server at %s", server.url)
+        return server.url
+
+    async def stop(self) -> None:
+        while self._stack:
+            name, stop = self._stack.pop()
+            try:
+                await stop()
+            except Exception:
+                log.exception("stopping %s failed", name)
+
+
+class BackgroundApp:
+    """A ServingApp on its own event-loop thread: `with BackgroundApp(config) as app: app.port`."""
+
+    def __init__(self, config: ServeConfig) -> None:
+        self.app = ServingApp(config)
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+
+    def run(self, coro, timeout: float | None = None):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def __enter__(self) -> BackgroundApp:
+        self._thread.start()
+        try:
+            self.run(self.app.start(), timeout=600)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    @property
+    def port(self) -> int:
+        return self.app.port
+
+    def __exit__(self, *exc) -> None:
+        self.run(self.app.stop(), timeout=120)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+
+
+def _local_ray_args(config: ServeConfig) -> dict:
+    if config.ray_address:
+        return {}
+    # A local Ray advertises both pools itself, sized to the requested workers.
+    return {"resources": {config.prefill_pool_resource: max(config.prefill_workers, 1),
+                          config.decode_pool_resource: max(config.decode_workers, 1)},
+            "include_dashboard": False, "log_to_driver": True}
+
+
+def _kill(ray, handles: dict) -> None:
+    for handle in handles.values():
+        ray.kill(handle, no_restart=True)
+
+
+def _async(fn):
+    async def call():
+        fn()
+    return call
+
+
+def _random_secret() -> str:
+    import secrets
+
+    return secrets.token_urlsafe(32)
+
+
+def _env_list(name: str) -> list[str]:
+    return [item.strip() for item in os.environ.get(name, "").split(",") if item.strip()]

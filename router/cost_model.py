@@ -1,0 +1,141 @@
+"""CostModel: what prefill, a decode step and a KV transfer cost, learned online.
+
+Each cost is a line y = a + b*x (seconds against tokens, batch size or bytes) fitted by
+exponentially-forgetting least squares with a ridge pull towards a prior line, so it gives sane
+answers before any data (the prior) and follows the workers as their speed changes (forgetting).
+Samples come from worker statistics (`observe_stats`, counters differentiated between polls) or
+from per-request timings (`observe_prefill`, `observe_transfer`). Pure Python, no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class LinearFit:
+    """Online fit of seconds = intercept + slope * x.
+
+    The prior line enters as `prior_weight` pseudo-observations at x = x_scale/2 and 3*x_scale/2
+    that fade like real samples, so data takes over: with `decay` < 1 a sample's weight halves
+    after ln(2)/(1-decay) newer samples. A faint ridge towards the prior that never fades keeps
+    the fit well-posed when every sample has the same x (e.g. a decode batch that stays at 1).
+    """
+
+    prior_intercept: float
+    prior_slope: float
+    x_scale: float
+    prior_weight: float = 2.0
+    decay: float = 0.97
+    samples: int = 0
+    _sums: list[float] = field(default_factory=list)  # weight, x, y, xx, xy (weighted sums)
+
+    def __post_init__(self) -> None:
+        self._sums = [0.0] * 5
+        for x in (0.5 * self.x_scale, 1.5 * self.x_scale):
+            self._add(x, self.prior_intercept + self.prior_slope * x, self.prior_weight / 2)
+
+    def observe(self, x: float, y: float, weight: float = 1.0) -> None:
+        if x < 0 or y < 0 or weight <= 0:
+            return  # a counter reset (worker restart) or a clock step: not a measurement
+        self._sums = [self.decay * s for s in self._sums]
+        self._add(x, y, weight)
+        self.samples += 1
+
+    def _add(self, x: float, y: float, w: float) -> None:
+        for i, term in enumerate((1.0, x, y, x * x, x * y)):
+            self._sums[i] += w * term
+
+    @property
+    def coefficients(self) -> tuple[float, float]:
+        """(intercept, slope), both >= 0: time never shrinks as work grows."""
+        s0, sx, sy, sxx, sxy = self._sums
+        la = 1e-3 * self.prior_weight  # the faint ridge
+        lb = la * self.x_scale**2
+        # Normal equations of sum w (y - a - b x)^2 + la (a - a0)^2 + lb (b - b0)^2.
+        m00, m01, m11 = s0 + la, sx, sxx + lb
+        r0 = sy + la * self.prior_intercept
+        r1 = sxy + lb * self.prior_slope
+        det = m00 * m11 - m01 * m01
+        a = (r0 * m11 - m01 * r1) / det
+        b = (m00 * r1 - m01 * r0) / det
+        if b < 0:  # refit the intercept with the slope clamped at 0
+            b, a = 0.0, r0 / m00
+        if a < 0:  # refit the slope with the intercept clamped at 0
+            a, b = 0.0, max(0.0, r1 / m11)
+        return a, b
+
+    def predict(self, x: float) -> float:
+        a, b = self.coefficients
+        return a + b * max(0.0, x)
+
+
+@dataclass
+class CostModel:
+    """Costs of the pools. Priors are modest GPU-ish numbers; data replaces them within seconds.
+
+    prefill: seconds of one prefill on a prefill worker vs tokens computed.
+    local_prefill: the same on a decode worker (shares the GPU with decoding); until it has
+    data it answers with `prefill`'s line.
+    decode: seconds of one decode step vs batch size.
+    transfer: seconds of one KV transfer vs bytes (intercept = latency, 1/slope = bandwidth).
+    """
+
+    prefill: LinearFit = field(default_factory=lambda: LinearFit(0.01, 1e-4, x_scale=512))
+    local_prefill: LinearFit = field(default_factory=lambda: LinearFit(0.01, 1e-4, x_scale=512))
+    decode: LinearFit = field(default_factory=lambda: LinearFit(0.01, 2e-4, x_scale=16))
+    transfer: LinearFit = field(default_factory=lambda: LinearFit(0.002, 1e-9, x_scale=16 << 20))
+    _last: dict[str, object] = field(default_factory=dict)  # worker_id -> previous stats
+
+    def observe_prefill(self, tokens: int, seconds: float, *, local: bool = False) -> None:
+        (self.local_prefill if local else self.prefill).observe(tokens, seconds)
+
+    def observe_decode_step(self, batch_size: float, seconds: float, weight: float = 1.0) -> None:
+        self.decode.observe(batch_size, seconds, weight)
+
+    def observe_transfer(self, num_bytes: int, seconds: float) -> None:
+        self.transfer.observe(num_bytes, seconds)
+
+    def observe_stats(self, stats) -> None:
+        """Learns from a worker's cumulative counters (pdserve.messages.WorkerStats) by
+        differencing them against the same worker's previous poll. A new epoch restarts it."""
+        prev = self._last.get(stats.worker_id)
+        self._last[stats.worker_id] = stats
+        if prev is None or prev.epoch != stats.epoch:
+            return
+        tokens = stats.prefill_tokens - prev.prefill_tokens
+        seconds = stats.prefill_seconds - prev.prefill_seconds
+        if tokens > 0 and seconds > 0:
+            # One sample per interval: a prefill of the interval's mean size per step is not
+            # known, so the interval counts as one prefill of all its tokens.
+            self.observe_prefill(tokens, seconds, local=stats.role == "decode")
+        steps = stats.decode_steps - prev.decode_steps
+        decode_s = stats.decode_seconds - prev.decode_seconds
+        if steps > 0 and decode_s > 0:
+            batch = (stats.decode_tokens - prev.decode_tokens) / steps
+            self.observe_decode_step(batch, decode_s / steps, weight=min(steps, 8))
+        sent = stats.transfer_bytes - prev.transfer_bytes
+        transfer_s = stats.transfer_seconds - prev.transfer_seconds
+        if stats.role == "prefill" and sent > 0 and transfer_s > 0:
+            self.observe_transfer(sent, transfer_s)
+
+    def forget_worker(self, worker_id: str) -> None:
+        self._last.pop(worker_id, None)
+
+    # -- estimates ----------------------------------------------------------------------------
+
+    def prefill_seconds(self, tokens: int, *, local: bool = False) -> float:
+        fit = self.local_prefill if local and self.local_prefill.samples else self.prefill
+        return fit.predict(tokens)
+
+    def prefill_queue_seconds(self, tokens: int, requests: int, *, local: bool = False) -> float:
+        """Wait behind `requests` queued prompts holding `tokens` uncomputed tokens."""
+        fit = self.local_prefill if local and self.local_prefill.samples else self.prefill
+        a, b = fit.coefficients
+        return a * requests + b * tokens
+
+    def decode_step_seconds(self, batch_size: int) -> float:
+        return self.decode.predict(batch_size)
+
+    def transfer_seconds(self, num_bytes: int) -> float:
+        return self.transfer.predict(num_bytes)

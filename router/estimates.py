@@ -1,0 +1,188 @@
+"""What each routing option would cost: TTFT, the TPOT it leads to, the harm to running decodes.
+
+An option is (prefill worker P, decode worker D), or D alone prefilling locally (P = None).
+Everything here is arithmetic on a snapshot of worker load plus the CostModel; no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from router.cost_model import CostModel
+
+
+@dataclass
+class WorkerLoad:
+    """One worker as the policy sees it: a stats snapshot plus the router's own fresher count
+    of requests it sent there since that snapshot (so a burst does not herd onto one worker)."""
+
+    worker_id: str
+    healthy: bool = True
+    num_waiting: int = 0  # requests queued on the worker
+    num_running: int = 0  # decode batch (decode workers)
+    waiting_prompt_tokens: int = 0  # uncomputed prompt tokens queued
+    num_blocks: int = 0  # KV pool size; 0 = unknown (no KV check)
+    num_free_blocks: int = 0
+    inflight: int = 0  # routed here after the snapshot (router-side)
+    inflight_prompt_tokens: int = 0
+
+    @classmethod
+    def from_stats(cls, stats, *, healthy: bool = True, inflight: int = 0,
+                   inflight_prompt_tokens: int = 0) -> WorkerLoad:  # fmt: skip
+        """From a pdserve.messages.WorkerStats (reservations count as waiting requests)."""
+        return cls(
+            worker_id=stats.worker_id,
+            healthy=healthy,
+            num_waiting=stats.num_waiting + stats.num_reserved,
+            num_running=stats.num_running,
+            waiting_prompt_tokens=stats.waiting_prompt_tokens,
+            num_blocks=stats.num_blocks,
+            num_free_blocks=stats.num_free_blocks,
+            inflight=inflight,
+            inflight_prompt_tokens=inflight_prompt_tokens,
+        )
+
+    @property
+    def queued_requests(self) -> int:
+        return self.num_waiting + self.inflight
+
+    @property
+    def queued_tokens(self) -> int:
+        return self.waiting_prompt_tokens + self.inflight_prompt_tokens
+
+    @property
+    def load(self) -> int:
+        """Requests on the worker, the tie-breaker between equally good options."""
+        return self.num_waiting + self.num_running + self.inflight
+
+
+@dataclass(frozen=True)
+class RoutingRequest:
+    prompt_tokens: int
+    max_tokens: int
+    block_size: int
+    bytes_per_block: int = 0  # KV bytes of one block over all layers; 0 = transfers are free
+
+    @property
+    def full_blocks(self) -> int:
+        return self.prompt_tokens // self.block_size
+
+    @property
+    def total_blocks(self) -> int:
+        """Blocks of the prompt's block table, the trailing partial block included."""
+        return math.ceil(self.prompt_tokens / self.block_size)
+
+    def uncached_tokens(self, cached_blocks: int) -> int:
+        """Tokens to compute given a cached prefix; never 0 (the last prompt token is always
+        run to sample the first output token)."""
+        cached = min(cached_blocks, self.full_blocks) * self.block_size
+        return max(1, self.prompt_tokens - cached)
+
+
+@dataclass
+class Weights:
+    """How the objective trades the terms off (see `objective`)."""
+
+    tpot: float = 1.0  # this request's own decode speed vs its TTFT
+    interference: float = 1.0  # slowdown imposed on D's running requests
+    slo_penalty: float = 4.0  # extra cost per unit beyond an SLO: misses are worse than slowness
+    kv_pressure: float = 2.0  # cost when D's KV occupancy after admission exceeds kv_soft_limit
+    kv_soft_limit: float = 0.9
+    stall_amortize_tokens: int = 32  # a one-off stall is spread over this many decode tokens
+
+
+@dataclass
+class Estimate:
+    """One option's predicted numbers; `objective` is what the cost policy minimizes."""
+
+    prefill_worker: str | None  # None: the decode worker prefills locally
+    decode_worker: str
+    ttft_s: float
+    tpot_s: float
+    stall_s: float  # how long D's running decodes pause for this request's local prefill
+    transfer_blocks: int
+    prefill_cached_blocks: int  # prefix blocks the prefilling worker already holds
+    decode_cached_blocks: int
+    objective: float = 0.0
+    infeasible: str | None = None  # why this option cannot be taken now
+    load: int = 0
+    terms: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return f"{self.prefill_worker}->{self.decode_worker}" if self.prefill_worker else (
+            f"local@{self.decode_worker}"
+        )  # fmt: skip
+
+
+def estimate(
+    request: RoutingRequest,
+    prefill: WorkerLoad | None,
+    decode: WorkerLoad,
+    cached: dict[str, int],
+    cost: CostModel,
+) -> Estimate:
+    """Predicts TTFT, TPOT and the stall of one option (objective filled in by `objective`)."""
+    d_cached = min(cached.get(decode.worker_id, 0), request.full_blocks)
+    batch = decode.num_running + decode.queued_requests + 1  # D's batch once this one joins
+    tpot = cost.decode_step_seconds(batch)
+    if prefill is None:
+        wait = cost.prefill_queue_seconds(decode.queued_tokens, decode.queued_requests, local=True)
+        compute = cost.prefill_seconds(request.uncached_tokens(d_cached), local=True)
+        ttft, stall, blocks, p_cached = wait + compute, compute, 0, d_cached
+    else:
+        p_cached = min(cached.get(prefill.worker_id, 0), request.full_blocks)
+        wait = cost.prefill_queue_seconds(prefill.queued_tokens, prefill.queued_requests)
+        compute = cost.prefill_seconds(request.uncached_tokens(p_cached))
+        blocks = request.total_blocks - d_cached  # only the blocks D lacks travel
+        transfer = cost.transfer_seconds(blocks * request.bytes_per_block)
+        ttft, stall = wait + compute + transfer, 0.0
+    return Estimate(
+        prefill_worker=prefill.worker_id if prefill else None,
+        decode_worker=decode.worker_id,
+        ttft_s=ttft,
+        tpot_s=tpot,
+        stall_s=stall,
+        transfer_blocks=blocks,
+        prefill_cached_blocks=p_cached,
+        decode_cached_blocks=d_cached,
+        load=decode.load + (prefill.load if prefill else 0),
+    )
+
+
+def objective(
+    est: Estimate,
+    request: RoutingRequest,
+    decode: WorkerLoad,
+    cost: CostModel,
+    ttft_slo_s: float,
+    tpot_slo_s: float,
+    w: Weights,
+) -> float:
+    """Fills `est.objective` (lower is better) and `est.terms`, and returns it:
+
+    ttft/ttft_slo + w.tpot * tpot/tpot_slo                    this request
+    + w.interference * running * (dTPOT + stall/S) / tpot_slo  D's running requests
+    + w.slo_penalty * (SLO overshoot of TTFT and TPOT)         a miss costs more than slowness
+    + w.kv_pressure * (KV occupancy above the soft limit)      preemption risk on D
+    """
+    ttft_n, tpot_n = est.ttft_s / ttft_slo_s, est.tpot_s / tpot_slo_s
+    before = decode.num_running + decode.queued_requests  # D's batch without this request
+    slowdown = est.tpot_s - cost.decode_step_seconds(max(1, before))
+    harm = decode.num_running * (max(0.0, slowdown) + est.stall_s / w.stall_amortize_tokens)
+    terms = {
+        "ttft": ttft_n,
+        "tpot": w.tpot * tpot_n,
+        "interference": w.interference * harm / tpot_slo_s,
+        "slo_penalty": w.slo_penalty * (max(0.0, ttft_n - 1) + max(0.0, tpot_n - 1)),
+    }
+    if decode.num_blocks:
+        generated_blocks = math.ceil(request.max_tokens / request.block_size)
+        needed = request.total_blocks - est.decode_cached_blocks + generated_blocks
+        used = decode.num_blocks - decode.num_free_blocks + needed
+        over = used / decode.num_blocks - w.kv_soft_limit
+        terms["kv_pressure"] = w.kv_pressure * max(0.0, over) / (1 - w.kv_soft_limit)
+    est.terms = terms
+    est.objective = sum(terms.values())
+    return est.objective

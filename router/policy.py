@@ -1,0 +1,183 @@
+"""RoutingPolicy: per request, picks the decode worker, the prefill worker or a local prefill.
+
+`decide` enumerates every option (each healthy P with each healthy D, and each D alone),
+estimates it (router/estimates.py), drops the ones that cannot be taken now (admission control)
+and picks one:
+  cost         minimum objective; options within `tie_tolerance` of the best are ties, broken
+               by load, then in rotation
+  least_loaded the least loaded D, then the P with the shortest prompt queue (baseline)
+  round_robin  D and P in rotation (baseline)
+`disaggregate`: auto = remote or local, whichever the policy prefers; always = remote (local only
+when no prefill worker is healthy); never = local. When nothing can be taken the decision is a
+rejection that the server answers with RESOURCE_EXHAUSTED (or UNAVAILABLE: no healthy worker).
+Pure Python, no I/O; not thread-safe (the router calls it from its event loop).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from pdserve.config import RouterConfig
+from router.cost_model import CostModel
+from router.estimates import Estimate, RoutingRequest, Weights, WorkerLoad, estimate, objective
+
+POLICIES = ("cost", "round_robin", "least_loaded")
+MODES = ("auto", "always", "never")
+
+
+@dataclass
+class RoutingDecision:
+    status: str  # "ok" | "resource_exhausted" | "unavailable"
+    decode_worker: str | None = None
+    prefill_worker: str | None = None  # None with status "ok": the decode worker prefills
+    cached_tokens: int = 0  # prompt tokens the prefilling worker should find in its cache
+    decode_cached_tokens: int = 0  # prompt tokens the decode worker already holds
+    reason: str = ""  # why rejected (the client sees it), or how the choice was made
+    chosen: Estimate | None = None
+    estimates: dict[str, Estimate] = field(default_factory=dict)  # every option, for tracing
+
+    @property
+    def accepted(self) -> bool:
+        return self.status == "ok"
+
+    @classmethod
+    def reject(cls, reason: str, estimates: dict[str, Estimate] | None = None,
+               status: str = "resource_exhausted") -> RoutingDecision:  # fmt: skip
+        return cls(status=status, reason=reason, estimates=estimates or {})
+
+
+class RoutingPolicy:
+    def __init__(
+        self,
+        config: RouterConfig,
+        cost: CostModel | None = None,
+        weights: Weights | None = None,
+        tie_tolerance: float = 0.01,
+    ) -> None:
+        if config.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {config.policy!r}")
+        if config.disaggregate not in MODES:
+            raise ValueError(f"disaggregate must be one of {MODES}, got {config.disaggregate!r}")
+        if config.ttft_slo_ms <= 0 or config.tpot_slo_ms <= 0:
+            raise ValueError("ttft_slo_ms and tpot_slo_ms must be > 0")
+        self.config = config
+        self.cost = cost or CostModel()
+        self.weights = weights or Weights(tpot=config.tpot_weight)
+        self.tie_tolerance = tie_tolerance
+        self._turn = itertools.count()  # rotation among ties, and of decode workers
+        self._prefill_turn = itertools.count()  # rotation of prefill workers (round_robin)
+
+    def decide(
+        self,
+        request: RoutingRequest,
+        prefill_workers: Sequence[WorkerLoad],
+        decode_workers: Sequence[WorkerLoad],
+        cached_blocks: Mapping[str, int] | None = None,
+        pending_requests: int = 0,
+    ) -> RoutingDecision:
+        """`cached_blocks`: worker_id -> leading prompt blocks it holds (PrefixIndex.lookup;
+        {} when unknown). `pending_requests`: requests the router holds now, this one excluded."""
+        limit = self.config.max_pending_requests
+        if pending_requests >= limit:
+            return RoutingDecision.reject(
+                f"router overloaded: {pending_requests} requests pending (max_pending_requests={limit})"
+            )
+        decode = [d for d in decode_workers if d.healthy]
+        prefill = [p for p in prefill_workers if p.healthy]
+        if not decode:
+            return RoutingDecision.reject("no healthy decode worker", status="unavailable")
+        options = self._options(request, prefill, decode, dict(cached_blocks or {}))
+        estimates = {o.name: o for o in options}
+        feasible = [o for o in options if o.infeasible is None]
+        if not feasible:
+            reasons = sorted({o.infeasible for o in options if o.infeasible})
+            return RoutingDecision.reject(
+                "all workers at capacity: " + "; ".join(reasons), estimates
+            )
+        chosen = self._pick(feasible, prefill, decode)
+        bs = request.block_size
+        return RoutingDecision(
+            status="ok",
+            decode_worker=chosen.decode_worker,
+            prefill_worker=chosen.prefill_worker,
+            cached_tokens=min(chosen.prefill_cached_blocks * bs, request.prompt_tokens - 1),
+            decode_cached_tokens=chosen.decode_cached_blocks * bs,
+            reason=f"{self.config.policy}: {chosen.name}",
+            chosen=chosen,
+            estimates=estimates,
+        )
+
+    def _options(
+        self,
+        request: RoutingRequest,
+        prefill: list[WorkerLoad],
+        decode: list[WorkerLoad],
+        cached: dict[str, int],
+    ) -> list[Estimate]:
+        mode = self.config.disaggregate
+        remote = mode == "auto" or (mode == "always" and prefill)
+        local = mode == "never" or (mode == "auto" or not prefill)
+        ttft_slo, tpot_slo = self.config.ttft_slo_ms / 1e3, self.config.tpot_slo_ms / 1e3
+        options = []
+        for d in decode:
+            pairs = [(p, d) for p in prefill] if remote else []
+            if local:
+                pairs.append((None, d))
+            for p, _ in pairs:
+                est = estimate(request, p, d, cached, self.cost)
+                objective(est, request, d, self.cost, ttft_slo, tpot_slo, self.weights)
+                est.infeasible = self._admission(request, est, p, d)
+                options.append(est)
+        return options
+
+    def _admission(
+        self, request: RoutingRequest, est: Estimate, p: WorkerLoad | None, d: WorkerLoad
+    ) -> str | None:
+        """Why the option cannot be taken now, or None. Queues are bounded so that overload
+        turns into fast rejections instead of ever-growing latency."""
+        needed = request.total_blocks - est.decode_cached_blocks
+        if d.num_blocks and needed > d.num_free_blocks:
+            return f"decode worker {d.worker_id} has {d.num_free_blocks} free KV blocks, needs {needed}"
+        prefiller = p or d
+        queued = prefiller.queued_tokens
+        new = request.uncached_tokens(est.prefill_cached_blocks)
+        limit = self.config.max_queued_prefill_tokens
+        if queued and queued + new > limit:
+            return (
+                f"prefill queue of {prefiller.worker_id} full ({queued} tokens queued, max {limit})"
+            )
+        return None
+
+    def _pick(
+        self, feasible: list[Estimate], prefill: list[WorkerLoad], decode: list[WorkerLoad]
+    ) -> Estimate:
+        policy = self.config.policy
+        if policy == "cost":
+            best = min(o.objective for o in feasible)
+            ties = [o for o in feasible if o.objective <= best + self.tie_tolerance]
+            least = min(o.load for o in ties)
+            ties = [o for o in ties if o.load == least]
+            return ties[next(self._turn) % len(ties)]
+        by_decode: dict[str, list[Estimate]] = {}
+        for o in feasible:
+            by_decode.setdefault(o.decode_worker, []).append(o)
+        loads = {w.worker_id: w for w in (*prefill, *decode)}
+        if policy == "least_loaded":
+            d_id = min(by_decode, key=lambda w: (loads[w].load, -loads[w].num_free_blocks, w))
+            return min(by_decode[d_id], key=lambda o: self._prefill_load_key(o, loads))
+        # round_robin: decode and prefill workers each in their own rotation.
+        d_ids = sorted(by_decode)
+        choices = by_decode[d_ids[next(self._turn) % len(d_ids)]]
+        remote = sorted((o for o in choices if o.prefill_worker), key=lambda o: o.name)
+        if not remote:
+            return choices[0]  # the local option
+        return remote[next(self._prefill_turn) % len(remote)]
+
+    @staticmethod
+    def _prefill_load_key(o: Estimate, loads: dict[str, WorkerLoad]) -> tuple:
+        if o.prefill_worker is None:
+            return (1, 0, 0, "")  # baselines prefer disaggregating when both are allowed
+        p = loads[o.prefill_worker]
+        return (0, p.queued_tokens, p.load, p.worker_id)

@@ -1,0 +1,51 @@
+"""A real local Ray cluster and a served system (router + worker actors) shared by e2e tests."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import grpc
+import pytest
+
+from pdserve.config import EngineConfig, KVTransferConfig, RouterConfig, ServeConfig
+from pdserve.pb import generate_pb2_grpc
+
+# Small enough for 2 CI cores; large enough that 32 concurrent requests never run out of blocks.
+ENGINE = EngineConfig(block_size=4, num_kv_blocks=512, max_num_seqs=32,
+                      max_num_batched_tokens=256, num_threads=1)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             resources={"prefill_pool": 8, "decode_pool": 8})
+    yield ray
+    ray.shutdown()
+
+
+def serve_config(transport: str = "grpc", **overrides) -> ServeConfig:
+    config = ServeConfig(
+        engine=dataclasses.replace(ENGINE),
+        kv=KVTransferConfig(transport=transport, bind_host="127.0.0.1",
+                            advertise_host="127.0.0.1", reservation_timeout_s=20.0),
+        router=RouterConfig(host="127.0.0.1", port=0),
+        prefill_workers=2, decode_workers=2)
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    return config
+
+
+@pytest.fixture(scope="module", params=["grpc", "collective"])
+def served(request, ray_cluster):
+    from router.app import BackgroundApp
+
+    with BackgroundApp(serve_config(request.param)) as app:
+        yield app
+
+
+@pytest.fixture()
+def stub(served):
+    with grpc.insecure_channel(f"127.0.0.1:{served.port}") as channel:
+        yield generate_pb2_grpc.GenerationStub(channel)

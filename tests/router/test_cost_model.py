@@ -1,0 +1,83 @@
+"""The online cost model: priors before data, the measured line after, counters from stats."""
+
+from __future__ import annotations
+
+import pytest
+
+from pdserve.messages import WorkerStats
+from router.cost_model import CostModel, LinearFit
+
+
+def test_prior_answers_before_any_data() -> None:
+    fit = LinearFit(prior_intercept=0.01, prior_slope=1e-4, x_scale=512)
+    assert fit.predict(1000) == pytest.approx(0.01 + 0.1)
+
+
+def test_fit_converges_to_the_measured_line() -> None:
+    fit = LinearFit(prior_intercept=0.01, prior_slope=1e-4, x_scale=512)
+    for i in range(200):
+        tokens = 64 + (i * 37) % 2000
+        fit.observe(tokens, 0.05 + 2e-3 * tokens)  # 20x slower per token than the prior
+    a, b = fit.coefficients
+    assert a == pytest.approx(0.05, rel=0.05) and b == pytest.approx(2e-3, rel=0.02)
+
+
+def test_fit_follows_a_change_in_speed() -> None:
+    fit = LinearFit(prior_intercept=0.0, prior_slope=1e-3, x_scale=16)
+    for i in range(100):
+        fit.observe(1 + i % 32, 0.01 * (1 + i % 32))
+    for i in range(200):  # the worker got twice as fast
+        fit.observe(1 + i % 32, 0.005 * (1 + i % 32))
+    assert fit.predict(16) == pytest.approx(0.08, rel=0.05)
+
+
+def test_coefficients_never_go_negative() -> None:
+    fit = LinearFit(prior_intercept=0.01, prior_slope=1e-4, x_scale=512)
+    for tokens in (10, 20, 4000, 8000):
+        fit.observe(tokens, 1.0 if tokens < 100 else 0.01)  # nonsense: time falls with work
+    a, b = fit.coefficients
+    assert a >= 0 and b >= 0
+
+
+def stats(worker: str, role: str, epoch: int = 1, **counters) -> WorkerStats:
+    return WorkerStats(worker_id=worker, role=role, epoch=epoch, **counters)
+
+
+def test_learns_from_worker_counters_between_polls() -> None:
+    cost = CostModel()
+    cost.observe_stats(stats("d0", "decode", decode_steps=10, decode_seconds=1.0, decode_tokens=80))
+    for poll in range(1, 60):
+        cost.observe_stats(
+            stats(
+                "d0",
+                "decode",
+                decode_steps=10 + 100 * poll,
+                decode_seconds=1.0 + 100 * poll * (0.02 + 0.001 * 8),  # batch 8: 28 ms a step
+                decode_tokens=80 + 800 * poll,
+            )
+        )
+    assert cost.decode_step_seconds(8) == pytest.approx(0.028, rel=0.05)
+    # A prefill worker's counters teach prefill and transfer costs.
+    cost.observe_stats(stats("p0", "prefill"))
+    for poll in range(1, 40):
+        cost.observe_stats(
+            stats(
+                "p0",
+                "prefill",
+                prefill_tokens=1000 * poll,
+                prefill_seconds=1.0 * poll,
+                transfer_bytes=(100 << 20) * poll,
+                transfer_seconds=0.1 * poll,
+            )
+        )
+    assert cost.prefill_seconds(1000) == pytest.approx(1.0, rel=0.1)
+    assert cost.transfer_seconds(100 << 20) == pytest.approx(0.1, rel=0.1)
+    assert not cost.local_prefill.samples  # decode-side prefill still uses the pool's line
+    assert cost.prefill_seconds(1000, local=True) == cost.prefill_seconds(1000)
+
+
+def test_a_restarted_worker_is_not_differenced_against_its_past() -> None:
+    cost = CostModel()
+    cost.observe_stats(stats("p0", "prefill", prefill_tokens=10_000, prefill_seconds=100.0))
+    cost.observe_stats(stats("p0", "prefill", epoch=2, prefill_tokens=10, prefill_seconds=0.01))
+    assert cost.prefill.samples == 0

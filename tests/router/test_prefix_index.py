@@ -1,0 +1,160 @@
+"""The prefix index against a real redis-server: lookups, epochs, expiry, reuse statistics."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+
+from pdserve.block_hash import prompt_block_hashes
+from pdserve.engine.kv_events import KVEvent
+from pdserve.prefix_publisher import PrefixIndexPublisher
+from router.prefix_index import PrefixIndex
+from router.reuse_stats import read_reuse_stats
+
+BS = 4
+PROMPT = list(range(100, 132))  # 8 full blocks
+HASHES = prompt_block_hashes(PROMPT, BS)
+
+
+def stored(hashes: list[int]) -> KVEvent:
+    return KVEvent("stored", list(hashes), len(hashes) * BS)
+
+
+def removed(hashes: list[int]) -> KVEvent:
+    return KVEvent("removed", list(hashes), len(hashes) * BS)
+
+
+def publisher(url: str, worker: str, ttl: float = 10.0, model: str = "m") -> PrefixIndexPublisher:
+    pub = PrefixIndexPublisher(url, worker, model, BS, heartbeat_ttl_s=ttl)
+    assert pub.register()
+    return pub
+
+
+def test_lookup_counts_each_workers_leading_blocks(redis_url: str) -> None:
+    a, b, c = (publisher(redis_url, w) for w in ("a", "b", "c"))
+    a.publish([stored(HASHES[:5])])
+    b.publish([stored(HASHES[:2]), stored(HASHES[3:])])  # a gap at block 2: only 2 count
+    c.publish([stored(HASHES[1:])])  # lacks the first block: a later block alone is useless
+    index = PrefixIndex(redis_url, "m", BS)
+    assert index.lookup(HASHES) == {"a": 5, "b": 2}
+    assert index.lookup(HASHES[:1]) == {"a": 1, "b": 1}
+    assert index.lookup([]) == {}
+
+
+def test_chained_hashes_diverge_with_the_prompt(redis_url: str) -> None:
+    a = publisher(redis_url, "a")
+    a.publish([stored(HASHES)])
+    other = PROMPT[:12] + [7] + PROMPT[13:]  # differs inside block 3
+    index = PrefixIndex(redis_url, "m", BS)
+    assert index.lookup(prompt_block_hashes(other, BS)) == {"a": 3}
+
+
+def test_removed_blocks_stop_counting(redis_url: str) -> None:
+    a = publisher(redis_url, "a")
+    a.publish([stored(HASHES)])
+    a.publish([removed(HASHES[2:3])])
+    index = PrefixIndex(redis_url, "m", BS)
+    assert index.lookup(HASHES) == {"a": 2}
+    a.publish([removed(HASHES[:1]), stored(HASHES[:1])])  # order within a batch is kept
+    assert index.lookup(HASHES) == {"a": 2}
+
+
+def test_models_do_not_see_each_other(redis_url: str) -> None:
+    publisher(redis_url, "a", model="m1").publish([stored(HASHES)])
+    assert PrefixIndex(redis_url, "m2", BS).lookup(HASHES) == {}
+    assert PrefixIndex(redis_url, "m1", BS).lookup(HASHES) == {"a": 8}
+
+
+def test_lookup_is_one_round_trip(redis_url: str) -> None:
+    for worker in ("a", "b", "c"):
+        publisher(redis_url, worker).publish([stored(HASHES)])
+    index = PrefixIndex(redis_url, "m", BS)
+    index.lookup(HASHES)  # loads the script
+    calls = []
+    real = index.link.client.execute_command
+    index.link.client.execute_command = lambda *a, **k: calls.append(a[0]) or real(*a, **k)
+    assert index.lookup(HASHES) == {"a": 8, "b": 8, "c": 8}
+    assert calls == ["EVALSHA"]
+
+
+def test_restarted_worker_entries_are_gone(redis_url: str) -> None:
+    old = publisher(redis_url, "a")
+    old.publish([stored(HASHES)])
+    index = PrefixIndex(redis_url, "m", BS)
+    assert index.lookup(HASHES) == {"a": 8}
+    # The actor restarts: a new process, a new epoch, an empty cache.
+    new = publisher(redis_url, "a")
+    assert index.lookup(HASHES) == {}
+    new.publish([stored(HASHES[:2])])
+    assert index.lookup(HASHES) == {"a": 2}
+    # The old incarnation is fenced: its writes and heartbeats change nothing.
+    assert not old.heartbeat() and old.fenced
+    assert not old.publish([stored(HASHES)])
+    assert index.lookup(HASHES) == {"a": 2}
+    assert index.live_workers() == {"a": new.epoch}
+
+
+def test_entries_of_a_stale_epoch_never_count(redis_url: str) -> None:
+    a = publisher(redis_url, "a")
+    a.publish([stored(HASHES[:2])])
+    # An entry left by an older epoch that cleanup missed (e.g. written during a partition).
+    client = redis.Redis.from_url(redis_url)
+    client.hset(a.keys.block(HASHES[2]), "a", str(a.epoch - 1))
+    assert PrefixIndex(redis_url, "m", BS).lookup(HASHES) == {"a": 2}
+
+
+def test_dead_worker_expires_and_live_one_stays(redis_url: str) -> None:
+    dead, live = publisher(redis_url, "dead", ttl=0.5), publisher(redis_url, "live", ttl=0.5)
+    dead.publish([stored(HASHES)])
+    live.publish([stored(HASHES)])
+    index = PrefixIndex(redis_url, "m", BS)
+    assert index.lookup(HASHES) == {"dead": 8, "live": 8}
+    for _ in range(4):  # only "live" heartbeats
+        time.sleep(0.2)
+        assert live.heartbeat()
+    assert index.lookup(HASHES) == {"live": 8}
+    assert index.collect_garbage() == 1
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    assert client.hkeys(dead.keys.block(HASHES[0])) == ["live"]
+    assert not client.exists(dead.keys.worker_blocks("dead"))
+
+
+def test_heartbeat_after_expiry_restores_entries(redis_url: str) -> None:
+    a = publisher(redis_url, "a", ttl=0.3)
+    a.publish([stored(HASHES)])
+    index = PrefixIndex(redis_url, "m", BS)
+    time.sleep(0.4)  # a long pause: the heartbeat lapsed and garbage collection ran
+    assert index.lookup(HASHES) == {}
+    assert index.collect_garbage() == 1
+    assert a.heartbeat()  # notices its entries may be gone and rewrites them
+    assert index.lookup(HASHES) == {"a": 8}
+
+
+def test_unregister_removes_everything_now(redis_url: str) -> None:
+    a = publisher(redis_url, "a")
+    a.publish([stored(HASHES)])
+    a.unregister()
+    assert PrefixIndex(redis_url, "m", BS).lookup(HASHES) == {}
+
+
+def test_reuse_statistics_per_worker_and_model(redis_url: str) -> None:
+    index = PrefixIndex(redis_url, "m", BS)
+    index.record_reuse("a", hit_tokens=30, miss_tokens=10)
+    index.record_reuse("a", hit_tokens=0, miss_tokens=20)
+    index.record_reuse("b", hit_tokens=60, miss_tokens=0)
+    PrefixIndex(redis_url, "other", BS).record_reuse("a", 1, 1)
+    stats = index.stats()
+    assert (stats.total.hit_tokens, stats.total.miss_tokens, stats.total.requests) == (90, 30, 3)
+    assert stats.total.hit_rate == pytest.approx(0.75)
+    assert stats.workers["a"].hit_tokens == 30 and stats.workers["a"].requests == 2
+    assert stats.workers["b"].hit_rate == 1.0
+    everything = read_reuse_stats(redis.Redis.from_url(redis_url))
+    assert sorted(everything) == ["m", "other"]
+    assert everything["other"].total.requests == 1
+
+
+def test_model_names_with_braces_are_refused(redis_url: str) -> None:
+    with pytest.raises(ValueError, match="braces"):
+        PrefixIndex(redis_url, "m{1}", BS)
