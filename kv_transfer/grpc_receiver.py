@@ -70,7 +70,9 @@ class GrpcKVReceiver(KVReceiver):
         )
         port = server.add_insecure_port(f"{self.config.bind_host}:{self.config.port}")
         if port == 0:
-            raise OSError(f"cannot bind the KV endpoint on {self.config.bind_host}:{self.config.port}")
+            raise OSError(
+                f"cannot bind the KV endpoint on {self.config.bind_host}:{self.config.port}"
+            )
         server.start()
         self._server = server
         self.endpoint = f"{advertise_host(self.config)}:{port}"
@@ -144,7 +146,9 @@ class GrpcKVReceiver(KVReceiver):
         try:
             data = wire.tensor_from_payload(payload, header.dtype, list(header.shape))
         except ValueError as exc:
-            self._table.fail(tid, f"transfer {tid}: chunk {header.seq}: {exc}", RejectReason.INVALID)
+            self._table.fail(
+                tid, f"transfer {tid}: chunk {header.seq}: {exc}", RejectReason.INVALID
+            )
         self._table.write(tid, spec, data)
 
     def _commit(self, request: pb.CommitRequest, context: grpc.ServicerContext) -> Any:

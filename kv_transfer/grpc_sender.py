@@ -6,6 +6,8 @@ the KV of chunk k+1 and its CRC (which releases the GIL) overlap with sending ch
 
 from __future__ import annotations
 
+import contextlib
+import queue
 import threading
 import time
 import zlib
@@ -25,6 +27,8 @@ from kv_transfer.grpc_common import (
 )
 from pdserve.config import KVTransferConfig
 from pdserve.pb import kv_transfer_pb2 as pb
+
+_PREFETCH = 2  # encoded chunks buffered ahead of gRPC (memory: 2 x chunk_bytes)
 
 
 @dataclass
@@ -97,12 +101,11 @@ class ControlClient:
             return self._stubs[endpoint]
 
     def abort(self, endpoint: str, transfer_id: str) -> None:
-        try:
+        # An unreachable receiver is fine: its reaper frees the blocks at the deadline.
+        with contextlib.suppress(grpc.RpcError):
             self.stub(endpoint).abort(
                 pb.AbortRequest(transfer_id=transfer_id), timeout=5.0, metadata=self.metadata
             )
-        except grpc.RpcError:
-            pass  # unreachable receiver: its reaper frees the blocks at the deadline
 
     def close(self) -> None:
         with self._lock:
@@ -129,7 +132,9 @@ class GrpcKVSender(KVSender):
         try:
             if request.src_block_ids:
                 chunks = self._chunks(request, totals, failure)
-                stub.push(chunks, timeout=deadline - time.perf_counter(), metadata=self._client.metadata)
+                stub.push(
+                    chunks, timeout=deadline - time.perf_counter(), metadata=self._client.metadata
+                )
             stub.commit(
                 commit_request(request),
                 timeout=max(0.001, deadline - time.perf_counter()),
@@ -144,35 +149,64 @@ class GrpcKVSender(KVSender):
     def _chunks(
         self, request: TransferRequest, totals: list[int], failure: list[BaseException]
     ) -> Iterator[bytes]:
-        config, src = self._client.config, request.src_block_ids
+        """Yields encoded chunks produced by a helper thread, a couple ahead: gRPC's request
+        thread only pulls the next message once the previous one is written, so producing
+        (gather, CRC, framing) on that thread would serialize it with sending."""
+        ready: queue.Queue[bytes | BaseException | None] = queue.Queue(maxsize=_PREFETCH)
+        stop = threading.Event()
+
+        def offer(item: bytes | BaseException | None) -> bool:
+            while not stop.is_set():  # never block forever on a consumer that went away
+                with contextlib.suppress(queue.Full):
+                    ready.put(item, timeout=0.1)
+                    return True
+            return False
+
+        def produce() -> None:
+            try:
+                for encoded in self._encode_chunks(request, totals):
+                    if not offer(encoded):
+                        return
+                offer(None)
+            except BaseException as exc:  # reported by send(), not lost in this thread
+                failure.append(exc)
+                offer(exc)
+
+        producer = threading.Thread(target=produce, name="kv-chunks", daemon=True)
+        producer.start()
         try:
-            first = request.read_kv(src, 0, 1)  # one layer tells the bytes per layer (reused if 1-layer chunks)
-            ranges = layer_ranges(request.num_layers, first.nbytes, config.chunk_bytes)
-            for seq, (l0, l1) in enumerate(ranges):
-                data = first if (l0, l1) == (0, 1) else request.read_kv(src, l0, l1)
-                # gRPC needs host bytes; a CPU tensor is used in place.
-                data = data.cpu().contiguous()
-                payload = wire.tensor_bytes(data)
-                header = pb.ChunkHeader(
-                    transfer_id=request.transfer_id,
-                    seq=seq,
-                    layer_start=l0,
-                    layer_end=l1,
-                    num_layers=request.num_layers,
-                    dtype=str(data.dtype).removeprefix("torch."),
-                    shape=list(data.shape),
-                    checksum=zlib.crc32(payload),
-                    trace_context=request.trace_context,
-                )
-                encoded = wire.encode_chunk(header, payload)
-                if self._tamper is not None:
-                    encoded = self._tamper(seq, encoded)
-                totals[0] += 1
-                totals[1] += payload.nbytes
-                yield encoded
-        except Exception as exc:
-            failure.append(exc)
-            raise
+            while (item := ready.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            stop.set()  # the call failed or was cancelled: let the producer exit
+
+    def _encode_chunks(self, request: TransferRequest, totals: list[int]) -> Iterator[bytes]:
+        config, src = self._client.config, request.src_block_ids
+        first = request.read_kv(src, 0, 1)  # one layer tells the bytes per layer (reused below)
+        ranges = layer_ranges(request.num_layers, first.nbytes, config.chunk_bytes)
+        for seq, (l0, l1) in enumerate(ranges):
+            data = first if (l0, l1) == (0, 1) else request.read_kv(src, l0, l1)
+            data = data.cpu().contiguous()  # gRPC needs host bytes; a CPU tensor is used in place
+            payload = wire.tensor_bytes(data)
+            header = pb.ChunkHeader(
+                transfer_id=request.transfer_id,
+                seq=seq,
+                layer_start=l0,
+                layer_end=l1,
+                num_layers=request.num_layers,
+                dtype=str(data.dtype).removeprefix("torch."),
+                shape=list(data.shape),
+                checksum=zlib.crc32(payload),
+                trace_context=request.trace_context,
+            )
+            encoded = wire.encode_chunk(header, payload)
+            if self._tamper is not None:
+                encoded = self._tamper(seq, encoded)
+            totals[0] += 1
+            totals[1] += payload.nbytes
+            yield encoded
 
     def abort(self, endpoint: str, transfer_id: str) -> None:
         self._client.abort(endpoint, transfer_id)

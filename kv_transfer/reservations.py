@@ -88,7 +88,7 @@ class ReservationTable:
         self._layout = layout
         self._default_timeout_s = default_timeout_s
         self._open: dict[str, _Transfer] = {}
-        self._ended: OrderedDict[str, TransferState] = OrderedDict()
+        self._ended: OrderedDict[str, tuple[TransferState, str]] = OrderedDict()  # state, error
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._reaper = threading.Thread(
@@ -106,7 +106,11 @@ class ReservationTable:
             expect = (lay.num_layers, lay.dtype, (lay.block_size, lay.num_kv_heads, lay.head_dim))
         transfer_id = secrets.token_urlsafe(24)  # 192 bits: the id is a capability
         transfer = _Transfer(
-            transfer_id, list(dest_block_ids), time.monotonic() + timeout, dict(trace_context), expect
+            transfer_id,
+            list(dest_block_ids),
+            time.monotonic() + timeout,
+            dict(trace_context),
+            expect,
         )
         with self._lock:
             self._open[transfer_id] = transfer
@@ -141,7 +145,10 @@ class ReservationTable:
         transfer = self._get_open(transfer_id)
         with transfer.lock:
             self._check_open(transfer)
-            if transfer.arrived is None or not all(transfer.arrived):
+            # A reservation with no blocks (the decode worker holds the whole prompt) needs
+            # no chunks: only the commit.
+            incomplete = transfer.arrived is None or not all(transfer.arrived)
+            if transfer.dest_block_ids and incomplete:
                 missing = "all" if transfer.arrived is None else transfer.arrived.count(0)
                 raise TransferRejected(
                     RejectReason.INCOMPLETE, f"transfer {transfer_id}: {missing} layers missing"
@@ -189,7 +196,10 @@ class ReservationTable:
     def state(self, transfer_id: str) -> TransferState | None:
         with self._lock:
             transfer = self._open.get(transfer_id)
-            return transfer.state if transfer else self._ended.get(transfer_id)
+            if transfer is not None:
+                return transfer.state
+            ended = self._ended.get(transfer_id)
+            return ended[0] if ended else None
 
     def trace_context(self, transfer_id: str) -> dict[str, str]:
         with self._lock:
@@ -219,7 +229,11 @@ class ReservationTable:
         if transfer is None:
             if ended is None:
                 raise TransferRejected(RejectReason.NOT_FOUND, f"unknown transfer {transfer_id!r}")
-            raise TransferRejected(RejectReason.NOT_OPEN, f"transfer {transfer_id} is {ended.value}")
+            state, error = ended
+            detail = f": {error}" if error else ""
+            raise TransferRejected(
+                RejectReason.NOT_OPEN, f"transfer {transfer_id} is {state.value}{detail}"
+            )
         if time.monotonic() >= transfer.deadline:
             self._expire(transfer)
         return transfer
@@ -248,7 +262,9 @@ class ReservationTable:
             return f"transfer {tid}: layer range [{spec.layer_start}, {spec.layer_end}) invalid"
         want = (spec.layer_end - spec.layer_start, 2, n)
         if tuple(spec.shape[:3]) != want:
-            return f"transfer {tid}: chunk shape {list(spec.shape)} does not start with {list(want)}"
+            return (
+                f"transfer {tid}: chunk shape {list(spec.shape)} does not start with {list(want)}"
+            )
         transfer.expect = expect
         if transfer.arrived is None:
             transfer.arrived = bytearray(expect[0])
@@ -261,7 +277,7 @@ class ReservationTable:
         transfer.state = state
         with self._lock:
             self._open.pop(transfer.transfer_id, None)
-            self._ended[transfer.transfer_id] = state
+            self._ended[transfer.transfer_id] = (state, transfer.error)
             while len(self._ended) > _MAX_TOMBSTONES:
                 self._ended.popitem(last=False)
 

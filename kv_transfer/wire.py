@@ -119,7 +119,9 @@ def tensor_from_payload(payload: memoryview, dtype: str, shape: list[int]) -> to
     for dim in shape:
         expected *= dim
     if payload.nbytes != expected:
-        raise ValueError(f"payload is {payload.nbytes} bytes, shape {shape} of {dtype} needs {expected}")
+        raise ValueError(
+            f"payload is {payload.nbytes} bytes, shape {shape} of {dtype} needs {expected}"
+        )
     if expected == 0:
         return torch.empty(shape, dtype=torch_dtype)
     return torch.frombuffer(payload, dtype=torch_dtype).view(shape)

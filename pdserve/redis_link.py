@@ -1,7 +1,7 @@
 """RedisLink: the one door every prefix-index call goes through, so a dead Redis is harmless.
 
 Contract: `call(fn, default)` never raises a Redis error to the caller. While Redis is
-unreachable it returns `default`, `available` is False, the gauge `pdserve_redis_up{client}` is 0,
+unreachable it returns `default`, `available` is False, the gauge `pdserve_redis_up` is 0,
 and one warning is logged per outage. After a failure it does not touch the network again until
 a backoff delay has passed (doubling up to `backoff_max_s`), so a hot path such as routing or an
 engine step never waits on a dead server for more than one short socket timeout per backoff
@@ -17,17 +17,13 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import redis
-from prometheus_client import Gauge
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from pdserve.metrics import REDIS_UP
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-# Named pdserve_redis_up; pdserve/telemetry.py may adopt it (one definition per process).
-REDIS_UP = Gauge(
-    "pdserve_redis_up", "1 while this process reaches the prefix-index Redis, else 0", ["client"]
-)
 
 
 def connect(url: str, socket_timeout_s: float) -> redis.Redis:
@@ -70,8 +66,7 @@ class RedisLink:
         self._available = True  # optimistic until the first call says otherwise
         self._down = False  # an outage was seen and not yet recovered from
         self._retry_at = 0.0
-        self._gauge = REDIS_UP.labels(client=name)
-        self._gauge_set = False  # the gauge shows 1 only after a call has actually succeeded
+        self._gauge = REDIS_UP  # one Redis client per process: router or worker
 
     @property
     def available(self) -> bool:
@@ -84,18 +79,15 @@ class RedisLink:
             return default  # still backing off: do not spend a socket timeout
         try:
             result = fn(self.client)
-        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+        except (redis.RedisError, OSError) as exc:
+            # Besides connection errors, a refused command (OOM, READONLY replica, auth) also
+            # counts as an outage: the index cannot work, and backing off avoids a log flood.
             self._mark_down(exc)
-            return default
-        except redis.RedisError as exc:
-            # The server answered, so it is up; the command itself failed (e.g. OOM, READONLY).
-            log.warning("prefix index: Redis command failed: %s", exc)
             return default
         if self._down:
             self._mark_up()
-        elif not self._gauge_set:
-            self._gauge.set(1)
-            self._gauge_set = True
+        else:
+            self._gauge.set(1)  # cheap; keeps the gauge right with several links in a process
         return result
 
     def ping(self) -> bool:
@@ -115,7 +107,6 @@ class RedisLink:
                 self._backoff_s = min(self._backoff_s * 2, self._backoff_max_s)
             self._retry_at = self._clock() + self._backoff_s
         self._gauge.set(0)
-        self._gauge_set = True
         if first:
             log.warning("prefix index unavailable: routing on load alone (%s: %s)", self.name, exc)
 

@@ -20,6 +20,11 @@ from urllib.parse import quote
 
 import redis
 
+from pdserve.config import default_cache_dir
+
+# Where `pdserve serve` notes its private server's URL, so `pdserve stats` finds it unasked.
+LOCAL_URL_FILE = default_cache_dir() / "redis-url"
+
 
 class RedisServerError(RuntimeError):
     """The redis-server binary is missing, or the server did not come up."""
@@ -63,8 +68,10 @@ class RedisServer:
         host: str = "127.0.0.1",
         port: int | None = None,
         startup_timeout_s: float = 10.0,
+        url_file: Path | None = None,
     ) -> None:
         self.password = password
+        self.url_file = url_file  # written (mode 0600) while the server runs
         self.host = host
         self.port = port
         self.startup_timeout_s = startup_timeout_s
@@ -94,6 +101,7 @@ class RedisServer:
             self._spawn()
             if self._wait_ready():
                 atexit.register(self.stop)
+                self._write_url_file()
                 return self
             self.stop()
         raise RedisServerError(
@@ -106,6 +114,8 @@ class RedisServer:
         if process is None:
             return
         atexit.unregister(self.stop)
+        if self.url_file is not None:
+            self.url_file.unlink(missing_ok=True)
         if process.poll() is None:
             process.terminate()
             try:
@@ -174,6 +184,14 @@ class RedisServer:
             return False
         finally:
             client.close()
+
+    def _write_url_file(self) -> None:
+        if self.url_file is None:
+            return
+        self.url_file.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.url_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(self.url + "\n")
 
     def _log_tail(self) -> str:
         if self._dir is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from typing import TYPE_CHECKING
 
@@ -109,6 +110,35 @@ class PrefillWorker:
         finally:
             await runtime.loop.acall(lambda: engine.release(rid))
         return result
+
+    async def inject_fault(self, kind: str) -> None:
+        """Fault injection for tests and drills, enabled by PDSERVE_FAULT_INJECTION=1.
+
+        "corrupt_next_chunk": flips one payload byte of the next KV chunk after its checksum
+        was computed, so the decode worker must reject it. "none": disarms.
+        """
+        if os.environ.get("PDSERVE_FAULT_INJECTION") != "1":
+            raise PermissionError("fault injection is off (set PDSERVE_FAULT_INJECTION=1)")
+        if kind not in ("corrupt_next_chunk", "none"):
+            raise ValueError(f"unknown fault {kind!r}")
+        await self._started()
+        if kind == "none":
+            self._sender.tamper = None
+            return
+        armed = [True]
+
+        def corrupt_once(seq: int, chunk):
+            # gRPC hands over the encoded chunk (return the new bytes); the collective
+            # transport hands over the gathered tensor copy (change it in place).
+            if not armed[0]:
+                return chunk
+            armed[0] = False
+            if isinstance(chunk, bytes):
+                return chunk[:-1] + bytes([chunk[-1] ^ 0xFF])
+            chunk.view(-1)[0] += 1.0
+            return None
+
+        self._sender.tamper = corrupt_once
 
     async def abort(self, request_id: str) -> None:
         runtime = await self._started()

@@ -17,6 +17,8 @@ from pathlib import Path
 from pdserve.config import ServeConfig
 from pdserve.tokenizer import Tokenizer
 from router.generation_service import GenerationService
+from router.policy import RoutingPolicy
+from router.prefix_index import PrefixIndex
 from router.request_flow import RequestFlow
 from router.routing import Routing
 from router.server import RouterServer
@@ -64,8 +66,11 @@ class ServingApp:
 
         tokenizer = Tokenizer.from_dir(model_dir)
         limits = model_limits(model_dir, config.engine.max_model_len, tokenizer)
-        self.routing = Routing(self.pool, config.router)
-        flow = RequestFlow(self.pool, self.routing.choose, config.router.max_retries)
+        index = PrefixIndex(redis_url, model_dir.name, config.engine.block_size)
+        self.routing = Routing(self.pool, RoutingPolicy(config.router), config.engine.block_size,
+                               index)
+        flow = RequestFlow(self.pool, self.routing.choose, config.router.max_retries,
+                           on_prefill_done=self.routing.on_prefill_done)
         info = {"block_size": config.engine.block_size, "kv_transport": config.kv.transport}
         api_keys = config.router.api_keys or _env_list("PDSERVE_API_KEYS")
         service = GenerationService(flow, tokenizer, limits, info, api_keys)
@@ -77,11 +82,12 @@ class ServingApp:
         self.port = self.server.port
 
     async def _start_private_redis(self) -> str:
-        from pdserve.redis_server import RedisServer
+        from pdserve.redis_server import LOCAL_URL_FILE, RedisServer
 
-        server = RedisServer()
+        # The URL file lets `pdserve stats` find this private server without flags.
+        server = RedisServer(url_file=LOCAL_URL_FILE)
         server.start()
-        self._stack.append(("redis", _async(server.stop)))
+        self._stack.append(("redis", _async(server.close)))
         log.info("started a private redis-server at %s", server.url)
         return server.url
 

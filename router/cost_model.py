@@ -29,6 +29,7 @@ class LinearFit:
     decay: float = 0.97
     samples: int = 0
     _sums: list[float] = field(default_factory=list)  # weight, x, y, xx, xy (weighted sums)
+    _solved: tuple[float, float] | None = None  # cached coefficients; None after a new sample
 
     def __post_init__(self) -> None:
         self._sums = [0.0] * 5
@@ -41,6 +42,7 @@ class LinearFit:
         self._sums = [self.decay * s for s in self._sums]
         self._add(x, y, weight)
         self.samples += 1
+        self._solved = None
 
     def _add(self, x: float, y: float, w: float) -> None:
         for i, term in enumerate((1.0, x, y, x * x, x * y)):
@@ -49,6 +51,11 @@ class LinearFit:
     @property
     def coefficients(self) -> tuple[float, float]:
         """(intercept, slope), both >= 0: time never shrinks as work grows."""
+        if self._solved is None:
+            self._solved = self._solve()
+        return self._solved
+
+    def _solve(self) -> tuple[float, float]:
         s0, sx, sy, sxx, sxy = self._sums
         la = 1e-3 * self.prior_weight  # the faint ridge
         lb = la * self.x_scale**2

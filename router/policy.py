@@ -54,7 +54,7 @@ class RoutingPolicy:
         config: RouterConfig,
         cost: CostModel | None = None,
         weights: Weights | None = None,
-        tie_tolerance: float = 0.01,
+        tie_tolerance: float = 0.005,
     ) -> None:
         if config.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {config.policy!r}")

@@ -59,8 +59,8 @@ class Progress:
     route: Route | None = None
 
 
-# (prompt_ids, exclude) -> Route; raises Overloaded / NoWorkerAvailable
-RouteChooser = Callable[[list[int], set[str]], Route]
+# (prompt_ids, max_tokens, exclude) -> Route; raises Overloaded / NoWorkerAvailable
+RouteChooser = Callable[[list[int], int, set[str]], Route]
 
 
 class RequestFlow:
@@ -89,7 +89,7 @@ class RequestFlow:
                 sampling=dataclasses.replace(sampling, max_tokens=remaining),
                 trace_context=trace_context,
             )
-            route = self._choose_route(work.prompt_token_ids, excluded)
+            route = self._choose_route(work.prompt_token_ids, remaining, excluded)
             progress.route = route
             try:
                 async for batch in self._attempt(work, route, progress):
@@ -114,9 +114,12 @@ class RequestFlow:
                        progress: Progress) -> AsyncIterator[TokenBatch]:
         decode = self._pool.workers[route.decode_worker]
         prefill = self._pool.workers[route.prefill_worker] if route.prefill_worker else None
-        decode.inflight += 1
-        if prefill:
-            prefill.inflight += 1
+        prompt_tokens = len(work.prompt_token_ids)
+        for worker in (decode, prefill):
+            if worker:
+                worker.inflight += 1
+                worker.routed_since_poll += 1
+                worker.routed_tokens_since_poll += prompt_tokens
         try:
             if prefill is None:
                 stream = self._local(work, route, progress)

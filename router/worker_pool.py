@@ -24,7 +24,10 @@ class Worker:
     actor: Any  # ray.actor.ActorHandle
     healthy: bool = False
     stats: WorkerStats | None = None
-    inflight: int = 0  # requests the router has on this worker now
+    inflight: int = 0  # requests the router has on this worker now (admission control)
+    # Routed here since the last stats poll: load the snapshot cannot show yet.
+    routed_since_poll: int = 0
+    routed_tokens_since_poll: int = 0
     epoch: int = 0
 
 
@@ -79,6 +82,7 @@ class WorkerPool:
             log.info("worker %s is healthy", worker.worker_id)
         previous = worker.stats
         worker.stats, worker.epoch, worker.healthy = stats, stats.epoch, True
+        worker.routed_since_poll = worker.routed_tokens_since_poll = 0
         for listener in self.stats_listeners:
             listener(worker, previous, stats)
 

@@ -52,6 +52,5 @@ def test_password_is_required() -> None:
 
 
 def test_a_taken_fixed_port_is_a_clear_error() -> None:
-    with RedisServer() as first:
-        with pytest.raises(RedisServerError, match="did not start"):
-            RedisServer(port=first.port, startup_timeout_s=2).start()
+    with RedisServer() as first, pytest.raises(RedisServerError, match="did not start"):
+        RedisServer(port=first.port, startup_timeout_s=2).start()

@@ -112,7 +112,9 @@ class BlockManager:
         seq.block_table = []
         seq.block_hashes = []
 
-    def take_events(self, ) -> list[KVEvent]:
+    def take_events(
+        self,
+    ) -> list[KVEvent]:
         """Queued stores and evictions, consecutive ones of a kind merged into one event."""
         events: list[KVEvent] = []
         for kind, h in self._events:
@@ -121,7 +123,9 @@ class BlockManager:
             else:
                 events.append(KVEvent(kind, [h], 0))
         self._events = []
-        return [KVEvent(e.kind, e.block_hashes, len(e.block_hashes) * self.block_size) for e in events]
+        return [
+            KVEvent(e.kind, e.block_hashes, len(e.block_hashes) * self.block_size) for e in events
+        ]
 
     # ---- single blocks ------------------------------------------------------------------
     def _acquire(self, block_id: int) -> None:

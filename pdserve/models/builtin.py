@@ -77,18 +77,23 @@ def make_model(directory: str | Path, preset: str = "tiny", seed: int = 0) -> Pa
 
 
 def default_model_dir() -> Path:
-    """The built-in tiny model, created in the cache directory on first use.
+    """The built-in tiny model, created in the cache directory on first use."""
+    return builtin_model_dir("tiny")
+
+
+def builtin_model_dir(preset: str = "tiny") -> Path:
+    """A preset's model (seed 0) in the cache directory, created on first use.
 
     Safe against several processes doing it at once: each builds in its own temporary
     directory and renames it into place; a loser of the race discards its copy.
     """
-    target = default_cache_dir() / "models" / f"tiny-llama-v{BUILTIN_VERSION}"
+    target = default_cache_dir() / "models" / f"{preset}-llama-v{BUILTIN_VERSION}"
     if (target / "config.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tiny-llama-", dir=target.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{preset}-llama-", dir=target.parent))
     try:
-        make_model(tmp, "tiny", seed=0)
+        make_model(tmp, preset, seed=0)
         try:
             os.rename(tmp, target)  # atomic; fails if another process got there first
         except OSError:

@@ -170,7 +170,7 @@ def load_model(
     if missing:
         shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
         raise ModelLoadError(f"weights missing from {model_dir}: {shown}")
-    model.to_empty(device=device)
+    model.to_empty(device=device).to(DTYPES[dtype])
     model.load_state_dict(state, strict=False, assign=False)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import grpc
 import pytest
@@ -30,7 +31,7 @@ def serve_config(transport: str = "grpc", **overrides) -> ServeConfig:
         engine=dataclasses.replace(ENGINE),
         kv=KVTransferConfig(transport=transport, bind_host="127.0.0.1",
                             advertise_host="127.0.0.1", reservation_timeout_s=20.0),
-        router=RouterConfig(host="127.0.0.1", port=0),
+        router=RouterConfig(host="127.0.0.1", port=0, disaggregate="always"),
         prefill_workers=2, decode_workers=2)
     for key, value in overrides.items():
         setattr(config, key, value)
@@ -41,6 +42,7 @@ def serve_config(transport: str = "grpc", **overrides) -> ServeConfig:
 def served(request, ray_cluster):
     from router.app import BackgroundApp
 
+    os.environ["PDSERVE_FAULT_INJECTION"] = "1"  # lets tests arm PrefillWorker.inject_fault
     with BackgroundApp(serve_config(request.param)) as app:
         yield app
 

@@ -121,7 +121,8 @@ def test_expired_reservation_frees_its_blocks(served):
     from pdserve.messages import WorkRequest
 
     decode = served.app.pool.workers["decode-0"].actor
-    work = WorkRequest("expiring", list(range(VOCAB_LOW, VOCAB_LOW + 20)),
+    # Tokens no other test uses, so decode-0 has none of them cached and must reserve blocks.
+    work = WorkRequest("expiring", list(range(VOCAB_HIGH, VOCAB_HIGH + 20)),
                        SamplingParams(max_tokens=4))
     reservation = ray.get(decode.reserve.remote(work, reservation_timeout_s=0.5))
     assert reservation is not None and reservation.missing_block_indices
@@ -136,7 +137,13 @@ def test_corrupted_chunk_is_rejected_and_the_request_still_completes(served, stu
     expected = reference_outputs([prompt], [8])[0]
     for worker in served.app.pool.of_role("prefill"):
         ray.get(worker.actor.inject_fault.remote("corrupt_next_chunk"))
-    tokens, responses = collect(stub, request(prompt, 8))
+    try:
+        tokens, responses = collect(stub, request(prompt, 8))
+    finally:
+        for worker in served.app.pool.of_role("prefill"):
+            ray.get(worker.actor.inject_fault.remote("none"))
+    # Every corrupted push was rejected; a retry (on the other prefill worker, or locally on
+    # the decode worker once both were tried) produced the exact output.
     assert tokens == expected
     failures = sum(ray.get(w.actor.stats.remote()).transfer_failures
                    for w in served.app.pool.of_role("prefill"))

@@ -55,7 +55,9 @@ class Rendered:
         for obj in self.objects:
             if obj["kind"] == kind and obj["metadata"]["name"] == name:
                 return obj
-        raise KeyError(f"no {kind} {name}; have {[o['kind'] + '/' + o['metadata']['name'] for o in self.objects]}")
+        raise KeyError(
+            f"no {kind} {name}; have {[o['kind'] + '/' + o['metadata']['name'] for o in self.objects]}"
+        )
 
     def all(self, kind: str) -> list[dict[str, Any]]:
         return [o for o in self.objects if o["kind"] == kind]
@@ -95,5 +97,10 @@ def validate_kubernetes(obj: dict[str, Any]) -> None:
 def validate_pod_template(template: dict[str, Any], name: str) -> None:
     """A RayCluster group's pod template, validated as a core/v1 PodTemplate."""
     validate_kubernetes(
-        {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": name}, "template": template}
+        {
+            "apiVersion": "v1",
+            "kind": "PodTemplate",
+            "metadata": {"name": name},
+            "template": template,
+        }
     )

@@ -9,8 +9,7 @@ import grpc
 import pytest
 import torch
 
-from kv_transfer import CommitInfo, KVLayout, KVTransferError, TransferRequest, make_receiver
-from kv_transfer import wire
+from kv_transfer import CommitInfo, KVLayout, KVTransferError, TransferRequest, make_receiver, wire
 from kv_transfer.grpc_common import SECRET_METADATA_KEY
 from kv_transfer.grpc_sender import ControlStub, GrpcKVSender
 from kv_transfer.reservations import TransferState
@@ -36,7 +35,9 @@ def request(receiver, src_cache, transfer_id, **overrides) -> TransferRequest:
     return TransferRequest(**{**fields, **overrides})
 
 
-def raw_chunk(transfer_id: str, data: torch.Tensor, layer_start: int = 0, crc_xor: int = 0) -> bytes:
+def raw_chunk(
+    transfer_id: str, data: torch.Tensor, layer_start: int = 0, crc_xor: int = 0
+) -> bytes:
     payload = wire.tensor_bytes(data.contiguous())
     header = pb.ChunkHeader(
         transfer_id=transfer_id,
@@ -73,7 +74,9 @@ def test_blocks_arrive_bit_exact_and_only_missing_blocks_travel(config, dtype):
     finally:
         sender.close()
         receiver.stop()
-    assert torch.equal(sink.cache[:, :, DEST].view(torch.uint8), src_cache[:, :, SRC].view(torch.uint8))
+    assert torch.equal(
+        sink.cache[:, :, DEST].view(torch.uint8), src_cache[:, :, SRC].view(torch.uint8)
+    )
     untouched = [b for b in range(sink.cache.shape[2]) if b not in DEST]
     assert not sink.cache[:, :, untouched].any()
     assert all(ids == SRC for ids in req.read_kv.reads)  # only the requested blocks were read
@@ -92,7 +95,9 @@ def test_commit_before_every_chunk_arrived_is_rejected(receiver, sender, sink, s
     push_raw(receiver, [raw_chunk(tid, src_cache[0:1, :, SRC])])
     stub = ControlStub.dial(receiver.endpoint)
     with pytest.raises(grpc.RpcError) as info:
-        stub.commit(pb.CommitRequest(transfer_id=tid, first_token_id=1), metadata=sender._client.metadata)
+        stub.commit(
+            pb.CommitRequest(transfer_id=tid, first_token_id=1), metadata=sender._client.metadata
+        )
     stub.channel.close()
     assert info.value.code() is grpc.StatusCode.FAILED_PRECONDITION
     assert "3 layers missing" in info.value.details()
@@ -113,7 +118,9 @@ def test_chunks_for_dead_transfer_ids_are_rejected(receiver, sender, sink, src_c
     writes = sink.writes
     with pytest.raises(grpc.RpcError) as info:
         push_raw(receiver, [raw_chunk(tid, src_cache[0:1, :, SRC])])
-    expected = grpc.StatusCode.NOT_FOUND if fate == "unknown" else grpc.StatusCode.FAILED_PRECONDITION
+    expected = (
+        grpc.StatusCode.NOT_FOUND if fate == "unknown" else grpc.StatusCode.FAILED_PRECONDITION
+    )
     assert info.value.code() is expected
     assert sink.writes == writes  # fenced: nothing written
     with pytest.raises(KVTransferError, match=expected.name):
@@ -149,7 +156,9 @@ def test_wrong_or_missing_secret_is_unauthenticated(receiver, sink, src_cache, c
     assert sink.writes == 0 and receiver.state(tid) is TransferState.OPEN
 
 
-def test_corrupted_chunk_fails_the_transfer_and_nothing_is_committed(receiver, config, sink, src_cache):
+def test_corrupted_chunk_fails_the_transfer_and_nothing_is_committed(
+    receiver, config, sink, src_cache
+):
     def flip_last_byte(seq: int, chunk: bytes) -> bytes:
         return chunk[:-1] + bytes([chunk[-1] ^ 0xFF]) if seq == 2 else chunk
 

@@ -13,6 +13,7 @@ from pdserve.config import EngineConfig
 from pdserve.engine.engine import LLMEngine
 from pdserve.engine.sampling_params import SamplingParams
 from pdserve.models.tokenizer_builder import write_tokenizer
+from tests.models.hf_reference import hf_greedy
 
 transformers = pytest.importorskip("transformers")
 
@@ -43,7 +44,11 @@ FAMILIES = {
             ),
         ),
     ),
-    "llama-linear": ("LlamaConfig", "LlamaForCausalLM", dict(rope_scaling=dict(rope_type="linear", factor=2.0))),
+    "llama-linear": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(rope_scaling=dict(rope_type="linear", factor=2.0)),
+    ),
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=None)),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True)),
 }
@@ -127,15 +132,4 @@ def test_greedy_batch_matches_transformers_generate(family_model):
     gen = torch.Generator().manual_seed(3)
     prompts = [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in (2, 9, 16, 25)]
     outputs = engine.generate(prompts, SamplingParams(max_tokens=10, ignore_eos=True))
-    for prompt, output in zip(prompts, outputs, strict=True):
-        ids = torch.tensor([prompt])
-        with torch.inference_mode():
-            ref = hf.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=10,
-                min_new_tokens=10,
-                do_sample=False,
-                pad_token_id=2,
-            )
-        assert output == ref[0, len(prompt) :].tolist()
+    assert outputs == hf_greedy(hf, prompts, 10)

@@ -19,8 +19,8 @@ BS = 4
 HASHES = prompt_block_hashes(list(range(64)), BS)
 
 
-def redis_up(client: str) -> float | None:
-    return REGISTRY.get_sample_value("pdserve_redis_up", {"client": client})
+def redis_up() -> float | None:
+    return REGISTRY.get_sample_value("pdserve_redis_up")
 
 
 def eventually(check, timeout_s: float = 5.0):
@@ -38,7 +38,7 @@ def test_outage_degrades_then_resyncs(own_redis: RedisServer, caplog) -> None:
     pub.publish([KVEvent("stored", HASHES[:4], 4 * BS)])
     index = PrefixIndex(own_redis.url, "m", BS)
     assert index.lookup(HASHES) == {"a": 4}
-    assert index.available and redis_up("router") == 1
+    assert index.available and redis_up() == 1
 
     own_redis.stop()
     caplog.set_level(logging.WARNING)
@@ -48,7 +48,7 @@ def test_outage_degrades_then_resyncs(own_redis: RedisServer, caplog) -> None:
         index.record_reuse("a", 10, 10)
         assert index.stats().total.requests == 0
     assert time.monotonic() - started < 2.0  # backoff: a dead Redis never stalls routing
-    assert not index.available and redis_up("router") == 0
+    assert not index.available and redis_up() == 0
     unavailable = [r for r in caplog.records if "routing on load alone" in r.getMessage()]
     assert len(unavailable) == 1  # one line per outage, not one per request
 
@@ -60,7 +60,7 @@ def test_outage_degrades_then_resyncs(own_redis: RedisServer, caplog) -> None:
 
     own_redis.start()  # a fresh, empty Redis on the same port
     assert eventually(lambda: index.lookup(HASHES) == {} and index.available)
-    assert redis_up("router") == 1
+    assert redis_up() == 1
     # The worker's next heartbeat rewrites its whole current set, outage changes included.
     assert eventually(pub.heartbeat)
     assert index.lookup(HASHES) == {}  # block 0 was evicted during the outage

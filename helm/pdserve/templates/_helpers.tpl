@@ -42,13 +42,13 @@ app.kubernetes.io/component: {{ .component }}
 
 {{/* A NetworkPolicy peer matching every pod of this RayCluster (head, prefill, decode). */}}
 {{- define "pdserve.rayPodsPeer" -}}
-podSelector:
-  matchLabels:
-    {{- include "pdserve.selectorLabels" . | nindent 4 }}
-  matchExpressions:
-    - key: app.kubernetes.io/component
-      operator: In
-      values: [head, prefill, decode]
+- podSelector:
+    matchLabels:
+      {{- include "pdserve.selectorLabels" . | nindent 6 }}
+    matchExpressions:
+      - key: app.kubernetes.io/component
+        operator: In
+        values: [head, prefill, decode]
 {{- end }}
 
 {{- define "pdserve.image" -}}
@@ -95,54 +95,67 @@ Call with (dict "root" $ "name" <secret name> "key" <data key>).
 {{- end }}
 
 {{/*
-Environment shared by every pdserve container (Ray head, router, workers).
-Ray worker processes inherit the environment of the `ray start` that KubeRay runs, so the
-actors on a pool see these too. Call with (dict "root" $ "role" "prefill").
+OpenTelemetry settings of every pdserve container. Ray worker processes inherit the environment
+of the `ray start` that KubeRay runs, so the actors on a pool see their pod's variables; on top
+of that the router copies its own OTEL_* and PDSERVE_* variables into the actors' runtime_env
+(router/actors.py). Hence one OTEL_SERVICE_NAME for all roles, and the per-pod resource
+attributes (pod name, role) only on the Ray containers, never on the router, whose values would
+otherwise overwrite the workers'. Call with (dict "root" $ "role" "prefill").
 */}}
-{{- define "pdserve.env" -}}
-{{- $v := .root.Values -}}
+{{- define "pdserve.otelEnv" -}}
+{{- $tracing := .root.Values.tracing -}}
+- name: OTEL_SERVICE_NAME
+  value: {{ $tracing.serviceName | quote }}
+{{- if ne .role "router" }}
 - name: POD_NAME
   valueFrom: {fieldRef: {fieldPath: metadata.name}}
 - name: POD_NAMESPACE
   valueFrom: {fieldRef: {fieldPath: metadata.namespace}}
-- name: OTEL_SERVICE_NAME
-  value: {{ printf "%s-%s" $v.tracing.serviceName .role | quote }}
 - name: OTEL_RESOURCE_ATTRIBUTES
   value: {{ printf "k8s.namespace.name=$(POD_NAMESPACE),k8s.pod.name=$(POD_NAME),pdserve.role=%s" .role | quote }}
-{{- if $v.tracing.enabled }}
+{{- end }}
+{{- if $tracing.enabled }}
 - name: OTEL_TRACES_EXPORTER
   value: otlp
 - name: OTEL_EXPORTER_OTLP_ENDPOINT
-  value: {{ $v.tracing.otlpEndpoint | quote }}
+  value: {{ $tracing.otlpEndpoint | quote }}
 - name: OTEL_EXPORTER_OTLP_PROTOCOL
-  value: {{ $v.tracing.otlpProtocol | quote }}
+  value: {{ $tracing.otlpProtocol | quote }}
 - name: OTEL_TRACES_SAMPLER
-  value: {{ $v.tracing.sampler | quote }}
+  value: {{ $tracing.sampler | quote }}
 - name: OTEL_TRACES_SAMPLER_ARG
-  value: {{ $v.tracing.samplerArg | toString | quote }}
+  value: {{ $tracing.samplerArg | toString | quote }}
 {{- else }}
 - name: OTEL_TRACES_EXPORTER
   value: none
 {{- end }}
+{{- end }}
+
+{{/* The shared KV-transfer secret: the router (which hands it to the actors) and the workers. */}}
+{{- define "pdserve.kvSecretEnv" -}}
 - name: PDSERVE_KV_SECRET
   valueFrom:
     secretKeyRef:
-      name: {{ include "pdserve.kvSecretName" .root }}
-      key: {{ $v.kvTransfer.secretKey }}
-{{- if $v.redis.enabled }}
+      name: {{ include "pdserve.kvSecretName" . }}
+      key: {{ .Values.kvTransfer.secretKey }}
+{{- end }}
+
+{{/* REDIS_URL for the router, which passes it to the workers; bundled or external. */}}
+{{- define "pdserve.redisEnv" -}}
+{{- if .Values.redis.enabled -}}
 - name: REDIS_PASSWORD
   valueFrom:
     secretKeyRef:
-      name: {{ include "pdserve.redisSecretName" .root }}
-      key: {{ $v.redis.auth.passwordKey }}
+      name: {{ include "pdserve.redisSecretName" . }}
+      key: {{ .Values.redis.auth.passwordKey }}
 - name: REDIS_URL
-  value: {{ printf "redis://:$(REDIS_PASSWORD)@%s-redis:6379/0" (include "pdserve.fullname" .root) | quote }}
-{{- else }}
+  value: {{ printf "redis://:$(REDIS_PASSWORD)@%s-redis:6379/0" (include "pdserve.fullname" .) | quote }}
+{{- else -}}
 - name: REDIS_URL
   valueFrom:
     secretKeyRef:
-      name: {{ $v.redis.external.existingSecret }}
-      key: {{ $v.redis.external.urlKey }}
+      name: {{ .Values.redis.external.existingSecret }}
+      key: {{ .Values.redis.external.urlKey }}
 {{- end }}
 {{- end }}
 
@@ -264,7 +277,8 @@ the router (the Ray driver) places the worker actors here through the pool resou
           securityContext:
             allowPrivilegeEscalation: false
           env:
-            {{- include "pdserve.env" (dict "root" $root "role" $role) | nindent 12 }}
+            {{- include "pdserve.otelEnv" (dict "root" $root "role" $role) | nindent 12 }}
+            {{- include "pdserve.kvSecretEnv" $root | nindent 12 }}
             {{- with $spec.extraEnv }}
             {{- toYaml . | nindent 12 }}
             {{- end }}
@@ -337,7 +351,10 @@ involved; $(REDIS_URL) is expanded by the kubelet from the container's env.
 {{- define "pdserve.grpcProbe" -}}
 grpc:
   port: {{ .port }}
-{{ toYaml .timing }}
+  {{- with .timing.service }}
+  service: {{ . | quote }}
+  {{- end }}
+{{ omit .timing "service" | toYaml }}
 {{- end }}
 
 {{/* Checks the JSON schema cannot express; fails the render with a message that says why. */}}

@@ -1,0 +1,145 @@
+"""Prefill side of the collective transport: announces each chunk over gRPC, sends its payload
+with torch.distributed point-to-point `send` (NCCL for CUDA tensors, Gloo for CPU ones)."""
+
+from __future__ import annotations
+
+import datetime
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from kv_transfer import wire
+from kv_transfer.base import KVSender, KVTransferError, TransferRequest, TransferResult
+from kv_transfer.collective_group import (
+    PairGroup,
+    backend_for,
+    form_group,
+    local_ip_towards,
+    open_store,
+)
+from kv_transfer.grpc_common import rpc_error_text
+from kv_transfer.grpc_sender import ControlClient, commit_request, layer_ranges
+from pdserve.config import KVTransferConfig
+from pdserve.pb import kv_transfer_pb2 as pb
+
+_IN_FLIGHT = 2  # sends outstanding per transfer: overlaps reading chunk k+1 with sending k
+
+
+class CollectiveKVSender(KVSender):
+    """`tamper` (tests only) may change a chunk's tensor after its checksum was taken."""
+
+    def __init__(
+        self, config: KVTransferConfig, *, tamper: Callable[[int, Any], None] | None = None
+    ) -> None:
+        self._client = ControlClient(config)
+        self._pairs: dict[str, PairGroup] = {}  # endpoint -> this side of the pair's group
+        self._lock = threading.Lock()
+        self.tamper = tamper
+
+    def send(self, request: TransferRequest) -> TransferResult:
+        start = time.perf_counter()
+        deadline = start + (request.timeout_s or self._client.config.reservation_timeout_s)
+        stub = self._client.stub(request.endpoint)
+        pair: PairGroup | None = None
+        chunks = nbytes = 0
+        try:
+            if request.src_block_ids:
+                first = request.read_kv(request.src_block_ids, 0, 1)
+                pair = self._pair(request.endpoint, backend_for(str(first.device)), deadline)
+                chunks, nbytes = self._push(request, first, pair, deadline)
+            stub.commit(
+                commit_request(request),
+                timeout=max(0.001, deadline - time.perf_counter()),
+                metadata=self._client.metadata,
+            )
+        except grpc.RpcError as exc:
+            raise KVTransferError(rpc_error_text(request.endpoint, exc)) from None
+        except RuntimeError as exc:  # torch.distributed: peer gone or timed out
+            if pair is not None:
+                self._drop(request.endpoint, pair)
+            raise KVTransferError(f"KV send to {request.endpoint} failed: {exc}") from exc
+        return TransferResult(nbytes, chunks, time.perf_counter() - start)
+
+    def _push(
+        self, request: TransferRequest, first: Any, pair: PairGroup, deadline: float
+    ) -> tuple[int, int]:
+        stub, src = self._client.stub(request.endpoint), request.src_block_ids
+        ranges = layer_ranges(request.num_layers, first.nbytes, self._client.config.chunk_bytes)
+        in_flight: list[tuple[Any, Any]] = []  # (work, tensor): the tensor lives until sent
+        nbytes = 0
+        for seq, (l0, l1) in enumerate(ranges):
+            data = first if (l0, l1) == (0, 1) else request.read_kv(src, l0, l1)
+            data = data.contiguous()
+            header = pb.ChunkHeader(
+                transfer_id=request.transfer_id,
+                seq=seq,
+                layer_start=l0,
+                layer_end=l1,
+                num_layers=request.num_layers,
+                dtype=str(data.dtype).removeprefix("torch."),
+                shape=list(data.shape),
+                checksum=wire.checksum(data),
+                trace_context=request.trace_context,
+                pair_id=pair.pair_id,
+            )
+            if self.tamper is not None:
+                self.tamper(seq, data)
+            with pair.lock:  # announce + send adjacent: receives are posted in send order
+                ready = stub.prepare(
+                    header, timeout=_remaining(deadline), metadata=self._client.metadata
+                )
+                in_flight.append((pair.group.send([data], 0, ready.tag), data))
+            nbytes += data.nbytes
+            while len(in_flight) > _IN_FLIGHT:
+                _wait(in_flight.pop(0)[0], deadline)
+        for work, _ in in_flight:
+            _wait(work, deadline)
+        return len(ranges), nbytes
+
+    def _pair(self, endpoint: str, backend: str, deadline: float) -> PairGroup:
+        """This sender's group with the receiver at `endpoint`, formed on first use."""
+        with self._lock:
+            pair = self._pairs.get(endpoint)
+            if pair is not None:
+                return pair
+            reply = self._client.stub(endpoint).connect(
+                pb.ConnectRequest(backend=backend),
+                timeout=_remaining(deadline),
+                metadata=self._client.metadata,
+            )
+            store = open_store(reply.store_host, reply.store_port, reply.timeout_s)
+            pair = PairGroup(reply.pair_id, rank=reply.rank, backend=backend)
+            my_host = local_ip_towards(reply.store_host)
+            pair.group = form_group(
+                store, reply.pair_id, reply.rank, backend, my_host, reply.timeout_s
+            )
+            pair.ready.set()
+            self._pairs[endpoint] = pair
+            return pair
+
+    def _drop(self, endpoint: str, pair: PairGroup) -> None:
+        with self._lock:
+            if self._pairs.get(endpoint) is pair:
+                del self._pairs[endpoint]
+        pair.close()
+
+    def abort(self, endpoint: str, transfer_id: str) -> None:
+        self._client.abort(endpoint, transfer_id)
+
+    def close(self) -> None:
+        with self._lock:
+            pairs, self._pairs = list(self._pairs.values()), {}
+        for pair in pairs:
+            pair.close()
+        self._client.close()
+
+
+def _remaining(deadline: float) -> float:
+    return max(0.001, deadline - time.perf_counter())
+
+
+def _wait(work: Any, deadline: float) -> None:
+    work.wait(datetime.timedelta(seconds=_remaining(deadline)))

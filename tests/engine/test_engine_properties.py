@@ -1,0 +1,71 @@
+"""Whatever requests arrive, finish or are aborted in whatever order, the engine ends with
+every block free and no block both free and in use along the way."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pdserve.engine.sampling_params import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_dir):
+    from pdserve.config import EngineConfig
+    from pdserve.engine.engine import LLMEngine
+
+    return LLMEngine(
+        EngineConfig(model=str(tiny_dir), block_size=4, num_kv_blocks=24, max_num_batched_tokens=16)
+    )
+
+
+_ids = itertools.count()  # the engine outlives one example: ids must not repeat
+
+action = st.one_of(
+    st.tuples(
+        st.just("add"), st.lists(st.integers(3, 8), min_size=1, max_size=30), st.integers(1, 12)
+    ),
+    st.tuples(
+        st.just("prefill_only"),
+        st.lists(st.integers(3, 8), min_size=1, max_size=20),
+        st.integers(1, 4),
+    ),
+    st.tuples(
+        st.just("reserve"), st.lists(st.integers(3, 8), min_size=1, max_size=20), st.integers(1, 4)
+    ),
+    st.tuples(st.just("abort"), st.integers(0, 20), st.just(0)),
+    st.tuples(st.just("step"), st.just(0), st.just(0)),
+)
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(actions=st.lists(action, max_size=25))
+def test_all_blocks_free_after_everything_finishes(engine, actions):
+    ids: list[str] = []
+    for kind, arg, max_tokens in actions:
+        params = SamplingParams(max_tokens=max(max_tokens, 1), ignore_eos=True)
+        if kind in ("add", "prefill_only"):
+            ids.append(f"r{next(_ids)}")
+            engine.add_request(ids[-1], arg, params, prefill_only=kind == "prefill_only")
+        elif kind == "reserve":
+            ids.append(f"r{next(_ids)}")
+            engine.reserve(ids[-1], arg, params)
+        elif kind == "abort" and ids:
+            engine.abort(ids[arg % len(ids)])
+        else:
+            engine.step()
+        engine.block_manager.check_invariants()
+    while engine.has_unfinished():
+        engine.step()
+        engine.block_manager.check_invariants()
+    for rid in ids:  # held and reserved requests end only by release/abort
+        engine.release(rid)
+        engine.abort(rid)
+    stats = engine.stats()
+    assert stats["num_free_blocks"] == stats["num_blocks"]
+    assert stats["num_held"] == stats["num_reserved"] == stats["num_running"] == 0

@@ -1,0 +1,195 @@
+"""Routing decisions: local vs remote prefill, affinity, ties, admission control, baselines."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from pdserve.config import RouterConfig
+from pdserve.messages import WorkerStats
+from router.cost_model import CostModel
+from router.estimates import RoutingRequest, WorkerLoad
+from router.policy import RoutingPolicy
+
+MiB = 1 << 20
+# 1024 prompt tokens = 64 blocks of 16; 1 MiB of KV per block (a 7B-class model in bf16).
+LONG = RoutingRequest(prompt_tokens=1024, max_tokens=64, block_size=16, bytes_per_block=MiB)
+
+
+def worker(worker_id: str, **load) -> WorkerLoad:
+    load.setdefault("num_blocks", 4096)
+    load.setdefault("num_free_blocks", load["num_blocks"])
+    return WorkerLoad(worker_id, **load)
+
+
+def policy(**config) -> RoutingPolicy:
+    return RoutingPolicy(RouterConfig(**config))
+
+
+def test_idle_decode_worker_prefills_locally() -> None:
+    # Nothing runs on D, so a local prefill hurts no one and saves the KV transfer.
+    decision = policy().decide(LONG, [worker("p0")], [worker("d0")])
+    assert decision.accepted
+    assert (decision.prefill_worker, decision.decode_worker) == (None, "d0")
+    assert set(decision.estimates) == {"p0->d0", "local@d0"}
+    assert decision.estimates["p0->d0"].transfer_blocks == 64
+
+
+def test_busy_decode_worker_gets_a_remote_prefill() -> None:
+    # A local prefill would stall 32 running decodes; the transfer is cheaper than that.
+    decision = policy().decide(LONG, [worker("p0")], [worker("d0", num_running=32)])
+    assert (decision.prefill_worker, decision.decode_worker) == ("p0", "d0")
+    chosen, local = decision.chosen, decision.estimates["local@d0"]
+    assert chosen.ttft_s > local.ttft_s  # remote is slower to the first token ...
+    assert chosen.objective < local.objective  # ... but protects the running decodes
+    assert local.stall_s > 0 and chosen.stall_s == 0
+
+
+def test_disaggregate_modes_are_obeyed() -> None:
+    idle = ([worker("p0")], [worker("d0")])
+    assert policy(disaggregate="always").decide(LONG, *idle).prefill_worker == "p0"
+    busy = ([worker("p0")], [worker("d0", num_running=32)])
+    assert policy(disaggregate="never").decide(LONG, *busy).prefill_worker is None
+    # "always" with no healthy prefill worker still serves, locally.
+    sick = policy(disaggregate="always").decide(LONG, [worker("p0", healthy=False)], idle[1])
+    assert sick.accepted and sick.prefill_worker is None
+
+
+def test_prefill_worker_holding_the_prefix_is_preferred() -> None:
+    workers = [worker("p0"), worker("p1")]
+    decode = [worker("d0", num_running=16)]
+    decision = policy().decide(LONG, workers, decode, cached_blocks={"p1": 48})
+    assert decision.prefill_worker == "p1"
+    assert decision.cached_tokens == 48 * 16
+
+
+def test_conversation_returns_to_the_decode_worker_holding_its_history() -> None:
+    decode = [worker("d0", num_running=4), worker("d1", num_running=4)]
+    cached = {"d1": 60}  # the previous turns live on d1
+    for mode in ("auto", "always"):
+        decision = policy(disaggregate=mode).decide(LONG, [worker("p0")], decode, cached)
+        assert decision.decode_worker == "d1", mode
+        assert decision.decode_cached_tokens == 60 * 16
+    assert (
+        policy(disaggregate="always")
+        .decide(LONG, [worker("p0")], decode, cached)
+        .chosen.transfer_blocks
+        == 4
+    )
+
+
+def test_affinity_yields_when_the_history_holder_is_overloaded() -> None:
+    cached = {"d1": 60}
+    crowded = [worker("d0", num_running=4), worker("d1", num_running=250)]
+    assert policy().decide(LONG, [worker("p0")], crowded, cached).decode_worker == "d0"
+    full = [worker("d0"), worker("d1", num_free_blocks=2)]  # d1 cannot reserve 4 blocks
+    decision = policy().decide(LONG, [worker("p0")], full, cached)
+    assert decision.decode_worker == "d0"
+    assert decision.estimates["local@d1"].infeasible
+
+
+def test_ties_are_broken_by_load() -> None:
+    # Equal estimates (prefill running counts do not enter them): the less loaded one wins.
+    prefill = [worker("p0", num_running=3), worker("p1")]
+    decode = [worker("d0", num_running=32)]
+    picks = {policy().decide(LONG, prefill, decode).prefill_worker for _ in range(4)}
+    assert picks == {"p1"}
+
+
+def test_identical_workers_share_the_load() -> None:
+    pol = policy()
+    prefill = [worker("p0"), worker("p1")]
+    decode = [worker("d0", num_running=32)]
+    picks = Counter(pol.decide(LONG, prefill, decode).prefill_worker for _ in range(6))
+    assert picks == {"p0": 3, "p1": 3}
+
+
+def test_measured_costs_change_the_decision() -> None:
+    cost = CostModel()
+    pol = RoutingPolicy(RouterConfig(), cost)
+    idle = ([worker("p0")], [worker("d0")])
+    assert pol.decide(LONG, *idle).prefill_worker is None
+    for _ in range(50):  # prefill on the decode worker turns out 20x slower than on p0
+        cost.observe_prefill(1024, 2.0, local=True)
+        cost.observe_prefill(1024, 0.1)
+    assert pol.decide(LONG, *idle).prefill_worker == "p0"
+
+
+def test_router_overload_is_rejected() -> None:
+    decision = policy(max_pending_requests=8).decide(
+        LONG, [worker("p0")], [worker("d0")], pending_requests=8
+    )
+    assert not decision.accepted and decision.status == "resource_exhausted"
+    assert "max_pending_requests=8" in decision.reason
+
+
+def test_no_kv_room_anywhere_is_rejected() -> None:
+    decode = [worker("d0", num_free_blocks=10), worker("d1", num_free_blocks=63)]
+    decision = policy().decide(LONG, [worker("p0")], decode)
+    assert decision.status == "resource_exhausted"
+    assert "free KV blocks" in decision.reason
+    assert all(e.infeasible for e in decision.estimates.values())
+
+
+def test_full_prefill_queues_are_rejected_not_queued() -> None:
+    cfg = {"max_queued_prefill_tokens": 4096}
+    prefill = [worker("p0", waiting_prompt_tokens=4000, num_waiting=4)]
+    decode = [worker("d0", waiting_prompt_tokens=3500, num_waiting=3)]
+    decision = policy(**cfg).decide(LONG, prefill, decode)
+    assert decision.status == "resource_exhausted" and "prefill queue" in decision.reason
+    # A request that fits in what is left of a queue is still taken.
+    assert policy(**cfg).decide(LONG, [worker("p0", waiting_prompt_tokens=3000)], decode).accepted
+    # An empty queue takes even a prompt longer than the limit (it could never run otherwise).
+    assert policy(max_queued_prefill_tokens=512).decide(LONG, [worker("p0")], decode).accepted
+
+
+def test_no_healthy_decode_worker_is_unavailable() -> None:
+    decision = policy().decide(LONG, [worker("p0")], [worker("d0", healthy=False)])
+    assert decision.status == "unavailable"
+
+
+def test_unhealthy_workers_are_never_chosen() -> None:
+    prefill = [worker("p0", healthy=False), worker("p1", waiting_prompt_tokens=2000)]
+    decode = [worker("d0", healthy=False), worker("d1", num_running=32)]
+    decision = policy().decide(LONG, prefill, decode)
+    assert (decision.prefill_worker, decision.decode_worker) == ("p1", "d1")
+
+
+def test_round_robin_baseline_rotates() -> None:
+    pol = policy(policy="round_robin")
+    prefill, decode = [worker("p0"), worker("p1")], [worker("d0"), worker("d1")]
+    picks = [pol.decide(LONG, prefill, decode) for _ in range(4)]
+    assert [d.decode_worker for d in picks] == ["d0", "d1", "d0", "d1"]
+    assert Counter(d.prefill_worker for d in picks) == {"p0": 2, "p1": 2}
+    assert (
+        policy(policy="round_robin", disaggregate="never")
+        .decide(LONG, prefill, decode)
+        .prefill_worker
+        is None
+    )
+
+
+def test_least_loaded_baseline() -> None:
+    prefill = [worker("p0", waiting_prompt_tokens=900), worker("p1", waiting_prompt_tokens=100)]
+    decode = [worker("d0", num_running=9), worker("d1", num_running=2)]
+    decision = policy(policy="least_loaded").decide(LONG, prefill, decode, {"p0": 64})
+    assert (decision.prefill_worker, decision.decode_worker) == ("p1", "d1")  # cache-blind
+
+
+@pytest.mark.parametrize(
+    "config", [{"policy": "fastest"}, {"disaggregate": "sometimes"}, {"ttft_slo_ms": 0}]
+)
+def test_bad_configuration_is_refused(config: dict) -> None:
+    with pytest.raises(ValueError):
+        policy(**config)
+
+
+def test_worker_stats_feed_the_policy() -> None:
+    stats = WorkerStats(
+        worker_id="d0", role="decode", epoch=1, num_running=32, num_waiting=1, num_reserved=2,
+        waiting_prompt_tokens=300, num_blocks=512, num_free_blocks=100,
+    )  # fmt: skip
+    load = WorkerLoad.from_stats(stats, inflight=1, inflight_prompt_tokens=50)
+    assert (load.queued_requests, load.queued_tokens, load.load) == (4, 350, 36)
+    assert policy().decide(LONG, [worker("p0")], [load]).prefill_worker == "p0"
