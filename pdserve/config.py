@@ -81,6 +81,7 @@ class ServeConfig:
     decode_pool_resource: str = "decode_pool"  # Ray custom resource of the decode pool
     gpus_per_worker: float = 0.0  # num_gpus of each worker actor (0 on CPU pools)
     cpus_per_worker: float = 0.0  # num_cpus of each worker actor
+    pin_cpus: bool = False  # pin each worker process to its own core (single-node benchmarks)
     redis_url: str | None = None  # None = start a private redis-server
     metrics_port: int | None = None  # Prometheus endpoint of the router; None = off
     log_format: str = "text"  # text | json

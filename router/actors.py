@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import ray
@@ -24,24 +25,31 @@ def create_workers(config: ServeConfig, redis_url: str | None,
         ("decode", DecodeWorker, config.decode_workers, config.decode_pool_resource),
     )
     created: list[dict[str, Any]] = []
+    position = 0  # the worker's index over both pools, for CPU pinning
     for role, cls, count, resource in pools:
         actor_cls = ray.remote(cls)
         handles = {}
         for index in range(count):
             worker_id = f"{role}-{index}"
+            env = _worker_env()
+            if config.pin_cpus:
+                # One core per worker, round robin over this node's cores (benchmarks on one
+                # machine: keeps a prefill burst from taking the decode worker's core).
+                env["PDSERVE_CPU_AFFINITY"] = str(position % (os.cpu_count() or 1))
+            position += 1
             handles[worker_id] = actor_cls.options(
                 name=f"pdserve-{worker_id}", resources={resource: 1},
                 num_cpus=config.cpus_per_worker, num_gpus=config.gpus_per_worker,
                 max_restarts=-1, max_task_retries=0, max_concurrency=1000,
-                runtime_env={"env_vars": _worker_env()},
+                runtime_env={"env_vars": env},
             ).remote(worker_id, config.engine, config.kv, redis_url)
         created.append(handles)
     return created[0], created[1]
 
 
 def _worker_env() -> dict[str, str]:
-    import os
-
-    # Workers inherit tracing and secrets settings from the process that starts them.
+    # Workers inherit tracing and secret settings from the process that starts them, but not
+    # its identity (each worker names itself) nor the client API keys (workers have no clients).
+    own = {"PDSERVE_API_KEYS", "OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES"}
     return {k: v for k, v in os.environ.items()
-            if k.startswith(("OTEL_", "PDSERVE_")) and k != "PDSERVE_API_KEYS"}
+            if k.startswith(("OTEL_", "PDSERVE_")) and k not in own}

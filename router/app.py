@@ -40,6 +40,7 @@ def model_limits(model_dir: Path, max_model_len: int | None, tokenizer: Tokenize
 class ServingApp:
     config: ServeConfig
     port: int = 0
+    _ready: bool = True
     _stack: list = field(default_factory=list)  # (description, async stop callable), LIFO
 
     async def start(self) -> None:
@@ -80,6 +81,13 @@ class ServingApp:
         await self.server.start()
         self._stack.append(("server", self.server.stop))
         self.port = self.server.port
+        self.pool.round_listeners.append(self._track_readiness)
+
+    def _track_readiness(self) -> None:
+        ready = bool(self.pool.of_role("decode"))
+        if ready != self._ready:
+            self._ready = ready
+            asyncio.ensure_future(self.server.set_ready(ready))
 
     async def _start_private_redis(self) -> str:
         from pdserve.redis_server import LOCAL_URL_FILE, RedisServer

@@ -17,7 +17,13 @@ GENERATION_SERVICE = generate_pb2.DESCRIPTOR.services_by_name["Generation"].full
 
 
 class RouterServer:
-    """The client-facing server. Health is SERVING while at least one decode worker is up."""
+    """The client-facing server.
+
+    Health: the overall service "" is SERVING while the process runs (a liveness probe must
+    not restart the router, and every worker actor with it, because workers are down);
+    "pdserve.v1.Generation" is SERVING only while a decode worker can take requests
+    (readiness).
+    """
 
     def __init__(self, service: GenerationService, host: str, port: int,
                  interceptors: list | None = None) -> None:
@@ -38,15 +44,15 @@ class RouterServer:
 
     async def start(self) -> None:
         await self._server.start()
-        await self.set_serving(True)
+        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        await self.set_ready(True)
         log.info("router serving pdserve.v1.Generation on port %d", self.port)
 
-    async def set_serving(self, serving: bool) -> None:
-        status = (health_pb2.HealthCheckResponse.SERVING if serving
+    async def set_ready(self, ready: bool) -> None:
+        status = (health_pb2.HealthCheckResponse.SERVING if ready
                   else health_pb2.HealthCheckResponse.NOT_SERVING)
-        for name in ("", GENERATION_SERVICE):
-            await self.health.set(name, status)
+        await self.health.set(GENERATION_SERVICE, status)
 
     async def stop(self, grace_s: float = 5.0) -> None:
-        await self.set_serving(False)
+        await self.health.enter_graceful_shutdown()
         await self._server.stop(grace_s)

@@ -42,6 +42,7 @@ class WorkerPool:
         self._call_timeout_s = call_timeout_s
         self._poller: asyncio.Task | None = None
         self.stats_listeners: list = []  # called with (worker, previous stats, new stats)
+        self.round_listeners: list = []  # called after every poll of all workers
 
     async def start(self, ready_timeout_s: float = 300.0) -> None:
         """Waits until every worker has loaded its model, then polls stats in the background."""
@@ -67,6 +68,8 @@ class WorkerPool:
 
     async def poll_once(self) -> None:
         await asyncio.gather(*(self._poll(w) for w in self.workers.values()))
+        for listener in self.round_listeners:
+            listener()
 
     async def _poll(self, worker: Worker) -> None:
         try:

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
-from pathlib import Path
 from collections.abc import AsyncIterator
 from dataclasses import asdict
+from pathlib import Path
 
 from pdserve.config import EngineConfig
 from pdserve.engine.engine import LLMEngine, RequestOutput
@@ -28,6 +29,9 @@ class WorkerRuntime:
                  redis_url: str | None = None) -> None:
         import torch
 
+        cores = os.environ.get("PDSERVE_CPU_AFFINITY")  # set per actor by router/actors.py
+        if cores:
+            os.sched_setaffinity(0, {int(c) for c in cores.split(",")})
         if engine_config.num_threads:
             torch.set_num_threads(engine_config.num_threads)
         self.worker_id = worker_id

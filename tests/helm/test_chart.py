@@ -191,8 +191,12 @@ def test_router_service_selects_the_pod_running_the_router_with_grpc_probes(case
     assert ports == {"grpc": values["router"]["port"], "metrics": values["router"]["metricsPort"]}
     router = container(head["spec"], "router")
     assert {p["name"] for p in router["ports"]} == {"grpc", "metrics"}
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        assert router[probe]["grpc"] == {"port": values["router"]["port"]}
+    port = values["router"]["port"]
+    # Liveness asks the overall service (the process answers); readiness asks the Generation
+    # service, which is SERVING only while a decode worker is up.
+    assert router["livenessProbe"]["grpc"] == {"port": port}
+    assert router["startupProbe"]["grpc"] == {"port": port}
+    assert router["readinessProbe"]["grpc"] == {"port": port, "service": "pdserve.v1.Generation"}
     # The Ray node is the first container (KubeRay's convention); the router shares /tmp/ray.
     assert head["spec"]["containers"][0]["name"] == "ray-head"
     for c in head["spec"]["containers"]:
