@@ -105,6 +105,8 @@ class CollectiveKVReceiver(GrpcKVReceiver):
             pair = self._ready_pair(header.pair_id, deadline)
             buffer = torch.empty(spec.shape, dtype=getattr(torch, spec.dtype), device=self.device)
             with pair.lock:
+                if pair.group is None:  # dropped by a failing chunk since we looked it up
+                    raise TransferRejected(RejectReason.NOT_OPEN, f"pair {pair.pair_id} broke")
                 tag = pair.next_tag()
                 work = pair.group.recv([buffer], 1, tag)
         except TransferRejected as exc:

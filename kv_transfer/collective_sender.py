@@ -3,6 +3,7 @@ with torch.distributed point-to-point `send` (NCCL for CUDA tensors, Gloo for CP
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import threading
 import time
@@ -66,10 +67,25 @@ class CollectiveKVSender(KVSender):
     def _push(
         self, request: TransferRequest, first: Any, pair: PairGroup, deadline: float
     ) -> tuple[int, int]:
-        stub, src = self._client.stub(request.endpoint), request.src_block_ids
         ranges = layer_ranges(request.num_layers, first.nbytes, self._client.config.chunk_bytes)
         in_flight: list[tuple[Any, Any]] = []  # (work, tensor): the tensor lives until sent
-        nbytes = 0
+        try:
+            return len(ranges), self._push_ranges(request, first, pair, deadline, ranges, in_flight)
+        finally:  # even on failure: never free a tensor a send may still be reading
+            for work, _ in in_flight:
+                with contextlib.suppress(RuntimeError):
+                    _wait(work, deadline)
+
+    def _push_ranges(
+        self,
+        request: TransferRequest,
+        first: Any,
+        pair: PairGroup,
+        deadline: float,
+        ranges: list[tuple[int, int]],
+        in_flight: list[tuple[Any, Any]],
+    ) -> int:
+        stub, src, nbytes = self._client.stub(request.endpoint), request.src_block_ids, 0
         for seq, (l0, l1) in enumerate(ranges):
             data = first if (l0, l1) == (0, 1) else request.read_kv(src, l0, l1)
             data = data.contiguous()
@@ -94,10 +110,12 @@ class CollectiveKVSender(KVSender):
                 in_flight.append((pair.group.send([data], 0, ready.tag), data))
             nbytes += data.nbytes
             while len(in_flight) > _IN_FLIGHT:
-                _wait(in_flight.pop(0)[0], deadline)
-        for work, _ in in_flight:
-            _wait(work, deadline)
-        return len(ranges), nbytes
+                _wait(in_flight[0][0], deadline)
+                in_flight.pop(0)
+        while in_flight:
+            _wait(in_flight[0][0], deadline)  # raises on a dead peer: send() reports it
+            in_flight.pop(0)
+        return nbytes
 
     def _pair(self, endpoint: str, backend: str, deadline: float) -> PairGroup:
         """This sender's group with the receiver at `endpoint`, formed on first use."""

@@ -95,6 +95,7 @@ class ServingApp:
         # The URL file lets `pdserve stats` find this private server without flags.
         server = RedisServer(url_file=LOCAL_URL_FILE)
         server.start()
+        self.redis_server = server  # tests stop and restart it to check outage recovery
         self._stack.append(("redis", _async(server.close)))
         log.info("started a private redis-server at %s", server.url)
         return server.url

@@ -41,10 +41,11 @@ def paged_attention(
     flat[0].index_copy_(0, ctx.slot_mapping, k)
     flat[1].index_copy_(0, ctx.slot_mapping, v)
 
-    # One indexed gather for the whole batch: [2, B, max_blocks, block_size, KV, D].
-    kv = layer_cache[:, ctx.block_tables]
-    batch = kv.shape[1]
-    kv = kv.reshape(2, batch, -1, num_kv_heads, head_dim).transpose(2, 3)  # [2, B, KV, S, D]
+    # One gather for the whole batch (index_select copies whole blocks; several times faster
+    # than advanced indexing): [2, B * max_blocks, block_size, KV, D].
+    batch = ctx.block_tables.shape[0]
+    kv = layer_cache.index_select(1, ctx.block_tables.view(-1))
+    kv = kv.view(2, batch, -1, num_kv_heads, head_dim).transpose(2, 3)  # [2, B, KV, S, D]
 
     qp = q if ctx.query_index is None else q[ctx.query_index]  # [B, Q, H, D] or [T=B, H, D]
     qp = qp.reshape(batch, -1, num_kv_heads, group, head_dim)  # [B, Q, KV, G, D]

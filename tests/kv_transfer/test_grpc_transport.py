@@ -205,3 +205,12 @@ def test_refused_commit_fails_the_transfer(config, src_cache):
     sender.close()
     receiver.stop()
     assert sink.expired == [tid] and receiver.state(tid) is TransferState.FAILED
+
+
+def test_reservation_without_missing_blocks_needs_only_the_commit(
+    receiver, sender, sink, src_cache
+):
+    tid = receiver.open([], deadline_s=10)  # the decode worker already holds the whole prompt
+    result = sender.send(request(receiver, src_cache, tid, src_block_ids=[]))
+    assert (result.chunks, result.bytes) == (0, 0)
+    assert sink.commits[tid].first_token_id == 42 and sink.writes == 0
