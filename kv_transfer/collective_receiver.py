@@ -108,7 +108,13 @@ class CollectiveKVReceiver(GrpcKVReceiver):
                 if pair.group is None:  # dropped by a failing chunk since we looked it up
                     raise TransferRejected(RejectReason.NOT_OPEN, f"pair {pair.pair_id} broke")
                 tag = pair.next_tag()
-                work = pair.group.recv([buffer], 1, tag)
+                try:
+                    work = pair.group.recv([buffer], 1, tag)
+                except RuntimeError as exc:  # the peer is gone: so is this pair's group
+                    self._drop_pair(pair)
+                    raise TransferRejected(
+                        RejectReason.NOT_OPEN, f"pair {pair.pair_id} broke: {exc}"
+                    ) from exc
         except TransferRejected as exc:
             context.abort(STATUS_OF[exc.reason], str(exc))
         waiter = self._waiters.submit(self._finish_chunk, header, buffer, work, pair, deadline)

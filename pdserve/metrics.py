@@ -1,12 +1,17 @@
 """The Prometheus metrics of pdserve, defined once so every process names them the same.
 
-Each process has its own default registry; the router exports the request-level metrics
-and the per-worker gauges (filled from worker stats), and any process may serve its own
-registry with `start_metrics_server`. Label values used across the code base are listed in
-each metric's help text; keep them to those few values (label cardinality is memory).
+Each process has its own default registry and serves it with `start_metrics_server`: the
+router (`--metrics-port`) exports the request-level metrics, routing decisions, the transfers it
+saw succeed or fail, and every worker's gauges (from the stats it polls); a worker
+(`PDSERVE_WORKER_METRICS_PORT`) exports its own gauges and its side of each transfer. Both ends
+count a transfer, so never sum transfer counters across the router and worker jobs.
+Label values used across the code base are listed in each metric's help text; keep them to those
+few values (label cardinality is memory).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
@@ -27,7 +32,8 @@ TPOT_SECONDS = Histogram(
 )
 ITL_SECONDS = Histogram(
     "pdserve_itl_seconds",
-    "Time between consecutive tokens seen by the client, one sample per token.",
+    "Time between consecutive token-carrying responses seen by the client, one sample per "
+    "response (vLLM's definition; a response may carry several tokens).",
     buckets=_TOKEN_BUCKETS,
 )
 E2E_SECONDS = Histogram(
@@ -37,13 +43,13 @@ E2E_SECONDS = Histogram(
 # --- requests and routing (router) ---------------------------------------------------------
 REQUESTS = Counter(
     "pdserve_requests_total",
-    "Finished requests by outcome: stop, length, cancelled, rejected, error.",
+    "Finished requests by outcome: stop, length, abort, cancelled, rejected, error.",
     ["outcome"],
 )
 ROUTING_DECISIONS = Counter(
     "pdserve_routing_decisions_total",
-    "Routing decisions: remote (prefill worker + KV transfer), local (decode worker "
-    "prefills), rejected (admission control).",
+    "Routing decisions, one per attempt: remote (prefill worker + KV transfer), local (decode "
+    "worker prefills), rejected (admission control), unavailable (no healthy worker).",
     ["decision"],
 )
 PREFIX_HIT_TOKENS = Counter(
@@ -60,7 +66,7 @@ KV_TRANSFER_BYTES = Counter(
 )
 KV_TRANSFER_FAILURES = Counter(
     "pdserve_kv_transfer_failures_total",
-    "Failed KV transfers by reason: timeout, checksum, rejected, connection, worker_died.",
+    "Failed KV transfers by reason: timeout, checksum, rejected, connection, worker_died, other.",
     ["reason"],
 )
 KV_TRANSFER_SECONDS = Histogram(
@@ -76,11 +82,63 @@ QUEUE_LENGTH = Gauge(
 KV_BLOCKS = Gauge(
     "pdserve_kv_blocks", "KV cache blocks of a worker by state: used, free.", ["worker", "state"]
 )
+PREFIX_HIT_RATIO = Gauge(
+    "pdserve_prefix_hit_ratio",
+    "Share of a worker's prompt tokens found in its prefix cache since it started.",
+    ["worker"],
+)
 REDIS_UP = Gauge("pdserve_redis_up", "1 if the prefix index's Redis answered its last call.")
+
+
+def observe_worker_stats(stats: Any) -> None:
+    """Sets the gauges of one worker from its `WorkerStats` (cheap: a few dict lookups)."""
+    worker = stats.worker_id
+    QUEUE_LENGTH.labels(worker=worker).set(stats.num_waiting)
+    KV_BLOCKS.labels(worker=worker, state="used").set(stats.num_used_blocks)
+    KV_BLOCKS.labels(worker=worker, state="free").set(stats.num_free_blocks)
+    if stats.prefix_query_tokens:
+        ratio = stats.prefix_hit_tokens / stats.prefix_query_tokens
+        PREFIX_HIT_RATIO.labels(worker=worker).set(ratio)
+
+
+# gRPC status names (as KV-transfer errors spell them) -> KV_TRANSFER_FAILURES reason.
+_FAILURE_REASONS = {
+    "DEADLINE_EXCEEDED": "timeout",
+    "DATA_LOSS": "checksum",
+    "UNAVAILABLE": "connection",
+    "NOT_FOUND": "rejected",
+    "FAILED_PRECONDITION": "rejected",
+    "INVALID_ARGUMENT": "rejected",
+    "UNAUTHENTICATED": "rejected",
+    "PERMISSION_DENIED": "rejected",
+    "ActorDiedError": "worker_died",
+    "RayActorError": "worker_died",
+    "ActorUnavailableError": "worker_died",
+}
+
+
+def transfer_failure_reason(error: BaseException | str) -> str:
+    """The KV_TRANSFER_FAILURES label of a failed transfer, from its error (or its text):
+    transports raise KVTransferError with the gRPC status name in the message."""
+    text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+    return next((reason for key, reason in _FAILURE_REASONS.items() if key in text), "other")
+
+
+_servers: dict[int, Any] = {}  # bound port -> its HTTP server, for stop_metrics_server
 
 
 def start_metrics_server(port: int = 0, addr: str = "0.0.0.0") -> int:
     """Serves `/metrics` of the default registry from a daemon thread; returns the bound
     port (pass 0 for an ephemeral one)."""
     server, _thread = start_http_server(port, addr=addr)
+    _servers[server.server_port] = server
     return server.server_port
+
+
+def stop_metrics_server(port: int) -> None:
+    """Stops the server `start_metrics_server` bound to `port` (an app stopping in a process
+    that lives on, as in tests). Unknown ports are ignored."""
+    server = _servers.pop(port, None)
+    if server is not None:
+        server.shutdown()
+        server.server_close()

@@ -14,12 +14,17 @@ Exporters follow the standard variables:
   set, root spans are not sampled (no recording cost) but still carry a trace id, and a
   sampled parent from upstream is honoured, so propagation through this process works.
 - `OTEL_RESOURCE_ATTRIBUTES` adds resource attributes; `service_name` names the process.
+
+A later `setup_tracing` call in the same process re-reads the exporter variables (a test or a
+benchmark that serves twice in one process, with tracing off and then on): the global provider
+can be installed only once, so its exporters sit behind one switchable span processor.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Mapping
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -27,14 +32,21 @@ import grpc
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import Span as SdkSpan
 from opentelemetry.sdk.trace.export import (
     BatchSpanProcessor,
     ConsoleSpanExporter,
     SimpleSpanProcessor,
     SpanExporter,
 )
-from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF,
+    ParentBased,
+    Sampler,
+    SamplingResult,
+    _get_from_env_or_default,
+)
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 # Always W3C, whatever OTEL_PROPAGATORS says: these carriers cross our own process
@@ -45,6 +57,7 @@ CARRIER_KEYS = frozenset(_PROPAGATOR.fields)  # {"traceparent", "tracestate"}
 _UNTRACED_GRPC_SERVICES = ("grpc.health.v1.Health", "grpc.reflection.")
 
 _provider: TracerProvider | None = None
+_slot: _ExporterSlot | None = None
 
 
 def _env(name: str, signal_name: str) -> str | None:
@@ -92,31 +105,119 @@ def _otlp_exporter() -> SpanExporter:
     )
 
 
+class _ExporterSlot(SpanProcessor):
+    """Forwards ended spans to the processors of the exporters the environment asks for;
+    `configure` swaps them (flushing the old ones), as often as the environment changes."""
+
+    def __init__(self) -> None:
+        self._key: tuple[str, ...] | None = None
+        self._processors: tuple[SpanProcessor, ...] = ()
+
+    @property
+    def exporting(self) -> bool:
+        return bool(self._processors)
+
+    def configure(self) -> None:
+        key = _exporter_env_key()
+        if key == self._key:
+            return
+        old = self._processors
+        # Console output is for a person watching: show spans as they end.
+        self._processors = tuple(
+            SimpleSpanProcessor(exporter) if name == "console" else BatchSpanProcessor(exporter)
+            for name, exporter in span_exporters_from_env()
+        )
+        self._key = key
+        for processor in old:
+            processor.shutdown()  # flushes what it still holds
+
+    def on_start(self, span: SdkSpan, parent_context: otel_context.Context | None = None) -> None:
+        for processor in self._processors:
+            processor.on_start(span, parent_context=parent_context)
+
+    def on_end(self, span: ReadableSpan) -> None:
+        for processor in self._processors:
+            processor.on_end(span)
+
+    def shutdown(self) -> None:
+        for processor in self._processors:
+            processor.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return all(p.force_flush(timeout_millis) for p in self._processors)
+
+
+def _exporter_env_key() -> tuple[str, ...]:
+    names = ("OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT",
+             "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_PROTOCOL",
+             "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")  # fmt: skip
+    return tuple(os.environ.get(name, "") for name in names)
+
+
+class _SampleWhileExporting(Sampler):
+    """The SDK's sampler (from OTEL_TRACES_SAMPLER, default parent-based always-on) while an
+    exporter is configured; otherwise root spans are dropped, so a process that exports
+    nothing records nothing, yet still honours a sampled parent from upstream."""
+
+    def __init__(self, slot: _ExporterSlot) -> None:
+        self._slot = slot
+        # The SDK's own reading of OTEL_TRACES_SAMPLER[_ARG] (what TracerProvider() would use).
+        self._exporting = _get_from_env_or_default()
+        self._idle = (
+            self._exporting if "OTEL_TRACES_SAMPLER" in os.environ else ParentBased(ALWAYS_OFF)
+        )
+
+    def should_sample(
+        self,
+        parent_context: otel_context.Context | None,
+        trace_id: int,
+        name: str,
+        kind: trace.SpanKind | None = None,
+        attributes: Any = None,
+        links: Sequence[trace.Link] | None = None,
+        trace_state: Any = None,
+    ) -> SamplingResult:
+        sampler = self._exporting if self._slot.exporting else self._idle
+        return sampler.should_sample(
+            parent_context, trace_id, name, kind, attributes, links, trace_state
+        )
+
+    def get_description(self) -> str:
+        return f"SampleWhileExporting({self._exporting.get_description()})"
+
+
 def build_tracer_provider(service_name: str) -> TracerProvider:
     """A TracerProvider configured from the environment (not installed globally)."""
-    exporters = span_exporters_from_env()
-    sampler = None  # the SDK reads OTEL_TRACES_SAMPLER itself
-    if not exporters and "OTEL_TRACES_SAMPLER" not in os.environ:
-        sampler = ParentBased(root=ALWAYS_OFF)
+    return _build(service_name)[0]
+
+
+def _build(service_name: str) -> tuple[TracerProvider, _ExporterSlot]:
+    slot = _ExporterSlot()
+    slot.configure()
     provider = TracerProvider(
-        sampler=sampler, resource=Resource.create({SERVICE_NAME: service_name})
+        sampler=_SampleWhileExporting(slot),
+        resource=Resource.create({SERVICE_NAME: service_name}),
     )
-    for name, exporter in exporters:
-        # Console output is for a person watching: show spans as they end.
-        processor: SpanProcessor = (
-            SimpleSpanProcessor(exporter) if name == "console" else BatchSpanProcessor(exporter)
-        )
-        provider.add_span_processor(processor)
-    return provider
+    provider.add_span_processor(slot)
+    return provider, slot
 
 
 def setup_tracing(service_name: str) -> TracerProvider:
-    """Installs the global TracerProvider once per process; later calls return it."""
-    global _provider
-    if _provider is None:
-        _provider = build_tracer_provider(service_name)
+    """Installs the global TracerProvider once per process and returns it; a later call
+    returns the same provider (the first service name stays) with its exporters re-read
+    from the environment."""
+    global _provider, _slot
+    if _provider is None or _slot is None:
+        _provider, _slot = _build(service_name)
         trace.set_tracer_provider(_provider)
+    else:
+        _slot.configure()
     return _provider
+
+
+def flush_tracing(timeout_s: float = 5.0) -> bool:
+    """Exports the spans this process still holds (before it stops, or before a test looks)."""
+    return _provider is None or _provider.force_flush(int(timeout_s * 1000))
 
 
 def get_tracer(name: str) -> trace.Tracer:
@@ -131,6 +232,16 @@ def inject_context(ctx: otel_context.Context | None = None) -> dict[str, str]:
     carrier: dict[str, str] = {}
     _PROPAGATOR.inject(carrier, context=ctx)
     return carrier
+
+
+def carrier_of(span: trace.Span) -> dict[str, str]:
+    """The W3C carrier that makes a remote span a child of `span`."""
+    return inject_context(trace.set_span_in_context(span))
+
+
+def wall_ns(perf_time: float) -> int:
+    """A `time.perf_counter()` reading as span timestamps take it: ns since the epoch."""
+    return time.time_ns() - int((time.perf_counter() - perf_time) * 1e9)
 
 
 def extract_context(carrier: Mapping[str, str] | None) -> otel_context.Context:

@@ -14,9 +14,11 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pdserve import metrics, telemetry
 from pdserve.config import ServeConfig
 from pdserve.tokenizer import Tokenizer
 from router.generation_service import GenerationService
+from router.observability import RequestObserver
 from router.policy import RoutingPolicy
 from router.prefix_index import PrefixIndex
 from router.request_flow import RequestFlow
@@ -31,15 +33,19 @@ log = logging.getLogger(__name__)
 def model_limits(model_dir: Path, max_model_len: int | None, tokenizer: Tokenizer) -> ModelLimits:
     config = json.loads((model_dir / "config.json").read_text())
     context = config.get("max_position_embeddings", 2048)
-    return ModelLimits(name=model_dir.name, vocab_size=int(config["vocab_size"]),
-                       max_model_len=min(max_model_len or context, context),
-                       eos_token_ids=list(tokenizer.eos_token_ids))
+    return ModelLimits(
+        name=model_dir.name,
+        vocab_size=int(config["vocab_size"]),
+        max_model_len=min(max_model_len or context, context),
+        eos_token_ids=list(tokenizer.eos_token_ids),
+    )
 
 
 @dataclass
 class ServingApp:
     config: ServeConfig
     port: int = 0
+    metrics_port: int | None = None  # the bound Prometheus port, when config.metrics_port is set
     _ready: bool = True
     _stack: list = field(default_factory=list)  # (description, async stop callable), LIFO
 
@@ -50,11 +56,19 @@ class ServingApp:
         from router.actors import create_workers
 
         config = self.config
+        telemetry.setup_tracing("pdserve-router")
+        if config.metrics_port is not None:
+            self.metrics_port = metrics.start_metrics_server(config.metrics_port)
+            self._stack.append(
+                ("metrics", _async(lambda: metrics.stop_metrics_server(self.metrics_port)))
+            )
+            log.info("Prometheus metrics on port %d", self.metrics_port)
         # Resolve (and on first use, write) the model once here, not in every actor.
         model_dir = Path(config.engine.model or default_model_dir())
         config.engine.model = str(model_dir)
-        config.kv.secret = config.kv.secret or os.environ.get("PDSERVE_KV_SECRET") or (
-            _random_secret())
+        config.kv.secret = (
+            config.kv.secret or os.environ.get("PDSERVE_KV_SECRET") or (_random_secret())
+        )
         redis_url = config.redis_url or await self._start_private_redis()
         if not ray.is_initialized():
             ray.init(address=config.ray_address, **_local_ray_args(config))
@@ -62,24 +76,41 @@ class ServingApp:
         prefill, decode = create_workers(config, redis_url)
         self._stack.append(("workers", _async(lambda: _kill(ray, {**prefill, **decode}))))
         self.pool = WorkerPool(prefill, decode)
+        # Every worker's gauges, as of the latest poll (the router's endpoint shows them all).
+        self.pool.stats_listeners.append(lambda w, old, stats: metrics.observe_worker_stats(stats))
         await self.pool.start()
         self._stack.append(("pool", self.pool.stop))
 
         tokenizer = Tokenizer.from_dir(model_dir)
         limits = model_limits(model_dir, config.engine.max_model_len, tokenizer)
         index = PrefixIndex(redis_url, model_dir.name, config.engine.block_size)
-        self.routing = Routing(self.pool, RoutingPolicy(config.router), config.engine.block_size,
-                               index)
-        flow = RequestFlow(self.pool, self.routing.choose, config.router.max_retries,
-                           on_prefill_done=self.routing.on_prefill_done)
+        self.routing = Routing(
+            self.pool, RoutingPolicy(config.router), config.engine.block_size, index
+        )
+        flow = RequestFlow(
+            self.pool,
+            self.routing.choose,
+            config.router.max_retries,
+            on_prefill_done=self.routing.on_prefill_done,
+            block_size=config.engine.block_size,
+        )
         info = {"block_size": config.engine.block_size, "kv_transport": config.kv.transport}
         api_keys = config.router.api_keys or _env_list("PDSERVE_API_KEYS")
-        service = GenerationService(flow, tokenizer, limits, info, api_keys)
-        service.worker_counts = lambda: (len(self.pool.of_role("prefill")),
-                                         len(self.pool.of_role("decode")))
-        self.server = RouterServer(service, config.router.host, config.router.port)
+        service = GenerationService(flow, tokenizer, limits, info, api_keys, RequestObserver())
+        service.worker_counts = lambda: (
+            len(self.pool.of_role("prefill")),
+            len(self.pool.of_role("decode")),
+        )
+        self.server = RouterServer(
+            service,
+            config.router.host,
+            config.router.port,
+            interceptors=telemetry.aio_server_interceptors(),
+        )
         await self.server.start()
         self._stack.append(("server", self.server.stop))
+        # Last to stop: spans of the final requests still leave before the process does.
+        self._stack.insert(0, ("tracing", _async(telemetry.flush_tracing)))
         self.port = self.server.port
         self.pool.round_listeners.append(self._track_readiness)
 
@@ -143,9 +174,14 @@ def _local_ray_args(config: ServeConfig) -> dict:
     if config.ray_address:
         return {}
     # A local Ray advertises both pools itself, sized to the requested workers.
-    return {"resources": {config.prefill_pool_resource: max(config.prefill_workers, 1),
-                          config.decode_pool_resource: max(config.decode_workers, 1)},
-            "include_dashboard": False, "log_to_driver": True}
+    return {
+        "resources": {
+            config.prefill_pool_resource: max(config.prefill_workers, 1),
+            config.decode_pool_resource: max(config.decode_workers, 1),
+        },
+        "include_dashboard": False,
+        "log_to_driver": True,
+    }
 
 
 def _kill(ray, handles: dict) -> None:
@@ -156,6 +192,7 @@ def _kill(ray, handles: dict) -> None:
 def _async(fn):
     async def call():
         fn()
+
     return call
 
 

@@ -85,11 +85,18 @@ class Weights:
     """How the objective trades the terms off (see `objective`)."""
 
     tpot: float = 1.0  # this request's own decode speed vs its TTFT
+    # Prefill compute this option adds to the pool, which requests arriving later wait behind:
+    # the throughput side of the trade. It is what makes a slightly slower worker that holds
+    # the prefix beat an idle one that would compute the prefix all over again.
+    compute: float = 1.0
     interference: float = 1.0  # slowdown imposed on D's running requests
     slo_penalty: float = 4.0  # extra cost per unit beyond an SLO: misses are worse than slowness
     kv_pressure: float = 2.0  # cost when D's KV occupancy after admission exceeds kv_soft_limit
     kv_soft_limit: float = 0.9
-    stall_amortize_tokens: int = 32  # a one-off stall is spread over this many decode tokens
+    # A one-off stall is spread over this many decode tokens of each stalled request, or over
+    # this request's max_tokens when fewer (the best guess of its neighbours' lengths): a stall
+    # hurts short requests' TPOT most.
+    stall_amortize_tokens: int = 32
 
 
 @dataclass
@@ -101,6 +108,7 @@ class Estimate:
     ttft_s: float
     tpot_s: float
     stall_s: float  # how long D's running decodes pause for this request's local prefill
+    compute_s: float  # prefill compute of the uncached tokens, on whichever worker prefills
     transfer_blocks: int
     prefill_cached_blocks: int  # prefix blocks the prefilling worker already holds
     decode_cached_blocks: int
@@ -144,6 +152,7 @@ def estimate(
         ttft_s=ttft,
         tpot_s=tpot,
         stall_s=stall,
+        compute_s=compute,
         transfer_blocks=blocks,
         prefill_cached_blocks=p_cached,
         decode_cached_blocks=d_cached,
@@ -163,17 +172,21 @@ def objective(
     """Fills `est.objective` (lower is better) and `est.terms`, and returns it:
 
     ttft/ttft_slo + w.tpot * tpot/tpot_slo                    this request
-    + w.interference * running * (dTPOT + stall/S) / tpot_slo  D's running requests
+    + w.compute * prefill compute / ttft_slo                   later requests (pool throughput)
+    + w.interference * (running * dTPOT + stalled * stall/S) / tpot_slo   D's other requests
     + w.slo_penalty * (SLO overshoot of TTFT and TPOT)         a miss costs more than slowness
     + w.kv_pressure * (KV occupancy above the soft limit)      preemption risk on D
     """
     ttft_n, tpot_n = est.ttft_s / ttft_slo_s, est.tpot_s / tpot_slo_s
     before = decode.num_running + decode.queued_requests  # D's batch without this request
     slowdown = est.tpot_s - cost.decode_step_seconds(max(1, before))
-    harm = decode.num_running * (max(0.0, slowdown) + est.stall_s / w.stall_amortize_tokens)
+    # A local prefill pauses D's running decodes, and the requests queued behind it too.
+    amortize = max(1, min(w.stall_amortize_tokens, request.max_tokens))
+    harm = decode.num_running * max(0.0, slowdown) + before * est.stall_s / amortize
     terms = {
         "ttft": ttft_n,
         "tpot": w.tpot * tpot_n,
+        "compute": w.compute * est.compute_s / ttft_slo_s,
         "interference": w.interference * harm / tpot_slo_s,
         "slo_penalty": w.slo_penalty * (max(0.0, ttft_n - 1) + max(0.0, tpot_n - 1)),
     }

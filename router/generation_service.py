@@ -8,6 +8,7 @@ import time
 
 import grpc
 
+from pdserve.logging_setup import request_id_var
 from pdserve.pb import generate_pb2, generate_pb2_grpc
 from pdserve.tokenizer import Tokenizer
 from router.errors import Unauthenticated, status_for
@@ -24,8 +25,15 @@ _FINISH = {
 
 
 class GenerationService(generate_pb2_grpc.GenerationServicer):
-    def __init__(self, flow: RequestFlow, tokenizer: Tokenizer, limits: ModelLimits,
-                 info: dict, api_keys: list[str], observer=None) -> None:
+    def __init__(
+        self,
+        flow: RequestFlow,
+        tokenizer: Tokenizer,
+        limits: ModelLimits,
+        info: dict,
+        api_keys: list[str],
+        observer=None,
+    ) -> None:
         self._flow = flow
         self._tokenizer = tokenizer
         self._limits = limits
@@ -40,53 +48,72 @@ class GenerationService(generate_pb2_grpc.GenerationServicer):
         metadata = dict(context.invocation_metadata() or ())
         given = metadata.get("authorization", "").removeprefix("Bearer ").encode()
         if not any(hmac.compare_digest(given, key) for key in self._api_keys):
-            raise Unauthenticated("missing or invalid API key (metadata 'authorization: "
-                                  "Bearer <key>')")
+            raise Unauthenticated(
+                "missing or invalid API key (metadata 'authorization: Bearer <key>')"
+            )
 
     async def Generate(self, request, context):  # noqa: N802 (gRPC method name)
         received = time.perf_counter()
         try:
             self._check_api_key(context)
             request_id, prompt_ids, sampling = validate(
-                request, self._limits, lambda text: self._tokenizer.encode(text))
+                request, self._limits, lambda text: self._tokenizer.encode(text)
+            )
         except Exception as exc:
             await context.abort(*status_for(exc))
         metadata = dict(context.invocation_metadata() or ())
         progress = Progress(received=received, prompt_tokens=len(prompt_ids))
-        observation = (self._observer.start(request_id, metadata, progress)
-                       if self._observer else None)
+        # Every RPC runs in its own asyncio task (own context copy): the id needs no reset, and
+        # every log line of this request, here or in the request flow, carries it.
+        request_id_var.set(request_id)
+        observation = (
+            self._observer.start(request_id, metadata, progress) if self._observer else None
+        )
         trace_context = observation.trace_context if observation else _w3c(metadata)
-        finish_reason = None
+        finish_reason, error = None, None
         try:
-            async for batch in self._flow.run(request_id, prompt_ids, sampling, trace_context,
-                                              progress):
+            async for batch in self._flow.run(
+                request_id, prompt_ids, sampling, trace_context, progress
+            ):
                 now = time.perf_counter()
                 first = progress.first_token_at is None
                 if first:
                     progress.first_token_at = now
                 response = generate_pb2.GenerateResponse(
-                    request_id=request_id, token_ids=batch.token_ids, text=batch.text,
-                    logprobs=batch.logprobs if sampling.logprobs else [])
+                    request_id=request_id,
+                    token_ids=batch.token_ids,
+                    text=batch.text,
+                    logprobs=batch.logprobs if sampling.logprobs else [],
+                )
                 if observation:
                     observation.on_tokens(len(batch.token_ids), now)
                 if batch.finished:
                     finish_reason = batch.finish_reason
-                    response.finish_reason = _FINISH.get(finish_reason,
-                                                         generate_pb2.FINISH_REASON_STOP)
-                    response.usage.CopyFrom(generate_pb2.Usage(
-                        prompt_tokens=len(prompt_ids),
-                        completion_tokens=progress.completion_tokens,
-                        cached_prompt_tokens=progress.cached_tokens))
+                    response.finish_reason = _FINISH.get(
+                        finish_reason, generate_pb2.FINISH_REASON_STOP
+                    )
+                    response.usage.CopyFrom(
+                        generate_pb2.Usage(
+                            prompt_tokens=len(prompt_ids),
+                            completion_tokens=progress.completion_tokens,
+                            cached_prompt_tokens=progress.cached_tokens,
+                        )
+                    )
                 if first or batch.finished:
                     response.timings.CopyFrom(_timings(progress, now, batch.finished))
                 yield response
         except Exception as exc:
+            error = exc
+        except BaseException as exc:  # the client cancelled: nothing more to send
+            error = exc
+            raise
+        finally:
+            # Before any abort below: context.abort raises, and a cancel skips the rest.
             if observation:
-                observation.finish(None, exc)
-            log.warning("request %s failed: %s", request_id, exc)
-            await context.abort(*status_for(exc))
-        if observation:
-            observation.finish(finish_reason, None)
+                observation.finish(finish_reason, error)
+        if error is not None:
+            log.warning("request %s failed: %s", request_id, error)
+            await context.abort(*status_for(error))
 
     async def Tokenize(self, request, context):  # noqa: N802
         try:
@@ -94,8 +121,9 @@ class GenerationService(generate_pb2_grpc.GenerationServicer):
         except Unauthenticated as exc:
             await context.abort(*status_for(exc))
         if request.model and request.model != self._limits.name:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"model: unknown model {request.model!r}")
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"model: unknown model {request.model!r}"
+            )
         ids = self._tokenizer.encode(request.text, add_special_tokens=request.add_special_tokens)
         tokens = [self._tokenizer.id_to_token(i) or "" for i in ids]
         return generate_pb2.TokenizeResponse(token_ids=ids, tokens=tokens)
@@ -103,9 +131,14 @@ class GenerationService(generate_pb2_grpc.GenerationServicer):
     async def GetModelInfo(self, request, context):  # noqa: N802
         prefill, decode = self.worker_counts()
         return generate_pb2.ModelInfo(
-            name=self._limits.name, vocab_size=self._limits.vocab_size,
-            max_model_len=self._limits.max_model_len, eos_token_ids=self._limits.eos_token_ids,
-            prefill_workers=prefill, decode_workers=decode, **self._info)
+            name=self._limits.name,
+            vocab_size=self._limits.vocab_size,
+            max_model_len=self._limits.max_model_len,
+            eos_token_ids=self._limits.eos_token_ids,
+            prefill_workers=prefill,
+            decode_workers=decode,
+            **self._info,
+        )
 
 
 def _w3c(metadata: dict) -> dict[str, str]:
@@ -115,11 +148,14 @@ def _w3c(metadata: dict) -> dict[str, str]:
 def _timings(progress: Progress, now: float, last: bool) -> generate_pb2.Timings:
     ms = 1000.0
     timings = generate_pb2.Timings(
-        queue_ms=progress.queue_s * ms, prefill_ms=progress.prefill_s * ms,
+        queue_ms=progress.queue_s * ms,
+        prefill_ms=progress.prefill_s * ms,
         transfer_ms=progress.transfer_s * ms,
         ttft_ms=(progress.first_token_at - progress.received) * ms,
-        prefill_worker=progress.prefill_worker, decode_worker=progress.decode_worker,
-        disaggregated=progress.disaggregated)
+        prefill_worker=progress.prefill_worker,
+        decode_worker=progress.decode_worker,
+        disaggregated=progress.disaggregated,
+    )
     if last:
         timings.e2e_ms = (now - progress.received) * ms
     return timings

@@ -4,7 +4,9 @@
 estimates it (router/estimates.py), drops the ones that cannot be taken now (admission control)
 and picks one:
   cost         minimum objective; options within `tie_tolerance` of the best are ties, broken
-               by load, then in rotation
+               by the cached prefix (prefill side, then decode side), then by load, then in
+               rotation: with a cheap model a cached prefix saves less than the tolerance, but
+               reusing it still keeps the other workers' caches and time for other prefixes
   least_loaded the least loaded D, then the P with the shortest prompt queue (baseline)
   round_robin  D and P in rotation (baseline)
 `disaggregate`: auto = remote or local, whichever the policy prefers; always = remote (local only
@@ -157,8 +159,8 @@ class RoutingPolicy:
         if policy == "cost":
             best = min(o.objective for o in feasible)
             ties = [o for o in feasible if o.objective <= best + self.tie_tolerance]
-            least = min(o.load for o in ties)
-            ties = [o for o in ties if o.load == least]
+            first = min(map(self._tie_key, ties))
+            ties = [o for o in ties if self._tie_key(o) == first]
             return ties[next(self._turn) % len(ties)]
         by_decode: dict[str, list[Estimate]] = {}
         for o in feasible:
@@ -174,6 +176,10 @@ class RoutingPolicy:
         if not remote:
             return choices[0]  # the local option
         return remote[next(self._prefill_turn) % len(remote)]
+
+    @staticmethod
+    def _tie_key(o: Estimate) -> tuple[int, int, int]:
+        return (-o.prefill_cached_blocks, -o.decode_cached_blocks, o.load)
 
     @staticmethod
     def _prefill_load_key(o: Estimate, loads: dict[str, WorkerLoad]) -> tuple:

@@ -16,8 +16,11 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
+from opentelemetry.trace import Span
+
 from pdserve.engine.sampling_params import SamplingParams
 from pdserve.messages import PrefillResult, TokenBatch, WorkRequest
+from pdserve.telemetry import carrier_of
 from router.worker_pool import WorkerPool
 
 log = logging.getLogger(__name__)
@@ -64,54 +67,83 @@ RouteChooser = Callable[[list[int], int, set[str]], Route]
 
 
 class RequestFlow:
-    def __init__(self, pool: WorkerPool, choose_route: RouteChooser, max_retries: int,
-                 on_prefill_done: Callable[[Route, PrefillResult | TokenBatch], None] | None = None,
-                 ) -> None:
+    def __init__(
+        self,
+        pool: WorkerPool,
+        choose_route: RouteChooser,
+        max_retries: int,
+        on_prefill_done: Callable[[Route, PrefillResult | TokenBatch], None] | None = None,
+        block_size: int = 0,  # only to report cached blocks as tokens in traces
+    ) -> None:
         self._pool = pool
         self._choose_route = choose_route
         self._max_retries = max_retries
         self._on_prefill_done = on_prefill_done
+        self._block_size = block_size
 
-    async def run(self, request_id: str, prompt_ids: list[int], sampling: SamplingParams,
-                  trace_context: dict[str, str], progress: Progress) -> AsyncIterator[TokenBatch]:
-        """Yields the request's token batches, the last one finished."""
+    async def run(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        trace_context: dict[str, str],
+        progress: Progress,
+    ) -> AsyncIterator[TokenBatch]:
+        """Yields the request's token batches, the last one finished. `trace_context` is the
+        request's span; each attempt is a child span whose context the workers receive."""
+        from router import observability  # imports this module
+
         emitted: list[int] = []
         excluded: set[str] = set()
         last_error: Exception | None = None
         for attempt in range(self._max_retries + 1):
             progress.attempts = attempt + 1
             remaining = sampling.max_tokens - len(emitted)
+            work_id = f"{request_id}#{attempt}" if attempt else request_id
+            span = observability.start_attempt(trace_context, attempt + 1, work_id)
             work = WorkRequest(
-                request_id=f"{request_id}#{attempt}" if attempt else request_id,
+                request_id=work_id,
                 # A retry continues after what the client already has: those tokens join the
                 # prompt, which keeps greedy output identical to an uninterrupted run.
                 prompt_token_ids=prompt_ids + emitted,
                 sampling=dataclasses.replace(sampling, max_tokens=remaining),
-                trace_context=trace_context,
+                trace_context=carrier_of(span),
             )
-            route = self._choose_route(work.prompt_token_ids, remaining, excluded)
-            progress.route = route
+            outcome, error = "cancelled", None  # unless the attempt ends otherwise
             try:
-                async for batch in self._attempt(work, route, progress):
+                candidates = [w for w in self._pool.workers if w not in excluded]
+                with observability.routing_span(span, candidates, self._block_size) as record:
+                    route = self._choose_route(work.prompt_token_ids, remaining, excluded)
+                    record(route)
+                progress.route = route
+                async for batch in self._attempt(work, route, progress, span):
                     emitted += batch.token_ids
                     progress.completion_tokens = len(emitted)
                     yield batch
                     if batch.finished:
+                        outcome = "ok"
                         return
                 raise NoWorkerAvailable("worker stream ended without finishing")
-            except (NoWorkerAvailable, Overloaded):
+            except (NoWorkerAvailable, Overloaded) as exc:
+                outcome = "rejected" if isinstance(exc, Overloaded) else "unavailable"
+                error = exc
                 raise
             except Exception as exc:  # a worker or transfer failed: try elsewhere
-                last_error = exc
+                outcome, error, last_error = "failed", exc, exc
                 failed = getattr(exc, "worker_id", None) or route.decode_worker
                 excluded.add(failed)
-                log.warning("request %s attempt %d failed on %s: %s", request_id, attempt + 1,
-                            failed, exc)
-        raise NoWorkerAvailable(f"request failed after {self._max_retries + 1} attempts: "
-                                f"{last_error}")
+                log.warning(
+                    "request %s attempt %d failed on %s: %s", request_id, attempt + 1, failed, exc
+                )
+            finally:
+                observability.end_attempt(span, outcome, error)
+        raise NoWorkerAvailable(
+            f"request failed after {self._max_retries + 1} attempts: {last_error}"
+        )
 
-    async def _attempt(self, work: WorkRequest, route: Route,
-                       progress: Progress) -> AsyncIterator[TokenBatch]:
+    async def _attempt(
+        self, work: WorkRequest, route: Route, progress: Progress, span: Span
+    ) -> AsyncIterator[TokenBatch]:
         decode = self._pool.workers[route.decode_worker]
         prefill = self._pool.workers[route.prefill_worker] if route.prefill_worker else None
         prompt_tokens = len(work.prompt_token_ids)
@@ -124,7 +156,7 @@ class RequestFlow:
             if prefill is None:
                 stream = self._local(work, route, progress)
             else:
-                stream = self._disaggregated(work, route, progress)
+                stream = self._disaggregated(work, route, progress, span)
             async for batch in stream:
                 yield batch
         finally:
@@ -134,8 +166,9 @@ class RequestFlow:
             # Idempotent on both sides; shielded so a client cancel cannot skip it.
             await asyncio.shield(self._abort_everywhere(work.request_id, route))
 
-    async def _local(self, work: WorkRequest, route: Route,
-                     progress: Progress) -> AsyncIterator[TokenBatch]:
+    async def _local(
+        self, work: WorkRequest, route: Route, progress: Progress
+    ) -> AsyncIterator[TokenBatch]:
         decode = self._pool.workers[route.decode_worker].actor
         progress.prefill_worker = progress.decode_worker = route.decode_worker
         progress.disaggregated = False
@@ -150,15 +183,24 @@ class RequestFlow:
             first = False
             yield batch
 
-    async def _disaggregated(self, work: WorkRequest, route: Route,
-                             progress: Progress) -> AsyncIterator[TokenBatch]:
+    async def _disaggregated(
+        self, work: WorkRequest, route: Route, progress: Progress, span: Span
+    ) -> AsyncIterator[TokenBatch]:
+        from router import observability
+
         decode = self._pool.workers[route.decode_worker].actor
         prefill = self._pool.workers[route.prefill_worker].actor
         reservation = await _call(route.decode_worker, decode.reserve.remote(work))
         if reservation is None:
             raise _WorkerFailed(route.decode_worker, "no free KV blocks for the reservation")
-        result: PrefillResult = await _call(route.prefill_worker,
-                                            prefill.prefill.remote(work, reservation))
+        try:
+            result: PrefillResult = await _call(
+                route.prefill_worker, prefill.prefill.remote(work, reservation)
+            )
+        except _WorkerFailed as exc:
+            observability.transfer_failed(exc)
+            raise
+        observability.transfer_done(span, result)
         progress.prefill_worker, progress.decode_worker = route.prefill_worker, route.decode_worker
         progress.disaggregated = True
         progress.cached_tokens = result.num_cached_tokens
@@ -167,11 +209,15 @@ class RequestFlow:
         if self._on_prefill_done:
             self._on_prefill_done(route, result)
         yield TokenBatch(
-            request_id=work.request_id, token_ids=[result.first_token_id],
+            request_id=work.request_id,
+            token_ids=[result.first_token_id],
             logprobs=[] if result.first_logprob is None else [result.first_logprob],
-            text=result.text, finished=result.finished, finish_reason=result.finish_reason,
+            text=result.text,
+            finished=result.finished,
+            finish_reason=result.finish_reason,
             num_prompt_tokens=result.num_prompt_tokens,
-            num_cached_tokens=result.num_cached_tokens)
+            num_cached_tokens=result.num_cached_tokens,
+        )
         if result.finished:
             return
         async for batch in _stream(route.decode_worker, decode.stream.remote(work.request_id)):

@@ -1,20 +1,22 @@
 """Chooses where each attempt of a request runs: gathers the inputs, router/policy.py decides.
 
 Inputs are the workers' latest stats (polled by the WorkerPool), the router's own in-flight
-counts (fresher than any poll), and each worker's cached prefix from the Redis index (one round
-trip; empty when Redis is down, and the policy then routes on load alone).
+counts (fresher than any poll), and each worker's cached prefix: from the Redis index (one round
+trip; empty when Redis is down) merged with the prefixes the router itself sent each worker in
+the last seconds (router/recent_prefixes.py), which the index cannot show until computed.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pdserve.block_hash import prompt_block_hashes
 from pdserve.messages import PrefillResult, TokenBatch
 from router.estimates import RoutingRequest, WorkerLoad
 from router.policy import RoutingDecision, RoutingPolicy
 from router.prefix_index import PrefixIndex
+from router.recent_prefixes import RecentPrefixes, merge
 from router.request_flow import NoWorkerAvailable, Overloaded, Route
 from router.worker_pool import Worker, WorkerPool
 
@@ -28,38 +30,63 @@ class Routing:
     block_size: int
     index: PrefixIndex | None = None
 
+    recent: RecentPrefixes = field(default_factory=RecentPrefixes)
+
     def __post_init__(self) -> None:
         self.pool.stats_listeners.append(self._learn_from_stats)
         self.last_decision: RoutingDecision | None = None
+        # Prompt tokens each worker must still compute for requests routed since its last stats
+        # poll: only the uncached part, so a cache hit does not make its holder look busy.
+        self._routed_tokens: dict[str, int] = {}
 
     def pending(self) -> int:
         return sum(w.inflight for w in self.pool.of_role("decode", healthy_only=False))
 
     def choose(self, prompt_ids: list[int], max_tokens: int, exclude: set[str]) -> Route:
         hashes = prompt_block_hashes(prompt_ids, self.block_size)
-        cached = self.index.lookup(hashes) if self.index is not None and hashes else {}
-        prefill = [self._load(w) for w in self.pool.of_role("prefill", healthy_only=False)
-                   if w.worker_id not in exclude]
-        decode = [self._load(w) for w in self.pool.of_role("decode", healthy_only=False)
-                  if w.worker_id not in exclude]
-        bytes_per_block = next((w.stats.bytes_per_block for w in self.pool.workers.values()
-                                if w.stats), 0)
-        request = RoutingRequest(prompt_tokens=len(prompt_ids), max_tokens=max_tokens,
-                                 block_size=self.block_size, bytes_per_block=bytes_per_block)
-        decision = self.policy.decide(request, prefill, decode, cached_blocks=cached,
-                                      pending_requests=self.pending())
+        indexed = self.index.lookup(hashes) if self.index is not None and hashes else {}
+        cached = merge(indexed, self.recent.lookup(hashes, list(self.pool.workers)))
+        prefill = [
+            self._load(w)
+            for w in self.pool.of_role("prefill", healthy_only=False)
+            if w.worker_id not in exclude
+        ]
+        decode = [
+            self._load(w)
+            for w in self.pool.of_role("decode", healthy_only=False)
+            if w.worker_id not in exclude
+        ]
+        bytes_per_block = next(
+            (w.stats.bytes_per_block for w in self.pool.workers.values() if w.stats), 0
+        )
+        request = RoutingRequest(
+            prompt_tokens=len(prompt_ids),
+            max_tokens=max_tokens,
+            block_size=self.block_size,
+            bytes_per_block=bytes_per_block,
+        )
+        decision = self.policy.decide(
+            request, prefill, decode, cached_blocks=cached, pending_requests=self.pending()
+        )
         self.last_decision = decision
         if decision.status == "resource_exhausted":
             raise Overloaded(decision.reason)
         if decision.status != "ok":
             raise NoWorkerAvailable(decision.reason)
-        estimates = {"chosen": decision.reason, "cached_blocks": cached,
-                     "cached_tokens": decision.cached_tokens,
-                     "decode_cached_tokens": decision.decode_cached_tokens}
+        self._remember(decision, request, hashes)
+        estimates = {
+            "chosen": decision.reason,
+            "cached_blocks": cached,
+            "cached_tokens": decision.cached_tokens,
+            "decode_cached_tokens": decision.decode_cached_tokens,
+        }
         if decision.chosen is not None:
             estimates["estimate"] = decision.chosen
-        return Route(decode_worker=decision.decode_worker,
-                     prefill_worker=decision.prefill_worker, estimates=estimates)
+        return Route(
+            decode_worker=decision.decode_worker,
+            prefill_worker=decision.prefill_worker,
+            estimates=estimates,
+        )
 
     def on_prefill_done(self, route: Route, result: PrefillResult | TokenBatch) -> None:
         """Records prefix reuse (hit and miss tokens) of the worker that computed the prompt."""
@@ -69,12 +96,31 @@ class Routing:
         hit = result.num_cached_tokens
         self.index.record_reuse(worker, hit, max(0, result.num_prompt_tokens - hit))
 
+    def _remember(
+        self, decision: RoutingDecision, request: RoutingRequest, hashes: list[int]
+    ) -> None:
+        """What the chosen workers will hold and compute, before any poll or index shows it."""
+        prefiller = decision.prefill_worker or decision.decode_worker
+        uncached = request.uncached_tokens(decision.chosen.prefill_cached_blocks)
+        self._routed_tokens[prefiller] = self._routed_tokens.get(prefiller, 0) + uncached
+        # The prefilling worker caches the prompt's full blocks, and a decode worker receiving
+        # them caches them on commit.
+        self.recent.add(prefiller, hashes)
+        if decision.prefill_worker:
+            self.recent.add(decision.decode_worker, hashes)
+
     def _load(self, worker: Worker) -> WorkerLoad:
         if worker.stats is None:
             return WorkerLoad(worker.worker_id, healthy=False)
-        return WorkerLoad.from_stats(worker.stats, healthy=worker.healthy,
-                                     inflight=worker.routed_since_poll,
-                                     inflight_prompt_tokens=worker.routed_tokens_since_poll)
+        return WorkerLoad.from_stats(
+            worker.stats,
+            healthy=worker.healthy,
+            inflight=worker.routed_since_poll,
+            inflight_prompt_tokens=self._routed_tokens.get(worker.worker_id, 0),
+        )
 
     def _learn_from_stats(self, worker: Worker, previous, stats) -> None:
+        self._routed_tokens[worker.worker_id] = 0  # the new snapshot's queue includes them
+        if previous is not None and previous.epoch != stats.epoch:
+            self.recent.forget(worker.worker_id)
         self.policy.cost.observe_stats(stats)

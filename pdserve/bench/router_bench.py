@@ -31,8 +31,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="small", choices=["tiny", "small"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--max-num-batched-tokens", type=int, default=512,
-                   help="token budget per engine step (the prefill chunk size)")
+    p.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=512,
+        help="token budget per engine step (the prefill chunk size)",
+    )
     gsp = p.add_argument_group("shared-prefix workload")
     gsp.add_argument("--groups", type=int, default=8)
     gsp.add_argument("--prompts-per-group", type=int, default=6)
@@ -103,12 +107,14 @@ def run(args: argparse.Namespace) -> int:
     model_dir = Path(args.model) if args.model else _builtin(args.preset)
     model_config = json.loads((model_dir / "config.json").read_text())
     workloads = _workloads(args, model_config)
-    console = Console()
+    console = Console(width=150)
     for name, (requests, rate) in workloads.items():
         prompts = [r.prompt for r in requests]
-        console.print(f"{name}: {len(requests)} requests at {rate:g}/s, "
-                      f"{sum(r.prompt_len for r in requests)} prompt tokens, minimum computed "
-                      f"{minimum_prefill_tokens(prompts, args.block_size)}")
+        console.print(
+            f"{name}: {len(requests)} requests at {rate:g}/s, "
+            f"{sum(r.prompt_len for r in requests)} prompt tokens, minimum computed "
+            f"{minimum_prefill_tokens(prompts, args.block_size)}"
+        )
     results: dict[str, dict[str, WorkloadResult]] = {}
     for policy in POLICIES:
         console.print(f"[bold]{policy}[/bold]: starting the system")
@@ -123,9 +129,14 @@ def run(args: argparse.Namespace) -> int:
                 console.print(f"  {name}: {_line(result)}")
     console.print(_table(results, workloads))
     if args.json:
-        document = {policy: {name: dataclasses.asdict(r) | {
-            "computed_vs_minimum": r.computed_vs_minimum, "hit_rate": r.hit_rate}
-            for name, r in by_workload.items()} for policy, by_workload in results.items()}
+        document = {
+            policy: {
+                name: dataclasses.asdict(r)
+                | {"computed_vs_minimum": r.computed_vs_minimum, "hit_rate": r.hit_rate}
+                for name, r in by_workload.items()
+            }
+            for policy, by_workload in results.items()
+        }
         Path(args.json).write_text(json.dumps(document, indent=2) + "\n")
     failed = sum(r.failed for by in results.values() for r in by.values())
     return 1 if failed else 0
@@ -136,22 +147,29 @@ def _workloads(args: argparse.Namespace, model_config: dict) -> dict[str, tuple[
 
     vocab, eos = model_config["vocab_size"], _eos_ids(model_config)
     gsp = DatasetConfig(
-        name="shared-prefix", gsp_num_groups=args.groups,
+        name="shared-prefix",
+        gsp_num_groups=args.groups,
         gsp_prompts_per_group=args.prompts_per_group,
-        gsp_system_prompt_len=args.system_prompt_len, gsp_question_len=args.question_len,
-        gsp_output_len=args.gsp_output_len)
+        gsp_system_prompt_len=args.system_prompt_len,
+        gsp_question_len=args.question_len,
+        gsp_output_len=args.gsp_output_len,
+    )
     mixed = DatasetConfig(
-        name="mixed", mixed_long_fraction=args.mixed_long_fraction,
+        name="mixed",
+        mixed_long_fraction=args.mixed_long_fraction,
         mixed_long_input_len=args.mixed_long_input_len,
         mixed_long_output_len=args.mixed_long_output_len,
         mixed_short_input_len=args.mixed_short_input_len,
-        mixed_short_output_len=args.mixed_short_output_len)
+        mixed_short_output_len=args.mixed_short_output_len,
+    )
     num_gsp = args.groups * args.prompts_per_group
     return {
         "shared-prefix": (generate_requests(gsp, num_gsp, args.seed, vocab, eos), args.gsp_rate),
         # Another seed: the mixed prompts share nothing with the shared-prefix ones.
-        "mixed": (generate_requests(mixed, args.mixed_requests, args.seed + 1, vocab, eos),
-                  args.mixed_rate),
+        "mixed": (
+            generate_requests(mixed, args.mixed_requests, args.seed + 1, vocab, eos),
+            args.mixed_rate,
+        ),
     }
 
 
@@ -159,13 +177,20 @@ def _serve(policy: str, model_dir: Path, args: argparse.Namespace):
     from pdserve.config import EngineConfig, KVTransferConfig, RouterConfig, ServeConfig
     from router.app import BackgroundApp
 
-    engine = EngineConfig(model=str(model_dir), num_threads=1, block_size=args.block_size,
-                          max_num_batched_tokens=args.max_num_batched_tokens)
+    engine = EngineConfig(
+        model=str(model_dir),
+        num_threads=1,
+        block_size=args.block_size,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+    )
     config = ServeConfig(
         engine=engine,
         kv=KVTransferConfig(bind_host="127.0.0.1", advertise_host="127.0.0.1"),
         router=RouterConfig(host="127.0.0.1", port=0, policy=policy),
-        prefill_workers=2, decode_workers=2, pin_cpus=True)
+        prefill_workers=2,
+        decode_workers=2,
+        pin_cpus=True,
+    )
     return BackgroundApp(config)
 
 
@@ -176,8 +201,9 @@ def _warm_up(app, model_config: dict, args: argparse.Namespace) -> None:
     from pdserve.bench.load_generator import run_load
 
     warm = DatasetConfig(name="random", random_input_len=128, random_output_len=4)
-    requests = generate_requests(warm, 8, args.seed + 2, model_config["vocab_size"],
-                                 _eos_ids(model_config))
+    requests = generate_requests(
+        warm, 8, args.seed + 2, model_config["vocab_size"], _eos_ids(model_config)
+    )
     asyncio.run(run_load(f"127.0.0.1:{app.port}", requests, max_concurrency=2))
     _wait_idle(app)
 
@@ -187,8 +213,9 @@ def _measure(app, requests: list, rate: float, args: argparse.Namespace) -> Work
     from pdserve.bench.metrics import run_duration, summarize
 
     before = _prefill_tokens(app)
-    records = asyncio.run(run_load(f"127.0.0.1:{app.port}", requests, request_rate=rate,
-                                   seed=args.seed))
+    records = asyncio.run(
+        run_load(f"127.0.0.1:{app.port}", requests, request_rate=rate, seed=args.seed)
+    )
     _wait_idle(app)
     computed = _prefill_tokens(app) - before
     summary = summarize(records, run_duration(records) or 1e-9)
@@ -197,13 +224,17 @@ def _measure(app, requests: list, rate: float, args: argparse.Namespace) -> Work
         worker = record.server_timings.get("prefill_worker", "") or "?"
         routes[worker] = routes.get(worker, 0) + 1
     return WorkloadResult(
-        completed=summary.completed, failed=summary.failed,
+        completed=summary.completed,
+        failed=summary.failed,
         prompt_tokens=sum(r.prompt_len for r in records),
         computed_tokens=computed,
         minimum_tokens=minimum_prefill_tokens([r.prompt for r in requests], args.block_size),
         cached_tokens=sum(r.cached_prompt_tokens for r in records if r.ok),
-        ttft_p50_ms=summary.ttft.p50, ttft_p99_ms=summary.ttft.p99,
-        tpot_p99_ms=summary.tpot.p99, routes=dict(sorted(routes.items())))
+        ttft_p50_ms=summary.ttft.p50,
+        ttft_p99_ms=summary.ttft.p99,
+        tpot_p99_ms=summary.tpot.p99,
+        routes=dict(sorted(routes.items())),
+    )
 
 
 def _prefill_tokens(app) -> int:
@@ -220,38 +251,63 @@ def _wait_idle(app, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         stats = ray.get([w.actor.stats.remote() for w in app.app.pool.workers.values()])
-        if not any(s.num_waiting or s.num_running or s.num_reserved or s.num_held
-                   for s in stats):
+        if not any(s.num_waiting or s.num_running or s.num_reserved or s.num_held for s in stats):
             return
         time.sleep(0.2)
 
 
 def _line(r: WorkloadResult) -> str:
-    return (f"computed {r.computed_tokens} tokens ({r.computed_vs_minimum:.2f}x minimum), "
-            f"hit rate {r.hit_rate:.0%}, TTFT p50 {r.ttft_p50_ms:.0f} ms p99 "
-            f"{r.ttft_p99_ms:.0f} ms, TPOT p99 {r.tpot_p99_ms:.0f} ms, failed {r.failed}, "
-            f"prefills {r.routes}")
+    return (
+        f"computed {r.computed_tokens} tokens ({r.computed_vs_minimum:.2f}x minimum), "
+        f"hit rate {r.hit_rate:.0%}, TTFT p50 {r.ttft_p50_ms:.0f} ms p99 "
+        f"{r.ttft_p99_ms:.0f} ms, TPOT p99 {r.tpot_p99_ms:.0f} ms, failed {r.failed}, "
+        f"prefills {r.routes}"
+    )
 
 
 def _table(results: dict[str, dict[str, WorkloadResult]], workloads: dict[str, Any]):
     from rich.table import Table
 
     table = Table(title="Routing policy vs round-robin (ratios: cost / round_robin)")
-    columns = ("workload", "policy", "prefill computed", "vs minimum", "hit rate",
-               "TTFT p50 ms", "TTFT p99 ms", "TPOT p99 ms", "failed")
+    columns = (
+        "workload",
+        "policy",
+        "prefill computed",
+        "vs minimum",
+        "hit rate",
+        "TTFT p50 ms",
+        "TTFT p99 ms",
+        "TPOT p99 ms",
+        "failed",
+    )
     for column in columns:
         table.add_column(column, justify="left" if column in columns[:2] else "right")
     for name in workloads:
         for policy in POLICIES:
             r = results[policy][name]
-            table.add_row(name, policy, str(r.computed_tokens), f"{r.computed_vs_minimum:.2f}x",
-                          f"{r.hit_rate:.0%}", f"{r.ttft_p50_ms:.0f}", f"{r.ttft_p99_ms:.0f}",
-                          f"{r.tpot_p99_ms:.0f}", str(r.failed))
+            table.add_row(
+                name,
+                policy,
+                str(r.computed_tokens),
+                f"{r.computed_vs_minimum:.2f}x",
+                f"{r.hit_rate:.0%}",
+                f"{r.ttft_p50_ms:.0f}",
+                f"{r.ttft_p99_ms:.0f}",
+                f"{r.tpot_p99_ms:.0f}",
+                str(r.failed),
+            )
         c, b = results["cost"][name], results["round_robin"][name]
-        table.add_row(name, "ratio", _ratio(c.computed_tokens, b.computed_tokens), "",
-                      _ratio(c.hit_rate, b.hit_rate), _ratio(c.ttft_p50_ms, b.ttft_p50_ms),
-                      _ratio(c.ttft_p99_ms, b.ttft_p99_ms), _ratio(c.tpot_p99_ms, b.tpot_p99_ms),
-                      "")
+        table.add_row(
+            name,
+            "ratio",
+            _ratio(c.computed_tokens, b.computed_tokens),
+            "",
+            _ratio(c.hit_rate, b.hit_rate),
+            _ratio(c.ttft_p50_ms, b.ttft_p50_ms),
+            _ratio(c.ttft_p99_ms, b.ttft_p99_ms),
+            _ratio(c.tpot_p99_ms, b.tpot_p99_ms),
+            "",
+        )
         table.add_section()
     return table
 

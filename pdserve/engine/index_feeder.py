@@ -34,11 +34,19 @@ def heartbeat_ttl_from_env(default: float = 10.0) -> float:
 
 
 class IndexFeeder:
-    def __init__(self, redis_url: str, worker_id: str, epoch: int, model: str, block_size: int,
-                 heartbeat_ttl_s: float | None = None) -> None:
+    def __init__(
+        self,
+        redis_url: str,
+        worker_id: str,
+        epoch: int,
+        model: str,
+        block_size: int,
+        heartbeat_ttl_s: float | None = None,
+    ) -> None:
         heartbeat_ttl_s = heartbeat_ttl_s or heartbeat_ttl_from_env()
-        self.publisher = PrefixIndexPublisher(redis_url, worker_id, model, block_size,
-                                              heartbeat_ttl_s=heartbeat_ttl_s)
+        self.publisher = PrefixIndexPublisher(
+            redis_url, worker_id, model, block_size, heartbeat_ttl_s=heartbeat_ttl_s
+        )
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._stopped = threading.Event()
         self._heartbeat_s = heartbeat_ttl_s / 3

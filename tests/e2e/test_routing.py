@@ -79,8 +79,9 @@ def group_prompts(rng: random.Random, num_groups: int, per_group: int) -> list[l
 
 def holders(served, prompt: list[int]) -> dict[str, int]:
     """Live workers holding the prompt's system prompt, and how many of its blocks."""
-    return served.app.routing.index.lookup(prompt_block_hashes(prompt[:SYSTEM_LEN],
-                                                               ENGINE.block_size))
+    return served.app.routing.index.lookup(
+        prompt_block_hashes(prompt[:SYSTEM_LEN], ENGINE.block_size)
+    )
 
 
 def test_requests_go_to_the_prefill_worker_holding_their_prefix(served, stub):
@@ -90,8 +91,7 @@ def test_requests_go_to_the_prefill_worker_holding_their_prefix(served, stub):
     for g, prompts in enumerate(groups):  # one warm-up request per group, nothing cached yet
         outputs[g, 0], responses = collect(stub, request(prompts[0], 4))
         holder[g] = responses[-1].timings.prefill_worker
-        assert eventually(lambda g=g: holders(served, groups[g][0]).get(holder[g])
-                          == SYSTEM_BLOCKS)
+        assert eventually(lambda g=g: holders(served, groups[g][0]).get(holder[g]) == SYSTEM_BLOCKS)
     # Equal, idle workers share the cold groups; cached ones then pull their group back.
     assert set(holder.values()) == {"prefill-0", "prefill-1"}
     for i in range(1, 4):
@@ -164,8 +164,9 @@ def test_killed_prefill_worker_entries_expire(served, stub):
 
     # Gone for good (last test of the module): nothing unregisters it, its heartbeat expires.
     ray.kill(victim.actor, no_restart=True)
-    assert eventually(lambda: victim.worker_id not in holders(served, prompts[0]),
-                      timeout_s=3 * HEARTBEAT_TTL_S)
+    assert eventually(
+        lambda: victim.worker_id not in holders(served, prompts[0]), timeout_s=3 * HEARTBEAT_TTL_S
+    )
     assert victim.worker_id not in served.app.routing.index.live_workers()
     results = run_concurrently(stub, prompts[1:], [5] * (len(prompts) - 1))
     assert [t for t, _ in results] == expected[1:]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing as mp
+import os
 import time
 
 import grpc
@@ -109,40 +110,45 @@ def test_wrong_secret_cannot_connect(coll_receiver, coll_config):
     sender.close()
 
 
-def _die_mid_transfer(endpoint: str, secret: str, transfer_id: str) -> None:
-    """Child process: joins the pair, announces a chunk, then dies without sending it."""
+def _die_mid_transfer(endpoint: str, secret: str, conn) -> None:
+    """Child process: joins the pair, announces a chunk of the transfer it is sent, then dies
+    without sending the payload."""
     from kv_transfer.collective_group import form_group, open_store
     from kv_transfer.grpc_common import SECRET_METADATA_KEY
 
     metadata = ((SECRET_METADATA_KEY, secret),)
     stub = ControlStub.dial(endpoint)
     reply = stub.connect(pb.ConnectRequest(backend="gloo"), metadata=metadata)
-    store = open_store(reply.store_host, reply.store_port, 10)
-    form_group(store, reply.pair_id, 1, "gloo", "127.0.0.1", 10)
+    store = open_store(reply.store_host, reply.store_port, 30)
+    group = form_group(store, reply.pair_id, 1, "gloo", "127.0.0.1", 30)  # noqa: F841 (kept open)
+    conn.send("joined")  # slow start-up (imports) is over: the parent opens the transfer now
+    transfer_id = conn.recv()
     chunk = make_cache(1)[0:1, :, SRC]
     header = pb.ChunkHeader(
         transfer_id=transfer_id, layer_start=0, layer_end=1, num_layers=NUM_LAYERS,
         dtype="float32", shape=list(chunk.shape), checksum=1, pair_id=reply.pair_id,
     )  # fmt: skip
     stub.prepare(header, metadata=metadata)
-    import os
-
+    conn.send("announced")
     os._exit(1)
 
 
 def test_dead_sender_cannot_hold_the_receiver_past_the_deadline(coll_receiver, coll_config, sink):
-    # Generous deadline: a spawned child needs seconds just to import torch on a loaded box.
-    # Gloo reports the closed socket at once, so this normally ends long before the deadline.
-    tid = coll_receiver.open(DEST, deadline_s=15.0)
-    opened = time.monotonic()
-    child = mp.get_context("spawn").Process(
-        target=_die_mid_transfer, args=(coll_receiver.endpoint, coll_config.secret, tid)
+    ctx = mp.get_context("spawn")
+    parent, child_end = ctx.Pipe()
+    child = ctx.Process(
+        target=_die_mid_transfer, args=(coll_receiver.endpoint, coll_config.secret, child_end)
     )
     child.start()
+    assert parent.poll(60) and parent.recv() == "joined"
+    tid = coll_receiver.open(DEST, deadline_s=2.0)
+    opened = time.monotonic()
+    parent.send(tid)
+    assert parent.poll(30) and parent.recv() == "announced"  # the receive is posted
     child.join(timeout=30)
     assert child.exitcode == 1
-    assert sink.changed.wait(timeout=20)  # Gloo sees the closed socket, else the deadline fires
-    assert sink.expired == [tid] and time.monotonic() - opened < 15.0 + 2.0
+    assert sink.changed.wait(timeout=10)
+    assert sink.expired == [tid] and time.monotonic() - opened < 2.0 + 1.5
     assert coll_receiver.open_transfer_ids() == []
     # The receiver still serves a healthy sender (a fresh pair is formed).
     sender = CollectiveKVSender(coll_config)

@@ -97,6 +97,35 @@ def test_ties_are_broken_by_load() -> None:
     assert picks == {"p1"}
 
 
+def test_a_cached_prefix_breaks_a_tie_before_load() -> None:
+    # A cheap model: the cached 48 blocks save ~1 ms, within the tie tolerance. The holder is
+    # still preferred, even a little busier, so the other worker does not compute it again.
+    cost = CostModel()
+    for _ in range(50):
+        cost.observe_prefill(1024, 0.001)
+    prefill = [worker("p0", num_running=1), worker("p1")]
+    decision = RoutingPolicy(RouterConfig(disaggregate="always"), cost).decide(
+        LONG, prefill, [worker("d0", num_running=32)], cached_blocks={"p0": 48}
+    )
+    assert decision.prefill_worker == "p0"
+
+
+def test_holder_of_the_prefix_beats_an_idle_worker_that_would_recompute_it() -> None:
+    # ~1 ms per token: p0 holds 48 of 64 blocks but has 900 tokens queued; p1 is idle. p0 is a
+    # little slower to the first token, but p1 would spend 4x the compute on the same prompt.
+    cost = CostModel()
+    for tokens in (256, 512, 1024):
+        for _ in range(20):
+            cost.observe_prefill(tokens, 0.001 * tokens)
+    prefill = [worker("p0", waiting_prompt_tokens=900, num_waiting=1), worker("p1")]
+    decision = RoutingPolicy(RouterConfig(), cost).decide(
+        LONG, prefill, [worker("d0", num_running=32)], cached_blocks={"p0": 48}
+    )
+    assert decision.prefill_worker == "p0"
+    chosen, idle = decision.chosen, decision.estimates["p1->d0"]
+    assert chosen.ttft_s > idle.ttft_s and chosen.compute_s < idle.compute_s
+
+
 def test_identical_workers_share_the_load() -> None:
     pol = policy()
     prefill = [worker("p0"), worker("p1")]
