@@ -16,8 +16,13 @@ import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
+from opentelemetry import trace
+from opentelemetry.trace import Link, SpanKind
+
 from pdserve.config import EngineConfig, KVTransferConfig
+from pdserve.logging_setup import bind_request_id
 from pdserve.messages import KVReservation, TokenBatch, WorkerStats, WorkRequest
+from pdserve.telemetry import extract_context, get_tracer, inject_context, span_from_carrier
 
 if TYPE_CHECKING:  # torch; imported on the worker only, so the router can import this module
     from pdserve.engine.worker_runtime import WorkerRuntime
@@ -31,8 +36,13 @@ TRACE_CONTEXTS_KEPT = 1024
 
 
 class DecodeWorker:
-    def __init__(self, worker_id: str, engine_config: EngineConfig, kv_config: KVTransferConfig,
-                 redis_url: str | None = None) -> None:
+    def __init__(
+        self,
+        worker_id: str,
+        engine_config: EngineConfig,
+        kv_config: KVTransferConfig,
+        redis_url: str | None = None,
+    ) -> None:
         self.worker_id = worker_id
         self._engine_config = engine_config
         self._kv_config = kv_config
@@ -44,6 +54,9 @@ class DecodeWorker:
         self._transfer_of_request: dict[str, str] = {}
         self._streams: dict[str, asyncio.Queue] = {}
         self._trace_contexts: dict[str, dict[str, dict[str, str]]] = {}  # oldest first
+        # transfer_id -> (reserve time in ns, blocks to receive, the reserve span's context):
+        # what the kv_receive span needs when the commit arrives.
+        self._opened: dict[str, tuple[int, int, trace.SpanContext]] = {}
         self._start_lock = asyncio.Lock()
 
     async def _started(self) -> WorkerRuntime:
@@ -56,42 +69,68 @@ class DecodeWorker:
                 from pdserve.engine.worker_runtime import WorkerRuntime
 
                 self._aloop = asyncio.get_running_loop()
-                self._runtime = WorkerRuntime(self.worker_id, "decode", self._engine_config,
-                                              self._redis_url)
-                self._receiver = make_receiver(self._kv_config, self,
-                                               KVLayout.of(self._runtime.engine.kv_cache))
+                self._runtime = WorkerRuntime(
+                    self.worker_id, "decode", self._engine_config, self._redis_url
+                )
+                self._receiver = make_receiver(
+                    self._kv_config, self, KVLayout.of(self._runtime.engine.kv_cache)
+                )
                 self._endpoint = self._receiver.start()
         return self._runtime
 
     async def ready(self) -> dict:
         runtime = await self._started()
-        return {"worker_id": self.worker_id, "epoch": runtime.epoch, "kv_endpoint": self._endpoint}
+        return {
+            "worker_id": self.worker_id,
+            "epoch": runtime.epoch,
+            "kv_endpoint": self._endpoint,
+            "metrics_port": runtime.metrics_port,
+        }
 
     # ---- router-facing ---------------------------------------------------------------------
-    async def reserve(self, request: WorkRequest,
-                      reservation_timeout_s: float | None = None) -> KVReservation | None:
+    async def reserve(
+        self, request: WorkRequest, reservation_timeout_s: float | None = None
+    ) -> KVReservation | None:
         """Allocates the prompt's blocks and opens a transfer; None when there is no room now.
 
         The reservation is freed if no commit arrives within the timeout (default: config).
         """
         runtime = await self._started()
-        self._remember_trace(request.request_id, "ray", request.trace_context)
-        engine = runtime.engine
-        reservation = await runtime.loop.acall(
-            lambda: engine.reserve(request.request_id, request.prompt_token_ids,
-                                   request.sampling))
-        if reservation is None:
-            return None
-        self._streams[request.request_id] = runtime.loop.open_stream(request.request_id)
-        dest_blocks = [reservation.block_ids[i] for i in reservation.missing_block_indices]
-        timeout = reservation_timeout_s or self._kv_config.reservation_timeout_s
-        transfer_id = self._receiver.open(dest_blocks, timeout, request.trace_context)
-        self._request_of_transfer[transfer_id] = request.request_id
-        self._transfer_of_request[request.request_id] = transfer_id
+        rid = request.request_id
+        self._remember_trace(rid, "ray", request.trace_context)
+        attributes = {"pdserve.request_id": rid, "pdserve.worker_id": self.worker_id}
+        with (
+            bind_request_id(rid),
+            span_from_carrier("pdserve.decode.reserve", request.trace_context, attributes) as span,
+        ):
+            engine = runtime.engine
+            reservation = await runtime.loop.acall(
+                lambda: engine.reserve(rid, request.prompt_token_ids, request.sampling)
+            )
+            if reservation is None:
+                span.set_attribute("pdserve.outcome", "no_room")
+                return None
+            self._streams[rid] = runtime.loop.open_stream(rid)
+            dest_blocks = [reservation.block_ids[i] for i in reservation.missing_block_indices]
+            timeout = reservation_timeout_s or self._kv_config.reservation_timeout_s
+            transfer_id = self._receiver.open(dest_blocks, timeout, inject_context())
+            self._request_of_transfer[transfer_id] = rid
+            self._transfer_of_request[rid] = transfer_id
+            self._opened[transfer_id] = (time.time_ns(), len(dest_blocks), span.get_span_context())
+            span.set_attributes(
+                {
+                    "pdserve.outcome": "ok",
+                    "pdserve.cached_tokens": reservation.num_cached_tokens,
+                    "pdserve.kv.blocks": len(dest_blocks),
+                }
+            )
         return KVReservation(
-            decode_worker=self.worker_id, transfer_id=transfer_id, endpoint=self._endpoint,
+            decode_worker=self.worker_id,
+            transfer_id=transfer_id,
+            endpoint=self._endpoint,
             missing_block_indices=list(reservation.missing_block_indices),
-            num_cached_tokens=reservation.num_cached_tokens, deadline=time.time() + timeout,
+            num_cached_tokens=reservation.num_cached_tokens,
+            deadline=time.time() + timeout,
             transport=self._kv_config.transport,
             transport_info=getattr(self._receiver, "transport_info", lambda: {})(),
         )
@@ -99,10 +138,21 @@ class DecodeWorker:
     async def generate(self, request: WorkRequest) -> None:
         """Local path: prefill and decode here. Tokens come out of stream()."""
         runtime = await self._started()
-        self._remember_trace(request.request_id, "ray", request.trace_context)
-        self._streams[request.request_id] = runtime.loop.open_stream(request.request_id)
-        await runtime.loop.acall(lambda: runtime.engine.add_request(
-            request.request_id, request.prompt_token_ids, request.sampling))
+        rid = request.request_id
+        self._remember_trace(rid, "ray", request.trace_context)
+        attributes = {
+            "pdserve.request_id": rid,
+            "pdserve.worker_id": self.worker_id,
+            "pdserve.path": "local",
+        }
+        with (
+            bind_request_id(rid),
+            span_from_carrier("pdserve.decode.admit", request.trace_context, attributes),
+        ):
+            self._streams[rid] = runtime.loop.open_stream(rid)
+            await runtime.loop.acall(
+                lambda: runtime.engine.add_request(rid, request.prompt_token_ids, request.sampling)
+            )
 
     async def stream(self, request_id: str) -> AsyncIterator[TokenBatch]:
         """Token batches of a reserved-and-committed or locally prefilled request."""
@@ -112,11 +162,26 @@ class DecodeWorker:
             yield TokenBatch(request_id, [], [], "", finished=True, finish_reason="abort")
             return
         started = time.perf_counter()
-        first = True
-        async for batch in runtime.batches(request_id, stream):
-            if first:
-                batch.prefill_s, first = time.perf_counter() - started, False
-            yield batch
+        # Not the current span: this generator yields to Ray between batches.
+        span = get_tracer("pdserve.decode").start_span(
+            "pdserve.decode",
+            context=extract_context(self._trace_contexts.get(request_id, {}).get("ray")),
+            attributes={"pdserve.request_id": request_id, "pdserve.worker_id": self.worker_id},
+        )
+        first, tokens, finish_reason = True, 0, None
+        try:
+            async for batch in runtime.batches(request_id, stream):
+                if first:
+                    batch.prefill_s, first = time.perf_counter() - started, False
+                    span.add_event("pdserve.first_token")
+                tokens += len(batch.token_ids)
+                finish_reason = batch.finish_reason
+                yield batch
+        finally:
+            span.set_attributes(
+                {"pdserve.completion_tokens": tokens, "pdserve.finish_reason": finish_reason or ""}
+            )
+            span.end()
         self._forget_transfer(request_id)
 
     async def abort(self, request_id: str) -> None:
@@ -146,6 +211,7 @@ class DecodeWorker:
         transfer_id = self._transfer_of_request.pop(request_id, None)
         if transfer_id is not None:
             self._request_of_transfer.pop(transfer_id, None)
+            self._opened.pop(transfer_id, None)
         return transfer_id
 
     # ---- KVSink: called by the receiver on its own threads ---------------------------------
@@ -157,14 +223,37 @@ class DecodeWorker:
         if request_id is None:
             raise KeyError(f"transfer {transfer_id!r} is not open on {self.worker_id}")
         self._remember_trace(request_id, "kv", commit.trace_context)
+        opened_ns, blocks, reserve_span = self._opened.pop(transfer_id, (None, 0, None))
+        tracer = get_tracer("pdserve.decode")
+        # A child of the sender's kv_transfer span (the commit carries its context), linked to
+        # this worker's reserve span: from reservation to commit, the KV was arriving.
+        receive = tracer.start_span(
+            "pdserve.kv_receive",
+            context=extract_context(commit.trace_context),
+            kind=SpanKind.SERVER,
+            start_time=opened_ns,
+            links=[Link(reserve_span)] if reserve_span is not None else None,
+            attributes={
+                "pdserve.request_id": request_id,
+                "pdserve.worker_id": self.worker_id,
+                "pdserve.kv.blocks": blocks,
+                "pdserve.kv.bytes": blocks * self._runtime.bytes_per_block,
+            },
+        )
         engine = self._runtime.engine
-        self._runtime.loop.call(lambda: engine.commit(
-            request_id, commit.first_token_id, commit.first_logprob)).result(COMMIT_TIMEOUT_S)
+        with (
+            bind_request_id(request_id),
+            trace.use_span(receive, end_on_exit=True),
+            tracer.start_as_current_span("pdserve.decode.admit", attributes={"pdserve.path": "kv"}),
+        ):
+            self._runtime.loop.call(
+                lambda: engine.commit(request_id, commit.first_token_id, commit.first_logprob)
+            ).result(COMMIT_TIMEOUT_S)
 
     def on_expired(self, transfer_id: str) -> None:
         request_id = self._request_of_transfer.get(transfer_id)
+        self._opened.pop(transfer_id, None)
         if request_id is None:
             return
         log.warning("reservation of %s expired before commit; freeing its blocks", request_id)
-        self._aloop.call_soon_threadsafe(
-            lambda: asyncio.ensure_future(self.abort(request_id)))
+        self._aloop.call_soon_threadsafe(lambda: asyncio.ensure_future(self.abort(request_id)))

@@ -1,7 +1,8 @@
 """The `pdserve` command line. Each subcommand lives in its own module, imported only when run.
 
 A command module exposes `add_arguments(parser)` (cheap: no torch or Ray imports at module level)
-and `run(args) -> int` (the exit code).
+and `run(args) -> int` (the exit code), or a SUBCOMMANDS table of such modules. Only the chosen command's module is imported, so
+`pdserve generate` starts fast and one command's dependencies never break another.
 """
 
 from __future__ import annotations
@@ -20,20 +21,37 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pdserve", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, (module_name, help_text) in COMMANDS.items():
+def add_lazy_subcommands(parser: argparse.ArgumentParser, table: dict[str, tuple[str, str]],
+                         argv: list[str], depth: int = 0) -> None:
+    """One subparser per entry; only the entry named in argv is imported and asked for its
+    arguments (the others still show up, with their help line, in --help). A module with a
+    SUBCOMMANDS table (like `bench`) gets its own level of lazy subcommands."""
+    sub = parser.add_subparsers(dest=f"command{depth}", required=True, metavar="COMMAND")
+    words = [a for a in argv if not a.startswith("-")]
+    chosen = words[0] if words else None
+    for name, (module_name, help_text) in table.items():
         command_parser = sub.add_parser(name, help=help_text, description=help_text)
+        if name != chosen:
+            continue
         module = importlib.import_module(module_name)
-        module.add_arguments(command_parser)
-        command_parser.set_defaults(_module=module)
+        if hasattr(module, "SUBCOMMANDS"):
+            add_lazy_subcommands(command_parser, module.SUBCOMMANDS,
+                                 argv[argv.index(name) + 1:], depth + 1)
+        else:
+            module.add_arguments(command_parser)
+            command_parser.set_defaults(_run=module.run)
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pdserve", description=__doc__.splitlines()[0])
+    add_lazy_subcommands(parser, COMMANDS, argv)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return int(args._module.run(args) or 0)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
+    return int(args._run(args) or 0)
 
 
 if __name__ == "__main__":

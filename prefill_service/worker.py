@@ -15,9 +15,15 @@ import os
 import time
 from typing import TYPE_CHECKING
 
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind
+
+from pdserve import metrics
 from pdserve.config import EngineConfig, KVTransferConfig
 from pdserve.engine.engine_loop import END_OF_STREAM
+from pdserve.logging_setup import bind_request_id
 from pdserve.messages import KVReservation, PrefillResult, WorkerStats, WorkRequest
+from pdserve.telemetry import get_tracer, inject_context, span_from_carrier, wall_ns
 
 if TYPE_CHECKING:  # torch; imported on the worker only, so the router can import this module
     from pdserve.engine.worker_runtime import WorkerRuntime
@@ -30,8 +36,13 @@ class PrefillAborted(RuntimeError):
 
 
 class PrefillWorker:
-    def __init__(self, worker_id: str, engine_config: EngineConfig, kv_config: KVTransferConfig,
-                 redis_url: str | None = None) -> None:
+    def __init__(
+        self,
+        worker_id: str,
+        engine_config: EngineConfig,
+        kv_config: KVTransferConfig,
+        redis_url: str | None = None,
+    ) -> None:
         self.worker_id = worker_id
         self._engine_config = engine_config
         self._kv_config = kv_config
@@ -47,69 +58,146 @@ class PrefillWorker:
                 from kv_transfer.factory import make_sender
                 from pdserve.engine.worker_runtime import WorkerRuntime
 
-                self._runtime = WorkerRuntime(self.worker_id, "prefill", self._engine_config,
-                                              self._redis_url)
+                self._runtime = WorkerRuntime(
+                    self.worker_id, "prefill", self._engine_config, self._redis_url
+                )
                 self._sender = make_sender(self._kv_config)
         return self._runtime
 
     async def ready(self) -> dict:
         runtime = await self._started()
-        return {"worker_id": self.worker_id, "epoch": runtime.epoch}
+        return {
+            "worker_id": self.worker_id,
+            "epoch": runtime.epoch,
+            "metrics_port": runtime.metrics_port,
+        }
 
     async def prefill(self, request: WorkRequest, reservation: KVReservation) -> PrefillResult:
         """Computes the prompt, moves its KV to the reservation's decode worker and commits.
 
         Raises KVTransferError when the push or the commit fails (the caller retries),
-        PrefillAborted when the request was aborted meanwhile.
+        PrefillAborted when the request was aborted meanwhile. Traced as `pdserve.prefill`
+        (a child of the router's attempt) with queue, forward and kv_transfer inside.
         """
-        from kv_transfer.base import CommitInfo, TransferRequest
-
         runtime = await self._started()
-        engine = runtime.engine
         rid = request.request_id
+        attributes = {
+            "pdserve.request_id": rid,
+            "pdserve.worker_id": self.worker_id,
+            "pdserve.prompt_tokens": len(request.prompt_token_ids),
+        }
+        with (
+            bind_request_id(rid),
+            span_from_carrier("pdserve.prefill", request.trace_context, attributes) as span,
+        ):
+            result, block_ids = await self._compute(runtime, request, span)
+            if result.finished:  # the first token ended it: nothing to hand over, blocks freed
+                return result
+            try:
+                src_blocks = [block_ids[i] for i in reservation.missing_block_indices]
+                await self._push(runtime, reservation, src_blocks, result)
+            finally:
+                await runtime.loop.acall(lambda: runtime.engine.release(rid))
+            return result
+
+    async def _compute(
+        self, runtime: WorkerRuntime, request: WorkRequest, span: Span
+    ) -> tuple[PrefillResult, list[int]]:
+        """Runs the prompt (prefill-only: its blocks stay held); returns the first token."""
+        engine, rid = runtime.engine, request.request_id
         stream = runtime.loop.open_stream(rid)
         received = time.perf_counter()
-        await runtime.loop.acall(lambda: engine.add_request(
-            rid, request.prompt_token_ids, request.sampling, prefill_only=True))
-        output = await stream.get()
-        prefill_done = time.perf_counter()
+
+        def add() -> None:
+            engine.add_request(rid, request.prompt_token_ids, request.sampling, prefill_only=True)
+            runtime.track_queue(rid)
+
+        await runtime.loop.acall(add)
+        try:
+            output = await stream.get()
+        finally:
+            queue_s = runtime.queue_wait(rid)
+        done = time.perf_counter()
+        _child_span(span, "pdserve.prefill.queue", received, received + queue_s)
         if output is END_OF_STREAM:
             raise PrefillAborted(f"request {rid} was aborted during prefill")
+        forward = {"pdserve.cached_tokens": output.num_cached_tokens}
+        _child_span(span, "pdserve.prefill.forward", received + queue_s, done, forward)
+        span.set_attributes(
+            {"pdserve.cached_tokens": output.num_cached_tokens, "pdserve.queue_s": queue_s}
+        )
         result = PrefillResult(
-            request_id=rid, worker_id=self.worker_id,
+            request_id=rid,
+            worker_id=self.worker_id,
             first_token_id=output.new_token_ids[0],
             first_logprob=output.new_logprobs[0] if output.new_logprobs else None,
-            text=output.text_delta, finished=output.finish_reason != "prefill",
+            text=output.text_delta,
+            finished=output.finish_reason != "prefill",
             finish_reason=None if output.finish_reason == "prefill" else output.finish_reason,
             num_prompt_tokens=output.num_prompt_tokens,
             num_cached_tokens=output.num_cached_tokens,
-            queue_s=0.0, prefill_s=prefill_done - received,
+            queue_s=queue_s,
+            prefill_s=done - received - queue_s,
         )
-        if result.finished:  # the first token ended it: nothing to hand over, blocks are freed
-            return result
-        try:
-            src_blocks = [output.block_ids[i] for i in reservation.missing_block_indices]
-            commit = CommitInfo(first_token_id=result.first_token_id,
-                                first_logprob=result.first_logprob,
-                                num_prompt_tokens=result.num_prompt_tokens)
+        return result, output.block_ids or []
+
+    async def _push(
+        self,
+        runtime: WorkerRuntime,
+        reservation: KVReservation,
+        src_blocks: list[int],
+        result: PrefillResult,
+    ) -> None:
+        """Pushes the held blocks the decode worker lacks and commits, in `pdserve.kv_transfer`;
+        its context rides in every chunk header and the commit, so the decode side continues
+        this trace."""
+        from kv_transfer.base import CommitInfo, TransferRequest
+
+        attributes = {
+            "pdserve.kv.transport": self._kv_config.transport,
+            "pdserve.kv.blocks": len(src_blocks),
+            "pdserve.kv.endpoint": reservation.endpoint,
+            "pdserve.kv.decode_worker": reservation.decode_worker,
+        }
+        tracer = get_tracer("pdserve.prefill")
+        with tracer.start_as_current_span(
+            "pdserve.kv_transfer", kind=SpanKind.CLIENT, attributes=attributes
+        ) as span:
+            carrier = inject_context()
             transfer = TransferRequest(
-                endpoint=reservation.endpoint, transfer_id=reservation.transfer_id,
-                src_block_ids=src_blocks, num_layers=engine.num_layers,
-                read_kv=engine.read_kv, commit=commit,
-                trace_context=request.trace_context,
+                endpoint=reservation.endpoint,
+                transfer_id=reservation.transfer_id,
+                src_block_ids=src_blocks,
+                num_layers=runtime.engine.num_layers,
+                read_kv=runtime.engine.read_kv,
+                commit=CommitInfo(
+                    first_token_id=result.first_token_id,
+                    first_logprob=result.first_logprob,
+                    num_prompt_tokens=result.num_prompt_tokens,
+                    trace_context=carrier,
+                ),
+                trace_context=carrier,
             )
             try:
                 # Off the event loop: the push is blocking I/O; held blocks are safe to read.
+                # to_thread copies the context, so the transport's own spans nest in this one.
                 sent = await asyncio.to_thread(self._sender.send, transfer)
-            except Exception:
-                runtime.record_transfer(0, 0.0, failed=True)
+            except Exception as exc:
+                reason = metrics.transfer_failure_reason(exc)
+                runtime.record_transfer(0, 0.0, failed=True, reason=reason)
+                span.set_attributes({"pdserve.kv.outcome": "failed", "pdserve.kv.failure": reason})
                 raise
             runtime.record_transfer(sent.bytes, sent.seconds)
-            result.transfer_s, result.transfer_bytes = sent.seconds, sent.bytes
-            result.transfer_chunks = sent.chunks
-        finally:
-            await runtime.loop.acall(lambda: engine.release(rid))
-        return result
+            span.set_attributes(
+                {
+                    "pdserve.kv.outcome": "ok",
+                    "pdserve.kv.bytes": sent.bytes,
+                    "pdserve.kv.chunks": sent.chunks,
+                    "pdserve.kv.seconds": sent.seconds,
+                }
+            )
+        result.transfer_s, result.transfer_bytes = sent.seconds, sent.bytes
+        result.transfer_chunks = sent.chunks
 
     async def inject_fault(self, kind: str) -> None:
         """Fault injection for tests and drills, enabled by PDSERVE_FAULT_INJECTION=1.
@@ -147,3 +235,18 @@ class PrefillWorker:
     async def stats(self) -> WorkerStats:
         runtime = await self._started()
         return await runtime.stats()
+
+
+def _child_span(
+    parent: Span, name: str, start: float, end: float, attributes: dict | None = None
+) -> None:
+    """A finished child span of `parent` between two perf_counter readings."""
+    if not parent.is_recording():
+        return
+    span = get_tracer("pdserve.prefill").start_span(
+        name,
+        context=trace.set_span_in_context(parent),
+        start_time=wall_ns(start),
+        attributes=attributes,
+    )
+    span.end(end_time=wall_ns(end))

@@ -31,7 +31,7 @@ def create_workers(config: ServeConfig, redis_url: str | None,
         handles = {}
         for index in range(count):
             worker_id = f"{role}-{index}"
-            env = _worker_env()
+            env = _worker_env(config)
             if config.pin_cpus:
                 # One core per worker, round robin over this node's cores (benchmarks on one
                 # machine: keeps a prefill burst from taking the decode worker's core).
@@ -47,9 +47,13 @@ def create_workers(config: ServeConfig, redis_url: str | None,
     return created[0], created[1]
 
 
-def _worker_env() -> dict[str, str]:
+def _worker_env(config: ServeConfig) -> dict[str, str]:
     # Workers inherit tracing and secret settings from the process that starts them, but not
     # its identity (each worker names itself) nor the client API keys (workers have no clients).
     own = {"PDSERVE_API_KEYS", "OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES"}
-    return {k: v for k, v in os.environ.items()
-            if k.startswith(("OTEL_", "PDSERVE_")) and k not in own}
+    env = {k: v for k, v in os.environ.items()
+           if k.startswith(("OTEL_", "PDSERVE_")) and k not in own}
+    # Worker log lines look like the router's (read by pdserve.engine.worker_runtime).
+    env["PDSERVE_LOG_FORMAT"] = config.log_format
+    env["PDSERVE_LOG_LEVEL"] = config.log_level
+    return env

@@ -46,6 +46,7 @@ class ServingApp:
     config: ServeConfig
     port: int = 0
     metrics_port: int | None = None  # the bound Prometheus port, when config.metrics_port is set
+    advertise_redis_url: bool = False  # write the private Redis URL for `pdserve stats`
     _ready: bool = True
     _stack: list = field(default_factory=list)  # (description, async stop callable), LIFO
 
@@ -63,9 +64,10 @@ class ServingApp:
                 ("metrics", _async(lambda: metrics.stop_metrics_server(self.metrics_port)))
             )
             log.info("Prometheus metrics on port %d", self.metrics_port)
-        # Resolve (and on first use, write) the model once here, not in every actor.
+        # Resolve (and on first use, write) the built-in model here once, before the actors
+        # start; each worker still resolves it itself (config.engine.model stays None), so a
+        # worker on another node writes its own identical copy instead of needing this path.
         model_dir = Path(config.engine.model or default_model_dir())
-        config.engine.model = str(model_dir)
         config.kv.secret = (
             config.kv.secret or os.environ.get("PDSERVE_KV_SECRET") or (_random_secret())
         )
@@ -123,8 +125,9 @@ class ServingApp:
     async def _start_private_redis(self) -> str:
         from pdserve.redis_server import LOCAL_URL_FILE, RedisServer
 
-        # The URL file lets `pdserve stats` find this private server without flags.
-        server = RedisServer(url_file=LOCAL_URL_FILE)
+        # `pdserve serve` writes the URL file so `pdserve stats` finds its private server
+        # without flags; embedded apps (tests, benchmarks) leave the user's file alone.
+        server = RedisServer(url_file=LOCAL_URL_FILE if self.advertise_redis_url else None)
         server.start()
         self.redis_server = server  # tests stop and restart it to check outage recovery
         self._stack.append(("redis", _async(server.close)))

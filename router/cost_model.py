@@ -4,7 +4,11 @@ Each cost is a line y = a + b*x (seconds against tokens, batch size or bytes) fi
 exponentially-forgetting least squares with a ridge pull towards a prior line, so it gives sane
 answers before any data (the prior) and follows the workers as their speed changes (forgetting).
 Samples come from worker statistics (`observe_stats`, counters differentiated between polls) or
-from per-request timings (`observe_prefill`, `observe_transfer`). Pure Python, no I/O.
+from per-request timings (`observe_request_prefill`, `observe_transfer`). Per-request prefill
+samples, once any arrive, replace the poll-interval ones for that kind of prefill: an interval
+lumps several prefills (and their per-step overheads) into one point, which inflates the
+intercept and flattens the slope, so a cached prefix would look like it saves almost nothing.
+Pure Python, no I/O.
 """
 
 from __future__ import annotations
@@ -93,9 +97,15 @@ class CostModel:
     decode: LinearFit = field(default_factory=lambda: LinearFit(0.01, 2e-4, x_scale=16))
     transfer: LinearFit = field(default_factory=lambda: LinearFit(0.002, 1e-9, x_scale=16 << 20))
     _last: dict[str, object] = field(default_factory=dict)  # worker_id -> previous stats
+    _per_request: set[bool] = field(default_factory=set)  # `local` values measured per request
 
     def observe_prefill(self, tokens: int, seconds: float, *, local: bool = False) -> None:
         (self.local_prefill if local else self.prefill).observe(tokens, seconds)
+
+    def observe_request_prefill(self, tokens: int, seconds: float, *, local: bool = False) -> None:
+        """One request's prefill: `tokens` computed (its uncached part) in `seconds`."""
+        self._per_request.add(local)
+        self.observe_prefill(max(1, tokens), seconds, local=local)
 
     def observe_decode_step(self, batch_size: float, seconds: float, weight: float = 1.0) -> None:
         self.decode.observe(batch_size, seconds, weight)
@@ -112,7 +122,7 @@ class CostModel:
             return
         tokens = stats.prefill_tokens - prev.prefill_tokens
         seconds = stats.prefill_seconds - prev.prefill_seconds
-        if tokens > 0 and seconds > 0:
+        if tokens > 0 and seconds > 0 and (stats.role == "decode") not in self._per_request:
             # One sample per interval: a prefill of the interval's mean size per step is not
             # known, so the interval counts as one prefill of all its tokens.
             self.observe_prefill(tokens, seconds, local=stats.role == "decode")

@@ -89,11 +89,18 @@ class Routing:
         )
 
     def on_prefill_done(self, route: Route, result: PrefillResult | TokenBatch) -> None:
-        """Records prefix reuse (hit and miss tokens) of the worker that computed the prompt."""
+        """Learns the prefill's cost; records prefix reuse (hit and miss tokens) of the worker
+        that computed the prompt."""
+        hit = result.num_cached_tokens
+        if route.prefill_worker and isinstance(result, PrefillResult):
+            # Compute time alone (the queue is separate): the cost of exactly what the policy
+            # estimates. A local prefill's time includes its queue, so it is not sampled here.
+            self.policy.cost.observe_request_prefill(
+                result.num_prompt_tokens - hit, result.prefill_s
+            )
         if self.index is None:
             return
         worker = route.prefill_worker or route.decode_worker
-        hit = result.num_cached_tokens
         self.index.record_reuse(worker, hit, max(0, result.num_prompt_tokens - hit))
 
     def _remember(

@@ -2,14 +2,16 @@
 
 Same weights, same dtype (float32), same threads, same prompt length and number of new tokens,
 greedy with EOS ignored, both warmed up, measured in the same run. Decode throughput is
-batch * (N - 1) / (time(N new tokens) - time(1 new token)): the prefill and the first token
-cancel out, for both engines alike. Fresh prompts for every run keep the engine's prefix
+batch * (N - 1) / (time from the first new token to the N-th), timed the same way in both
+(transformers through a stopping criterion called at the end of every step); best of
+--repeats runs. Fresh prompts for every run keep the engine's prefix
 cache from shortening a measured prefill.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import time
 
 
@@ -67,20 +69,34 @@ def run(args: argparse.Namespace) -> int:
     hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     vocab = engine.model.config.vocab_size
     gen = torch.Generator().manual_seed(0)
+    request_ids = itertools.count()
 
     def prompts(batch: int) -> list[list[int]]:
         return torch.randint(3, vocab, (batch, args.prompt_len), generator=gen).tolist()
 
     def ours(batch: int, new_tokens: int) -> float:
+        """Seconds from every request having its first token to all having new_tokens."""
         params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
-        batch_prompts = prompts(batch)
+        ids = [f"bench-{next(request_ids)}" for _ in range(batch)]
+        for rid, prompt in zip(ids, prompts(batch), strict=True):
+            engine.add_request(rid, prompt, params)
+        started: set[str] = set()
+        while len(started) < batch:
+            started.update(out.request_id for out in engine.step())
         start = time.perf_counter()
-        engine.generate(batch_prompts, params)
+        while engine.has_unfinished():
+            engine.step()
         return time.perf_counter() - start
 
     def theirs(batch: int, new_tokens: int) -> float:
+        """The same span in transformers: a stopping criterion sees each step's end."""
         ids = torch.tensor(prompts(batch))
-        start = time.perf_counter()
+        stamps: list[float] = []
+
+        def stamp(input_ids, scores, **kwargs):
+            stamps.append(time.perf_counter())
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
         with torch.inference_mode():
             hf.generate(
                 ids,
@@ -90,13 +106,13 @@ def run(args: argparse.Namespace) -> int:
                 min_new_tokens=new_tokens,
                 eos_token_id=None,
                 pad_token_id=0,
+                stopping_criteria=transformers.StoppingCriteriaList([stamp]),
             )
-        return time.perf_counter() - start
+        assert len(stamps) == new_tokens
+        return stamps[-1] - stamps[0]
 
     def decode_rate(measure, batch: int) -> float:
-        best = float("inf")
-        for _ in range(args.repeats):
-            best = min(best, measure(batch, args.steps) - measure(batch, 1))
+        best = min(measure(batch, args.steps) for _ in range(args.repeats))
         return batch * (args.steps - 1) / best
 
     print(

@@ -5,10 +5,7 @@ Each benchmark module exposes `add_arguments(parser)` and `run(args) -> int`, li
 
 from __future__ import annotations
 
-import argparse
-import importlib
-
-BENCHMARKS: dict[str, tuple[str, str]] = {
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "engine": ("pdserve.bench.engine_bench", "decode tokens/s of the engine vs transformers"),
     "transfer": ("pdserve.bench.transfer_bench", "KV transfer GB/s vs raw TCP on loopback"),
     "serve": ("pdserve.bench.serve_bench", "load generator against a running server"),
@@ -16,16 +13,3 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "router": ("pdserve.bench.router_bench", "routing policy vs round-robin"),
     "tracing": ("pdserve.bench.tracing_bench", "request latency with tracing on vs off"),
 }
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
-    for name, (module_name, help_text) in BENCHMARKS.items():
-        bench_parser = sub.add_parser(name, help=help_text, description=help_text)
-        module = importlib.import_module(module_name)
-        module.add_arguments(bench_parser)
-        bench_parser.set_defaults(_bench=module)
-
-
-def run(args: argparse.Namespace) -> int:
-    return int(args._bench.run(args) or 0)

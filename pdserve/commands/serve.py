@@ -90,13 +90,14 @@ def run(args: argparse.Namespace) -> int:
 async def _serve(config: ServeConfig) -> int:
     from router.app import ServingApp
 
-    app = ServingApp(config)
+    app = ServingApp(config, advertise_redis_url=True)
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     try:
         await app.start()
+        # After start: ray.init installs its own SIGTERM handler, which would kill us uncleanly.
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
         print(f"pdserve serving on port {app.port} "
               f"({config.prefill_workers} prefill, {config.decode_workers} decode workers); "
               f"Ctrl-C to stop", flush=True)

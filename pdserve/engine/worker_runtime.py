@@ -2,7 +2,10 @@
 
 The prefill and decode actors compose one WorkerRuntime each. The runtime measures the engine's
 step costs (the router's cost model learns from them), turns engine outputs into TokenBatches,
-and feeds the engine's KV events to the prefix index.
+and feeds the engine's KV events to the prefix index. It also sets up the worker process's
+logging and tracing (format from `PDSERVE_LOG_FORMAT`/`PDSERVE_LOG_LEVEL`, exporters from
+`OTEL_*`, all forwarded by the router) and, when `PDSERVE_WORKER_METRICS_PORT` is set (0 = an
+ephemeral port), serves the worker's Prometheus metrics.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from collections.abc import AsyncIterator
 from dataclasses import asdict
 from pathlib import Path
 
+from pdserve import metrics
 from pdserve.config import EngineConfig
 from pdserve.engine.engine import LLMEngine, RequestOutput
 from pdserve.engine.engine_loop import END_OF_STREAM, EngineLoop
@@ -25,8 +29,9 @@ log = logging.getLogger(__name__)
 
 
 class WorkerRuntime:
-    def __init__(self, worker_id: str, role: str, engine_config: EngineConfig,
-                 redis_url: str | None = None) -> None:
+    def __init__(
+        self, worker_id: str, role: str, engine_config: EngineConfig, redis_url: str | None = None
+    ) -> None:
         import torch
 
         cores = os.environ.get("PDSERVE_CPU_AFFINITY")  # set per actor by router/actors.py
@@ -36,6 +41,7 @@ class WorkerRuntime:
             torch.set_num_threads(engine_config.num_threads)
         self.worker_id = worker_id
         self.role = role
+        self.metrics_port = _setup_process(role)
         # A new epoch each time the actor (re)starts: the prefix index drops older entries.
         self.epoch = time.time_ns()
         engine_config.model = engine_config.model or str(default_model_dir())
@@ -43,24 +49,52 @@ class WorkerRuntime:
         if redis_url:
             from pdserve.engine.index_feeder import IndexFeeder
 
-            self.index_feeder = IndexFeeder(redis_url, worker_id, self.epoch,
-                                            model=Path(engine_config.model).name,
-                                            block_size=engine_config.block_size)
+            self.index_feeder = IndexFeeder(
+                redis_url,
+                worker_id,
+                self.epoch,
+                model=Path(engine_config.model).name,
+                block_size=engine_config.block_size,
+            )
         sink = self.index_feeder.enqueue if self.index_feeder else None
         self.engine = LLMEngine(engine_config, kv_event_sink=sink)
         self.loop = EngineLoop(self.engine, asyncio.get_running_loop())
         self.loop.step_listeners.append(self._measure_step)
-        self._stats = WorkerStats(worker_id=worker_id, role=role, epoch=self.epoch,
-                                  block_size=self.engine.block_size,
-                                  bytes_per_block=self._bytes_per_block())
+        self._stats = WorkerStats(
+            worker_id=worker_id,
+            role=role,
+            epoch=self.epoch,
+            block_size=self.engine.block_size,
+            bytes_per_block=self._bytes_per_block(),
+        )
         self._last_prefill_tokens = 0
+        # Queue wait of requests that asked for it (track_queue): engine-thread state.
+        self._waiting_since: dict[str, float] = {}
+        self._queue_waits: dict[str, float] = {}
 
     def _bytes_per_block(self) -> int:
         kv = self.engine.kv_cache  # [layers, 2, blocks, block_size, kv_heads, head_dim]
         return kv[:, :, 0].numel() * kv.element_size()
 
+    @property
+    def bytes_per_block(self) -> int:
+        return self._stats.bytes_per_block
+
+    def track_queue(self, request_id: str) -> None:
+        """Call on the engine thread right after add_request: queue_wait() will tell how long
+        the request waited for its first step."""
+        self._waiting_since[request_id] = time.perf_counter()
+
+    def queue_wait(self, request_id: str) -> float:
+        """Seconds from track_queue to the start of the request's first step (0.0 if it never
+        got one); forgets the request."""
+        self._waiting_since.pop(request_id, None)
+        return self._queue_waits.pop(request_id, 0.0)
+
     # Runs on the engine thread after every step.
     def _measure_step(self, outputs: list[RequestOutput], seconds: float) -> None:
+        if self._waiting_since:
+            self._note_scheduled(time.perf_counter() - seconds)
         engine_stats = self.engine.stats()
         computed = engine_stats["prefill_tokens_computed"] - self._last_prefill_tokens
         self._last_prefill_tokens = engine_stats["prefill_tokens_computed"]
@@ -72,22 +106,46 @@ class WorkerRuntime:
             self._stats.decode_seconds += seconds
             self._stats.decode_tokens += sum(len(o.new_token_ids) for o in outputs)
 
+    def _note_scheduled(self, step_started: float) -> None:
+        # A tracked request no longer in the scheduler's waiting queue ran in this step.
+        waiting = {seq.request_id for seq in self.engine.scheduler.waiting}
+        for request_id, since in list(self._waiting_since.items()):
+            # pop, not del: queue_wait() may forget it from the event loop meanwhile.
+            if request_id not in waiting and self._waiting_since.pop(request_id, None):
+                self._queue_waits[request_id] = max(0.0, step_started - since)
+
     async def stats(self) -> WorkerStats:
         engine_stats = await self.loop.acall(self.engine.stats)
         stats = self._stats
-        for name in ("num_waiting", "num_running", "num_reserved", "num_held", "num_blocks",
-                     "num_free_blocks", "num_used_blocks", "num_cached_blocks",
-                     "prefix_hit_tokens", "prefix_query_tokens"):
+        for name in (
+            "num_waiting",
+            "num_running",
+            "num_reserved",
+            "num_held",
+            "num_blocks",
+            "num_free_blocks",
+            "num_used_blocks",
+            "num_cached_blocks",
+            "prefix_hit_tokens",
+            "prefix_query_tokens",
+        ):
             setattr(stats, name, int(engine_stats.get(name, 0)))
         stats.waiting_prompt_tokens = int(engine_stats.get("waiting_prompt_tokens", 0))
+        # The router polls stats a few times a second: fresh enough for gauges, free per step.
+        metrics.observe_worker_stats(stats)
         return WorkerStats(**asdict(stats))
 
-    def record_transfer(self, num_bytes: int, seconds: float, failed: bool = False) -> None:
+    def record_transfer(
+        self, num_bytes: int, seconds: float, failed: bool = False, reason: str = "other"
+    ) -> None:
         if failed:
             self._stats.transfer_failures += 1
+            metrics.KV_TRANSFER_FAILURES.labels(reason=reason).inc()
         else:
             self._stats.transfer_bytes += num_bytes
             self._stats.transfer_seconds += seconds
+            metrics.KV_TRANSFER_BYTES.inc(num_bytes)
+            metrics.KV_TRANSFER_SECONDS.observe(seconds)
 
     async def abort(self, request_id: str) -> None:
         """Frees the request's blocks at once and ends its stream. Idempotent."""
@@ -122,3 +180,22 @@ class WorkerRuntime:
         self.loop.stop()
         if self.index_feeder:
             self.index_feeder.stop()
+
+
+def _setup_process(role: str) -> int | None:
+    """Logging, tracing and the metrics endpoint of this worker process; returns the bound
+    metrics port (None: no endpoint). A runtime is created once per actor process."""
+    from pdserve.logging_setup import setup_logging
+    from pdserve.telemetry import setup_tracing
+
+    setup_logging(
+        os.environ.get("PDSERVE_LOG_LEVEL", "INFO"), os.environ.get("PDSERVE_LOG_FORMAT", "text")
+    )
+    setup_tracing(f"pdserve-{role}")
+    port = os.environ.get("PDSERVE_WORKER_METRICS_PORT")
+    if port is None or port == "":
+        return None
+    # Several workers share a node: a fixed port serves only the first one there, use 0.
+    bound = metrics.start_metrics_server(int(port))
+    log.info("%s worker metrics on port %d", role, bound)
+    return bound

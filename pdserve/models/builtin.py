@@ -13,13 +13,14 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-
-import torch
-from safetensors.torch import save_file
+from typing import TYPE_CHECKING
 
 from pdserve.config import default_cache_dir
 from pdserve.models.presets import preset_config
 from pdserve.models.tokenizer_builder import write_tokenizer
+
+if TYPE_CHECKING:
+    import torch
 
 # Bump when presets or initialization change, so a stale cached model is not reused.
 BUILTIN_VERSION = 1
@@ -30,6 +31,8 @@ def random_weights(config: dict, seed: int) -> dict[str, torch.Tensor]:
     layers keep activations at unit scale (std 1/sqrt(fan_in)), so attention visibly shapes
     the output, and logits have std ~3, so greedy decoding is rarely close to a tie (a near
     tie would make token-for-token comparisons with transformers flaky)."""
+    import torch  # here, not at the top: finding an existing model must not need torch
+
     gen = torch.Generator().manual_seed(seed)
     hidden, inter = config["hidden_size"], config["intermediate_size"]
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
@@ -60,6 +63,8 @@ def random_weights(config: dict, seed: int) -> dict[str, torch.Tensor]:
 
 def make_model(directory: str | Path, preset: str = "tiny", seed: int = 0) -> Path:
     """Writes a random-weight model directory; the same (preset, seed) gives the same files."""
+    from safetensors.torch import save_file
+
     out = Path(directory)
     config = preset_config(preset)
     out.mkdir(parents=True, exist_ok=True)

@@ -81,3 +81,16 @@ def test_a_restarted_worker_is_not_differenced_against_its_past() -> None:
     cost.observe_stats(stats("p0", "prefill", prefill_tokens=10_000, prefill_seconds=100.0))
     cost.observe_stats(stats("p0", "prefill", epoch=2, prefill_tokens=10, prefill_seconds=0.01))
     assert cost.prefill.samples == 0
+
+
+def test_per_request_prefill_timings_replace_interval_samples() -> None:
+    cost = CostModel()
+    for _ in range(40):  # 32-token and 288-token prefills at 1 ms per token plus 10 ms
+        cost.observe_request_prefill(32, 0.042)
+        cost.observe_request_prefill(288, 0.298)
+    assert cost.prefill_seconds(288) - cost.prefill_seconds(32) == pytest.approx(0.256, rel=0.1)
+    before = cost.prefill.coefficients
+    # An interval lumping prefills and their overheads together would bend the line; ignored.
+    cost.observe_stats(stats("p0", "prefill"))
+    cost.observe_stats(stats("p0", "prefill", prefill_tokens=64, prefill_seconds=0.5))
+    assert cost.prefill.coefficients == before

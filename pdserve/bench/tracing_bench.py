@@ -1,0 +1,182 @@
+"""`pdserve bench tracing`: what one trace per request costs. Same machine, same workload.
+
+The system (1 prefill + 1 decode worker, every prompt prefilled remotely) is started twice in
+one run: tracing off (no OTEL_* variables: spans are created but not sampled, so nothing is
+recorded or exported), then on (every request sampled and exported over OTLP/gRPC, with the
+SDK's default batching, to a receiver in this process that plays the collector). Both serve the
+same closed-loop load; the report gives p50 TTFT, TPOT and E2E of both and their ratios
+(on / off). `--rounds 2` repeats off/on to show the run-to-run noise.
+
+    pdserve bench tracing --num-requests 64 --max-concurrency 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+MODES = ("off", "on")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="model directory (default: the built-in preset below)")
+    p.add_argument("--preset", default="tiny", choices=["tiny", "small"])
+    p.add_argument("--num-requests", type=int, default=64, help="requests per mode and round")
+    p.add_argument("--max-concurrency", type=int, default=4, help="requests in flight")
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=32)
+    p.add_argument("--rounds", type=int, default=1, help="off/on pairs to run")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", help="write both summaries to this file")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from pdserve.bench.datasets import DatasetConfig, generate_requests
+    from pdserve.bench.load_generator import run_load
+    from pdserve.bench.metrics import run_duration, summarize
+
+    if args.num_requests < 1 or args.max_concurrency < 1 or args.rounds < 1:
+        raise SystemExit("--num-requests, --max-concurrency and --rounds must be >= 1")
+    model_dir = Path(args.model) if args.model else _builtin(args.preset)
+    model_config = json.loads((model_dir / "config.json").read_text())
+    dataset = DatasetConfig(
+        name="random", random_input_len=args.input_len, random_output_len=args.output_len
+    )
+    requests = generate_requests(
+        dataset, args.num_requests, args.seed, model_config["vocab_size"], _eos_ids(model_config)
+    )
+    console = Console()
+    _start_ray()
+    records: dict[str, list] = {mode: [] for mode in MODES}
+    spans = 0
+    for round_ in range(args.rounds):
+        for mode in MODES:
+            console.print(f"[bold]round {round_ + 1}, tracing {mode}[/bold]: starting the system")
+            with _tracing(mode) as receiver, _serve(model_dir) as app:
+                target = f"127.0.0.1:{app.port}"
+                asyncio.run(run_load(target, requests[:2], max_concurrency=1))  # warm-up
+                got = asyncio.run(
+                    run_load(target, requests, max_concurrency=args.max_concurrency, seed=args.seed)
+                )
+                records[mode] += got
+                if receiver is not None:
+                    spans += _drain(receiver)
+            failed = sum(not r.ok for r in got)
+            console.print(f"  {len(got) - failed} requests done, {failed} failed")
+    summaries = {mode: summarize(records[mode], run_duration(records[mode])) for mode in MODES}
+    console.print(_table(summaries, args))
+    per_request = spans / (args.rounds * (args.num_requests + 2))
+    console.print(f"spans exported with tracing on: {spans} ({per_request:.1f} per request)")
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps({mode: s.to_dict() for mode, s in summaries.items()}, indent=2)
+        )
+    return 0 if all(s.failed == 0 for s in summaries.values()) else 1
+
+
+@contextlib.contextmanager
+def _tracing(mode: str) -> Iterator[object | None]:
+    """The OTEL_* environment of one mode, for the router (this process) and the workers (it
+    is forwarded to them); with "on", the in-process receiver the exporters send to."""
+    from pdserve import telemetry
+    from pdserve.bench.span_receiver import SpanReceiver
+
+    saved = {k: v for k, v in os.environ.items() if k.startswith("OTEL_")}
+    for key in saved:
+        del os.environ[key]
+    receiver = None
+    if mode == "on":
+        receiver = SpanReceiver(keep=False)
+        endpoint = receiver.start()
+        os.environ.update(
+            OTEL_TRACES_EXPORTER="otlp",
+            OTEL_EXPORTER_OTLP_ENDPOINT=f"http://{endpoint}",
+            OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
+        )
+    try:
+        yield receiver
+    finally:
+        for key in [k for k in os.environ if k.startswith("OTEL_")]:
+            del os.environ[key]
+        os.environ.update(saved)
+        telemetry.setup_tracing("pdserve-router")  # back to what the restored env asks for
+        if receiver is not None:
+            receiver.stop()
+
+
+def _drain(receiver) -> int:
+    """Waits for the batched exports of every process (router: flushed now; workers: their
+    next scheduled export, 5 s by default) and returns the spans received."""
+    from pdserve import telemetry
+
+    telemetry.flush_tracing()
+    time.sleep(6.0)
+    return receiver.count
+
+
+def _start_ray() -> None:
+    """One local Ray for both modes (the apps then leave it running between them)."""
+    import ray
+
+    ray.init(
+        include_dashboard=False,
+        log_to_driver=False,
+        resources={"prefill_pool": 1, "decode_pool": 1},
+    )
+
+
+def _serve(model_dir: Path):
+    from pdserve.config import EngineConfig, KVTransferConfig, RouterConfig, ServeConfig
+    from router.app import BackgroundApp
+
+    config = ServeConfig(
+        engine=EngineConfig(model=str(model_dir), num_threads=1),
+        kv=KVTransferConfig(bind_host="127.0.0.1", advertise_host="127.0.0.1"),
+        router=RouterConfig(host="127.0.0.1", port=0, disaggregate="always"),
+        prefill_workers=1,
+        decode_workers=1,
+        pin_cpus=True,
+    )
+    return BackgroundApp(config)
+
+
+def _table(summaries: dict, args: argparse.Namespace):
+    from rich.table import Table
+
+    off, on = summaries["off"], summaries["on"]
+    table = Table(
+        title=f"Tracing on vs off: {off.num_requests} requests per mode, "
+        f"prompt {args.input_len}, output {args.output_len}, concurrency {args.max_concurrency}"
+    )
+    for column in ("metric", "off", "on", "on/off"):
+        table.add_column(column, justify="right")
+    rows = [
+        ("p50 TTFT ms", off.ttft.p50, on.ttft.p50),
+        ("p50 TPOT ms", off.tpot.p50, on.tpot.p50),
+        ("p50 E2E ms", off.e2e.p50, on.e2e.p50),
+        ("p99 TTFT ms", off.ttft.p99, on.ttft.p99),
+        ("p99 E2E ms", off.e2e.p99, on.e2e.p99),
+        ("output tok/s", off.output_throughput, on.output_throughput),
+    ]
+    for name, a, b in rows:
+        table.add_row(name, f"{a:.2f}", f"{b:.2f}", f"{b / a:.3f}" if a else "-")
+    return table
+
+
+def _builtin(preset: str) -> Path:
+    from pdserve.models.builtin import builtin_model_dir
+
+    return builtin_model_dir(preset)
+
+
+def _eos_ids(model_config: dict) -> list[int]:
+    eos = model_config.get("eos_token_id", [])
+    return eos if isinstance(eos, list) else [eos]
