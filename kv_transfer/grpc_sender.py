@@ -121,7 +121,7 @@ class GrpcKVSender(KVSender):
         self, config: KVTransferConfig, *, tamper: Callable[[int, bytes], bytes] | None = None
     ) -> None:
         self._client = ControlClient(config)
-        self._tamper = tamper
+        self.tamper = tamper
 
     def send(self, request: TransferRequest) -> TransferResult:
         start = time.perf_counter()
@@ -202,8 +202,8 @@ class GrpcKVSender(KVSender):
                 trace_context=request.trace_context,
             )
             encoded = wire.encode_chunk(header, payload)
-            if self._tamper is not None:
-                encoded = self._tamper(seq, encoded)
+            if self.tamper is not None:
+                encoded = self.tamper(seq, encoded)
             totals[0] += 1
             totals[1] += payload.nbytes
             yield encoded

@@ -243,3 +243,60 @@ def test_metrics_server_serves_moving_values():
         "pdserve_redis_up",
     ):
         assert f"# HELP {name}" in after or f"# HELP {name.removesuffix('_total')}" in after
+
+
+def test_setup_tracing_rereads_the_exporter_variables(no_otel_env, monkeypatch):
+    # One process that serves twice (tests, `pdserve bench tracing`): off, on, off again.
+    provider = telemetry.setup_tracing("pdserve-test")
+    tracer = provider.get_tracer("test")
+    with tracer.start_as_current_span("off") as span:
+        assert not span.is_recording()
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
+    assert telemetry.setup_tracing("pdserve-test") is provider
+    with tracer.start_as_current_span("exported-root") as span:
+        assert span.is_recording() and _sampled(telemetry.inject_context())
+    monkeypatch.delenv("OTEL_TRACES_EXPORTER")
+    telemetry.setup_tracing("pdserve-test")
+    with tracer.start_as_current_span("off-again") as span:
+        assert not span.is_recording()
+    assert telemetry.flush_tracing()
+
+
+@pytest.mark.parametrize(
+    "error, reason",
+    [
+        ("KV endpoint h:1: DEADLINE_EXCEEDED: slow", "timeout"),
+        ("KV endpoint h:1: DATA_LOSS: transfer t: chunk 0 checksum mismatch", "checksum"),
+        ("KV endpoint h:1: UNAVAILABLE: connection refused", "connection"),
+        ("KV endpoint h:1: FAILED_PRECONDITION: transfer t is not open", "rejected"),
+        ("prefill-0: ActorDiedError: the actor died", "worker_died"),
+        (RuntimeError("something else"), "other"),
+    ],
+)
+def test_transfer_failures_are_labelled_by_reason(error, reason):
+    assert metrics.transfer_failure_reason(error) == reason
+
+
+def test_a_request_observation_feeds_the_latency_histograms(no_otel_env):
+    from router.observability import RequestObserver
+    from router.request_flow import Progress
+
+    def count(name: str, labels: dict | None = None) -> float:
+        from prometheus_client import REGISTRY
+
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    names = ["pdserve_ttft_seconds_count", "pdserve_itl_seconds_count",
+             "pdserve_tpot_seconds_count", "pdserve_e2e_seconds_count"]  # fmt: skip
+    before = [count(n) for n in names] + [count("pdserve_requests_total", {"outcome": "length"})]
+    progress = Progress(received=100.0, prompt_tokens=8)
+    observation = RequestObserver().start("r1", {}, progress)
+    assert "traceparent" in observation.trace_context
+    progress.first_token_at = 100.2
+    observation.on_tokens(1, 100.2)
+    progress.completion_tokens = 3
+    observation.on_tokens(2, 100.3)
+    observation.finish("length", None)
+    observation.finish("length", None)  # idempotent
+    after = [count(n) for n in names] + [count("pdserve_requests_total", {"outcome": "length"})]
+    assert [a - b for a, b in zip(after, before, strict=True)] == [1, 1, 1, 1, 1]

@@ -37,7 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tpot-slo-ms", type=float, default=100.0)
     g.add_argument("--max-pending-requests", type=int, default=256)
     g.add_argument("--max-retries", type=int, default=2)
-    g.add_argument("--metrics-port", type=int, help="Prometheus endpoint (default: off)")
+    g.add_argument("--metrics-port", type=int, help="the router's Prometheus endpoint, 0 = any "
+                   "free port (default: off; workers: env PDSERVE_WORKER_METRICS_PORT)")
     g.add_argument("--log-format", choices=["text", "json"], default="text")
     g.add_argument("--log-level", default="INFO")
     g = p.add_argument_group("engine")
