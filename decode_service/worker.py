@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from opentelemetry import trace
 from opentelemetry.trace import Link, SpanKind
@@ -33,6 +33,13 @@ log = logging.getLogger(__name__)
 COMMIT_TIMEOUT_S = 30.0
 # Recent requests whose received trace context trace_contexts() can report.
 TRACE_CONTEXTS_KEPT = 1024
+
+
+class _OpenTransfer(NamedTuple):
+    reserved_ns: int
+    blocks: int  # blocks the prefill worker sends
+    first_block: int | None
+    reserve_span: trace.SpanContext
 
 
 class DecodeWorker:
@@ -54,9 +61,12 @@ class DecodeWorker:
         self._transfer_of_request: dict[str, str] = {}
         self._streams: dict[str, asyncio.Queue] = {}
         self._trace_contexts: dict[str, dict[str, dict[str, str]]] = {}  # oldest first
-        # transfer_id -> (reserve time in ns, blocks to receive, the reserve span's context):
-        # what the kv_receive span needs when the commit arrives.
-        self._opened: dict[str, tuple[int, int, trace.SpanContext]] = {}
+        # What the kv_receive span of an open transfer needs when its commit arrives.
+        self._opened: dict[str, _OpenTransfer] = {}
+        # First destination block of an open transfer -> its id, until its first chunk lands;
+        # then transfer_id -> that time (ns): where kv_receive starts.
+        self._awaiting_first_chunk: dict[int, str] = {}
+        self._first_chunk_ns: dict[str, int] = {}
         self._start_lock = asyncio.Lock()
 
     async def _started(self) -> WorkerRuntime:
@@ -116,7 +126,12 @@ class DecodeWorker:
             transfer_id = self._receiver.open(dest_blocks, timeout, inject_context())
             self._request_of_transfer[transfer_id] = rid
             self._transfer_of_request[rid] = transfer_id
-            self._opened[transfer_id] = (time.time_ns(), len(dest_blocks), span.get_span_context())
+            first_block = dest_blocks[0] if dest_blocks else None
+            self._opened[transfer_id] = _OpenTransfer(
+                time.time_ns(), len(dest_blocks), first_block, span.get_span_context()
+            )
+            if first_block is not None:
+                self._awaiting_first_chunk[first_block] = transfer_id
             span.set_attributes(
                 {
                     "pdserve.outcome": "ok",
@@ -211,11 +226,23 @@ class DecodeWorker:
         transfer_id = self._transfer_of_request.pop(request_id, None)
         if transfer_id is not None:
             self._request_of_transfer.pop(transfer_id, None)
-            self._opened.pop(transfer_id, None)
+            self._forget_opened(transfer_id)
         return transfer_id
+
+    def _forget_opened(self, transfer_id: str) -> tuple[_OpenTransfer | None, int | None]:
+        """What was kept for the transfer's kv_receive span, and when its first chunk landed."""
+        opened = self._opened.pop(transfer_id, None)
+        # Blocks are reused: only drop the entry if it is still this transfer's.
+        if opened and self._awaiting_first_chunk.get(opened.first_block) == transfer_id:
+            self._awaiting_first_chunk.pop(opened.first_block, None)
+        return opened, self._first_chunk_ns.pop(transfer_id, None)
 
     # ---- KVSink: called by the receiver on its own threads ---------------------------------
     def write_kv(self, block_ids: list[int], layer_start: int, data) -> None:
+        # Chunks carry no transfer id here; a transfer's chunks start at its first block.
+        transfer_id = self._awaiting_first_chunk.pop(block_ids[0], None) if block_ids else None
+        if transfer_id is not None:
+            self._first_chunk_ns[transfer_id] = time.time_ns()
         self._runtime.engine.write_kv(block_ids, layer_start, data)
 
     def on_commit(self, transfer_id: str, commit) -> None:
@@ -223,21 +250,24 @@ class DecodeWorker:
         if request_id is None:
             raise KeyError(f"transfer {transfer_id!r} is not open on {self.worker_id}")
         self._remember_trace(request_id, "kv", commit.trace_context)
-        opened_ns, blocks, reserve_span = self._opened.pop(transfer_id, (None, 0, None))
+        opened, first_chunk_ns = self._forget_opened(transfer_id)
+        now, blocks = time.time_ns(), opened.blocks if opened else 0
         tracer = get_tracer("pdserve.decode")
         # A child of the sender's kv_transfer span (the commit carries its context), linked to
-        # this worker's reserve span: from reservation to commit, the KV was arriving.
+        # this worker's reserve span: from its first chunk to its commit, the KV was arriving.
         receive = tracer.start_span(
             "pdserve.kv_receive",
             context=extract_context(commit.trace_context),
             kind=SpanKind.SERVER,
-            start_time=opened_ns,
-            links=[Link(reserve_span)] if reserve_span is not None else None,
+            start_time=first_chunk_ns or now,
+            links=[Link(opened.reserve_span)] if opened else None,
             attributes={
                 "pdserve.request_id": request_id,
                 "pdserve.worker_id": self.worker_id,
                 "pdserve.kv.blocks": blocks,
                 "pdserve.kv.bytes": blocks * self._runtime.bytes_per_block,
+                # How long the reservation waited for its KV (prefill compute included).
+                "pdserve.kv.reserved_s": (now - opened.reserved_ns) / 1e9 if opened else 0.0,
             },
         )
         engine = self._runtime.engine
@@ -252,7 +282,7 @@ class DecodeWorker:
 
     def on_expired(self, transfer_id: str) -> None:
         request_id = self._request_of_transfer.get(transfer_id)
-        self._opened.pop(transfer_id, None)
+        self._forget_opened(transfer_id)
         if request_id is None:
             return
         log.warning("reservation of %s expired before commit; freeing its blocks", request_id)

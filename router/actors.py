@@ -12,8 +12,10 @@ from pdserve.config import ServeConfig
 from prefill_service.worker import PrefillWorker
 
 
-def create_workers(config: ServeConfig, redis_url: str | None,
-                   ) -> tuple[dict[str, Any], dict[str, Any]]:
+def create_workers(
+    config: ServeConfig,
+    redis_url: str | None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Starts the prefill and decode actors; returns {worker_id: handle} for each pool.
 
     Each actor takes one unit of its pool's custom resource, so Ray places prefill actors only on
@@ -38,9 +40,13 @@ def create_workers(config: ServeConfig, redis_url: str | None,
                 env["PDSERVE_CPU_AFFINITY"] = str(position % (os.cpu_count() or 1))
             position += 1
             handles[worker_id] = actor_cls.options(
-                name=f"pdserve-{worker_id}", resources={resource: 1},
-                num_cpus=config.cpus_per_worker, num_gpus=config.gpus_per_worker,
-                max_restarts=-1, max_task_retries=0, max_concurrency=1000,
+                name=f"pdserve-{worker_id}",
+                resources={resource: 1},
+                num_cpus=config.cpus_per_worker,
+                num_gpus=config.gpus_per_worker,
+                max_restarts=-1,
+                max_task_retries=0,
+                max_concurrency=1000,
                 runtime_env={"env_vars": env},
             ).remote(worker_id, config.engine, config.kv, redis_url)
         created.append(handles)
@@ -51,8 +57,9 @@ def _worker_env(config: ServeConfig) -> dict[str, str]:
     # Workers inherit tracing and secret settings from the process that starts them, but not
     # its identity (each worker names itself) nor the client API keys (workers have no clients).
     own = {"PDSERVE_API_KEYS", "OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES"}
-    env = {k: v for k, v in os.environ.items()
-           if k.startswith(("OTEL_", "PDSERVE_")) and k not in own}
+    env = {
+        k: v for k, v in os.environ.items() if k.startswith(("OTEL_", "PDSERVE_")) and k not in own
+    }
     # Worker log lines look like the router's (read by pdserve.engine.worker_runtime).
     env["PDSERVE_LOG_FORMAT"] = config.log_format
     env["PDSERVE_LOG_LEVEL"] = config.log_level

@@ -56,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     _start_ray()
     records: dict[str, list] = {mode: [] for mode in MODES}
+    seconds = dict.fromkeys(MODES, 0.0)  # summed run durations (the restarts do not count)
     spans = 0
     for round_ in range(args.rounds):
         for mode in MODES:
@@ -67,11 +68,15 @@ def run(args: argparse.Namespace) -> int:
                     run_load(target, requests, max_concurrency=args.max_concurrency, seed=args.seed)
                 )
                 records[mode] += got
+                seconds[mode] += run_duration(got)
                 if receiver is not None:
                     spans += _drain(receiver)
-            failed = sum(not r.ok for r in got)
-            console.print(f"  {len(got) - failed} requests done, {failed} failed")
-    summaries = {mode: summarize(records[mode], run_duration(records[mode])) for mode in MODES}
+            s = summarize(got, run_duration(got))
+            console.print(
+                f"  {s.completed} done, {s.failed} failed; p50 TTFT {s.ttft.p50:.1f} ms, "
+                f"TPOT {s.tpot.p50:.2f} ms, E2E {s.e2e.p50:.1f} ms"
+            )
+    summaries = {mode: summarize(records[mode], seconds[mode]) for mode in MODES}
     console.print(_table(summaries, args))
     per_request = spans / (args.rounds * (args.num_requests + 2))
     console.print(f"spans exported with tracing on: {spans} ({per_request:.1f} per request)")

@@ -69,6 +69,10 @@ class BlockManager:
             parent = h
         return len(seq.block_table) * self.block_size
 
+    def is_cached(self, block_hash_value: int) -> bool:
+        """Whether a full block with this hash is in the prefix cache (tokens not checked)."""
+        return block_hash_value in self._cached
+
     def ensure_blocks(self, seq: Sequence, num_tokens: int) -> bool:
         """Grows the block table to hold `num_tokens` tokens; all or nothing."""
         needed = -(-num_tokens // self.block_size) - len(seq.block_table)

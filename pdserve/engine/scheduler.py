@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from pdserve.block_hash import prompt_block_hashes
 from pdserve.engine.block_manager import BlockManager
 from pdserve.engine.sequence import Sequence, SequenceStatus
 
@@ -87,18 +88,46 @@ class Scheduler:
             i += 1
         if batch.num_preempted:
             return batch  # no room for newcomers when running ones were just evicted
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
+        # Full prompt blocks that running sequences are still computing: a newcomer whose next
+        # block is among them waits a step and then finds it in the prefix cache, instead of
+        # computing the same shared prefix a second time in parallel.
+        in_flight = {h for seq in self.running for h in self._uncomputed_prompt_hashes(seq)}
+        for seq in list(self.waiting):
+            if budget <= 0 or len(self.running) >= self.max_num_seqs:
+                break
+            if self._next_block_in_flight(seq, in_flight):
+                continue  # it keeps its place; later arrivals may go ahead meanwhile
             n = self._admit(seq, budget)
             if n == 0:
                 break
-            self.waiting.popleft()
+            self.waiting.remove(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             batch.add(seq, n)
             budget -= n
+            in_flight.update(self._uncomputed_prompt_hashes(seq))
         self.running.sort(key=lambda s: s.arrival)
         return batch
+
+    def _uncomputed_prompt_hashes(self, seq: Sequence) -> list[int]:
+        """Hashes of the full prompt blocks of `seq` not computed yet (empty when caching is
+        off: then nothing is shared and nothing is worth waiting for)."""
+        if not self.block_manager.enable_prefix_caching:
+            return []
+        size = self.block_manager.block_size
+        if seq.prompt_block_hashes is None:
+            seq.prompt_block_hashes = prompt_block_hashes(
+                seq.token_ids[: seq.num_prompt_tokens], size)
+        return seq.prompt_block_hashes[seq.num_computed_tokens // size :]
+
+    def _next_block_in_flight(self, seq: Sequence, in_flight: set[int]) -> bool:
+        """True when the first prompt block `seq` would compute is being computed now."""
+        if not in_flight:
+            return False
+        is_cached = self.block_manager.is_cached
+        pending = self._uncomputed_prompt_hashes(seq)
+        first_missing = next((h for h in pending if not is_cached(h)), None)
+        return first_missing in in_flight
 
     def _admit(self, seq: Sequence, budget: int) -> int:
         """Blocks for the next chunk of a waiting sequence; the chunk's size, 0 = not now."""

@@ -110,8 +110,10 @@ def test_one_trace_covers_router_prefill_transfer_and_decode(served, stub, recei
     assert _parents(span["pdserve.decode"], by_id)[0] == "pdserve.attempt"
     assert _parents(span["pdserve.decode.admit"], by_id)[:3] == [
         "pdserve.kv_receive", "pdserve.kv_transfer", "pdserve.prefill"]  # fmt: skip
-    reserve = span["pdserve.decode.reserve"]
-    assert (trace_id, reserve.span_id) in span["pdserve.kv_receive"].links
+    reserve, receive = span["pdserve.decode.reserve"], span["pdserve.kv_receive"]
+    assert (trace_id, reserve.span_id) in receive.links
+    # Receiving starts with the first chunk: inside the transfer (one machine, one clock).
+    assert span["pdserve.kv_transfer"].start_ns <= receive.start_ns <= receive.end_ns
 
     generate = span["pdserve.generate"].attributes
     assert generate["pdserve.request_id"] == "observed-request"
