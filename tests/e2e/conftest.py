@@ -16,16 +16,6 @@ ENGINE = EngineConfig(block_size=4, num_kv_blocks=512, max_num_seqs=32,
                       max_num_batched_tokens=256, num_threads=1)
 
 
-@pytest.fixture(scope="session")
-def ray_cluster():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             resources={"prefill_pool": 8, "decode_pool": 8})
-    yield ray
-    ray.shutdown()
-
-
 def serve_config(transport: str = "grpc", **overrides) -> ServeConfig:
     config = ServeConfig(
         engine=dataclasses.replace(ENGINE),

@@ -7,13 +7,11 @@ which forms the pair's Gloo group from it. Starting Ray costs ~5-10 s, hence one
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 
 ray = pytest.importorskip("ray")
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 SECRET = "ray-test-secret"
 
 
@@ -62,17 +60,13 @@ class PrefillSide:
         return os.getpid(), self.sender.send(request).bytes
 
 
-def test_pair_group_forms_through_ray_and_moves_blocks_between_actors(monkeypatch):
+def test_pair_group_forms_through_ray_and_moves_blocks_between_actors(ray_cluster):
     import torch
 
     from tests.kv_transfer.kv_helpers import make_cache
 
-    # Workers of a local Ray inherit this environment: let them import the repo's packages.
-    path = os.environ.get("PYTHONPATH", "")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(REPO_ROOT), path) if p))
-    ray.init(num_cpus=2, include_dashboard=False)
+    decode, prefill = DecodeSide.remote(), PrefillSide.remote()
     try:
-        decode, prefill = DecodeSide.remote(), PrefillSide.remote()
         endpoint = ray.get(decode.start.remote())
         src, dest = [0, 4, 8, 15], [2, 3, 11, 12]
         for _ in range(2):  # second transfer: same pair group
@@ -82,7 +76,8 @@ def test_pair_group_forms_through_ray_and_moves_blocks_between_actors(monkeypatc
             )
         receiver_pid, received, commits = ray.get(decode.received.remote(dest))
     finally:
-        ray.shutdown()
+        for actor in (decode, prefill):
+            ray.kill(actor)
     assert sender_pid != receiver_pid != os.getpid()  # a real cross-process transfer
     assert torch.equal(received, make_cache(1)[:, :, src])
     assert nbytes == received.nbytes and [c.first_token_id for c in commits.values()] == [7, 7]
