@@ -7,7 +7,6 @@ receiver reuses this server for its control plane and adds two methods.
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Iterator
 from concurrent import futures
 from typing import Any
@@ -139,7 +138,7 @@ class GrpcKVReceiver(KVReceiver):
     def _write_chunk(self, header: pb.ChunkHeader, payload: memoryview) -> None:
         tid, spec = header.transfer_id, spec_of(header)
         self._table.validate(tid, spec)  # cheap checks first: fenced ids cost no CRC work
-        if zlib.crc32(payload) != header.checksum:
+        if wire.payload_checksum(payload) != header.checksum:
             self._table.fail(
                 tid, f"transfer {tid}: chunk {header.seq} checksum mismatch", RejectReason.CORRUPT
             )

@@ -10,7 +10,6 @@ import contextlib
 import queue
 import threading
 import time
-import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -198,7 +197,7 @@ class GrpcKVSender(KVSender):
                 num_layers=request.num_layers,
                 dtype=str(data.dtype).removeprefix("torch."),
                 shape=list(data.shape),
-                checksum=zlib.crc32(payload),
+                checksum=wire.payload_checksum(payload),
                 trace_context=request.trace_context,
             )
             encoded = wire.encode_chunk(header, payload)

@@ -6,17 +6,19 @@ protobuf would copy the payload into a message and again when serializing, while
 `decode_chunk` returns a zero-copy view of the payload. The result is valid protobuf, so other
 clients can still speak the service with generated code.
 
-Checksum: CRC-32 (zlib) of the payload. Measured on this project's CI box: zlib.crc32 ~1.8 GB/s
-on one core, as fast as adler32 and faster than any hashlib digest (blake2b 0.3, sha1 0.7);
-no faster CRC package is installed. It releases the GIL, so it overlaps with the gRPC threads.
+Checksum: CRC-32C (Castagnoli) of the payload, by the `crc32c` package, which uses the CPU's
+CRC instructions: ~6.8 GB/s on one core of the CI box, where zlib's CRC-32 gave ~1.8 GB/s (a
+whole extra pass over the data, on each side, at that speed cost as much as the TCP transfer).
+It accepts buffers without copying and releases the GIL, so it overlaps with the gRPC threads.
 CUDA payloads (collective transport) use `_device_checksum`, a reduction that stays on the GPU.
 """
 
 from __future__ import annotations
 
 import warnings
-import zlib
 from typing import TYPE_CHECKING
+
+import crc32c
 
 from pdserve.pb import kv_transfer_pb2 as pb
 
@@ -62,10 +64,15 @@ def tensor_bytes(tensor: torch.Tensor) -> memoryview:
     return memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
 
 
+def payload_checksum(payload: memoryview | bytes) -> int:
+    """CRC-32C of a chunk's bytes (what the grpc transport puts in ChunkHeader.checksum)."""
+    return crc32c.crc32c(payload)
+
+
 def checksum(tensor: torch.Tensor) -> int:
-    """Checksum of a contiguous tensor's bytes: CRC-32 on CPU, `_device_checksum` elsewhere."""
+    """Checksum of a contiguous tensor's bytes: CRC-32C on CPU, `_device_checksum` elsewhere."""
     if tensor.device.type == "cpu":
-        return zlib.crc32(tensor_bytes(tensor))
+        return payload_checksum(tensor_bytes(tensor))
     return _device_checksum(tensor)
 
 

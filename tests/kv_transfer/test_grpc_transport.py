@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-import zlib
 
 import grpc
 import pytest
@@ -46,7 +45,7 @@ def raw_chunk(
         num_layers=NUM_LAYERS,
         dtype=str(data.dtype).removeprefix("torch."),
         shape=list(data.shape),
-        checksum=zlib.crc32(payload) ^ crc_xor,
+        checksum=wire.payload_checksum(payload) ^ crc_xor,
     )
     return wire.encode_chunk(header, payload)
 
