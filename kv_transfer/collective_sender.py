@@ -89,17 +89,8 @@ class CollectiveKVSender(KVSender):
         for seq, (l0, l1) in enumerate(ranges):
             data = first if (l0, l1) == (0, 1) else request.read_kv(src, l0, l1)
             data = data.contiguous()
-            header = pb.ChunkHeader(
-                transfer_id=request.transfer_id,
-                seq=seq,
-                layer_start=l0,
-                layer_end=l1,
-                num_layers=request.num_layers,
-                dtype=str(data.dtype).removeprefix("torch."),
-                shape=list(data.shape),
-                checksum=wire.checksum(data),
-                trace_context=request.trace_context,
-                pair_id=pair.pair_id,
+            header = wire.chunk_header(
+                request, seq, l0, l1, data, wire.checksum(data), pair_id=pair.pair_id
             )
             if self.tamper is not None:
                 self.tamper(seq, data)

@@ -189,17 +189,7 @@ class GrpcKVSender(KVSender):
             data = first if (l0, l1) == (0, 1) else request.read_kv(src, l0, l1)
             data = data.cpu().contiguous()  # gRPC needs host bytes; a CPU tensor is used in place
             payload = wire.tensor_bytes(data)
-            header = pb.ChunkHeader(
-                transfer_id=request.transfer_id,
-                seq=seq,
-                layer_start=l0,
-                layer_end=l1,
-                num_layers=request.num_layers,
-                dtype=str(data.dtype).removeprefix("torch."),
-                shape=list(data.shape),
-                checksum=wire.payload_checksum(payload),
-                trace_context=request.trace_context,
-            )
+            header = wire.chunk_header(request, seq, l0, l1, data, wire.payload_checksum(payload))
             encoded = wire.encode_chunk(header, payload)
             if self.tamper is not None:
                 encoded = self.tamper(seq, encoded)

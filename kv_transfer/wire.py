@@ -132,3 +132,21 @@ def tensor_from_payload(payload: memoryview, dtype: str, shape: list[int]) -> to
     if expected == 0:
         return torch.empty(shape, dtype=torch_dtype)
     return torch.frombuffer(payload, dtype=torch_dtype).view(shape)
+
+
+def chunk_header(request, seq: int, layer_start: int, layer_end: int, data: torch.Tensor,
+                 checksum_value: int, **extra) -> pb.ChunkHeader:
+    """The header of one chunk of `request` (a TransferRequest): layers [start, end) of its
+    blocks, as `data` holds them; `extra` sets transport-specific fields."""
+    return pb.ChunkHeader(
+        transfer_id=request.transfer_id,
+        seq=seq,
+        layer_start=layer_start,
+        layer_end=layer_end,
+        num_layers=request.num_layers,
+        dtype=str(data.dtype).removeprefix("torch."),
+        shape=list(data.shape),
+        checksum=checksum_value,
+        trace_context=request.trace_context,
+        **extra,
+    )

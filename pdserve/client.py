@@ -28,6 +28,10 @@ from opentelemetry import propagate
 from pdserve.pb import generate_pb2, generate_pb2_grpc
 
 DEFAULT_TARGET = "127.0.0.1:50051"
+# FINISH_REASON_LENGTH -> "length", ...
+_FINISH_REASONS = {
+    v: k.removeprefix("FINISH_REASON_").lower() for k, v in generate_pb2.FinishReason.items()
+}
 
 Prompt = str | Sequence[int]  # text, or token ids of the served model
 Metadata = Mapping[str, str] | Sequence[tuple[str, str]]
@@ -91,9 +95,8 @@ class Completion:
         self.text += response.text
         self.token_ids.extend(response.token_ids)
         self.logprobs.extend(response.logprobs)
-        if response.finish_reason:  # FINISH_REASON_LENGTH -> "length"
-            name = generate_pb2.FinishReason.Name(response.finish_reason)
-            self.finish_reason = name.removeprefix("FINISH_REASON_").lower()
+        if response.finish_reason:  # an unknown (newer) reason reads as "abort": not a success
+            self.finish_reason = _FINISH_REASONS.get(response.finish_reason, "abort")
         if response.HasField("usage"):
             self.usage = _from_pb(Usage, response.usage)
         if response.HasField("timings"):

@@ -97,6 +97,11 @@ class Weights:
     # this request's max_tokens when fewer (the best guess of its neighbours' lengths): a stall
     # hurts short requests' TPOT most.
     stall_amortize_tokens: int = 32
+    # Requests a local prefill stalls beyond those D holds now: whoever the router sends to D
+    # while the prefill runs (stats lag; arrivals keep coming). An idle D is not free to stall:
+    # without this, a local prefill with no cached prefix always beat a remote one by the
+    # transfer time, and the next request's decodes paid for it.
+    stall_newcomers: float = 1.0
 
 
 @dataclass
@@ -174,6 +179,7 @@ def objective(
     ttft/ttft_slo + w.tpot * tpot/tpot_slo                    this request
     + w.compute * prefill compute / ttft_slo                   later requests (pool throughput)
     + w.interference * (running * dTPOT + stalled * stall/S) / tpot_slo   D's other requests
+                  (stalled: D's requests now plus w.stall_newcomers arriving during the stall)
     + w.slo_penalty * (SLO overshoot of TTFT and TPOT)         a miss costs more than slowness
     + w.kv_pressure * (KV occupancy above the soft limit)      preemption risk on D
     """
@@ -182,7 +188,8 @@ def objective(
     slowdown = est.tpot_s - cost.decode_step_seconds(max(1, before))
     # A local prefill pauses D's running decodes, and the requests queued behind it too.
     amortize = max(1, min(w.stall_amortize_tokens, request.max_tokens))
-    harm = decode.num_running * max(0.0, slowdown) + before * est.stall_s / amortize
+    stalled = before + w.stall_newcomers if est.stall_s else 0.0
+    harm = decode.num_running * max(0.0, slowdown) + stalled * est.stall_s / amortize
     terms = {
         "ttft": ttft_n,
         "tpot": w.tpot * tpot_n,

@@ -82,6 +82,8 @@ class Routing:
         }
         if decision.chosen is not None:
             estimates["estimate"] = decision.chosen
+        if decision.prefill_worker:
+            estimates["block_hashes"] = hashes  # credited to the decode worker on commit
         return Route(
             decode_worker=decision.decode_worker,
             prefill_worker=decision.prefill_worker,
@@ -98,6 +100,8 @@ class Routing:
             self.policy.cost.observe_request_prefill(
                 result.num_prompt_tokens - hit, result.prefill_s
             )
+            # The push has committed: from now on the decode worker holds the prompt's blocks.
+            self.recent.add(route.decode_worker, route.estimates.get("block_hashes", []))
         if self.index is None:
             return
         worker = route.prefill_worker or route.decode_worker
@@ -110,11 +114,11 @@ class Routing:
         prefiller = decision.prefill_worker or decision.decode_worker
         uncached = request.uncached_tokens(decision.chosen.prefill_cached_blocks)
         self._routed_tokens[prefiller] = self._routed_tokens.get(prefiller, 0) + uncached
-        # The prefilling worker caches the prompt's full blocks, and a decode worker receiving
-        # them caches them on commit.
+        # The prefilling worker caches the prompt's full blocks, and a request queued behind it
+        # there reuses them (the scheduler computes a shared prefix once). A decode worker
+        # receiving them holds them only once the push commits (`on_prefill_done`): crediting it
+        # now would make a local prefill there look cheap while it would compute the whole prompt.
         self.recent.add(prefiller, hashes)
-        if decision.prefill_worker:
-            self.recent.add(decision.decode_worker, hashes)
 
     def _load(self, worker: Worker) -> WorkerLoad:
         if worker.stats is None:

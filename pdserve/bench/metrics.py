@@ -141,8 +141,9 @@ def summarize(
     slo_tpot_ms: float | None = None,
 ) -> BenchSummary:
     """Summary statistics of a run that took `duration_s` (first send to last completion)."""
-    if duration_s <= 0:
-        raise ValueError(f"duration_s must be > 0, got {duration_s}")
+    if duration_s < 0:
+        raise ValueError(f"duration_s must be >= 0, got {duration_s}")
+    per_s = 1.0 / duration_s if duration_s > 0 else 0.0  # an empty run has no rates
     done = [r for r in records if r.ok]
     failures: dict[str, int] = {}
     for record in records:
@@ -161,13 +162,13 @@ def summarize(
         duration_s=duration_s,
         total_input_tokens=input_tokens,
         total_output_tokens=output_tokens,
-        request_throughput=len(done) / duration_s,
-        output_throughput=output_tokens / duration_s,
-        total_token_throughput=(input_tokens + output_tokens) / duration_s,
+        request_throughput=len(done) * per_s,
+        output_throughput=output_tokens * per_s,
+        total_token_throughput=(input_tokens + output_tokens) * per_s,
         slo_ttft_ms=slo_ttft_ms,
         slo_tpot_ms=slo_tpot_ms,
         good_requests=good,
-        goodput=None if good is None else good / duration_s,
+        goodput=None if good is None else good * per_s,
         cached_prompt_tokens=sum(r.cached_prompt_tokens for r in done),
         ttft=LatencyStats.of([r.ttft for r in done if r.ttft is not None]),
         tpot=LatencyStats.of([r.tpot for r in done if r.tpot is not None]),

@@ -23,7 +23,8 @@ def summary_table(summary: BenchSummary, title: str = "Serving benchmark") -> Ta
         table.add_column(name, justify="right")
     rows: list[tuple[str, str]] = [
         ("requests completed", f"{summary.completed} / {summary.num_requests}"),
-        ("requests failed", _failures(summary)),
+        ("requests failed", f"[red]{summary.failed}[/]" if summary.failed else "0"),
+        *((f"  {code}", str(count)) for code, count in summary.failures.items()),
         ("duration (s)", f"{summary.duration_s:.2f}"),
         ("input tokens", str(summary.total_input_tokens)),
         ("  of which cached", str(summary.cached_prompt_tokens)),
@@ -52,13 +53,6 @@ def summary_table(summary: BenchSummary, title: str = "Serving benchmark") -> Ta
         values = (stats.mean, stats.p50, stats.p90, stats.p99, stats.max)
         table.add_row(f"{label} (ms)", f"n={stats.count}", *(f"{v:.2f}" for v in values))
     return table
-
-
-def _failures(summary: BenchSummary) -> str:
-    if not summary.failed:
-        return "0"
-    codes = ", ".join(f"{code}: {n}" for code, n in summary.failures.items())
-    return f"[red]{summary.failed}[/] ({codes})"
 
 
 def tag_table(by_tag: Mapping[str, BenchSummary]) -> Table:

@@ -108,8 +108,7 @@ def run(args: argparse.Namespace) -> int:
             timeout=args.timeout,
         )
     )
-    # A run where nothing was even sent has no duration; any positive number keeps rates at 0.
-    duration = metrics.run_duration(records) or 1e-9
+    duration = metrics.run_duration(records)
     slos = (args.slo_ttft_ms, args.slo_tpot_ms)
     summary = metrics.summarize(records, duration, *slos)
     by_tag = metrics.summarize_by_tag(records, duration, *slos)

@@ -222,3 +222,37 @@ def test_worker_stats_feed_the_policy() -> None:
     load = WorkerLoad.from_stats(stats, inflight=1, inflight_prompt_tokens=50)
     assert (load.queued_requests, load.queued_tokens, load.load) == (4, 350, 36)
     assert policy().decide(LONG, [worker("p0")], [load]).prefill_worker == "p0"
+
+
+def calibrated(intercept: float = 0.02, per_token: float = 2.5e-4) -> CostModel:
+    """A CostModel that has measured a small model's prefills (per request) and decode steps."""
+    cost = CostModel()
+    for tokens in (32, 128, 288, 512):
+        for _ in range(10):
+            cost.observe_request_prefill(tokens, intercept + per_token * tokens)
+    for batch in (1, 2, 4):
+        for _ in range(10):
+            cost.observe_decode_step(batch, 0.008 + 0.001 * batch)
+    return cost
+
+
+# A shared-prefix chat turn: 256-token system prompt (16 blocks) + 32-token question; a small
+# model's KV (32 KiB a block) transfers in a few milliseconds.
+CHAT = RoutingRequest(prompt_tokens=288, max_tokens=8, block_size=16, bytes_per_block=32 << 10)
+
+
+def test_an_idle_decode_worker_does_not_prefill_a_cold_prompt_when_transfers_are_cheap() -> None:
+    # Nothing to reuse on D, so a local prefill saves only the transfer; meanwhile it stalls
+    # whatever the router sends to D next, which the objective now counts.
+    pol = RoutingPolicy(RouterConfig(), calibrated())
+    decision = pol.decide(CHAT, [worker("p0"), worker("p1")], [worker("d0"), worker("d1")])
+    assert decision.prefill_worker in ("p0", "p1")
+    local = decision.estimates["local@d0"]
+    assert local.terms["interference"] > 0 and local.ttft_s < decision.chosen.ttft_s
+
+
+def test_an_idle_decode_worker_holding_the_prefix_prefills_locally() -> None:
+    # D holds the system prompt and no prefill worker does: 32 tokens locally beat 288 remotely.
+    pol = RoutingPolicy(RouterConfig(), calibrated())
+    decision = pol.decide(CHAT, [worker("p0")], [worker("d0"), worker("d1")], {"d1": 16})
+    assert (decision.prefill_worker, decision.decode_worker) == (None, "d1")

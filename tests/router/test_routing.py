@@ -1,0 +1,56 @@
+"""Routing (router/routing.py): what the router credits each worker with between polls."""
+
+from __future__ import annotations
+
+from pdserve.config import RouterConfig
+from pdserve.messages import PrefillResult, WorkerStats
+from router.policy import RoutingPolicy
+from router.routing import Routing
+from router.worker_pool import WorkerPool
+
+BLOCK = 16
+SYSTEM = list(range(1, 257))  # a 256-token system prompt: 16 full blocks
+
+
+def routing(**config) -> Routing:
+    config.setdefault("disaggregate", "always")
+    pool = WorkerPool({"prefill-0": None}, {"decode-0": None})  # no actor is ever called
+    for worker in pool.workers.values():
+        worker.healthy = True
+        worker.stats = WorkerStats(
+            worker.worker_id, worker.role, epoch=1, num_blocks=4096, num_free_blocks=4096,
+            bytes_per_block=8192,
+        )  # fmt: skip
+    return Routing(pool, RoutingPolicy(RouterConfig(**config)), BLOCK)
+
+
+def done(route, prompt: list[int], cached: int = 0) -> PrefillResult:
+    return PrefillResult(
+        request_id="r", worker_id=route.prefill_worker, first_token_id=1, first_logprob=None,
+        text="", finished=False, finish_reason=None, num_prompt_tokens=len(prompt),
+        num_cached_tokens=cached, queue_s=0.0, prefill_s=0.05,
+    )  # fmt: skip
+
+
+def test_a_decode_worker_is_credited_with_a_pushed_prefix_only_once_it_commits() -> None:
+    # Until the push commits, the decode worker has none of the prompt's blocks: crediting it
+    # at routing time made a local prefill there look nearly free, and it then computed the
+    # whole prompt again.
+    r = routing()
+    first = SYSTEM + [1000, 1001, 1002]
+    route = r.choose(first, 8, set())
+    assert (route.prefill_worker, route.decode_worker) == ("prefill-0", "decode-0")
+    second = r.choose(SYSTEM + [2000, 2001], 8, set())
+    assert second.estimates["cached_blocks"] == {"prefill-0": 16}
+    r.on_prefill_done(route, done(route, first))
+    third = r.choose(SYSTEM + [3000], 8, set())
+    assert third.estimates["cached_blocks"] == {"prefill-0": 16, "decode-0": 16}
+
+
+def test_a_local_prefill_credits_its_decode_worker_at_once() -> None:
+    # A request queued behind it on the same worker reuses the prefix (the scheduler computes
+    # a shared prefix once), so the credit is immediate.
+    r = routing(disaggregate="never")
+    route = r.choose(SYSTEM + [1000], 8, set())
+    assert route.prefill_worker is None
+    assert r.choose(SYSTEM + [2000], 8, set()).estimates["cached_blocks"] == {"decode-0": 16}
