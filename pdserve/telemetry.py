@@ -13,7 +13,9 @@ Exporters follow the standard variables:
 - `OTEL_TRACES_SAMPLER[_ARG]`: as the SDK defines them. With no exporter and no sampler
   set, root spans are not sampled (no recording cost) but still carry a trace id, and a
   sampled parent from upstream is honoured, so propagation through this process works.
-- `OTEL_RESOURCE_ATTRIBUTES` adds resource attributes; `service_name` names the process.
+- `OTEL_RESOURCE_ATTRIBUTES` adds resource attributes. The process's role
+  (`pdserve-router`, `pdserve-prefill`, `pdserve-decode`) is the service name unless
+  `OTEL_SERVICE_NAME` is set; the role is always in the `pdserve.role` attribute.
 
 A later `setup_tracing` call in the same process re-reads the exporter variables (a test or a
 benchmark that serves twice in one process, with tracing off and then on): the global provider
@@ -196,7 +198,12 @@ def _build(service_name: str) -> tuple[TracerProvider, _ExporterSlot]:
     slot.configure()
     provider = TracerProvider(
         sampler=_SampleWhileExporting(slot),
-        resource=Resource.create({SERVICE_NAME: service_name}),
+        # Explicit attributes win over the environment's in Resource.create, so honour
+        # OTEL_SERVICE_NAME here; the role stays queryable either way.
+        resource=Resource.create({
+            SERVICE_NAME: os.environ.get("OTEL_SERVICE_NAME") or service_name,
+            "pdserve.role": service_name.removeprefix("pdserve-"),
+        }),
     )
     provider.add_span_processor(slot)
     return provider, slot

@@ -1,0 +1,15 @@
+"""Benchmarks (`pdserve bench ...`); each prints ratios against a baseline run in the same run.
+
+- `datasets.py` — workloads: random, shared-prefix, mixed, sharegpt:FILE (pure functions of
+  their settings and seed).
+- `load_generator.py` — open-loop (gamma arrivals) or closed-loop load over the gRPC API,
+  recording client-side timestamps.
+- `metrics.py` — per-request TTFT/TPOT/ITL/E2E, summaries, SLO goodput (DistServe's definition).
+- `report.py`, `plots.py` — rich tables, JSON, latency CDF plots.
+- `serve_bench.py` — `bench serve`: the harness against a running server.
+- `compare_bench.py` — `bench compare`: disaggregated vs colocated on the same cores.
+- `router_bench.py` — `bench router`: the cost policy vs round-robin.
+- `engine_bench.py` — `bench engine`: decode tokens/s vs transformers.
+- `transfer_bench.py` — `bench transfer`: KV transfer GB/s vs raw TCP.
+- `tracing_bench.py`, `span_receiver.py` — `bench tracing`: latency with tracing on vs off.
+"""

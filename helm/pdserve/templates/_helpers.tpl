@@ -97,8 +97,9 @@ Call with (dict "root" $ "name" <secret name> "key" <data key>).
 {{/*
 OpenTelemetry settings of every pdserve container. Ray worker processes inherit the environment
 of the `ray start` that KubeRay runs, so the actors on a pool see their pod's variables; on top
-of that the router copies its own OTEL_* and PDSERVE_* variables into the actors' runtime_env
-(router/actors.py). Hence one OTEL_SERVICE_NAME for all roles, and the per-pod resource
+of that the router copies its own OTEL_* and PDSERVE_* variables (but not OTEL_SERVICE_NAME or
+OTEL_RESOURCE_ATTRIBUTES) into the actors' runtime_env (router/actors.py). Hence one
+OTEL_SERVICE_NAME for all roles (each process adds its `pdserve.role`), and the per-pod resource
 attributes (pod name, role) only on the Ray containers, never on the router, whose values would
 otherwise overwrite the workers'. Call with (dict "root" $ "role" "prefill").
 */}}
