@@ -53,6 +53,8 @@ class GrpcKVReceiver(KVReceiver):
         self._secret = resolve_secret(config)
         self._table = ReservationTable(sink, layout, config.reservation_timeout_s)
         self._server: grpc.Server | None = None
+        # Verifies and writes chunks while the stream handlers read the next ones.
+        self._writer = futures.ThreadPoolExecutor(_SERVER_THREADS, thread_name_prefix="kv-write")
         self.endpoint = ""
 
     # -- KVReceiver -------------------------------------------------------------------------
@@ -92,6 +94,7 @@ class GrpcKVReceiver(KVReceiver):
         if self._server is not None:
             self._server.stop(grace=0.5).wait()
             self._server = None
+        self._writer.shutdown(wait=False)
         self._table.close()
 
     def state(self, transfer_id: str) -> TransferState | None:
@@ -126,11 +129,20 @@ class GrpcKVReceiver(KVReceiver):
         self, chunks: Iterator[tuple[pb.ChunkHeader, memoryview]], context: grpc.ServicerContext
     ) -> pb.PushChunksResponse:
         count = nbytes = 0
+        # Chunk i is verified and written on a helper thread while this thread reads chunk i+1
+        # off the stream: HTTP/2 flow control stalls the sender until we read, so doing both
+        # on one thread would serialize checksum + copy with the network. One chunk in flight
+        # keeps chunks in order and bounds the memory held.
+        pending: futures.Future | None = None
         try:
             for header, payload in chunks:
-                self._write_chunk(header, payload)
+                if pending is not None:
+                    pending.result()
+                pending = self._writer.submit(self._write_chunk, header, payload)
                 count += 1
                 nbytes += payload.nbytes
+            if pending is not None:
+                pending.result()
         except TransferRejected as exc:
             context.abort(STATUS_OF[exc.reason], str(exc))
         return pb.PushChunksResponse(chunks=count, bytes=nbytes)

@@ -134,8 +134,15 @@ def tensor_from_payload(payload: memoryview, dtype: str, shape: list[int]) -> to
     return torch.frombuffer(payload, dtype=torch_dtype).view(shape)
 
 
-def chunk_header(request, seq: int, layer_start: int, layer_end: int, data: torch.Tensor,
-                 checksum_value: int, **extra) -> pb.ChunkHeader:
+def chunk_header(
+    request,
+    seq: int,
+    layer_start: int,
+    layer_end: int,
+    data: torch.Tensor,
+    checksum_value: int,
+    **extra,
+) -> pb.ChunkHeader:
     """The header of one chunk of `request` (a TransferRequest): layers [start, end) of its
     blocks, as `data` holds them; `extra` sets transport-specific fields."""
     return pb.ChunkHeader(

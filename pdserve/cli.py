@@ -21,8 +21,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def add_lazy_subcommands(parser: argparse.ArgumentParser, table: dict[str, tuple[str, str]],
-                         argv: list[str], depth: int = 0) -> None:
+def add_lazy_subcommands(
+    parser: argparse.ArgumentParser,
+    table: dict[str, tuple[str, str]],
+    argv: list[str],
+    depth: int = 0,
+) -> None:
     """One subparser per entry; only the entry named in argv is imported and asked for its
     arguments (the others still show up, with their help line, in --help). A module with a
     SUBCOMMANDS table (like `bench`) gets its own level of lazy subcommands."""
@@ -35,8 +39,9 @@ def add_lazy_subcommands(parser: argparse.ArgumentParser, table: dict[str, tuple
             continue
         module = importlib.import_module(module_name)
         if hasattr(module, "SUBCOMMANDS"):
-            add_lazy_subcommands(command_parser, module.SUBCOMMANDS,
-                                 argv[argv.index(name) + 1:], depth + 1)
+            add_lazy_subcommands(
+                command_parser, module.SUBCOMMANDS, argv[argv.index(name) + 1 :], depth + 1
+            )
         else:
             module.add_arguments(command_parser)
             command_parser.set_defaults(_run=module.run)

@@ -200,10 +200,12 @@ def _build(service_name: str) -> tuple[TracerProvider, _ExporterSlot]:
         sampler=_SampleWhileExporting(slot),
         # Explicit attributes win over the environment's in Resource.create, so honour
         # OTEL_SERVICE_NAME here; the role stays queryable either way.
-        resource=Resource.create({
-            SERVICE_NAME: os.environ.get("OTEL_SERVICE_NAME") or service_name,
-            "pdserve.role": service_name.removeprefix("pdserve-"),
-        }),
+        resource=Resource.create(
+            {
+                SERVICE_NAME: os.environ.get("OTEL_SERVICE_NAME") or service_name,
+                "pdserve.role": service_name.removeprefix("pdserve-"),
+            }
+        ),
     )
     provider.add_span_processor(slot)
     return provider, slot

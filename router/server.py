@@ -25,19 +25,28 @@ class RouterServer:
     (readiness).
     """
 
-    def __init__(self, service: GenerationService, host: str, port: int,
-                 interceptors: list | None = None) -> None:
+    def __init__(
+        self, service: GenerationService, host: str, port: int, interceptors: list | None = None
+    ) -> None:
         self.service = service
-        self._server = grpc.aio.server(interceptors=interceptors or [], options=[
-            ("grpc.max_receive_message_length", 64 << 20),
-            ("grpc.max_send_message_length", 64 << 20),
-        ])
+        self._server = grpc.aio.server(
+            interceptors=interceptors or [],
+            options=[
+                ("grpc.max_receive_message_length", 64 << 20),
+                ("grpc.max_send_message_length", 64 << 20),
+            ],
+        )
         generate_pb2_grpc.add_GenerationServicer_to_server(service, self._server)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         reflection.enable_server_reflection(
-            [GENERATION_SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-             reflection.SERVICE_NAME], self._server)
+            [
+                GENERATION_SERVICE,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ],
+            self._server,
+        )
         self.port = self._server.add_insecure_port(f"{host}:{port}")
         if self.port == 0:
             raise RuntimeError(f"could not bind the router to {host}:{port}")
@@ -49,8 +58,11 @@ class RouterServer:
         log.info("router serving pdserve.v1.Generation on port %d", self.port)
 
     async def set_ready(self, ready: bool) -> None:
-        status = (health_pb2.HealthCheckResponse.SERVING if ready
-                  else health_pb2.HealthCheckResponse.NOT_SERVING)
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if ready
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
         await self.health.set(GENERATION_SERVICE, status)
 
     async def stop(self, grace_s: float = 5.0) -> None:

@@ -33,29 +33,34 @@ class ModelLimits:
     eos_token_ids: list[int]
 
 
-def validate(request: generate_pb2.GenerateRequest, limits: ModelLimits,
-             tokenize) -> tuple[str, list[int], SamplingParams]:
+def validate(
+    request: generate_pb2.GenerateRequest, limits: ModelLimits, tokenize
+) -> tuple[str, list[int], SamplingParams]:
     """Returns (request_id, prompt token ids, sampling params); raises RequestError."""
     request_id = request.request_id or uuid.uuid4().hex
     if len(request_id) > MAX_REQUEST_ID_LEN:
         raise RequestError(f"request_id: longer than {MAX_REQUEST_ID_LEN} characters")
     if request.model and request.model != limits.name:
-        raise RequestError(f"model: unknown model {request.model!r}; this server serves "
-                           f"{limits.name!r}")
+        raise RequestError(
+            f"model: unknown model {request.model!r}; this server serves {limits.name!r}"
+        )
     prompt_ids = _prompt_ids(request, limits, tokenize)
     sampling = _sampling(request.sampling if request.HasField("sampling") else None, limits)
     if len(prompt_ids) >= limits.max_model_len:
-        raise RequestError(f"prompt: {len(prompt_ids)} tokens do not fit the context of "
-                           f"{limits.max_model_len} tokens (at least one token must be generated)")
+        raise RequestError(
+            f"prompt: {len(prompt_ids)} tokens do not fit the context of "
+            f"{limits.max_model_len} tokens (at least one token must be generated)"
+        )
     if len(prompt_ids) + sampling.max_tokens > limits.max_model_len:
-        raise RequestError(f"sampling.max_tokens: prompt ({len(prompt_ids)} tokens) + max_tokens "
-                           f"({sampling.max_tokens}) exceeds the context of "
-                           f"{limits.max_model_len} tokens")
+        raise RequestError(
+            f"sampling.max_tokens: prompt ({len(prompt_ids)} tokens) + max_tokens "
+            f"({sampling.max_tokens}) exceeds the context of "
+            f"{limits.max_model_len} tokens"
+        )
     return request_id, prompt_ids, sampling
 
 
-def _prompt_ids(request: generate_pb2.GenerateRequest, limits: ModelLimits,
-                tokenize) -> list[int]:
+def _prompt_ids(request: generate_pb2.GenerateRequest, limits: ModelLimits, tokenize) -> list[int]:
     which = request.WhichOneof("prompt")
     if which is None:
         raise RequestError("prompt: missing; set prompt.text or prompt.token_ids")
@@ -71,15 +76,17 @@ def _prompt_ids(request: generate_pb2.GenerateRequest, limits: ModelLimits,
         raise RequestError("prompt.token_ids: empty prompt")
     bad = next((t for t in ids if t >= limits.vocab_size), None)
     if bad is not None:
-        raise RequestError(f"prompt.token_ids: token id {bad} is outside the vocabulary "
-                           f"(size {limits.vocab_size})")
+        raise RequestError(
+            f"prompt.token_ids: token id {bad} is outside the vocabulary (size {limits.vocab_size})"
+        )
     return ids
 
 
 def _sampling(params: generate_pb2.SamplingParams | None, limits: ModelLimits) -> SamplingParams:
     if params is None:
-        return SamplingParams(max_tokens=DEFAULT_MAX_TOKENS,
-                              stop_token_ids=list(limits.eos_token_ids))
+        return SamplingParams(
+            max_tokens=DEFAULT_MAX_TOKENS, stop_token_ids=list(limits.eos_token_ids)
+        )
     temperature = params.temperature if params.HasField("temperature") else 0.0
     if not math.isfinite(temperature) or temperature < 0:
         raise RequestError(f"sampling.temperature: must be >= 0 (0 = greedy), got {temperature}")
@@ -105,7 +112,13 @@ def _sampling(params: generate_pb2.SamplingParams | None, limits: ModelLimits) -
     # a retry, must continue one random stream.
     seed = params.seed if params.HasField("seed") else secrets.randbits(63)
     return SamplingParams(
-        max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-        stop_token_ids=stop_ids, stop=stop, ignore_eos=params.ignore_eos,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=seed,
+        stop_token_ids=stop_ids,
+        stop=stop,
+        ignore_eos=params.ignore_eos,
         logprobs=params.logprobs,
     )

@@ -32,8 +32,13 @@ class Worker:
 
 
 class WorkerPool:
-    def __init__(self, prefill: dict[str, Any], decode: dict[str, Any],
-                 poll_interval_s: float = 0.25, call_timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        prefill: dict[str, Any],
+        decode: dict[str, Any],
+        poll_interval_s: float = 0.25,
+        call_timeout_s: float = 5.0,
+    ) -> None:
         self.workers: dict[str, Worker] = {}
         for role, actors in (("prefill", prefill), ("decode", decode)):
             for worker_id, actor in actors.items():
@@ -48,7 +53,8 @@ class WorkerPool:
         """Waits until every worker has loaded its model, then polls stats in the background."""
         await asyncio.wait_for(
             asyncio.gather(*(w.actor.ready.remote() for w in self.workers.values())),
-            ready_timeout_s)
+            ready_timeout_s,
+        )
         await self.poll_once()
         self._poller = asyncio.create_task(self._poll_forever())
 
@@ -57,8 +63,9 @@ class WorkerPool:
             self._poller.cancel()
 
     def of_role(self, role: str, healthy_only: bool = True) -> list[Worker]:
-        return [w for w in self.workers.values()
-                if w.role == role and (w.healthy or not healthy_only)]
+        return [
+            w for w in self.workers.values() if w.role == role and (w.healthy or not healthy_only)
+        ]
 
     def mark_unhealthy(self, worker_id: str, reason: str) -> None:
         worker = self.workers[worker_id]
@@ -73,14 +80,16 @@ class WorkerPool:
 
     async def _poll(self, worker: Worker) -> None:
         try:
-            stats: WorkerStats = await asyncio.wait_for(worker.actor.stats.remote(),
-                                                        self._call_timeout_s)
+            stats: WorkerStats = await asyncio.wait_for(
+                worker.actor.stats.remote(), self._call_timeout_s
+            )
         except Exception as exc:  # RayActorError, timeout: the worker is down or restarting
             self.mark_unhealthy(worker.worker_id, f"{type(exc).__name__}: {exc}")
             return
         if worker.epoch and stats.epoch != worker.epoch:
-            log.warning("worker %s restarted (epoch %d -> %d)", worker.worker_id, worker.epoch,
-                        stats.epoch)
+            log.warning(
+                "worker %s restarted (epoch %d -> %d)", worker.worker_id, worker.epoch, stats.epoch
+            )
         if not worker.healthy:
             log.info("worker %s is healthy", worker.worker_id)
         previous = worker.stats

@@ -21,7 +21,11 @@ def ray_cluster():
 
     path = os.environ.get("PYTHONPATH", "")
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), path) if p)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             resources={"prefill_pool": 8, "decode_pool": 8})
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        resources={"prefill_pool": 8, "decode_pool": 8},
+    )
     yield ray
     ray.shutdown()

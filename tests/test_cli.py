@@ -25,9 +25,11 @@ def test_every_command_builds_its_parser(words, capsys):
 
 def test_client_side_commands_do_not_import_torch_or_ray():
     # `pdserve generate` and `pdserve stats` run on laptops and in probes: they must start fast.
-    code = ("import sys; from pdserve.cli import build_parser; "
-            "build_parser(['generate']); build_parser(['stats']); build_parser(['serve']); "
-            "import router.app, router.generation_service; "
-            "print(sorted(m for m in ('torch', 'ray') if m in sys.modules))")
+    code = (
+        "import sys; from pdserve.cli import build_parser; "
+        "build_parser(['generate']); build_parser(['stats']); build_parser(['serve']); "
+        "import router.app, router.generation_service; "
+        "print(sorted(m for m in ('torch', 'ray') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

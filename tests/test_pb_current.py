@@ -14,4 +14,5 @@ def test_generated_code_is_current(tmp_path: Path) -> None:
         committed = PB_DIR / fresh.name
         assert committed.exists(), f"{fresh.name} is missing: run python -m pdserve.pb.regen"
         assert committed.read_text() == fresh.read_text(), (
-            f"{fresh.name} is stale: run python -m pdserve.pb.regen")
+            f"{fresh.name} is stale: run python -m pdserve.pb.regen"
+        )

@@ -35,8 +35,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mixed-short-output-len", type=int, default=64)
     p.add_argument("--slo-ttft-ms", type=float, default=3000.0)
     p.add_argument("--slo-tpot-ms", type=float, default=100.0)
-    p.add_argument("--max-num-batched-tokens", type=int, default=512,
-                   help="token budget per engine step (the prefill chunk size)")
+    p.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=512,
+        help="token budget per engine step (the prefill chunk size)",
+    )
     p.add_argument("--json", help="write all summaries to this file")
     p.add_argument("--plot", help="write latency CDFs per rate into this directory")
 
@@ -50,13 +54,16 @@ def run(args: argparse.Namespace) -> int:
     model_dir = Path(args.model) if args.model else _builtin(args.preset)
     model_config = json.loads((model_dir / "config.json").read_text())
     dataset = DatasetConfig(
-        name="mixed", mixed_long_fraction=args.mixed_long_fraction,
+        name="mixed",
+        mixed_long_fraction=args.mixed_long_fraction,
         mixed_long_input_len=args.mixed_long_input_len,
         mixed_long_output_len=args.mixed_long_output_len,
         mixed_short_input_len=args.mixed_short_input_len,
-        mixed_short_output_len=args.mixed_short_output_len)
-    requests = generate_requests(dataset, args.num_requests, args.seed,
-                                 model_config["vocab_size"], _eos_ids(model_config))
+        mixed_short_output_len=args.mixed_short_output_len,
+    )
+    requests = generate_requests(
+        dataset, args.num_requests, args.seed, model_config["vocab_size"], _eos_ids(model_config)
+    )
     rates = [float(r) for r in args.rates.split(",")]
     console = Console()
     _start_ray()
@@ -71,27 +78,40 @@ def run(args: argparse.Namespace) -> int:
             for rate in rates:
                 from pdserve.bench.load_generator import run_load
 
-                records = asyncio.run(run_load(target, requests, request_rate=rate,
-                                               seed=args.seed, progress=True))
-                summary = summarize(records, run_duration(records), args.slo_ttft_ms,
-                                    args.slo_tpot_ms)
+                records = asyncio.run(
+                    run_load(target, requests, request_rate=rate, seed=args.seed, progress=True)
+                )
+                summary = summarize(
+                    records, run_duration(records), args.slo_ttft_ms, args.slo_tpot_ms
+                )
                 results[layout][rate] = summary
                 records_by_rate[rate][layout] = records
-                console.print(f"  rate {rate:g}/s: goodput {summary.goodput:.3f} req/s, "
-                              f"p99 TTFT {summary.ttft.p99:.0f} ms, "
-                              f"p99 TPOT {summary.tpot.p99:.1f} ms, "
-                              f"failed {summary.failed}")
+                console.print(
+                    f"  rate {rate:g}/s: goodput {summary.goodput:.3f} req/s, "
+                    f"p99 TTFT {summary.ttft.p99:.0f} ms, "
+                    f"p99 TPOT {summary.tpot.p99:.1f} ms, "
+                    f"failed {summary.failed}"
+                )
     console.print(_table(results, rates, args))
     if args.json:
-        Path(args.json).write_text(json.dumps(
-            {layout: {str(rate): s.to_dict() for rate, s in by_rate.items()}
-             for layout, by_rate in results.items()}, indent=2))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    layout: {str(rate): s.to_dict() for rate, s in by_rate.items()}
+                    for layout, by_rate in results.items()
+                },
+                indent=2,
+            )
+        )
     if args.plot:
         from pdserve.bench.plots import plot_cdfs
 
         for rate, by_layout in records_by_rate.items():
-            plot_cdfs(by_layout, Path(args.plot) / f"rate-{rate:g}",
-                      slo_ms={"ttft": args.slo_ttft_ms, "tpot": args.slo_tpot_ms})
+            plot_cdfs(
+                by_layout,
+                Path(args.plot) / f"rate-{rate:g}",
+                slo_ms={"ttft": args.slo_ttft_ms, "tpot": args.slo_tpot_ms},
+            )
     return 0
 
 
@@ -99,25 +119,47 @@ def _start_ray() -> None:
     """One local Ray for both layouts (the apps then leave it running between them)."""
     import ray
 
-    pools = {"prefill_pool": max(p for p, _, _ in LAYOUTS.values()),
-             "decode_pool": max(d for _, d, _ in LAYOUTS.values())}
+    pools = {
+        "prefill_pool": max(p for p, _, _ in LAYOUTS.values()),
+        "decode_pool": max(d for _, d, _ in LAYOUTS.values()),
+    }
     ray.init(include_dashboard=False, log_to_driver=False, resources=pools)
 
 
 def _table(results, rates, args):
     from rich.table import Table
 
-    table = Table(title=f"Disaggregated vs colocated, mixed workload "
-                        f"(SLO: TTFT {args.slo_ttft_ms:g} ms, TPOT {args.slo_tpot_ms:g} ms)")
-    for column in ("rate req/s", "goodput D", "goodput C", "D/C", "p99 TTFT D ms",
-                   "p99 TTFT C ms", "D/C", "p99 TPOT D ms", "p99 TPOT C ms", "D/C"):
+    table = Table(
+        title=f"Disaggregated vs colocated, mixed workload "
+        f"(SLO: TTFT {args.slo_ttft_ms:g} ms, TPOT {args.slo_tpot_ms:g} ms)"
+    )
+    for column in (
+        "rate req/s",
+        "goodput D",
+        "goodput C",
+        "D/C",
+        "p99 TTFT D ms",
+        "p99 TTFT C ms",
+        "D/C",
+        "p99 TPOT D ms",
+        "p99 TPOT C ms",
+        "D/C",
+    ):
         table.add_column(column, justify="right")
     for rate in rates:
         d, c = results["disaggregated"][rate], results["colocated"][rate]
         table.add_row(
-            f"{rate:g}", f"{d.goodput:.3f}", f"{c.goodput:.3f}", _ratio(d.goodput, c.goodput),
-            f"{d.ttft.p99:.0f}", f"{c.ttft.p99:.0f}", _ratio(d.ttft.p99, c.ttft.p99),
-            f"{d.tpot.p99:.1f}", f"{c.tpot.p99:.1f}", _ratio(d.tpot.p99, c.tpot.p99))
+            f"{rate:g}",
+            f"{d.goodput:.3f}",
+            f"{c.goodput:.3f}",
+            _ratio(d.goodput, c.goodput),
+            f"{d.ttft.p99:.0f}",
+            f"{c.ttft.p99:.0f}",
+            _ratio(d.ttft.p99, c.ttft.p99),
+            f"{d.tpot.p99:.1f}",
+            f"{c.tpot.p99:.1f}",
+            _ratio(d.tpot.p99, c.tpot.p99),
+        )
     return table
 
 
@@ -130,14 +172,23 @@ def _serve(layout: str, model_dir: Path, args: argparse.Namespace):
     from router.app import BackgroundApp
 
     prefill, decode, disaggregate = LAYOUTS[layout]
-    engine = EngineConfig(model=str(model_dir), num_threads=1,
-                          max_num_batched_tokens=args.max_num_batched_tokens)
+    engine = EngineConfig(
+        model=str(model_dir), num_threads=1, max_num_batched_tokens=args.max_num_batched_tokens
+    )
     config = ServeConfig(
         engine=engine,
         kv=KVTransferConfig(bind_host="127.0.0.1", advertise_host="127.0.0.1"),
-        router=RouterConfig(host="127.0.0.1", port=0, disaggregate=disaggregate,
-                            ttft_slo_ms=args.slo_ttft_ms, tpot_slo_ms=args.slo_tpot_ms),
-        prefill_workers=prefill, decode_workers=decode, pin_cpus=True)
+        router=RouterConfig(
+            host="127.0.0.1",
+            port=0,
+            disaggregate=disaggregate,
+            ttft_slo_ms=args.slo_ttft_ms,
+            tpot_slo_ms=args.slo_tpot_ms,
+        ),
+        prefill_workers=prefill,
+        decode_workers=decode,
+        pin_cpus=True,
+    )
     return BackgroundApp(dataclasses.replace(config))
 
 

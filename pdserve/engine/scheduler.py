@@ -117,7 +117,8 @@ class Scheduler:
         size = self.block_manager.block_size
         if seq.prompt_block_hashes is None:
             seq.prompt_block_hashes = prompt_block_hashes(
-                seq.token_ids[: seq.num_prompt_tokens], size)
+                seq.token_ids[: seq.num_prompt_tokens], size
+            )
         return seq.prompt_block_hashes[seq.num_computed_tokens // size :]
 
     def _next_block_in_flight(self, seq: Sequence, in_flight: set[int]) -> bool:

@@ -12,17 +12,24 @@ from pdserve.config import EngineConfig, KVTransferConfig, RouterConfig, ServeCo
 from pdserve.pb import generate_pb2_grpc
 
 # Small enough for 2 CI cores; large enough that 32 concurrent requests never run out of blocks.
-ENGINE = EngineConfig(block_size=4, num_kv_blocks=512, max_num_seqs=32,
-                      max_num_batched_tokens=256, num_threads=1)
+ENGINE = EngineConfig(
+    block_size=4, num_kv_blocks=512, max_num_seqs=32, max_num_batched_tokens=256, num_threads=1
+)
 
 
 def serve_config(transport: str = "grpc", **overrides) -> ServeConfig:
     config = ServeConfig(
         engine=dataclasses.replace(ENGINE),
-        kv=KVTransferConfig(transport=transport, bind_host="127.0.0.1",
-                            advertise_host="127.0.0.1", reservation_timeout_s=20.0),
+        kv=KVTransferConfig(
+            transport=transport,
+            bind_host="127.0.0.1",
+            advertise_host="127.0.0.1",
+            reservation_timeout_s=20.0,
+        ),
         router=RouterConfig(host="127.0.0.1", port=0, disaggregate="always"),
-        prefill_workers=2, decode_workers=2)
+        prefill_workers=2,
+        decode_workers=2,
+    )
     for key, value in overrides.items():
         setattr(config, key, value)
     return config

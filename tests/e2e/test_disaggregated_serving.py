@@ -37,7 +37,8 @@ def reference_outputs(prompts: list[list[int]], max_tokens: list[int]) -> list[l
 def request(prompt: list[int], max_tokens: int, **sampling) -> generate_pb2.GenerateRequest:
     return generate_pb2.GenerateRequest(
         token_ids=generate_pb2.TokenIds(ids=prompt),
-        sampling=generate_pb2.SamplingParams(max_tokens=max_tokens, ignore_eos=True, **sampling))
+        sampling=generate_pb2.SamplingParams(max_tokens=max_tokens, ignore_eos=True, **sampling),
+    )
 
 
 def collect(stub, req, metadata=None) -> tuple[list[int], list[generate_pb2.GenerateResponse]]:
@@ -47,8 +48,10 @@ def collect(stub, req, metadata=None) -> tuple[list[int], list[generate_pb2.Gene
 
 def run_concurrently(stub, prompts, max_tokens):
     with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
-        futures = [pool.submit(collect, stub, request(p, n)) for p, n in
-                   zip(prompts, max_tokens, strict=True)]
+        futures = [
+            pool.submit(collect, stub, request(p, n))
+            for p, n in zip(prompts, max_tokens, strict=True)
+        ]
         return [f.result() for f in futures]
 
 
@@ -58,8 +61,10 @@ def all_workers_idle(served, timeout_s: float = 15.0) -> dict[str, int]:
 
     deadline = time.monotonic() + timeout_s
     while True:
-        used = {w.worker_id: ray.get(w.actor.stats.remote()).num_used_blocks
-                for w in served.app.pool.workers.values()}
+        used = {
+            w.worker_id: ray.get(w.actor.stats.remote()).num_used_blocks
+            for w in served.app.pool.workers.values()
+        }
         if not any(used.values()) or time.monotonic() > deadline:
             return used
         time.sleep(0.2)
@@ -67,8 +72,9 @@ def all_workers_idle(served, timeout_s: float = 15.0) -> dict[str, int]:
 
 def test_32_concurrent_mixed_requests_match_the_colocated_engine(served, stub):
     rng = random.Random(7)
-    prompts = [[rng.randrange(VOCAB_LOW, VOCAB_HIGH) for _ in range(rng.randint(1, 60))]
-               for _ in range(32)]
+    prompts = [
+        [rng.randrange(VOCAB_LOW, VOCAB_HIGH) for _ in range(rng.randint(1, 60))] for _ in range(32)
+    ]
     max_tokens = [rng.randint(1, 12) for _ in prompts]
     expected = reference_outputs(prompts, max_tokens)
     results = run_concurrently(stub, prompts, max_tokens)
@@ -85,18 +91,20 @@ def test_shared_prefixes_hit_both_prefix_caches_and_match(served, stub):
 
     rng = random.Random(11)
     system = [rng.randrange(VOCAB_LOW, VOCAB_HIGH) for _ in range(40)]
-    prompts = [system + [rng.randrange(VOCAB_LOW, VOCAB_HIGH) for _ in range(rng.randint(1, 9))]
-               for _ in range(12)]
+    prompts = [
+        system + [rng.randrange(VOCAB_LOW, VOCAB_HIGH) for _ in range(rng.randint(1, 9))]
+        for _ in range(12)
+    ]
     max_tokens = [6] * len(prompts)
     expected = reference_outputs(prompts, max_tokens)
-    before = {w.worker_id: ray.get(w.actor.stats.remote())
-              for w in served.app.pool.workers.values()}
+    before = {
+        w.worker_id: ray.get(w.actor.stats.remote()) for w in served.app.pool.workers.values()
+    }
     # The first request warms the caches; the rest share its prefix.
     first_tokens, _ = collect(stub, request(prompts[0], 6))
     results = [first_tokens] + [t for t, _ in run_concurrently(stub, prompts[1:], max_tokens[1:])]
     assert results == expected
-    after = {w.worker_id: ray.get(w.actor.stats.remote())
-             for w in served.app.pool.workers.values()}
+    after = {w.worker_id: ray.get(w.actor.stats.remote()) for w in served.app.pool.workers.values()}
     hits = {wid: after[wid].prefix_hit_tokens - before[wid].prefix_hit_tokens for wid in after}
     assert any(hits[w] > 0 for w in hits if w.startswith("prefill")), hits
     assert any(hits[w] > 0 for w in hits if w.startswith("decode")), hits
@@ -122,8 +130,9 @@ def test_expired_reservation_frees_its_blocks(served):
 
     decode = served.app.pool.workers["decode-0"].actor
     # Tokens no other test uses, so decode-0 has none of them cached and must reserve blocks.
-    work = WorkRequest("expiring", list(range(VOCAB_HIGH, VOCAB_HIGH + 20)),
-                       SamplingParams(max_tokens=4))
+    work = WorkRequest(
+        "expiring", list(range(VOCAB_HIGH, VOCAB_HIGH + 20)), SamplingParams(max_tokens=4)
+    )
     reservation = ray.get(decode.reserve.remote(work, reservation_timeout_s=0.5))
     assert reservation is not None and reservation.missing_block_indices
     assert ray.get(decode.stats.remote()).num_used_blocks > 0
@@ -145,22 +154,27 @@ def test_corrupted_chunk_is_rejected_and_the_request_still_completes(served, stu
     # Every corrupted push was rejected; a retry (on the other prefill worker, or locally on
     # the decode worker once both were tried) produced the exact output.
     assert tokens == expected
-    failures = sum(ray.get(w.actor.stats.remote()).transfer_failures
-                   for w in served.app.pool.of_role("prefill"))
+    failures = sum(
+        ray.get(w.actor.stats.remote()).transfer_failures
+        for w in served.app.pool.of_role("prefill")
+    )
     assert failures >= 1
     assert all_workers_idle(served) == dict.fromkeys(served.app.pool.workers, 0)
 
 
-@pytest.mark.parametrize("bad, field", [
-    (generate_pb2.GenerateRequest(text=""), "prompt"),
-    (generate_pb2.GenerateRequest(token_ids=generate_pb2.TokenIds(ids=[])), "prompt.token_ids"),
-    (request([5, 6], 4, temperature=-1.0), "sampling.temperature"),
-    (request([5, 6], 4, top_p=0.0), "sampling.top_p"),
-    (request([5, 6], 4, top_p=1.5), "sampling.top_p"),
-    (request([5, 6], 100_000), "sampling.max_tokens"),
-    (generate_pb2.GenerateRequest(model="no-such-model", text="hi"), "model"),
-    (request([7] * 100_000, 1), "prompt"),
-])
+@pytest.mark.parametrize(
+    "bad, field",
+    [
+        (generate_pb2.GenerateRequest(text=""), "prompt"),
+        (generate_pb2.GenerateRequest(token_ids=generate_pb2.TokenIds(ids=[])), "prompt.token_ids"),
+        (request([5, 6], 4, temperature=-1.0), "sampling.temperature"),
+        (request([5, 6], 4, top_p=0.0), "sampling.top_p"),
+        (request([5, 6], 4, top_p=1.5), "sampling.top_p"),
+        (request([5, 6], 100_000), "sampling.max_tokens"),
+        (generate_pb2.GenerateRequest(model="no-such-model", text="hi"), "model"),
+        (request([7] * 100_000, 1), "prompt"),
+    ],
+)
 def test_bad_requests_get_invalid_argument_naming_the_field(stub, bad, field):
     with pytest.raises(grpc.RpcError) as error:
         collect(stub, bad)
@@ -177,9 +191,24 @@ def test_client_trace_context_reaches_the_decode_worker(served, stub):
     req.request_id = "traced-request"
     _, responses = collect(stub, req, metadata=[("traceparent", traceparent)])
     decode_id = responses[-1].timings.decode_worker
-    seen = ray.get(served.app.pool.workers[decode_id].actor.trace_contexts.remote(
-        "traced-request"))
+    seen = ray.get(served.app.pool.workers[decode_id].actor.trace_contexts.remote("traced-request"))
     # Through the Ray call (reserve) and through the KV chunk headers / commit.
     assert seen["ray"]["traceparent"].split("-")[1] == trace_id
     if responses[-1].timings.disaggregated:
         assert seen["kv"]["traceparent"].split("-")[1] == trace_id
+
+
+def test_decode_worker_prefills_locally_when_told_not_to_disaggregate(served, stub):
+    prompt = list(range(VOCAB_LOW + 100, VOCAB_LOW + 137))
+    expected = reference_outputs([prompt], [6])[0]
+    config = served.app.routing.policy.config
+    config.disaggregate = "never"
+    try:
+        tokens, responses = collect(stub, request(prompt, 6))
+    finally:
+        config.disaggregate = "always"
+    timings = responses[-1].timings
+    assert tokens == expected
+    assert not timings.disaggregated
+    assert timings.prefill_worker == timings.decode_worker
+    assert timings.decode_worker.startswith("decode")
