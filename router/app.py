@@ -86,9 +86,10 @@ class ServingApp:
         tokenizer = Tokenizer.from_dir(model_dir)
         limits = model_limits(model_dir, config.engine.max_model_len, tokenizer)
         index = PrefixIndex(redis_url, model_dir.name, config.engine.block_size)
-        self.routing = Routing(
-            self.pool, RoutingPolicy(config.router), config.engine.block_size, index
-        )
+        policy = RoutingPolicy(config.router)
+        # Waiting prompts are packed into engine steps of this many tokens (queue estimates).
+        policy.cost.step_tokens = config.engine.max_num_batched_tokens
+        self.routing = Routing(self.pool, policy, config.engine.block_size, index)
         flow = RequestFlow(
             self.pool,
             self.routing.choose,

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pdserve.config import EngineConfig
+
 
 @dataclass
 class LinearFit:
@@ -70,8 +72,22 @@ class LinearFit:
         det = m00 * m11 - m01 * m01
         a = (r0 * m11 - m01 * r1) / det
         b = (m00 * r1 - m01 * r0) / det
-        if b < 0:  # refit the intercept with the slope clamped at 0
-            b, a = 0.0, r0 / m00
+        if b < 0:
+            # The samples cannot tell the slope (all about the same x, e.g. one warm-up prompt
+            # length) and sit above the prior line, which tilts the fit downhill. A flat line
+            # would say that work costs nothing (a cached prefix would save nothing); keep the
+            # prior's shape instead, scaled to the measured level: least squares of y = s * prior.
+            a0, b0 = self.prior_intercept, self.prior_slope
+            # Over the real samples only: the prior's pseudo-points lie on the line anyway.
+            w = self.prior_weight / 2 * self.decay**self.samples
+            for x in (0.5 * self.x_scale, 1.5 * self.x_scale):
+                s0, sx, sy = s0 - w, sx - w * x, sy - w * (a0 + b0 * x)
+                sxx, sxy = sxx - w * x * x, sxy - w * x * (a0 + b0 * x)
+            norm = a0 * a0 * s0 + 2 * a0 * b0 * sx + b0 * b0 * sxx
+            scale = (a0 * sy + b0 * sxy) / norm if norm > 1e-12 else 0.0
+            if scale > 0:
+                return a0 * scale, b0 * scale
+            b, a = 0.0, r0 / m00  # no usable prior shape: the slope clamped at 0
         if a < 0:  # refit the slope with the intercept clamped at 0
             a, b = 0.0, max(0.0, r1 / m11)
         return a, b
@@ -86,8 +102,8 @@ class CostModel:
     """Costs of the pools. Priors are modest GPU-ish numbers; data replaces them within seconds.
 
     prefill: seconds of one prefill on a prefill worker vs tokens computed.
-    local_prefill: the same on a decode worker (shares the GPU with decoding); until it has
-    data it answers with `prefill`'s line.
+    local_prefill: the same on a decode worker (shares the GPU with decoding); estimates take
+    the slower of it and `prefill`'s line (until it has data, `prefill`'s line alone).
     decode: seconds of one decode step vs batch size.
     transfer: seconds of one KV transfer vs bytes (intercept = latency, 1/slope = bandwidth).
     """
@@ -96,6 +112,8 @@ class CostModel:
     local_prefill: LinearFit = field(default_factory=lambda: LinearFit(0.01, 1e-4, x_scale=512))
     decode: LinearFit = field(default_factory=lambda: LinearFit(0.01, 2e-4, x_scale=16))
     transfer: LinearFit = field(default_factory=lambda: LinearFit(0.002, 1e-9, x_scale=16 << 20))
+    # Prompt tokens one engine step computes at most (EngineConfig.max_num_batched_tokens).
+    step_tokens: int = EngineConfig.max_num_batched_tokens
     _last: dict[str, object] = field(default_factory=dict)  # worker_id -> previous stats
     _per_request: set[bool] = field(default_factory=set)  # `local` values measured per request
 
@@ -141,15 +159,34 @@ class CostModel:
 
     # -- estimates ----------------------------------------------------------------------------
 
+    def _prefill_fits(self, local: bool) -> list[LinearFit]:
+        """A decode worker shares its accelerator with decoding, so a prefill there is never
+        taken to be faster than on a prefill worker. The two lines are measured differently
+        (per request, overheads included, vs engine step time from counters); trusting the
+        local one alone made local prefills look up to twice as cheap as the same work on an
+        idle prefill worker."""
+        if local and self.local_prefill.samples:
+            return [self.prefill, self.local_prefill]
+        return [self.prefill]
+
     def prefill_seconds(self, tokens: int, *, local: bool = False) -> float:
-        fit = self.local_prefill if local and self.local_prefill.samples else self.prefill
-        return fit.predict(tokens)
+        return max(fit.predict(tokens) for fit in self._prefill_fits(local))
 
     def prefill_queue_seconds(self, tokens: int, requests: int, *, local: bool = False) -> float:
-        """Wait behind `requests` queued prompts holding `tokens` uncomputed tokens."""
-        fit = self.local_prefill if local and self.local_prefill.samples else self.prefill
-        a, b = fit.coefficients
-        return a * requests + b * tokens
+        """Wait behind `requests` queued prompts holding `tokens` uncomputed tokens.
+
+        The engine packs waiting prompts into steps of up to `step_tokens` (chunked prefill),
+        so a queue pays the fixed cost (the intercept) once per full step of its tokens, not
+        once per request: a newcomer shares the last, partial step. Charging it per request
+        made a worker with one short prompt queued look a whole prefill slower than an idle
+        one, and a group's requests left the worker holding their prefix to compute it again.
+        """
+        steps = min(requests, tokens // max(1, self.step_tokens))
+        waits = []
+        for fit in self._prefill_fits(local):
+            a, b = fit.coefficients
+            waits.append(a * steps + b * tokens)
+        return max(waits)
 
     def decode_step_seconds(self, batch_size: int) -> float:
         return self.decode.predict(batch_size)

@@ -38,6 +38,9 @@ class Routing:
         # Prompt tokens each worker must still compute for requests routed since its last stats
         # poll: only the uncached part, so a cache hit does not make its holder look busy.
         self._routed_tokens: dict[str, int] = {}
+        # Prefills routed to each worker so far: a prefill's timing is a sample of its compute
+        # cost only if it ran alone (nothing queued when routed, nothing routed there until done).
+        self._prefills_routed: dict[str, int] = {}
 
     def pending(self) -> int:
         return sum(w.inflight for w in self.pool.of_role("decode", healthy_only=False))
@@ -84,6 +87,9 @@ class Routing:
             estimates["estimate"] = decision.chosen
         if decision.prefill_worker:
             estimates["block_hashes"] = hashes  # credited to the decode worker on commit
+            p = next(w for w in prefill if w.worker_id == decision.prefill_worker)
+            if not (p.load or p.queued_tokens):  # idle when routed: its timing may be sampled
+                estimates["prefills_routed"] = self._prefills_routed[decision.prefill_worker]
         return Route(
             decode_worker=decision.decode_worker,
             prefill_worker=decision.prefill_worker,
@@ -95,11 +101,17 @@ class Routing:
         that computed the prompt."""
         hit = result.num_cached_tokens
         if route.prefill_worker and isinstance(result, PrefillResult):
-            # Compute time alone (the queue is separate): the cost of exactly what the policy
-            # estimates. A local prefill's time includes its queue, so it is not sampled here.
-            self.policy.cost.observe_request_prefill(
-                result.num_prompt_tokens - hit, result.prefill_s
-            )
+            # The cost of exactly what the policy estimates, so only from a prefill that had its
+            # worker to itself: one admitted beside others shares their steps (its queue_s stays
+            # 0 while its prefill_s grows with their work), and the fit learned the load as if
+            # it were compute: an intercept of a whole busy period, a cached prefix saving almost
+            # nothing, and the queue counted twice. A local prefill's time includes its queue,
+            # so it is not sampled here either.
+            routed = route.estimates.get("prefills_routed")
+            if routed is not None and routed == self._prefills_routed.get(route.prefill_worker):
+                self.policy.cost.observe_request_prefill(
+                    result.num_prompt_tokens - hit, result.prefill_s
+                )
             # The push has committed: from now on the decode worker holds the prompt's blocks.
             self.recent.add(route.decode_worker, route.estimates.get("block_hashes", []))
         if self.index is None:
@@ -114,6 +126,7 @@ class Routing:
         prefiller = decision.prefill_worker or decision.decode_worker
         uncached = request.uncached_tokens(decision.chosen.prefill_cached_blocks)
         self._routed_tokens[prefiller] = self._routed_tokens.get(prefiller, 0) + uncached
+        self._prefills_routed[prefiller] = self._prefills_routed.get(prefiller, 0) + 1
         # The prefilling worker caches the prompt's full blocks, and a request queued behind it
         # there reuses them (the scheduler computes a shared prefix once). A decode worker
         # receiving them holds them only once the push commits (`on_prefill_done`): crediting it

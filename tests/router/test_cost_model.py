@@ -94,3 +94,43 @@ def test_per_request_prefill_timings_replace_interval_samples() -> None:
     cost.observe_stats(stats("p0", "prefill"))
     cost.observe_stats(stats("p0", "prefill", prefill_tokens=64, prefill_seconds=0.5))
     assert cost.prefill.coefficients == before
+
+
+def test_samples_of_one_size_above_the_prior_keep_a_slope() -> None:
+    # A warm-up of equal prompts on a slow machine: every sample at 128 tokens, far above the
+    # prior line. The slope cannot be measured; it must not collapse to 0 (a cached prefix
+    # would then save nothing): the prior's shape is kept at the measured level.
+    fit = LinearFit(prior_intercept=0.01, prior_slope=1e-4, x_scale=512)
+    for _ in range(8):
+        fit.observe(128, 0.15)
+    a, b = fit.coefficients
+    assert b > 0 and a / b == pytest.approx(100)  # the prior's intercept/slope ratio
+    assert fit.predict(128) == pytest.approx(0.15, rel=0.2)
+
+
+def test_a_local_prefill_is_never_estimated_cheaper_than_on_a_prefill_worker() -> None:
+    # The local line comes from engine step time, the pool's from whole requests with their
+    # overheads: trusted alone, the local one made the same work look half as expensive.
+    cost = CostModel()
+    for tokens in (128, 512):
+        for _ in range(20):
+            cost.observe_request_prefill(tokens, 0.1 + 1e-3 * tokens)
+            cost.observe_prefill(tokens, 0.02 + 5e-4 * tokens, local=True)
+    assert cost.prefill_seconds(288, local=True) == cost.prefill_seconds(288)
+    assert cost.prefill_queue_seconds(600, 2, local=True) == cost.prefill_queue_seconds(600, 2)
+    for _ in range(50):  # a decode worker that really is slower at prefill still counts so
+        cost.observe_prefill(288, 2.0, local=True)
+    assert cost.prefill_seconds(288, local=True) > 1.5 > cost.prefill_seconds(288)
+
+
+def test_a_queue_pays_the_fixed_cost_per_engine_step_not_per_request() -> None:
+    cost = CostModel(step_tokens=512)
+    for tokens in (32, 288, 512):
+        for _ in range(20):
+            cost.observe_request_prefill(tokens, 0.15 + 3e-4 * tokens)
+    a, b = cost.prefill.coefficients
+    # Three short prompts share one step with the newcomer: their tokens, no intercept.
+    assert cost.prefill_queue_seconds(96, 3) == pytest.approx(b * 96)
+    # 1200 tokens take two full steps before the newcomer's: two intercepts.
+    assert cost.prefill_queue_seconds(1200, 1) == pytest.approx(a + b * 1200)
+    assert cost.prefill_queue_seconds(1200, 3) == pytest.approx(2 * a + b * 1200)

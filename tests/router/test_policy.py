@@ -256,3 +256,18 @@ def test_an_idle_decode_worker_holding_the_prefix_prefills_locally() -> None:
     pol = RoutingPolicy(RouterConfig(), calibrated())
     decision = pol.decide(CHAT, [worker("p0")], [worker("d0"), worker("d1")], {"d1": 16})
     assert (decision.prefill_worker, decision.decode_worker) == (None, "d1")
+
+
+def test_a_short_prompt_queued_on_the_holder_does_not_send_its_group_elsewhere() -> None:
+    # Costs as measured on a busy CPU pool: a large fixed cost per prefill. The holder of the
+    # 256-token system prompt has one 32-token prompt queued (sharing the next step with this
+    # one); the idle worker would compute the system prompt again. Charging the queue a whole
+    # intercept per request sent the request away.
+    pol = RoutingPolicy(RouterConfig(), calibrated(intercept=0.16, per_token=3e-4))
+    prefill = [worker("p0", inflight=1, inflight_prompt_tokens=32), worker("p1")]
+    decode = [worker("d0"), worker("d1")]
+    decision = pol.decide(CHAT, prefill, decode, {"p0": 16, "d0": 16})
+    assert decision.prefill_worker == "p0"
+    # Really busy, the holder does yield: recomputing beats waiting behind 2000 tokens.
+    busy = [worker("p0", num_waiting=4, waiting_prompt_tokens=2000), worker("p1")]
+    assert pol.decide(CHAT, busy, decode, {"p0": 16, "d0": 16}).prefill_worker == "p1"

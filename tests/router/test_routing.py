@@ -54,3 +54,20 @@ def test_a_local_prefill_credits_its_decode_worker_at_once() -> None:
     route = r.choose(SYSTEM + [1000], 8, set())
     assert route.prefill_worker is None
     assert r.choose(SYSTEM + [2000], 8, set()).estimates["cached_blocks"] == {"decode-0": 16}
+
+
+def test_only_a_prefill_that_had_its_worker_to_itself_is_a_cost_sample() -> None:
+    # Two prompts admitted together share engine steps: each one's prefill_s includes the
+    # other's work (its queue_s stays 0), which the cost model would learn as compute.
+    r = routing()
+    samples = []
+    r.policy.cost.observe_request_prefill = lambda tokens, s, **_: samples.append((tokens, s))
+    prompt = SYSTEM + [1000]
+    alone = r.choose(prompt, 8, set())
+    r.on_prefill_done(alone, done(alone, prompt))
+    assert samples == [(len(prompt), 0.05)]
+    first = r.choose(list(range(500, 600)), 8, set())  # idle worker, but another one follows
+    second = r.choose(list(range(700, 800)), 8, set())  # routed while the first one runs
+    r.on_prefill_done(first, done(first, list(range(500, 600))))
+    r.on_prefill_done(second, done(second, list(range(700, 800))))
+    assert len(samples) == 1
