@@ -1,0 +1,67 @@
+"""The router's API as clients and operators meet it: health, reflection, the Python client."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from pdserve.client import AsyncGenerationClient, GenerationClient, GenerationError
+from tests.e2e.test_disaggregated_serving import VOCAB_LOW, reference_outputs
+
+
+@pytest.fixture(scope="module")
+def target(ray_cluster):
+    from router.app import BackgroundApp
+    from tests.e2e.conftest import serve_config
+
+    config = serve_config("grpc", prefill_workers=1, decode_workers=1)
+    with BackgroundApp(config) as app:
+        yield f"127.0.0.1:{app.port}"
+
+
+def test_health_reports_liveness_and_readiness(target):
+    with grpc.insecure_channel(target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "pdserve.v1.Generation"):
+            status = stub.Check(health_pb2.HealthCheckRequest(service=service)).status
+            assert status == health_pb2.HealthCheckResponse.SERVING, service
+
+
+def test_reflection_lists_the_generation_service(target):
+    with grpc.insecure_channel(target) as channel:
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        request = reflection_pb2.ServerReflectionRequest(list_services="")
+        response = next(stub.ServerReflectionInfo(iter([request])))
+        names = {s.name for s in response.list_services_response.service}
+    assert {"pdserve.v1.Generation", "grpc.health.v1.Health"} <= names
+
+
+def test_python_client_streams_the_exact_greedy_output(target):
+    prompt = list(range(VOCAB_LOW + 7, VOCAB_LOW + 40))
+    expected = reference_outputs([prompt], [10])[0]
+    with GenerationClient(target) as client:
+        chunks = list(client.generate_stream(prompt, max_tokens=10, ignore_eos=True))
+        info = client.model_info()
+        ids = client.tokenize("hello world")
+    assert [t for c in chunks for t in c.token_ids] == expected
+    assert chunks[-1].usage.completion_tokens == 10
+    assert info.prefill_workers == 1 and info.decode_workers == 1 and info.kv_transport == "grpc"
+    assert ids
+
+
+def test_async_client_and_errors(target):
+    async def scenario():
+        async with AsyncGenerationClient(target) as client:
+            completion = await client.generate("Hello there", max_tokens=5, ignore_eos=True)
+            assert len(completion.token_ids) == 5 and completion.finish_reason == "length"
+            with pytest.raises(GenerationError) as error:
+                await client.generate("Hello", top_p=2.0)
+        return error.value
+
+    error = asyncio.run(scenario())
+    assert error.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "sampling.top_p" in error.details
