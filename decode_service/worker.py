@@ -147,7 +147,6 @@ class DecodeWorker:
             num_cached_tokens=reservation.num_cached_tokens,
             deadline=time.time() + timeout,
             transport=self._kv_config.transport,
-            transport_info=getattr(self._receiver, "transport_info", lambda: {})(),
         )
 
     async def generate(self, request: WorkRequest) -> None:

@@ -31,8 +31,6 @@ class KVReservation:
     num_cached_tokens: int  # prompt tokens the decode worker already holds
     deadline: float  # unix time after which the reservation is freed
     transport: str = "grpc"
-    # Transport-specific rendezvous data (e.g. the collective backend's group address).
-    transport_info: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

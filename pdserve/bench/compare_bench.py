@@ -193,10 +193,12 @@ def _serve(layout: str, model_dir: Path, args: argparse.Namespace):
 
 
 async def _warm_up(target: str, requests) -> None:
-    """One short request per worker path, so first-call costs do not land in the figures."""
+    """The longest and the shortest request once each, so first-call costs (allocations at a
+    new size, connections) do not land in the figures."""
     from pdserve.bench.load_generator import run_load
 
-    await run_load(target, requests[:2], max_concurrency=1)
+    by_length = sorted(requests, key=lambda r: r.prompt_len)
+    await run_load(target, [by_length[-1], by_length[0]], max_concurrency=1)
 
 
 def _builtin(preset: str) -> Path:

@@ -63,9 +63,6 @@ class EngineLoop:
         if stream is not None:
             stream.put_nowait(END_OF_STREAM)
 
-    def has_stream(self, request_id: str) -> bool:
-        return request_id in self._streams
-
     def stop(self) -> None:
         self._stopped.set()
         self._commands.put((lambda: None, concurrent.futures.Future()))
