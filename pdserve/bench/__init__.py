@@ -7,6 +7,8 @@
 - `metrics.py` — per-request TTFT/TPOT/ITL/E2E, summaries, SLO goodput (DistServe's definition).
 - `report.py`, `plots.py` — rich tables, JSON, latency CDF plots.
 - `serve_bench.py` — `bench serve`: the harness against a running server.
+- `local_system.py` — what the system benchmarks share: model, mixed workload, local Ray,
+  a served system on this machine with pinned workers.
 - `compare_bench.py` — `bench compare`: disaggregated vs colocated on the same cores.
 - `router_bench.py` — `bench router`: the cost policy vs round-robin.
 - `engine_bench.py` — `bench engine`: decode tokens/s vs transformers.

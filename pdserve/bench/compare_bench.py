@@ -11,9 +11,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 from pathlib import Path
+
+from pdserve.bench.local_system import (
+    add_mixed_arguments,
+    add_model_arguments,
+    load_model,
+    mixed_requests,
+    serve_locally,
+    start_ray,
+)
 
 LAYOUTS = {
     # name: (prefill workers, decode workers, disaggregate)
@@ -23,16 +31,13 @@ LAYOUTS = {
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", help="model directory (default: the built-in preset below)")
-    p.add_argument("--preset", default="small", choices=["tiny", "small"])
+    add_model_arguments(p, preset="small")
     p.add_argument("--rates", default="0.5,1,2", help="request rates (req/s), comma separated")
     p.add_argument("--num-requests", type=int, default=40, help="requests per rate")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--mixed-long-fraction", type=float, default=0.2)
-    p.add_argument("--mixed-long-input-len", type=int, default=1024)
-    p.add_argument("--mixed-long-output-len", type=int, default=16)
-    p.add_argument("--mixed-short-input-len", type=int, default=64)
-    p.add_argument("--mixed-short-output-len", type=int, default=64)
+    add_mixed_arguments(
+        p, long_fraction=0.2, long_input=1024, long_output=16, short_input=64, short_output=64
+    )
     p.add_argument("--slo-ttft-ms", type=float, default=3000.0)
     p.add_argument("--slo-tpot-ms", type=float, default=100.0)
     p.add_argument(
@@ -48,25 +53,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from pdserve.bench.datasets import DatasetConfig, generate_requests
     from pdserve.bench.metrics import run_duration, summarize
 
-    model_dir = Path(args.model) if args.model else _builtin(args.preset)
-    model_config = json.loads((model_dir / "config.json").read_text())
-    dataset = DatasetConfig(
-        name="mixed",
-        mixed_long_fraction=args.mixed_long_fraction,
-        mixed_long_input_len=args.mixed_long_input_len,
-        mixed_long_output_len=args.mixed_long_output_len,
-        mixed_short_input_len=args.mixed_short_input_len,
-        mixed_short_output_len=args.mixed_short_output_len,
-    )
-    requests = generate_requests(
-        dataset, args.num_requests, args.seed, model_config["vocab_size"], _eos_ids(model_config)
-    )
+    model_dir, model_config = load_model(args)
+    requests = mixed_requests(args, model_config, args.num_requests, args.seed)
     rates = [float(r) for r in args.rates.split(",")]
     console = Console()
-    _start_ray()
+    start_ray(max(p for p, _, _ in LAYOUTS.values()), max(d for _, d, _ in LAYOUTS.values()))
     results: dict[str, dict[float, object]] = {}
     records_by_rate: dict[float, dict[str, list]] = {rate: {} for rate in rates}
     for layout in LAYOUTS:
@@ -115,17 +108,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _start_ray() -> None:
-    """One local Ray for both layouts (the apps then leave it running between them)."""
-    import ray
-
-    pools = {
-        "prefill_pool": max(p for p, _, _ in LAYOUTS.values()),
-        "decode_pool": max(d for _, d, _ in LAYOUTS.values()),
-    }
-    ray.init(include_dashboard=False, log_to_driver=False, resources=pools)
-
-
 def _table(results, rates, args):
     from rich.table import Table
 
@@ -168,28 +150,18 @@ def _ratio(a: float, b: float) -> str:
 
 
 def _serve(layout: str, model_dir: Path, args: argparse.Namespace):
-    from pdserve.config import EngineConfig, KVTransferConfig, RouterConfig, ServeConfig
-    from router.app import BackgroundApp
-
     prefill, decode, disaggregate = LAYOUTS[layout]
-    engine = EngineConfig(
-        model=str(model_dir), num_threads=1, max_num_batched_tokens=args.max_num_batched_tokens
-    )
-    config = ServeConfig(
-        engine=engine,
-        kv=KVTransferConfig(bind_host="127.0.0.1", advertise_host="127.0.0.1"),
-        router=RouterConfig(
-            host="127.0.0.1",
-            port=0,
-            disaggregate=disaggregate,
-            ttft_slo_ms=args.slo_ttft_ms,
-            tpot_slo_ms=args.slo_tpot_ms,
-        ),
+    return serve_locally(
+        model_dir,
         prefill_workers=prefill,
         decode_workers=decode,
-        pin_cpus=True,
+        engine={"max_num_batched_tokens": args.max_num_batched_tokens},
+        router={
+            "disaggregate": disaggregate,
+            "ttft_slo_ms": args.slo_ttft_ms,
+            "tpot_slo_ms": args.slo_tpot_ms,
+        },
     )
-    return BackgroundApp(dataclasses.replace(config))
 
 
 async def _warm_up(target: str, requests) -> None:
@@ -199,14 +171,3 @@ async def _warm_up(target: str, requests) -> None:
 
     by_length = sorted(requests, key=lambda r: r.prompt_len)
     await run_load(target, [by_length[-1], by_length[0]], max_concurrency=1)
-
-
-def _builtin(preset: str) -> Path:
-    from pdserve.models.builtin import builtin_model_dir
-
-    return builtin_model_dir(preset)
-
-
-def _eos_ids(model_config: dict) -> list[int]:
-    eos = model_config.get("eos_token_id", [])
-    return eos if isinstance(eos, list) else [eos]

@@ -23,12 +23,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pdserve.bench.local_system import (
+    add_mixed_arguments,
+    add_model_arguments,
+    eos_ids,
+    load_model,
+    mixed_requests,
+    serve_locally,
+)
+
 POLICIES = ("cost", "round_robin")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", help="model directory (default: the built-in preset below)")
-    p.add_argument("--preset", default="small", choices=["tiny", "small"])
+    add_model_arguments(p, preset="small")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument(
@@ -46,11 +54,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     gsp.add_argument("--gsp-rate", type=float, default=3.0, help="requests/s")
     mixed = p.add_argument_group("mixed workload")
     mixed.add_argument("--mixed-requests", type=int, default=24)
-    mixed.add_argument("--mixed-long-fraction", type=float, default=0.25)
-    mixed.add_argument("--mixed-long-input-len", type=int, default=768)
-    mixed.add_argument("--mixed-long-output-len", type=int, default=8)
-    mixed.add_argument("--mixed-short-input-len", type=int, default=64)
-    mixed.add_argument("--mixed-short-output-len", type=int, default=24)
+    add_mixed_arguments(
+        mixed, long_fraction=0.25, long_input=768, long_output=8, short_input=64, short_output=24
+    )
     mixed.add_argument("--mixed-rate", type=float, default=1.5, help="requests/s")
     p.add_argument("--json", help="write every result to this file")
 
@@ -104,8 +110,7 @@ def minimum_prefill_tokens(prompts: Sequence[list[int]], block_size: int) -> int
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    model_dir = Path(args.model) if args.model else _builtin(args.preset)
-    model_config = json.loads((model_dir / "config.json").read_text())
+    model_dir, model_config = load_model(args)
     workloads = _workloads(args, model_config)
     console = Console(width=150)
     for name, (requests, rate) in workloads.items():
@@ -145,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
 def _workloads(args: argparse.Namespace, model_config: dict) -> dict[str, tuple[list, float]]:
     from pdserve.bench.datasets import DatasetConfig, generate_requests
 
-    vocab, eos = model_config["vocab_size"], _eos_ids(model_config)
+    vocab, eos = model_config["vocab_size"], eos_ids(model_config)
     gsp = DatasetConfig(
         name="shared-prefix",
         gsp_num_groups=args.groups,
@@ -154,44 +159,22 @@ def _workloads(args: argparse.Namespace, model_config: dict) -> dict[str, tuple[
         gsp_question_len=args.question_len,
         gsp_output_len=args.gsp_output_len,
     )
-    mixed = DatasetConfig(
-        name="mixed",
-        mixed_long_fraction=args.mixed_long_fraction,
-        mixed_long_input_len=args.mixed_long_input_len,
-        mixed_long_output_len=args.mixed_long_output_len,
-        mixed_short_input_len=args.mixed_short_input_len,
-        mixed_short_output_len=args.mixed_short_output_len,
-    )
     num_gsp = args.groups * args.prompts_per_group
     return {
         "shared-prefix": (generate_requests(gsp, num_gsp, args.seed, vocab, eos), args.gsp_rate),
         # Another seed: the mixed prompts share nothing with the shared-prefix ones.
         "mixed": (
-            generate_requests(mixed, args.mixed_requests, args.seed + 1, vocab, eos),
+            mixed_requests(args, model_config, args.mixed_requests, args.seed + 1),
             args.mixed_rate,
         ),
     }
 
 
 def _serve(policy: str, model_dir: Path, args: argparse.Namespace):
-    from pdserve.config import EngineConfig, KVTransferConfig, RouterConfig, ServeConfig
-    from router.app import BackgroundApp
-
-    engine = EngineConfig(
-        model=str(model_dir),
-        num_threads=1,
-        block_size=args.block_size,
-        max_num_batched_tokens=args.max_num_batched_tokens,
+    engine = {"block_size": args.block_size, "max_num_batched_tokens": args.max_num_batched_tokens}
+    return serve_locally(
+        model_dir, prefill_workers=2, decode_workers=2, engine=engine, router={"policy": policy}
     )
-    config = ServeConfig(
-        engine=engine,
-        kv=KVTransferConfig(bind_host="127.0.0.1", advertise_host="127.0.0.1"),
-        router=RouterConfig(host="127.0.0.1", port=0, policy=policy),
-        prefill_workers=2,
-        decode_workers=2,
-        pin_cpus=True,
-    )
-    return BackgroundApp(config)
 
 
 def _warm_up(app, model_config: dict, args: argparse.Namespace) -> None:
@@ -202,7 +185,7 @@ def _warm_up(app, model_config: dict, args: argparse.Namespace) -> None:
 
     warm = DatasetConfig(name="random", random_input_len=128, random_output_len=4)
     requests = generate_requests(
-        warm, 8, args.seed + 2, model_config["vocab_size"], _eos_ids(model_config)
+        warm, 8, args.seed + 2, model_config["vocab_size"], eos_ids(model_config)
     )
     asyncio.run(run_load(f"127.0.0.1:{app.port}", requests, max_concurrency=2))
     _wait_idle(app)
@@ -314,14 +297,3 @@ def _table(results: dict[str, dict[str, WorkloadResult]], workloads: dict[str, A
 
 def _ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}" if b else "-"
-
-
-def _builtin(preset: str) -> Path:
-    from pdserve.models.builtin import builtin_model_dir
-
-    return builtin_model_dir(preset)
-
-
-def _eos_ids(model_config: dict) -> list[int]:
-    eos = model_config.get("eos_token_id", [])
-    return eos if isinstance(eos, list) else [eos]

@@ -21,12 +21,19 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from pdserve.bench.local_system import (
+    add_model_arguments,
+    eos_ids,
+    load_model,
+    serve_locally,
+    start_ray,
+)
+
 MODES = ("off", "on")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", help="model directory (default: the built-in preset below)")
-    p.add_argument("--preset", default="tiny", choices=["tiny", "small"])
+    add_model_arguments(p, preset="tiny")
     p.add_argument("--num-requests", type=int, default=64, help="requests per mode and round")
     p.add_argument("--max-concurrency", type=int, default=4, help="requests in flight")
     p.add_argument("--input-len", type=int, default=128)
@@ -45,16 +52,15 @@ def run(args: argparse.Namespace) -> int:
 
     if args.num_requests < 1 or args.max_concurrency < 1 or args.rounds < 1:
         raise SystemExit("--num-requests, --max-concurrency and --rounds must be >= 1")
-    model_dir = Path(args.model) if args.model else _builtin(args.preset)
-    model_config = json.loads((model_dir / "config.json").read_text())
+    model_dir, model_config = load_model(args)
     dataset = DatasetConfig(
         name="random", random_input_len=args.input_len, random_output_len=args.output_len
     )
     requests = generate_requests(
-        dataset, args.num_requests, args.seed, model_config["vocab_size"], _eos_ids(model_config)
+        dataset, args.num_requests, args.seed, model_config["vocab_size"], eos_ids(model_config)
     )
     console = Console()
-    _start_ray()
+    start_ray(prefill_workers=1, decode_workers=1)
     records: dict[str, list] = {mode: [] for mode in MODES}
     seconds = dict.fromkeys(MODES, 0.0)  # summed run durations (the restarts do not count)
     spans = 0
@@ -127,30 +133,10 @@ def _drain(receiver) -> int:
     return receiver.count
 
 
-def _start_ray() -> None:
-    """One local Ray for both modes (the apps then leave it running between them)."""
-    import ray
-
-    ray.init(
-        include_dashboard=False,
-        log_to_driver=False,
-        resources={"prefill_pool": 1, "decode_pool": 1},
-    )
-
-
 def _serve(model_dir: Path):
-    from pdserve.config import EngineConfig, KVTransferConfig, RouterConfig, ServeConfig
-    from router.app import BackgroundApp
-
-    config = ServeConfig(
-        engine=EngineConfig(model=str(model_dir), num_threads=1),
-        kv=KVTransferConfig(bind_host="127.0.0.1", advertise_host="127.0.0.1"),
-        router=RouterConfig(host="127.0.0.1", port=0, disaggregate="always"),
-        prefill_workers=1,
-        decode_workers=1,
-        pin_cpus=True,
+    return serve_locally(
+        model_dir, prefill_workers=1, decode_workers=1, router={"disaggregate": "always"}
     )
-    return BackgroundApp(config)
 
 
 def _table(summaries: dict, args: argparse.Namespace):
@@ -174,14 +160,3 @@ def _table(summaries: dict, args: argparse.Namespace):
     for name, a, b in rows:
         table.add_row(name, f"{a:.2f}", f"{b:.2f}", f"{b / a:.3f}" if a else "-")
     return table
-
-
-def _builtin(preset: str) -> Path:
-    from pdserve.models.builtin import builtin_model_dir
-
-    return builtin_model_dir(preset)
-
-
-def _eos_ids(model_config: dict) -> list[int]:
-    eos = model_config.get("eos_token_id", [])
-    return eos if isinstance(eos, list) else [eos]

@@ -1,0 +1,97 @@
+"""What the system-level benchmarks share: the model, the workload, a local Ray and a served
+system on this machine (loopback KV endpoints, workers pinned to cores, ephemeral ports)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+
+def add_model_arguments(parser: argparse.ArgumentParser, preset: str) -> None:
+    parser.add_argument("--model", help="model directory (default: the built-in preset below)")
+    parser.add_argument("--preset", default=preset, choices=["tiny", "small"])
+
+
+def load_model(args: argparse.Namespace) -> tuple[Path, dict]:
+    """The model directory (--model, or the built-in --preset, written on first use) and its
+    config.json."""
+    if args.model:
+        model_dir = Path(args.model)
+    else:
+        from pdserve.models.builtin import builtin_model_dir
+
+        model_dir = builtin_model_dir(args.preset)
+    return model_dir, json.loads((model_dir / "config.json").read_text())
+
+
+def eos_ids(model_config: dict) -> list[int]:
+    eos = model_config.get("eos_token_id", [])
+    return eos if isinstance(eos, list) else [eos]
+
+
+def add_mixed_arguments(
+    group: Any,
+    long_fraction: float,
+    long_input: int,
+    long_output: int,
+    short_input: int,
+    short_output: int,
+) -> None:
+    """The mixed workload's flags (long prompts + short chats), with this benchmark's defaults."""
+    group.add_argument("--mixed-long-fraction", type=float, default=long_fraction)
+    group.add_argument("--mixed-long-input-len", type=int, default=long_input)
+    group.add_argument("--mixed-long-output-len", type=int, default=long_output)
+    group.add_argument("--mixed-short-input-len", type=int, default=short_input)
+    group.add_argument("--mixed-short-output-len", type=int, default=short_output)
+
+
+def mixed_requests(args: argparse.Namespace, model_config: dict, num_requests: int, seed: int):
+    from pdserve.bench.datasets import DatasetConfig, generate_requests
+
+    dataset = DatasetConfig(
+        name="mixed",
+        mixed_long_fraction=args.mixed_long_fraction,
+        mixed_long_input_len=args.mixed_long_input_len,
+        mixed_long_output_len=args.mixed_long_output_len,
+        mixed_short_input_len=args.mixed_short_input_len,
+        mixed_short_output_len=args.mixed_short_output_len,
+    )
+    return generate_requests(
+        dataset, num_requests, seed, model_config["vocab_size"], eos_ids(model_config)
+    )
+
+
+def start_ray(prefill_workers: int, decode_workers: int) -> None:
+    """One local Ray for every system a benchmark starts (the apps leave it running)."""
+    import ray
+
+    ray.init(
+        include_dashboard=False,
+        log_to_driver=False,
+        resources={"prefill_pool": max(prefill_workers, 1), "decode_pool": decode_workers},
+    )
+
+
+def serve_locally(
+    model_dir: Path,
+    *,
+    prefill_workers: int,
+    decode_workers: int,
+    engine: dict | None = None,
+    router: dict | None = None,
+):
+    """A BackgroundApp on this machine, each worker pinned to its own core."""
+    from pdserve.config import EngineConfig, KVTransferConfig, RouterConfig, ServeConfig
+    from router.app import BackgroundApp
+
+    config = ServeConfig(
+        engine=EngineConfig(model=str(model_dir), num_threads=1, **(engine or {})),
+        kv=KVTransferConfig(bind_host="127.0.0.1", advertise_host="127.0.0.1"),
+        router=RouterConfig(host="127.0.0.1", port=0, **(router or {})),
+        prefill_workers=prefill_workers,
+        decode_workers=decode_workers,
+        pin_cpus=True,
+    )
+    return BackgroundApp(config)
