@@ -14,13 +14,17 @@ from tests.e2e.test_disaggregated_serving import VOCAB_LOW, reference_outputs
 
 
 @pytest.fixture(scope="module")
-def target(ray_cluster):
+def served_app(ray_cluster):
     from router.app import BackgroundApp
     from tests.e2e.conftest import serve_config
 
-    config = serve_config("grpc", prefill_workers=1, decode_workers=1)
-    with BackgroundApp(config) as app:
-        yield f"127.0.0.1:{app.port}"
+    with BackgroundApp(serve_config("grpc", prefill_workers=1, decode_workers=2)) as app:
+        yield app
+
+
+@pytest.fixture(scope="module")
+def target(served_app):
+    return f"127.0.0.1:{served_app.port}"
 
 
 def test_health_reports_liveness_and_readiness(target):
@@ -49,7 +53,7 @@ def test_python_client_streams_the_exact_greedy_output(target):
         ids = client.tokenize("hello world")
     assert [t for c in chunks for t in c.token_ids] == expected
     assert chunks[-1].usage.completion_tokens == 10
-    assert info.prefill_workers == 1 and info.decode_workers == 1 and info.kv_transport == "grpc"
+    assert info.prefill_workers == 1 and info.decode_workers == 2 and info.kv_transport == "grpc"
     assert ids
 
 
@@ -65,3 +69,32 @@ def test_async_client_and_errors(target):
     error = asyncio.run(scenario())
     assert error.code == grpc.StatusCode.INVALID_ARGUMENT
     assert "sampling.top_p" in error.details
+
+
+def test_admission_control_answers_resource_exhausted(served_app, target):
+    config = served_app.app.routing.policy.config
+    limit, config.max_pending_requests = config.max_pending_requests, 0
+    try:
+        with GenerationClient(target) as client, pytest.raises(GenerationError) as error:
+            client.generate("Hello", max_tokens=2)
+    finally:
+        config.max_pending_requests = limit
+    assert error.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_a_decode_worker_dying_mid_stream_does_not_change_the_output(served_app, target):
+    """The router retries on the other decode worker, continuing after the tokens the client
+    already has, so the client still gets exactly the greedy output of one uninterrupted run."""
+    import ray
+
+    prompt = list(range(VOCAB_LOW + 60, VOCAB_LOW + 90))
+    expected = reference_outputs([prompt], [120])[0]
+    with GenerationClient(target) as client:
+        stream = client.generate_stream(prompt, max_tokens=120, ignore_eos=True)
+        first = next(stream)
+        victim = first.timings.decode_worker
+        ray.kill(served_app.app.pool.workers[victim].actor, no_restart=False)
+        rest = list(stream)
+    tokens = [t for chunk in [first, *rest] for t in chunk.token_ids]
+    assert tokens == expected
+    assert rest[-1].timings.decode_worker != victim
