@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -23,13 +24,27 @@ def test_every_command_builds_its_parser(words, capsys):
     assert "usage: pdserve" in capsys.readouterr().out
 
 
-def test_client_side_commands_do_not_import_torch_or_ray():
+def imported_after(code: str) -> list[str]:
+    """Which of torch and ray a fresh interpreter has imported after running `code`."""
+    probe = (
+        f"import json, sys; {code}; "
+        "print(json.dumps(sorted(m for m in ('torch', 'ray') if m in sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def test_client_side_commands_import_neither_torch_nor_ray():
     # `pdserve generate` and `pdserve stats` run on laptops and in probes: they must start fast.
     code = (
-        "import sys; from pdserve.cli import build_parser; "
-        "build_parser(['generate']); build_parser(['stats']); build_parser(['serve']); "
-        "import router.app, router.generation_service; "
-        "print(sorted(m for m in ('torch', 'ray') if m in sys.modules))"
+        "from pdserve.cli import build_parser; build_parser(['generate']); build_parser(['stats'])"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    assert imported_after(code) == []
+
+
+def test_the_router_process_never_imports_torch():
+    code = (
+        "import router.app, router.actors, router.routing, router.generation_service; "
+        "from pdserve.models.builtin import default_model_dir; default_model_dir()"
+    )
+    assert "torch" not in imported_after(code)
