@@ -38,6 +38,8 @@ POLICIES = ("cost", "round_robin")
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p, preset="small")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ttft-slo-ms", type=float, default=1000.0, help="the cost policy's target")
+    p.add_argument("--tpot-slo-ms", type=float, default=100.0, help="the cost policy's target")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument(
         "--max-num-batched-tokens",
@@ -173,7 +175,11 @@ def _workloads(args: argparse.Namespace, model_config: dict) -> dict[str, tuple[
 def _serve(policy: str, model_dir: Path, args: argparse.Namespace):
     engine = {"block_size": args.block_size, "max_num_batched_tokens": args.max_num_batched_tokens}
     return serve_locally(
-        model_dir, prefill_workers=2, decode_workers=2, engine=engine, router={"policy": policy}
+        model_dir,
+        prefill_workers=2,
+        decode_workers=2,
+        engine=engine,
+        router={"policy": policy, "ttft_slo_ms": args.ttft_slo_ms, "tpot_slo_ms": args.tpot_slo_ms},
     )
 
 
