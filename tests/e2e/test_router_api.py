@@ -82,6 +82,19 @@ def test_admission_control_answers_resource_exhausted(served_app, target):
     assert error.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
+def test_api_keys_are_enforced_when_configured(served_app, target):
+    service = served_app.app.server.service
+    service._api_keys = [b"key-1", b"key-2"]  # what RouterConfig.api_keys / PDSERVE_API_KEYS set
+    try:
+        with GenerationClient(target) as client, pytest.raises(GenerationError) as error:
+            client.generate("Hello", max_tokens=2)
+        with GenerationClient(target, api_key="key-2") as client:
+            assert len(client.generate("Hello", max_tokens=2, ignore_eos=True).token_ids) == 2
+    finally:
+        service._api_keys = []
+    assert error.value.code == grpc.StatusCode.UNAUTHENTICATED
+
+
 def test_a_decode_worker_dying_mid_stream_does_not_change_the_output(served_app, target):
     """The router retries on the other decode worker, continuing after the tokens the client
     already has, so the client still gets exactly the greedy output of one uninterrupted run."""
