@@ -20,8 +20,9 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, SpanKind
 
 from pdserve.config import EngineConfig, KVTransferConfig
+from pdserve.engine.worker_actor import WorkerActor
 from pdserve.logging_setup import bind_request_id
-from pdserve.messages import KVReservation, TokenBatch, WorkerStats, WorkRequest
+from pdserve.messages import KVReservation, TokenBatch, WorkRequest
 from pdserve.telemetry import extract_context, get_tracer, inject_context, span_from_carrier
 
 if TYPE_CHECKING:  # torch; imported on the worker only, so the router can import this module
@@ -42,7 +43,9 @@ class _OpenTransfer(NamedTuple):
     reserve_span: trace.SpanContext
 
 
-class DecodeWorker:
+class DecodeWorker(WorkerActor):
+    role = "decode"
+
     def __init__(
         self,
         worker_id: str,
@@ -50,11 +53,7 @@ class DecodeWorker:
         kv_config: KVTransferConfig,
         redis_url: str | None = None,
     ) -> None:
-        self.worker_id = worker_id
-        self._engine_config = engine_config
-        self._kv_config = kv_config
-        self._redis_url = redis_url
-        self._runtime: WorkerRuntime | None = None
+        super().__init__(worker_id, engine_config, kv_config, redis_url)
         self._receiver = None
         self._endpoint = ""
         self._request_of_transfer: dict[str, str] = {}
@@ -67,35 +66,17 @@ class DecodeWorker:
         # then transfer_id -> that time (ns): where kv_receive starts.
         self._awaiting_first_chunk: dict[int, str] = {}
         self._first_chunk_ns: dict[str, int] = {}
-        self._start_lock = asyncio.Lock()
 
-    async def _started(self) -> WorkerRuntime:
-        # Started lazily on the actor's event loop (Ray runs __init__ outside it), so a restarted
-        # actor comes back on its first call.
-        async with self._start_lock:
-            if self._runtime is None:
-                from kv_transfer.base import KVLayout
-                from kv_transfer.factory import make_receiver
-                from pdserve.engine.worker_runtime import WorkerRuntime
+    def _start_transport(self, runtime: WorkerRuntime) -> None:
+        from kv_transfer.base import KVLayout
+        from kv_transfer.factory import make_receiver
 
-                self._aloop = asyncio.get_running_loop()
-                self._runtime = WorkerRuntime(
-                    self.worker_id, "decode", self._engine_config, self._redis_url
-                )
-                self._receiver = make_receiver(
-                    self._kv_config, self, KVLayout.of(self._runtime.engine.kv_cache)
-                )
-                self._endpoint = self._receiver.start()
-        return self._runtime
+        self._aloop = asyncio.get_running_loop()
+        self._receiver = make_receiver(self._kv_config, self, KVLayout.of(runtime.engine.kv_cache))
+        self._endpoint = self._receiver.start()
 
-    async def ready(self) -> dict:
-        runtime = await self._started()
-        return {
-            "worker_id": self.worker_id,
-            "epoch": runtime.epoch,
-            "kv_endpoint": self._endpoint,
-            "metrics_port": runtime.metrics_port,
-        }
+    def _ready_info(self) -> dict:
+        return {"kv_endpoint": self._endpoint}
 
     # ---- router-facing ---------------------------------------------------------------------
     async def reserve(
@@ -206,10 +187,6 @@ class DecodeWorker:
             self._receiver.abort(transfer_id)
         self._streams.pop(request_id, None)
         await runtime.abort(request_id)
-
-    async def stats(self) -> WorkerStats:
-        runtime = await self._started()
-        return await runtime.stats()
 
     async def trace_contexts(self, request_id: str) -> dict[str, dict[str, str]]:
         """The W3C trace context this worker received for a request, by path: "ray" (the

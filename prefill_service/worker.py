@@ -21,8 +21,9 @@ from opentelemetry.trace import Span, SpanKind
 from pdserve import metrics
 from pdserve.config import EngineConfig, KVTransferConfig
 from pdserve.engine.engine_loop import END_OF_STREAM
+from pdserve.engine.worker_actor import WorkerActor
 from pdserve.logging_setup import bind_request_id
-from pdserve.messages import KVReservation, PrefillResult, WorkerStats, WorkRequest
+from pdserve.messages import KVReservation, PrefillResult, WorkRequest
 from pdserve.telemetry import get_tracer, inject_context, span_from_carrier, wall_ns
 
 if TYPE_CHECKING:  # torch; imported on the worker only, so the router can import this module
@@ -35,7 +36,9 @@ class PrefillAborted(RuntimeError):
     """The request was aborted while it waited or computed on this worker."""
 
 
-class PrefillWorker:
+class PrefillWorker(WorkerActor):
+    role = "prefill"
+
     def __init__(
         self,
         worker_id: str,
@@ -43,34 +46,13 @@ class PrefillWorker:
         kv_config: KVTransferConfig,
         redis_url: str | None = None,
     ) -> None:
-        self.worker_id = worker_id
-        self._engine_config = engine_config
-        self._kv_config = kv_config
-        self._redis_url = redis_url
-        self._runtime: WorkerRuntime | None = None
+        super().__init__(worker_id, engine_config, kv_config, redis_url)
         self._sender = None
-        self._start_lock = asyncio.Lock()
 
-    async def _started(self) -> WorkerRuntime:
-        # Lazy, on the actor's event loop: see DecodeWorker._started.
-        async with self._start_lock:
-            if self._runtime is None:
-                from kv_transfer.factory import make_sender
-                from pdserve.engine.worker_runtime import WorkerRuntime
+    def _start_transport(self, runtime: WorkerRuntime) -> None:
+        from kv_transfer.factory import make_sender
 
-                self._runtime = WorkerRuntime(
-                    self.worker_id, "prefill", self._engine_config, self._redis_url
-                )
-                self._sender = make_sender(self._kv_config)
-        return self._runtime
-
-    async def ready(self) -> dict:
-        runtime = await self._started()
-        return {
-            "worker_id": self.worker_id,
-            "epoch": runtime.epoch,
-            "metrics_port": runtime.metrics_port,
-        }
+        self._sender = make_sender(self._kv_config)
 
     async def prefill(self, request: WorkRequest, reservation: KVReservation) -> PrefillResult:
         """Computes the prompt, moves its KV to the reservation's decode worker and commits.
@@ -231,10 +213,6 @@ class PrefillWorker:
     async def abort(self, request_id: str) -> None:
         runtime = await self._started()
         await runtime.abort(request_id)
-
-    async def stats(self) -> WorkerStats:
-        runtime = await self._started()
-        return await runtime.stats()
 
 
 def _child_span(
