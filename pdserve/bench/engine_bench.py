@@ -1,6 +1,6 @@
 """`pdserve bench engine`: decode tokens/s of LLMEngine vs transformers' `generate`.
 
-Same weights, same dtype (float32), same threads, same prompt length and number of new tokens,
+Same weights, same dtype (--dtype, float32 by default), same threads, same prompt length and number of new tokens,
 greedy with EOS ignored, both warmed up, measured in the same run. Decode throughput is
 batch * (N - 1) / (time from the first new token to the N-th), timed the same way in both
 (transformers through a stopping criterion called at the end of every step); best of
@@ -30,6 +30,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-len", type=int, default=32, help="prompt tokens (default: 32)")
     parser.add_argument(
         "--repeats", type=int, default=2, help="best of this many runs (default: 2)"
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="weights and activations of both engines (default: float32)",
     )
     parser.add_argument(
         "--threads",
@@ -64,9 +70,12 @@ def run(args: argparse.Namespace) -> int:
             num_kv_blocks=2 * max_batch * blocks_per_seq,
             max_num_seqs=max_batch,
             max_num_batched_tokens=max(1024, max_batch * args.prompt_len),
+            dtype=args.dtype,
         )
     )
-    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=getattr(torch, args.dtype)
+    ).eval()
     vocab = engine.model.config.vocab_size
     gen = torch.Generator().manual_seed(0)
     request_ids = itertools.count()
@@ -117,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
 
     print(
         f"model {model_dir} | prompt {args.prompt_len} tokens, {args.steps} new tokens, "
-        f"greedy, float32, {torch.get_num_threads()} threads"
+        f"greedy, {args.dtype}, {torch.get_num_threads()} threads"
     )
     for measure in (ours, theirs):  # warm-up: first calls pay for allocation and dispatch
         measure(2, 4)

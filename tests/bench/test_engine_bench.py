@@ -1,0 +1,21 @@
+"""`pdserve bench engine` runs both engines on the same weights and prints one ratio per batch."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from pdserve.cli import main
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_engine_bench_prints_both_rates_and_their_ratio(dtype, capsys):
+    argv = ["bench", "engine", "--preset", "tiny", "--batch-sizes", "1,3", "--steps", "3"]
+    assert main([*argv, "--repeats", "1", "--dtype", dtype]) == 0
+    out = capsys.readouterr().out
+    assert f"greedy, {dtype}" in out
+    rows = re.findall(r"^\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)x$", out, re.MULTILINE)
+    assert [int(batch) for batch, *_ in rows] == [1, 3]
+    for _, ours, theirs, ratio in rows:
+        assert float(ratio) == pytest.approx(float(ours) / float(theirs), abs=0.01)
