@@ -173,6 +173,7 @@ def objective(
     ttft_slo_s: float,
     tpot_slo_s: float,
     w: Weights,
+    best_ttft_s: float = 0.0,
 ) -> float:
     """Fills `est.objective` (lower is better) and `est.terms`, and returns it:
 
@@ -182,8 +183,14 @@ def objective(
                   (stalled: D's requests now plus w.stall_newcomers arriving during the stall)
     + w.slo_penalty * (SLO overshoot of TTFT and TPOT)         a miss costs more than slowness
     + w.kv_pressure * (KV occupancy above the soft limit)      preemption risk on D
+
+    `best_ttft_s`: the lowest TTFT of any option for this request. When even that misses the
+    TTFT SLO the miss is unavoidable and charged to no option: otherwise a long prompt, whose
+    prefill alone outlasts the SLO, paid the penalty's steep slope on the transfer time and
+    was prefilled on a decode worker, stalling its decodes for seconds to save milliseconds.
     """
     ttft_n, tpot_n = est.ttft_s / ttft_slo_s, est.tpot_s / tpot_slo_s
+    ttft_miss = max(0.0, ttft_n - 1) if best_ttft_s <= ttft_slo_s else 0.0
     before = decode.num_running + decode.queued_requests  # D's batch without this request
     slowdown = est.tpot_s - cost.decode_step_seconds(max(1, before))
     # A local prefill pauses D's running decodes, and the requests queued behind it too.
@@ -195,7 +202,7 @@ def objective(
         "tpot": w.tpot * tpot_n,
         "compute": w.compute * est.compute_s / ttft_slo_s,
         "interference": w.interference * harm / tpot_slo_s,
-        "slo_penalty": w.slo_penalty * (max(0.0, ttft_n - 1) + max(0.0, tpot_n - 1)),
+        "slo_penalty": w.slo_penalty * (ttft_miss + max(0.0, tpot_n - 1)),
     }
     if decode.num_blocks:
         generated_blocks = math.ceil(request.max_tokens / request.block_size)

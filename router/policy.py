@@ -129,10 +129,13 @@ class RoutingPolicy:
                 pairs.append((None, d))
             for p, _ in pairs:
                 est = estimate(request, p, d, cached, self.cost)
-                objective(est, request, d, self.cost, ttft_slo, tpot_slo, self.weights)
                 est.infeasible = self._admission(request, est, p, d)
-                options.append(est)
-        return options
+                options.append((est, d))
+        feasible = [est for est, _ in options if est.infeasible is None]
+        best_ttft = min(est.ttft_s for est in feasible or [est for est, _ in options])
+        for est, d in options:
+            objective(est, request, d, self.cost, ttft_slo, tpot_slo, self.weights, best_ttft)
+        return [est for est, _ in options]
 
     def _admission(
         self, request: RoutingRequest, est: Estimate, p: WorkerLoad | None, d: WorkerLoad

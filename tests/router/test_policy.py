@@ -271,3 +271,24 @@ def test_a_short_prompt_queued_on_the_holder_does_not_send_its_group_elsewhere()
     # Really busy, the holder does yield: recomputing beats waiting behind 2000 tokens.
     busy = [worker("p0", num_waiting=4, waiting_prompt_tokens=2000), worker("p1")]
     assert pol.decide(CHAT, busy, decode, {"p0": 16, "d0": 16}).prefill_worker == "p1"
+
+
+def test_a_prompt_that_misses_the_ttft_slo_anywhere_does_not_stall_a_decode_worker() -> None:
+    # Costs as measured on a CPU: 768 tokens take ~2 s to prefill wherever they run, and the
+    # 12 MiB of KV take ~0.3 s to move. The TTFT SLO (200 ms) is missed either way, so saving
+    # the transfer is worth far less than keeping D's decodes (and its next requests) moving.
+    cost = calibrated(intercept=0.05, per_token=2.5e-3)
+    for _ in range(10):
+        cost.observe_transfer(12 * MiB, 0.3)
+    pol = RoutingPolicy(RouterConfig(ttft_slo_ms=200), cost)
+    long_chat = RoutingRequest(
+        prompt_tokens=768, max_tokens=8, block_size=16, bytes_per_block=MiB // 4
+    )
+    decision = pol.decide(long_chat, [worker("p0")], [worker("d0")])
+    local = decision.estimates["local@d0"]
+    assert decision.prefill_worker == "p0"
+    assert local.ttft_s < decision.chosen.ttft_s  # local would be faster, but misses anyway
+    assert local.terms["slo_penalty"] == decision.chosen.terms["slo_penalty"] == 0
+    # A short prompt on the same idle D meets the SLO locally and is still prefilled there.
+    short = RoutingRequest(prompt_tokens=48, max_tokens=8, block_size=16, bytes_per_block=MiB // 4)
+    assert pol.decide(short, [worker("p0")], [worker("d0")]).prefill_worker is None
