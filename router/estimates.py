@@ -184,7 +184,7 @@ def objective(
     + w.slo_penalty * (SLO overshoot of TTFT and TPOT)         a miss costs more than slowness
     + w.kv_pressure * (KV occupancy above the soft limit)      preemption risk on D
 
-    `best_ttft_s`: the lowest TTFT of any option for this request. When even that misses the
+    `best_ttft_s`: the lowest TTFT of any option that can be taken now. When even that misses the
     TTFT SLO the miss is unavoidable and charged to no option: otherwise a long prompt, whose
     prefill alone outlasts the SLO, paid the penalty's steep slope on the transfer time and
     was prefilled on a decode worker, stalling its decodes for seconds to save milliseconds.
