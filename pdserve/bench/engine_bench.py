@@ -1,11 +1,11 @@
 """`pdserve bench engine`: decode tokens/s of LLMEngine vs transformers' `generate`.
 
 Same weights, same dtype (--dtype, float32 by default), same threads, same prompt length and
-number of new tokens, greedy with EOS ignored, both warmed up, measured in the same run. Decode throughput is
-batch * (N - 1) / (time from the first new token to the N-th), timed the same way in both
-(transformers through a stopping criterion called at the end of every step); best of
---repeats runs. Fresh prompts for every run keep the engine's prefix
-cache from shortening a measured prefill.
+number of new tokens, greedy with EOS ignored, both warmed up, measured in the same run. Decode
+throughput is batch * (N - 1) / (time from the first new token to the N-th), timed the same way
+in both (transformers through a stopping criterion called at the end of every step); best of
+--repeats runs. Fresh prompts for every run keep the engine's prefix cache from shortening a
+measured prefill.
 """
 
 from __future__ import annotations
