@@ -20,13 +20,13 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, SpanKind
 
 from pdserve.config import EngineConfig, KVTransferConfig
-from pdserve.engine.worker_actor import WorkerActor
+from pdserve.core.messages import KVReservation, TokenBatch, WorkRequest
 from pdserve.logging_setup import bind_request_id
-from pdserve.messages import KVReservation, TokenBatch, WorkRequest
 from pdserve.telemetry import extract_context, get_tracer, inject_context, span_from_carrier
+from pdserve.worker.worker_actor import WorkerActor
 
 if TYPE_CHECKING:  # torch; imported on the worker only, so the router can import this module
-    from pdserve.engine.worker_runtime import WorkerRuntime
+    from pdserve.worker.worker_runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
 

@@ -20,14 +20,14 @@ from opentelemetry.trace import Span, SpanKind
 
 from pdserve import metrics
 from pdserve.config import EngineConfig, KVTransferConfig
-from pdserve.engine.engine_loop import END_OF_STREAM
-from pdserve.engine.worker_actor import WorkerActor
+from pdserve.core.messages import KVReservation, PrefillResult, WorkRequest
 from pdserve.logging_setup import bind_request_id
-from pdserve.messages import KVReservation, PrefillResult, WorkRequest
 from pdserve.telemetry import get_tracer, inject_context, span_from_carrier, wall_ns
+from pdserve.worker.engine_loop import END_OF_STREAM
+from pdserve.worker.worker_actor import WorkerActor
 
 if TYPE_CHECKING:  # torch; imported on the worker only, so the router can import this module
-    from pdserve.engine.worker_runtime import WorkerRuntime
+    from pdserve.worker.worker_runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
 

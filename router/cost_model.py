@@ -132,7 +132,7 @@ class CostModel:
         self.transfer.observe(num_bytes, seconds)
 
     def observe_stats(self, stats) -> None:
-        """Learns from a worker's cumulative counters (pdserve.messages.WorkerStats) by
+        """Learns from a worker's cumulative counters (pdserve.core.messages.WorkerStats) by
         differencing them against the same worker's previous poll. A new epoch restarts it."""
         prev = self._last.get(stats.worker_id)
         self._last[stats.worker_id] = stats

@@ -30,7 +30,7 @@ class WorkerLoad:
     @classmethod
     def from_stats(cls, stats, *, healthy: bool = True, inflight: int = 0,
                    inflight_prompt_tokens: int = 0) -> WorkerLoad:  # fmt: skip
-        """From a pdserve.messages.WorkerStats (reservations count as waiting requests)."""
+        """From a pdserve.core.messages.WorkerStats (reservations count as waiting requests)."""
         return cls(
             worker_id=stats.worker_id,
             healthy=healthy,

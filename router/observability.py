@@ -31,7 +31,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from pdserve import metrics
-from pdserve.messages import PrefillResult
+from pdserve.core.messages import PrefillResult
 from pdserve.telemetry import (
     carrier_from_grpc_metadata,
     carrier_of,

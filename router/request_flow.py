@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 from opentelemetry.trace import Span
 
-from pdserve.engine.sampling_params import SamplingParams
-from pdserve.messages import PrefillResult, TokenBatch, WorkRequest
+from pdserve.core.messages import PrefillResult, TokenBatch, WorkRequest
+from pdserve.core.sampling_params import SamplingParams
 from pdserve.telemetry import carrier_of
 from router.worker_pool import WorkerPool
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from pdserve.block_hash import prompt_block_hashes
-from pdserve.messages import PrefillResult, TokenBatch
+from pdserve.core.block_hash import prompt_block_hashes
+from pdserve.core.messages import PrefillResult, TokenBatch
+from pdserve.prefix_index.lookup import PrefixIndex
 from router.estimates import RoutingRequest, WorkerLoad
 from router.policy import RoutingDecision, RoutingPolicy
-from router.prefix_index import PrefixIndex
 from router.recent_prefixes import RecentPrefixes, merge
 from router.request_flow import NoWorkerAvailable, Overloaded, Route
 from router.worker_pool import Worker, WorkerPool

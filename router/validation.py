@@ -11,7 +11,7 @@ import secrets
 import uuid
 from dataclasses import dataclass
 
-from pdserve.engine.sampling_params import SamplingParams
+from pdserve.core.sampling_params import SamplingParams
 from pdserve.pb import generate_pb2
 
 DEFAULT_MAX_TOKENS = 64

@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from pdserve.messages import WorkerStats
+from pdserve.core.messages import WorkerStats
 
 log = logging.getLogger(__name__)
 

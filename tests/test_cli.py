@@ -44,7 +44,7 @@ def test_client_side_commands_import_neither_torch_nor_ray():
 
 def test_the_router_process_never_imports_torch():
     code = (
-        "import router.app, router.actors, router.routing, router.generation_service; "
+        "import pdserve.app, pdserve.worker.pools, router.routing, router.generation_service; "
         "from pdserve.models.builtin import default_model_dir; default_model_dir()"
     )
     assert "torch" not in imported_after(code)

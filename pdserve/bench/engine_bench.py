@@ -50,8 +50,8 @@ def run(args: argparse.Namespace) -> int:
     import transformers
 
     from pdserve.config import EngineConfig
+    from pdserve.core.sampling_params import SamplingParams
     from pdserve.engine.engine import LLMEngine
-    from pdserve.engine.sampling_params import SamplingParams
     from pdserve.models.builtin import builtin_model_dir
 
     if args.threads:

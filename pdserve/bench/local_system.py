@@ -83,8 +83,8 @@ def serve_locally(
     router: dict | None = None,
 ):
     """A BackgroundApp on this machine, each worker pinned to its own core."""
+    from pdserve.app import BackgroundApp
     from pdserve.config import EngineConfig, KVTransferConfig, RouterConfig, ServeConfig
-    from router.app import BackgroundApp
 
     config = ServeConfig(
         engine=EngineConfig(model=str(model_dir), num_threads=1, **(engine or {})),

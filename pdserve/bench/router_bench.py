@@ -97,7 +97,7 @@ def minimum_prefill_tokens(prompts: Sequence[list[int]], block_size: int) -> int
     plus each prompt's partial tail block, and at least one token per prompt: the last prompt
     token always runs, to sample the first output token, so a prompt that ends on a block
     boundary recomputes a token when another prompt already computed its last block."""
-    from pdserve.block_hash import prompt_block_hashes
+    from pdserve.core.block_hash import prompt_block_hashes
 
     hashes = [prompt_block_hashes(prompt, block_size) for prompt in prompts]
     interior = {h for chain in hashes for h in chain[:-1]}

@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(config: ServeConfig) -> int:
-    from router.app import ServingApp
+    from pdserve.app import ServingApp
 
     app = ServingApp(config, advertise_redis_url=True)
     stop = asyncio.Event()

@@ -28,7 +28,7 @@ def resolve_url(given: str | None) -> str:
         return given
     if os.environ.get("PDSERVE_REDIS_URL"):
         return os.environ["PDSERVE_REDIS_URL"]
-    from pdserve.redis_server import LOCAL_URL_FILE
+    from pdserve.prefix_index.redis_server import LOCAL_URL_FILE
 
     try:
         return LOCAL_URL_FILE.read_text().strip() or DEFAULT_URL
@@ -49,8 +49,8 @@ def redact(url: str) -> str:
 def run(args: argparse.Namespace) -> int:
     import redis
 
-    from pdserve.redis_link import connect
-    from router.reuse_stats import read_reuse_stats
+    from pdserve.prefix_index.redis_link import connect
+    from pdserve.prefix_index.reuse_stats import read_reuse_stats
 
     url = resolve_url(args.redis_url)
     try:

@@ -1,5 +1,6 @@
-"""The serving engine (torch), one noun per module. Import from the modules themselves:
-this package's import stays torch-free, so the router can use `sampling_params` cheaply.
+"""The serving engine (torch), one noun per module. Import from the modules themselves.
+Serving plumbing (Ray actors, the engine thread) lives in `pdserve.worker`; the plain request
+types in `pdserve.core`. This package imports none of ray, grpc or redis.
 
 - `engine.py` — `LLMEngine`: add_request / step / abort, and the disaggregation hooks.
 - `scheduler.py` — continuous batching, chunked prefill, preemption by recompute.
@@ -7,5 +8,5 @@ this package's import stays torch-free, so the router can use `sampling_params` 
 - `model_runner.py` — the paged KV cache tensor; batch -> tensors -> logits.
 - `sampler.py` — greedy / temperature / top-k / top-p / seeded sampling, logprobs.
 - `sequence.py` — one request's state (`Sequence`, `SequenceStatus`).
-- `sampling_params.py`, `outputs.py`, `kv_events.py` — plain data (no torch).
+- `outputs.py` — `RequestOutput`, `Reservation`: plain data (no torch).
 """

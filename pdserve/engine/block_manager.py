@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 
-from pdserve.block_hash import ROOT_HASH, block_hash
-from pdserve.engine.kv_events import KVEvent, KVEventKind
+from pdserve.core.block_hash import ROOT_HASH, block_hash
+from pdserve.core.kv_events import KVEvent, KVEventKind
 from pdserve.engine.sequence import Sequence
 
 

@@ -16,12 +16,12 @@ from pathlib import Path
 import torch
 
 from pdserve.config import EngineConfig
+from pdserve.core.kv_events import KVEvent, KVEventSink
+from pdserve.core.sampling_params import SamplingParams
 from pdserve.engine.block_manager import BlockManager
-from pdserve.engine.kv_events import KVEvent, KVEventSink
 from pdserve.engine.model_runner import ModelRunner
 from pdserve.engine.outputs import RequestOutput, Reservation
 from pdserve.engine.sampler import Sampler
-from pdserve.engine.sampling_params import SamplingParams
 from pdserve.engine.scheduler import ScheduledBatch, Scheduler
 from pdserve.engine.sequence import Sequence, SequenceStatus
 from pdserve.models.builtin import default_model_dir

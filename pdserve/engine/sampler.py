@@ -14,7 +14,7 @@ import struct
 
 import torch
 
-from pdserve.engine.sampling_params import SamplingParams
+from pdserve.core.sampling_params import SamplingParams
 
 
 def token_seed(seed: int, n: int) -> int:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from pdserve.block_hash import prompt_block_hashes
+from pdserve.core.block_hash import prompt_block_hashes
 from pdserve.engine.block_manager import BlockManager
 from pdserve.engine.sequence import Sequence, SequenceStatus
 

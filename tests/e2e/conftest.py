@@ -37,7 +37,7 @@ def serve_config(transport: str = "grpc", **overrides) -> ServeConfig:
 
 @pytest.fixture(scope="module", params=["grpc", "collective"])
 def served(request, ray_cluster):
-    from router.app import BackgroundApp
+    from pdserve.app import BackgroundApp
 
     os.environ["PDSERVE_FAULT_INJECTION"] = "1"  # lets tests arm PrefillWorker.inject_fault
     with BackgroundApp(serve_config(request.param)) as app:

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from pdserve.engine.sampling_params import SamplingParams
+from pdserve.core.sampling_params import SamplingParams
 from pdserve.pb import generate_pb2
 from tests.e2e.conftest import ENGINE
 
@@ -126,7 +126,7 @@ def test_cancel_mid_stream_frees_blocks_on_both_sides(served, stub):
 def test_expired_reservation_frees_its_blocks(served):
     import ray
 
-    from pdserve.messages import WorkRequest
+    from pdserve.core.messages import WorkRequest
 
     decode = served.app.pool.workers["decode-0"].actor
     # Tokens no other test uses, so decode-0 has none of them cached and must reserve blocks.

@@ -39,10 +39,10 @@ def receiver():
 
 @pytest.fixture(scope="module")
 def served(ray_cluster, receiver):
-    from router.app import BackgroundApp
+    from pdserve.app import BackgroundApp
 
     _, endpoint = receiver
-    # Read by this process's router and forwarded to the worker actors (router/actors.py).
+    # Read by this process's router and forwarded to the worker actors (pdserve/worker/pools.py).
     env = {
         "OTEL_TRACES_EXPORTER": "otlp",
         "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{endpoint}",

@@ -15,7 +15,7 @@ from tests.e2e.test_disaggregated_serving import VOCAB_LOW, reference_outputs
 
 @pytest.fixture(scope="module")
 def served_app(ray_cluster):
-    from router.app import BackgroundApp
+    from pdserve.app import BackgroundApp
     from tests.e2e.conftest import serve_config
 
     with BackgroundApp(serve_config("grpc", prefill_workers=1, decode_workers=2)) as app:

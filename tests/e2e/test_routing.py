@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 import grpc
 import pytest
 
-from pdserve.block_hash import prompt_block_hashes
+from pdserve.core.block_hash import prompt_block_hashes
 from pdserve.pb import generate_pb2_grpc
 from tests.e2e.conftest import ENGINE, serve_config
 from tests.e2e.test_disaggregated_serving import (
@@ -34,7 +34,7 @@ SYSTEM_BLOCKS = SYSTEM_LEN // ENGINE.block_size
 
 @pytest.fixture(scope="module")
 def served(ray_cluster) -> Iterator:
-    from router.app import BackgroundApp
+    from pdserve.app import BackgroundApp
 
     # Read by each worker's IndexFeeder (actors inherit PDSERVE_* variables).
     previous = os.environ.get("PDSERVE_PREFIX_HEARTBEAT_TTL_S")

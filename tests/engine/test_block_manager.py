@@ -5,9 +5,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pdserve.block_hash import prompt_block_hashes
+from pdserve.core.block_hash import prompt_block_hashes
+from pdserve.core.sampling_params import SamplingParams
 from pdserve.engine.block_manager import BlockManager
-from pdserve.engine.sampling_params import SamplingParams
 from pdserve.engine.sequence import Sequence
 
 BS = 4

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from pdserve.engine.sampling_params import SamplingParams
+from pdserve.core.sampling_params import SamplingParams
 from tests.engine.conftest import random_prompts
 
 PROMPT = random_prompts([30], seed=5)[0]  # 7 full blocks of 4 + a partial one

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pdserve.engine.sampling_params import SamplingParams
+from pdserve.core.sampling_params import SamplingParams
 from tests.engine.conftest import random_prompts
 from tests.models.hf_reference import hf_greedy
 

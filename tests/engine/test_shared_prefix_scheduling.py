@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pdserve.engine.sampling_params import SamplingParams
+from pdserve.core.sampling_params import SamplingParams
 from tests.engine.conftest import random_prompts
 
 

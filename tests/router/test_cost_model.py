@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pdserve.messages import WorkerStats
+from pdserve.core.messages import WorkerStats
 from router.cost_model import CostModel, LinearFit
 
 

@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from pdserve.config import RouterConfig
-from pdserve.messages import WorkerStats
+from pdserve.core.messages import WorkerStats
 from router.cost_model import CostModel
 from router.estimates import RoutingRequest, WorkerLoad
 from router.policy import RoutingPolicy

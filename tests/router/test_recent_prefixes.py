@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pdserve.block_hash import prompt_block_hashes
+from pdserve.core.block_hash import prompt_block_hashes
 from router.recent_prefixes import RecentPrefixes, merge
 
 HASHES = prompt_block_hashes(list(range(64)), 16)  # 4 chained blocks

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pdserve.config import RouterConfig
-from pdserve.messages import PrefillResult, WorkerStats
+from pdserve.core.messages import PrefillResult, WorkerStats
 from router.policy import RoutingPolicy
 from router.routing import Routing
 from router.worker_pool import WorkerPool

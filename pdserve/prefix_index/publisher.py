@@ -1,7 +1,7 @@
 """PrefixIndexPublisher: a worker's side of the prefix index (Redis), fed by its KV events.
 
 A worker creates one, calls `register()` once, `publish(events)` for every batch of KV events
-(`pdserve.engine.kv_events.KVEvent` or anything with `kind` and `block_hashes`), and
+(`pdserve.core.kv_events.KVEvent` or anything with `kind` and `block_hashes`), and
 `heartbeat()` every `heartbeat_ttl_s / 3` seconds. None of these raises on a Redis outage; they
 return False instead. The publisher remembers the set of hashes the worker holds (from the
 events themselves), so after an outage, a Redis restart or a missed heartbeat it rewrites that
@@ -16,8 +16,8 @@ import time
 from collections.abc import Iterable
 from typing import Protocol
 
-from pdserve.prefix_index_schema import DROP_WORKER_LUA, HEARTBEAT_LUA, IndexKeys, epoch_str
-from pdserve.redis_link import RedisLink
+from pdserve.prefix_index.redis_link import RedisLink
+from pdserve.prefix_index.schema import DROP_WORKER_LUA, HEARTBEAT_LUA, IndexKeys, epoch_str
 
 log = logging.getLogger(__name__)
 

@@ -60,7 +60,7 @@ def _worker_env(config: ServeConfig) -> dict[str, str]:
     env = {
         k: v for k, v in os.environ.items() if k.startswith(("OTEL_", "PDSERVE_")) and k not in own
     }
-    # Worker log lines look like the router's (read by pdserve.engine.worker_runtime).
+    # Worker log lines look like the router's (read by pdserve.worker.worker_runtime).
     env["PDSERVE_LOG_FORMAT"] = config.log_format
     env["PDSERVE_LOG_LEVEL"] = config.log_level
     return env

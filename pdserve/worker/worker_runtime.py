@@ -20,10 +20,10 @@ from pathlib import Path
 
 from pdserve import metrics
 from pdserve.config import EngineConfig
+from pdserve.core.messages import TokenBatch, WorkerStats
 from pdserve.engine.engine import LLMEngine, RequestOutput
-from pdserve.engine.engine_loop import END_OF_STREAM, EngineLoop
-from pdserve.messages import TokenBatch, WorkerStats
 from pdserve.models.builtin import default_model_dir
+from pdserve.worker.engine_loop import END_OF_STREAM, EngineLoop
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ class WorkerRuntime:
     ) -> None:
         import torch
 
-        cores = os.environ.get("PDSERVE_CPU_AFFINITY")  # set per actor by router/actors.py
+        cores = os.environ.get("PDSERVE_CPU_AFFINITY")  # set per actor by pdserve/worker/pools.py
         if cores:
             os.sched_setaffinity(0, {int(c) for c in cores.split(",")})
         if engine_config.num_threads:
@@ -47,7 +47,7 @@ class WorkerRuntime:
         engine_config.model = engine_config.model or str(default_model_dir())
         self.index_feeder = None
         if redis_url:
-            from pdserve.engine.index_feeder import IndexFeeder
+            from pdserve.prefix_index.feeder import IndexFeeder
 
             self.index_feeder = IndexFeeder(
                 redis_url,

@@ -13,7 +13,7 @@ import os
 import queue
 import threading
 
-from pdserve.prefix_publisher import PrefixIndexPublisher
+from pdserve.prefix_index.publisher import PrefixIndexPublisher
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ import socket
 import pytest
 import redis
 
-from pdserve.redis_link import connect
-from pdserve.redis_server import RedisServer, RedisServerError, redis_server_binary
+from pdserve.prefix_index.redis_link import connect
+from pdserve.prefix_index.redis_server import RedisServer, RedisServerError, redis_server_binary
 
 
 def port_open(port: int) -> bool:

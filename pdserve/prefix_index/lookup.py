@@ -1,6 +1,6 @@
 """PrefixIndex: the router's view of which worker holds how much of a prompt's prefix (Redis).
 
-Workers write the index (pdserve/prefix_publisher.py); the layout is pdserve/prefix_index_schema.py.
+Workers write the index (pdserve/prefix_index/publisher.py); the layout is pdserve/prefix_index/schema.py.
 `lookup` answers, in one round trip, each live worker's cached leading blocks. No method raises
 on a Redis outage: lookups return {} ("unknown"), `available` turns False and routing goes on
 load alone; the first call that succeeds after the outage turns it back (workers resync
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pdserve.prefix_index_schema import IndexKeys
-from pdserve.redis_link import RedisLink
-from router.reuse_stats import ModelReuse, add_reuse, parse_reuse
+from pdserve.prefix_index.redis_link import RedisLink
+from pdserve.prefix_index.reuse_stats import ModelReuse, add_reuse, parse_reuse
+from pdserve.prefix_index.schema import IndexKeys
 
 # Walks the prompt's chained block hashes in order and counts, for each worker holding the first
 # block in its live epoch, how many leading blocks it holds. A worker leaves the walk at its
@@ -101,7 +101,7 @@ class PrefixIndex:
 
     def lookup(self, block_hashes: Sequence[int]) -> dict[str, int]:
         """worker_id -> number of leading blocks of `block_hashes` it holds (workers holding none
-        are absent). `block_hashes` are chained (pdserve.block_hash.prompt_block_hashes)."""
+        are absent). `block_hashes` are chained (pdserve.core.block_hash.prompt_block_hashes)."""
         if not block_hashes:
             return {}
         keys = [self.keys.block(h) for h in block_hashes]

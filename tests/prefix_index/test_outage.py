@@ -8,12 +8,12 @@ import time
 import pytest
 from prometheus_client import REGISTRY
 
-from pdserve.block_hash import prompt_block_hashes
-from pdserve.engine.kv_events import KVEvent
-from pdserve.prefix_publisher import PrefixIndexPublisher
-from pdserve.redis_link import connect
-from pdserve.redis_server import RedisServer, free_port
-from router.prefix_index import PrefixIndex
+from pdserve.core.block_hash import prompt_block_hashes
+from pdserve.core.kv_events import KVEvent
+from pdserve.prefix_index.lookup import PrefixIndex
+from pdserve.prefix_index.publisher import PrefixIndexPublisher
+from pdserve.prefix_index.redis_link import connect
+from pdserve.prefix_index.redis_server import RedisServer, free_port
 
 BS = 4
 HASHES = prompt_block_hashes(list(range(64)), BS)

@@ -6,8 +6,8 @@ import argparse
 import json
 
 from pdserve.commands import stats
-from pdserve.redis_server import RedisServer
-from router.prefix_index import PrefixIndex
+from pdserve.prefix_index.lookup import PrefixIndex
+from pdserve.prefix_index.redis_server import RedisServer
 
 
 def run(argv: list[str]) -> int:
@@ -40,7 +40,7 @@ def test_unreachable_redis_is_a_clear_error(capsys) -> None:
 def test_finds_the_private_server_of_a_local_serve(tmp_path, monkeypatch, capsys) -> None:
     url_file = tmp_path / "redis-url"
     monkeypatch.delenv("PDSERVE_REDIS_URL", raising=False)
-    monkeypatch.setattr("pdserve.redis_server.LOCAL_URL_FILE", url_file)
+    monkeypatch.setattr("pdserve.prefix_index.redis_server.LOCAL_URL_FILE", url_file)
     with RedisServer(url_file=url_file) as server:
         assert url_file.read_text().strip() == server.url
         PrefixIndex(server.url, "tiny", 16).record_reuse("p", 1, 1)

@@ -16,11 +16,11 @@ from pathlib import Path
 
 from pdserve import metrics, telemetry
 from pdserve.config import ServeConfig
+from pdserve.prefix_index.lookup import PrefixIndex
 from pdserve.tokenizer import Tokenizer
 from router.generation_service import GenerationService
 from router.observability import RequestObserver
 from router.policy import RoutingPolicy
-from router.prefix_index import PrefixIndex
 from router.request_flow import RequestFlow
 from router.routing import Routing
 from router.server import RouterServer
@@ -54,7 +54,7 @@ class ServingApp:
         import ray
 
         from pdserve.models.builtin import default_model_dir
-        from router.actors import create_workers
+        from pdserve.worker.pools import create_workers
 
         config = self.config
         telemetry.setup_tracing("pdserve-router")
@@ -124,7 +124,7 @@ class ServingApp:
             asyncio.ensure_future(self.server.set_ready(ready))
 
     async def _start_private_redis(self) -> str:
-        from pdserve.redis_server import LOCAL_URL_FILE, RedisServer
+        from pdserve.prefix_index.redis_server import LOCAL_URL_FILE, RedisServer
 
         # `pdserve serve` writes the URL file so `pdserve stats` finds its private server
         # without flags; embedded apps (tests, benchmarks) leave the user's file alone.

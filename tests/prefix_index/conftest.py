@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from pdserve.redis_server import RedisServer
+from pdserve.prefix_index.redis_server import RedisServer
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 """Prefix-cache reuse statistics kept in Redis: hit and miss prompt tokens per worker and model.
 
 The router adds to them after each routing decision (`PrefixIndex.record_reuse`); `pdserve stats`
-reads them with `read_reuse_stats`. Layout: see pdserve/prefix_index_schema.py.
+reads them with `read_reuse_stats`. Layout: see pdserve/prefix_index/schema.py.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from pdserve.prefix_index_schema import IndexKeys
+from pdserve.prefix_index.schema import IndexKeys
 
 COUNTERS = ("hit_tokens", "miss_tokens", "requests")
 

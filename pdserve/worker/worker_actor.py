@@ -12,10 +12,10 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from pdserve.config import EngineConfig, KVTransferConfig
-from pdserve.messages import WorkerStats
+from pdserve.core.messages import WorkerStats
 
 if TYPE_CHECKING:
-    from pdserve.engine.worker_runtime import WorkerRuntime
+    from pdserve.worker.worker_runtime import WorkerRuntime
 
 
 class WorkerActor:
@@ -38,7 +38,7 @@ class WorkerActor:
     async def _started(self) -> WorkerRuntime:
         async with self._start_lock:
             if self._runtime is None:
-                from pdserve.engine.worker_runtime import WorkerRuntime
+                from pdserve.worker.worker_runtime import WorkerRuntime
 
                 self._runtime = WorkerRuntime(
                     self.worker_id, self.role, self._engine_config, self._redis_url

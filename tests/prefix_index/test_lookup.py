@@ -7,11 +7,11 @@ import time
 import pytest
 import redis
 
-from pdserve.block_hash import prompt_block_hashes
-from pdserve.engine.kv_events import KVEvent
-from pdserve.prefix_publisher import PrefixIndexPublisher
-from router.prefix_index import PrefixIndex
-from router.reuse_stats import read_reuse_stats
+from pdserve.core.block_hash import prompt_block_hashes
+from pdserve.core.kv_events import KVEvent
+from pdserve.prefix_index.lookup import PrefixIndex
+from pdserve.prefix_index.publisher import PrefixIndexPublisher
+from pdserve.prefix_index.reuse_stats import read_reuse_stats
 
 BS = 4
 PROMPT = list(range(100, 132))  # 8 full blocks

@@ -1,0 +1,7 @@
+"""Plain data every process shares: no torch, Ray, gRPC or Redis import here.
+
+- `sampling_params.py` — `SamplingParams`: how one request samples and stops.
+- `messages.py` — what the router and the workers exchange through Ray calls.
+- `kv_events.py` — `KVEvent`: blocks entering or leaving a worker's prefix cache.
+- `block_hash.py` — the chained hash of full KV blocks, the only one used anywhere.
+"""

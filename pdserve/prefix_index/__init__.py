@@ -1,0 +1,10 @@
+"""The global prefix index in Redis: which worker holds which KV blocks, and reuse statistics.
+
+- `schema.py` — key layout (block → workers, epochs, heartbeats, reuse counters).
+- `publisher.py` — worker side: publishes KV events under the worker's epoch, heartbeats,
+  resyncs after an outage; `feeder.py` moves the engine's events to it off the engine thread.
+- `lookup.py` — router side: `PrefixIndex.lookup` (one round trip), reuse recording.
+- `reuse_stats.py` — hit/miss prompt tokens per worker and model (`pdserve stats`).
+- `redis_link.py` — a Redis client that notices outages and recovers.
+- `redis_server.py` — the private `redis-server` that `pdserve serve` starts when no URL is given.
+"""

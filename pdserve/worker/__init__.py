@@ -1,0 +1,8 @@
+"""What the prefill and decode Ray actors share (their roles live in prefill_service/ and
+decode_service/).
+
+- `worker_actor.py` — `WorkerActor`: the actor skeleton (lazy start, `ready`, `stats`).
+- `worker_runtime.py` — `WorkerRuntime`: engine + loop, step costs, stats, KV events to the index.
+- `engine_loop.py` — `EngineLoop`: the engine on its own thread, outputs to asyncio queues.
+- `pools.py` — `create_workers`: the actors on their Ray pools (custom resources, GPUs).
+"""
