@@ -1,6 +1,6 @@
 """DecodeWorker: the Ray actor that generates tokens, from KV it receives or computes itself.
 
-Lifecycle of a disaggregated request here (DESIGN.md, "Disaggregated request lifecycle"):
+Lifecycle of a disaggregated request here (docs/design.md, lifecycle (a)):
 reserve() allocates the prompt's blocks (reusing this worker's prefix cache) and opens a
 transfer on the KV receiver; the prefill worker pushes the missing blocks and commits with the
 first token (KVSink.on_commit, on a receiver thread); the engine then decodes and stream()
@@ -14,18 +14,22 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from opentelemetry import trace
 from opentelemetry.trace import Link, SpanKind
 
-from pdserve.config import EngineConfig, KVTransferConfig
+from decode_service.handoffs import Handoff, HandoffTable
 from pdserve.core.messages import KVReservation, TokenBatch, WorkRequest
 from pdserve.logging_setup import bind_request_id
 from pdserve.telemetry import extract_context, get_tracer, inject_context, span_from_carrier
 from pdserve.worker.worker_actor import WorkerActor
+from pdserve.worker.worker_spec import WorkerSpec
 
 if TYPE_CHECKING:  # torch; imported on the worker only, so the router can import this module
+    import torch
+
+    from kv_transfer.base import CommitInfo
     from pdserve.worker.worker_runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
@@ -36,44 +40,30 @@ COMMIT_TIMEOUT_S = 30.0
 TRACE_CONTEXTS_KEPT = 1024
 
 
-class _OpenTransfer(NamedTuple):
-    reserved_ns: int
-    blocks: int  # blocks the prefill worker sends
-    first_block: int | None
-    reserve_span: trace.SpanContext
-
-
 class DecodeWorker(WorkerActor):
     role = "decode"
 
-    def __init__(
-        self,
-        worker_id: str,
-        engine_config: EngineConfig,
-        kv_config: KVTransferConfig,
-        redis_url: str | None = None,
-    ) -> None:
-        super().__init__(worker_id, engine_config, kv_config, redis_url)
+    def __init__(self, worker_id: str, spec: WorkerSpec) -> None:
+        super().__init__(worker_id, spec)
         self._receiver = None
         self._endpoint = ""
-        self._request_of_transfer: dict[str, str] = {}
-        self._transfer_of_request: dict[str, str] = {}
+        self._cache_received_kv = False
+        self._handoffs = HandoffTable()
         self._streams: dict[str, asyncio.Queue] = {}
-        self._trace_contexts: dict[str, dict[str, dict[str, str]]] = {}  # oldest first
-        # What the kv_receive span of an open transfer needs when its commit arrives.
-        self._opened: dict[str, _OpenTransfer] = {}
-        # First destination block of an open transfer -> its id, until its first chunk lands;
-        # then transfer_id -> that time (ns): where kv_receive starts.
-        self._awaiting_first_chunk: dict[int, str] = {}
-        self._first_chunk_ns: dict[str, int] = {}
+        # Received trace contexts of recent requests, oldest first (outlive their handoffs).
+        self._trace_contexts: dict[str, dict[str, dict[str, str]]] = {}
 
     def _start_transport(self, runtime: WorkerRuntime) -> None:
         from kv_transfer.base import KVLayout
         from kv_transfer.factory import make_receiver
+        from kv_transfer.tls import mutual_tls
 
         self._aloop = asyncio.get_running_loop()
         self._receiver = make_receiver(self._kv_config, self, KVLayout.of(runtime.engine.kv_cache))
         self._endpoint = self._receiver.start()
+        # Received KV may serve later requests only if its sender proved who it is (mutual
+        # TLS) or the operator vouches for every peer; else it serves its own request only.
+        self._cache_received_kv = self._kv_config.trust_peer_cache or mutual_tls(self._kv_config)
 
     def _ready_info(self) -> dict:
         return {"kv_endpoint": self._endpoint}
@@ -82,10 +72,24 @@ class DecodeWorker(WorkerActor):
     async def reserve(
         self, request: WorkRequest, reservation_timeout_s: float | None = None
     ) -> KVReservation | None:
-        """Allocates the prompt's blocks and opens a transfer; None when there is no room now.
+        """Allocates the prompt's blocks and opens a transfer; None when there is no room now
+        or the request was aborted meanwhile.
 
         The reservation is freed if no commit arrives within the timeout (default: config).
         """
+        # Recorded before the first await, so an abort() arriving meanwhile finds and cancels it.
+        handoff = self._handoffs.begin(
+            request.request_id, len(request.prompt_token_ids), request.sampling.logprobs
+        )
+        try:
+            return await self._reserve(handoff, request, reservation_timeout_s)
+        except BaseException:
+            self._handoffs.end(handoff)
+            raise
+
+    async def _reserve(
+        self, handoff: Handoff, request: WorkRequest, reservation_timeout_s: float | None
+    ) -> KVReservation | None:
         runtime = await self._started()
         rid = request.request_id
         self._remember_trace(rid, "ray", request.trace_context)
@@ -100,19 +104,18 @@ class DecodeWorker(WorkerActor):
             )
             if reservation is None:
                 span.set_attribute("pdserve.outcome", "no_room")
+                self._handoffs.end(handoff)
+                return None
+            if handoff.cancelled:  # abort() ran while the engine reserved: undo, open nothing
+                await runtime.loop.acall(lambda: engine.abort(rid))
+                span.set_attribute("pdserve.outcome", "aborted")
                 return None
             self._streams[rid] = runtime.loop.open_stream(rid)
             dest_blocks = [reservation.block_ids[i] for i in reservation.missing_block_indices]
             timeout = reservation_timeout_s or self._kv_config.reservation_timeout_s
             transfer_id = self._receiver.open(dest_blocks, timeout, inject_context())
-            self._request_of_transfer[transfer_id] = rid
-            self._transfer_of_request[rid] = transfer_id
-            first_block = dest_blocks[0] if dest_blocks else None
-            self._opened[transfer_id] = _OpenTransfer(
-                time.time_ns(), len(dest_blocks), first_block, span.get_span_context()
-            )
-            if first_block is not None:
-                self._awaiting_first_chunk[first_block] = transfer_id
+            handoff.reserve_span = span.get_span_context()
+            self._handoffs.attach(handoff, transfer_id, len(dest_blocks))
             span.set_attributes(
                 {
                     "pdserve.outcome": "ok",
@@ -177,14 +180,13 @@ class DecodeWorker(WorkerActor):
                 {"pdserve.completion_tokens": tokens, "pdserve.finish_reason": finish_reason or ""}
             )
             span.end()
-        self._forget_transfer(request_id)
 
     async def abort(self, request_id: str) -> None:
         """Ends the request whatever its state: reservation, transfer, decoding. Idempotent."""
         runtime = await self._started()
-        transfer_id = self._forget_transfer(request_id)
-        if transfer_id is not None:
-            self._receiver.abort(transfer_id)
+        handoff = self._handoffs.cancel(request_id)
+        if handoff is not None and handoff.transfer_id:
+            self._receiver.abort(handoff.transfer_id)
         self._streams.pop(request_id, None)
         await runtime.abort(request_id)
 
@@ -198,36 +200,23 @@ class DecodeWorker(WorkerActor):
         while len(self._trace_contexts) > TRACE_CONTEXTS_KEPT:
             self._trace_contexts.pop(next(iter(self._trace_contexts)))
 
-    def _forget_transfer(self, request_id: str) -> str | None:
-        transfer_id = self._transfer_of_request.pop(request_id, None)
-        if transfer_id is not None:
-            self._request_of_transfer.pop(transfer_id, None)
-            self._forget_opened(transfer_id)
-        return transfer_id
-
-    def _forget_opened(self, transfer_id: str) -> tuple[_OpenTransfer | None, int | None]:
-        """What was kept for the transfer's kv_receive span, and when its first chunk landed."""
-        opened = self._opened.pop(transfer_id, None)
-        # Blocks are reused: only drop the entry if it is still this transfer's.
-        if opened and self._awaiting_first_chunk.get(opened.first_block) == transfer_id:
-            self._awaiting_first_chunk.pop(opened.first_block, None)
-        return opened, self._first_chunk_ns.pop(transfer_id, None)
-
     # ---- KVSink: called by the receiver on its own threads ---------------------------------
-    def write_kv(self, block_ids: list[int], layer_start: int, data) -> None:
-        # Chunks carry no transfer id here; a transfer's chunks start at its first block.
-        transfer_id = self._awaiting_first_chunk.pop(block_ids[0], None) if block_ids else None
-        if transfer_id is not None:
-            self._first_chunk_ns[transfer_id] = time.time_ns()
+    def write_kv(
+        self, transfer_id: str, block_ids: list[int], layer_start: int, data: torch.Tensor
+    ) -> None:
+        handoff = self._handoffs.of_transfer(transfer_id)
+        if handoff is not None and handoff.first_chunk_ns is None:
+            handoff.first_chunk_ns = time.time_ns()
         self._runtime.engine.write_kv(block_ids, layer_start, data)
 
-    def on_commit(self, transfer_id: str, commit) -> None:
-        request_id = self._request_of_transfer.get(transfer_id)
-        if request_id is None:
+    def on_commit(self, transfer_id: str, commit: CommitInfo) -> None:
+        handoff = self._handoffs.of_transfer(transfer_id)
+        if handoff is None:
             raise KeyError(f"transfer {transfer_id!r} is not open on {self.worker_id}")
+        handoff.check_commit(commit)
+        request_id = handoff.request_id
         self._remember_trace(request_id, "kv", commit.trace_context)
-        opened, first_chunk_ns = self._forget_opened(transfer_id)
-        now, blocks = time.time_ns(), opened.blocks if opened else 0
+        now = time.time_ns()
         tracer = get_tracer("pdserve.decode")
         # A child of the sender's kv_transfer span (the commit carries its context), linked to
         # this worker's reserve span: from its first chunk to its commit, the KV was arriving.
@@ -235,15 +224,15 @@ class DecodeWorker(WorkerActor):
             "pdserve.kv_receive",
             context=extract_context(commit.trace_context),
             kind=SpanKind.SERVER,
-            start_time=first_chunk_ns or now,
-            links=[Link(opened.reserve_span)] if opened else None,
+            start_time=handoff.first_chunk_ns or now,
+            links=[Link(handoff.reserve_span)] if handoff.reserve_span else None,
             attributes={
                 "pdserve.request_id": request_id,
                 "pdserve.worker_id": self.worker_id,
-                "pdserve.kv.blocks": blocks,
-                "pdserve.kv.bytes": blocks * self._runtime.bytes_per_block,
+                "pdserve.kv.blocks": handoff.blocks,
+                "pdserve.kv.bytes": handoff.blocks * self._runtime.bytes_per_block,
                 # How long the reservation waited for its KV (prefill compute included).
-                "pdserve.kv.reserved_s": (now - opened.reserved_ns) / 1e9 if opened else 0.0,
+                "pdserve.kv.reserved_s": (now - handoff.reserved_ns) / 1e9,
             },
         )
         engine = self._runtime.engine
@@ -253,13 +242,19 @@ class DecodeWorker(WorkerActor):
             tracer.start_as_current_span("pdserve.decode.admit", attributes={"pdserve.path": "kv"}),
         ):
             self._runtime.loop.call(
-                lambda: engine.commit(request_id, commit.first_token_id, commit.first_logprob)
+                lambda: engine.commit(
+                    request_id,
+                    commit.first_token_id,
+                    commit.first_logprob,
+                    cache_blocks=self._cache_received_kv,
+                )
             ).result(COMMIT_TIMEOUT_S)
+        self._handoffs.end(handoff)
 
     def on_expired(self, transfer_id: str) -> None:
-        request_id = self._request_of_transfer.get(transfer_id)
-        self._forget_opened(transfer_id)
-        if request_id is None:
+        handoff = self._handoffs.of_transfer(transfer_id)
+        if handoff is None:
             return
+        request_id = handoff.request_id
         log.warning("reservation of %s expired before commit; freeing its blocks", request_id)
         self._aloop.call_soon_threadsafe(lambda: asyncio.ensure_future(self.abort(request_id)))

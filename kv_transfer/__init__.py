@@ -7,6 +7,9 @@
 - `grpc_receiver.py` / `grpc_sender.py` — the grpc transport (and the control plane of both).
 - `collective_group.py` — 2-rank torch.distributed groups, one per prefill-decode pair.
 - `collective_receiver.py` / `collective_sender.py` — the collective transport (NCCL / Gloo).
+- `rendezvous.py` — the collective transport's rendezvous store, reached only through the
+  secret-checked KV endpoint (no open TCPStore).
+- `tls.py` — TLS / mutual TLS credentials of the KV endpoint and of the senders' channels.
 - `factory.py` — `make_receiver(config, sink, layout)`, `make_sender(config)`.
 
 Group topology of the collective transport: one 2-rank process group per prefill-decode pair,

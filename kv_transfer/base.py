@@ -89,11 +89,16 @@ class KVSink(Protocol):
     worker may free and reuse its blocks at once.
     """
 
-    def write_kv(self, block_ids: list[int], layer_start: int, data: torch.Tensor) -> None:
-        """Copies `data` ([l1-l0, 2, n, ...]) into `kv_cache[l0:l1, :, block_ids]`."""
+    def write_kv(
+        self, transfer_id: str, block_ids: list[int], layer_start: int, data: torch.Tensor
+    ) -> None:
+        """Copies `data` ([l1-l0, 2, n, ...]) of transfer `transfer_id` (the id every chunk
+        carries) into `kv_cache[l0:l1, :, block_ids]`."""
 
     def on_commit(self, transfer_id: str, commit: CommitInfo) -> None:
-        """Every block arrived; start decoding. Raise to fail the commit (the sender sees it)."""
+        """Every block arrived; start decoding. Raise to fail the commit (the sender sees it):
+        ValueError when a field of `commit` does not fit the reservation (INVALID_ARGUMENT),
+        anything else when the request cannot continue here (FAILED_PRECONDITION)."""
 
     def on_expired(self, transfer_id: str) -> None:
         """The transfer ended without commit (deadline passed, remote abort, bad chunk, failed

@@ -1,8 +1,9 @@
 """2-rank torch.distributed process groups, one per prefill-decode pair (collective transport).
 
 Topology: one group per pair, formed lazily on the pair's first transfer and dropped on the
-first error; the decode worker is rank 0 and hosts the pair's rendezvous (a TCPStore, one per
-decode worker, keys prefixed by an unguessable pair id). Why not one world group:
+first error; the decode worker is rank 0 and hosts the pair's rendezvous (an in-process store,
+one per decode worker, reached only through its KV endpoint: kv_transfer/rendezvous.py). Why
+not one world group:
 - Membership changes are local. Adding or removing a worker (autoscaling, a Ray actor restart
   with a new epoch) touches only the pairs it is in; a world group would have to be torn down and
   re-formed by every rank at once, and one dead rank poisons an NCCL communicator for all.
@@ -15,7 +16,8 @@ decode worker, keys prefixed by an unguessable pair id). Why not one world group
   most P x D groups, but only for pairs the router actually uses; a world group would pay one
   init of all P + D ranks on every membership change and the same per-peer p2p buffers.
 Rendezvous through Ray: the decode worker's KV endpoint travels in its Ray reply to the router
-and on to the prefill worker; `Connect` over that endpoint returns the store address and pair id.
+and on to the prefill worker; `Connect` over that endpoint returns the pair id, and the store
+operations of the group's formation go over that endpoint too (`Rendezvous`).
 """
 
 from __future__ import annotations
@@ -45,36 +47,21 @@ def local_ip_towards(host: str) -> str:
             return "127.0.0.1"
 
 
-def open_store(host: str, port: int, timeout_s: float) -> Any:
-    """A TCPStore client of the decode worker's store (port 0 = host one here, on any port)."""
+def form_group(store: Any, rank: int, backend: str, my_host: str, timeout_s: float) -> Any:
+    """Blocks until both ranks of the pair joined; returns the 2-rank process group. `store`
+    holds only this pair's keys; Gloo listens on `my_host` only."""
     import torch.distributed as dist
 
-    return dist.TCPStore(
-        host,
-        port,
-        is_master=port == 0,
-        wait_for_workers=False,
-        timeout=datetime.timedelta(seconds=timeout_s),
-    )
-
-
-def form_group(
-    store: Any, pair_id: str, rank: int, backend: str, my_host: str, timeout_s: float
-) -> Any:
-    """Blocks until both ranks of the pair joined; returns the 2-rank process group."""
-    import torch.distributed as dist
-
-    prefixed = dist.PrefixStore(f"pdserve-kv/{pair_id}/", store)
     timeout = datetime.timedelta(seconds=timeout_s)
     if backend == "gloo":
         options = dist.ProcessGroupGloo._Options()
         options._timeout = timeout
         options._devices = [dist.ProcessGroupGloo.create_device(hostname=my_host)]
-        return dist.ProcessGroupGloo(prefixed, rank, 2, options)
+        return dist.ProcessGroupGloo(store, rank, 2, options)
     if backend == "nccl":
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
-        return dist.ProcessGroupNCCL(prefixed, rank, 2, options)
+        return dist.ProcessGroupNCCL(store, rank, 2, options)
     raise ValueError(f"unknown torch.distributed backend {backend!r}")
 
 

@@ -20,9 +20,10 @@ import grpc
 
 from kv_transfer import wire
 from kv_transfer.base import KVLayout, KVSink
-from kv_transfer.collective_group import PairGroup, backend_for, form_group, open_store
+from kv_transfer.collective_group import PairGroup, backend_for, form_group
 from kv_transfer.grpc_common import STATUS_OF
 from kv_transfer.grpc_receiver import GrpcKVReceiver, spec_of
+from kv_transfer.rendezvous import pair_store, serve_rendezvous
 from kv_transfer.reservations import RejectReason, TransferRejected
 from pdserve.config import KVTransferConfig
 from pdserve.pb import kv_transfer_pb2 as pb
@@ -44,7 +45,9 @@ class CollectiveKVReceiver(GrpcKVReceiver):
         self._waiters = futures.ThreadPoolExecutor(_WAITERS, thread_name_prefix="kv-coll-wait")
 
     def start(self) -> str:
-        self._store = open_store(self.config.bind_host, 0, self.config.reservation_timeout_s)
+        import torch.distributed as dist
+
+        self._store = dist.HashStore()  # in-process: reached only through Rendezvous
         return super().start()
 
     def stop(self) -> None:
@@ -67,6 +70,11 @@ class CollectiveKVReceiver(GrpcKVReceiver):
             request_deserializer=pb.ChunkHeader.FromString,
             response_serializer=pb.PrepareChunkResponse.SerializeToString,
         )
+        handlers["Rendezvous"] = grpc.unary_unary_rpc_method_handler(
+            self._rendezvous,
+            request_deserializer=pb.RendezvousRequest.FromString,
+            response_serializer=pb.RendezvousResponse.SerializeToString,
+        )
         return handlers
 
     def _connect(self, request: pb.ConnectRequest, context: grpc.ServicerContext) -> Any:
@@ -79,21 +87,33 @@ class CollectiveKVReceiver(GrpcKVReceiver):
         pair = PairGroup(secrets.token_urlsafe(16), rank=0, backend=self.backend)
         with self._lock:
             self._pairs[pair.pair_id] = pair
-        host, port = self.endpoint.rsplit(":", 1)[0], self._store.port
+        host = self.endpoint.rsplit(":", 1)[0]
         timeout_s = self.config.reservation_timeout_s
+        store = pair_store(self._store, pair.pair_id)
 
         def join() -> None:  # blocks until the sender joins too, so not on the RPC thread
             try:
-                pair.group = form_group(self._store, pair.pair_id, 0, self.backend, host, timeout_s)
+                pair.group = form_group(store, 0, self.backend, host, timeout_s)
             except Exception as exc:
                 pair.error = f"forming the process group failed: {exc}"
                 self._drop_pair(pair)
             pair.ready.set()
 
         threading.Thread(target=join, name=f"kv-pair-{pair.pair_id[:6]}", daemon=True).start()
-        return pb.ConnectResponse(
-            pair_id=pair.pair_id, store_host=host, store_port=port, rank=1, timeout_s=timeout_s
-        )
+        return pb.ConnectResponse(pair_id=pair.pair_id, rank=1, timeout_s=timeout_s)
+
+    def _rendezvous(self, request: pb.RendezvousRequest, context: grpc.ServicerContext) -> Any:
+        with self._lock:
+            known = request.pair_id in self._pairs
+        if not known:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no pair {request.pair_id!r}: connect first")
+        store = pair_store(self._store, request.pair_id)
+        try:
+            return serve_rendezvous(store, request, self.config.reservation_timeout_s)
+        except ValueError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"op: {exc}")
+        except RuntimeError as exc:  # a store wait timed out
+            context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"rendezvous: {exc}")
 
     def _prepare_chunk(self, header: pb.ChunkHeader, context: grpc.ServicerContext) -> Any:
         import torch

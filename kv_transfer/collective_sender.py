@@ -14,15 +14,10 @@ import grpc
 
 from kv_transfer import wire
 from kv_transfer.base import KVSender, KVTransferError, TransferRequest, TransferResult
-from kv_transfer.collective_group import (
-    PairGroup,
-    backend_for,
-    form_group,
-    local_ip_towards,
-    open_store,
-)
+from kv_transfer.collective_group import PairGroup, backend_for, form_group, local_ip_towards
 from kv_transfer.grpc_common import rpc_error_text
 from kv_transfer.grpc_sender import ControlClient, commit_request, layer_ranges
+from kv_transfer.rendezvous import RemoteStore
 from pdserve.config import KVTransferConfig
 from pdserve.pb import kv_transfer_pb2 as pb
 
@@ -114,17 +109,14 @@ class CollectiveKVSender(KVSender):
             pair = self._pairs.get(endpoint)
             if pair is not None:
                 return pair
-            reply = self._client.stub(endpoint).connect(
-                pb.ConnectRequest(backend=backend),
-                timeout=_remaining(deadline),
-                metadata=self._client.metadata,
+            stub, metadata = self._client.stub(endpoint), self._client.metadata
+            reply = stub.connect(
+                pb.ConnectRequest(backend=backend), timeout=_remaining(deadline), metadata=metadata
             )
-            store = open_store(reply.store_host, reply.store_port, reply.timeout_s)
+            store = RemoteStore(stub.rendezvous, endpoint, reply.pair_id, metadata, reply.timeout_s)
             pair = PairGroup(reply.pair_id, rank=reply.rank, backend=backend)
-            my_host = local_ip_towards(reply.store_host)
-            pair.group = form_group(
-                store, reply.pair_id, reply.rank, backend, my_host, reply.timeout_s
-            )
+            my_host = local_ip_towards(endpoint.rsplit(":", 1)[0])
+            pair.group = form_group(store, reply.rank, backend, my_host, reply.timeout_s)
             pair.ready.set()
             self._pairs[endpoint] = pair
             return pair

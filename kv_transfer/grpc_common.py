@@ -45,11 +45,16 @@ def resolve_secret(config: KVTransferConfig) -> str:
     return secret
 
 
+def bind_host(config: KVTransferConfig) -> str:
+    """Where the KV endpoint listens: bind_host, else only the address peers dial."""
+    return config.bind_host or advertise_host(config)
+
+
 def advertise_host(config: KVTransferConfig) -> str:
     """The host peers dial: advertise_host, else a specific bind_host, else this node's IP."""
     if config.advertise_host:
         return config.advertise_host
-    if config.bind_host not in ("0.0.0.0", "::", ""):
+    if config.bind_host not in (None, "0.0.0.0", "::", ""):
         return config.bind_host
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         try:  # no packet is sent: connect() on UDP only picks the outgoing interface

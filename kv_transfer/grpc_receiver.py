@@ -13,7 +13,7 @@ from typing import Any
 
 import grpc
 
-from kv_transfer import wire
+from kv_transfer import tls, wire
 from kv_transfer.base import CommitInfo, KVLayout, KVReceiver, KVSink
 from kv_transfer.grpc_common import (
     CHANNEL_OPTIONS,
@@ -21,6 +21,7 @@ from kv_transfer.grpc_common import (
     STATUS_OF,
     SecretInterceptor,
     advertise_host,
+    bind_host,
     resolve_secret,
 )
 from kv_transfer.reservations import (
@@ -38,7 +39,12 @@ _SERVER_THREADS = 8  # concurrent KV streams a decode worker accepts; more wait 
 
 def spec_of(header: pb.ChunkHeader) -> ChunkSpec:
     return ChunkSpec(
-        header.layer_start, header.layer_end, header.num_layers, header.dtype, tuple(header.shape)
+        header.layer_start,
+        header.layer_end,
+        header.num_layers,
+        header.dtype,
+        tuple(header.shape),
+        header.seq,
     )
 
 
@@ -69,11 +75,14 @@ class GrpcKVReceiver(KVReceiver):
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(SERVICE, self._handlers()),)
         )
-        port = server.add_insecure_port(f"{self.config.bind_host}:{self.config.port}")
+        address = f"{bind_host(self.config)}:{self.config.port}"
+        credentials = tls.server_credentials(self.config)
+        if credentials is None:
+            port = server.add_insecure_port(address)
+        else:
+            port = server.add_secure_port(address, credentials)
         if port == 0:
-            raise OSError(
-                f"cannot bind the KV endpoint on {self.config.bind_host}:{self.config.port}"
-            )
+            raise OSError(f"cannot bind the KV endpoint on {address}")
         server.start()
         self._server = server
         self.endpoint = f"{advertise_host(self.config)}:{port}"

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from kv_transfer import wire
+from kv_transfer import tls, wire
 from kv_transfer.base import KVSender, KVTransferError, TransferRequest, TransferResult
 from kv_transfer.grpc_common import (
     CHANNEL_OPTIONS,
@@ -40,10 +40,17 @@ class ControlStub:
     abort: grpc.UnaryUnaryMultiCallable
     connect: grpc.UnaryUnaryMultiCallable
     prepare: grpc.UnaryUnaryMultiCallable
+    rendezvous: grpc.UnaryUnaryMultiCallable
 
     @classmethod
-    def dial(cls, endpoint: str) -> ControlStub:
-        channel = grpc.insecure_channel(endpoint, options=CHANNEL_OPTIONS)
+    def dial(cls, endpoint: str, config: KVTransferConfig | None = None) -> ControlStub:
+        """A channel to `endpoint`, over TLS when `config` has TLS files."""
+        credentials = tls.channel_credentials(config) if config else None
+        if credentials is None:
+            channel = grpc.insecure_channel(endpoint, options=CHANNEL_OPTIONS)
+        else:
+            options = CHANNEL_OPTIONS + tls.channel_options(config)
+            channel = grpc.secure_channel(endpoint, credentials, options=options)
 
         def unary(name: str, req: type, resp: type) -> grpc.UnaryUnaryMultiCallable:
             return channel.unary_unary(
@@ -64,6 +71,7 @@ class ControlStub:
             abort=unary("Abort", pb.AbortRequest, pb.AbortResponse),
             connect=unary("Connect", pb.ConnectRequest, pb.ConnectResponse),
             prepare=unary("PrepareChunk", pb.ChunkHeader, pb.PrepareChunkResponse),
+            rendezvous=unary("Rendezvous", pb.RendezvousRequest, pb.RendezvousResponse),
         )
 
 
@@ -96,7 +104,7 @@ class ControlClient:
     def stub(self, endpoint: str) -> ControlStub:
         with self._lock:
             if endpoint not in self._stubs:
-                self._stubs[endpoint] = ControlStub.dial(endpoint)
+                self._stubs[endpoint] = ControlStub.dial(endpoint, self.config)
             return self._stubs[endpoint]
 
     def abort(self, endpoint: str, transfer_id: str) -> None:

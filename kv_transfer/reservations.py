@@ -62,6 +62,7 @@ class ChunkSpec:
     num_layers: int
     dtype: str
     shape: tuple[int, ...]  # [l1-l0, 2, n, block_size, num_kv_heads, head_dim]
+    seq: int = 0  # position of the chunk in its transfer
 
 
 @dataclass
@@ -73,6 +74,7 @@ class _Transfer:
     # (num_layers, dtype, block shape) every chunk must match; from the layout or first chunk.
     expect: tuple[int, str, tuple[int, ...]] | None
     arrived: bytearray | None = None  # one flag per layer
+    next_seq: int = 0  # the seq the next chunk must carry
     state: TransferState = TransferState.OPEN
     error: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -117,12 +119,19 @@ class ReservationTable:
         return transfer_id
 
     def validate(self, transfer_id: str, spec: ChunkSpec) -> None:
-        """Raises TransferRejected unless a chunk like `spec` may be written now. An invalid chunk
-        fails the transfer (the sender is broken or hostile; nothing of it may be committed)."""
+        """Raises TransferRejected unless a chunk like `spec` may be written now; every chunk is
+        validated exactly once, in order. An invalid chunk fails the transfer (the sender is
+        broken or hostile; nothing of it may be committed)."""
         transfer = self._get_open(transfer_id)
         with transfer.lock:
             self._check_open(transfer)
             problem = self._check_spec(transfer, spec)
+            if not problem and spec.seq != transfer.next_seq:
+                problem = (
+                    f"transfer {transfer_id}: chunk seq {spec.seq} out of order, "
+                    f"expected {transfer.next_seq}"
+                )
+            transfer.next_seq += 1
         if problem:
             self.fail(transfer_id, problem, RejectReason.INVALID)
 
@@ -133,7 +142,7 @@ class ReservationTable:
             self._check_open(transfer)
             problem = self._check_spec(transfer, spec)
             if not problem:
-                self._sink.write_kv(transfer.dest_block_ids, spec.layer_start, data)
+                self._sink.write_kv(transfer_id, transfer.dest_block_ids, spec.layer_start, data)
                 assert transfer.arrived is not None
                 transfer.arrived[spec.layer_start : spec.layer_end] = b"\x01" * (
                     spec.layer_end - spec.layer_start
@@ -157,10 +166,16 @@ class ReservationTable:
                 self._sink.on_commit(transfer_id, info)
             except Exception as exc:
                 error = f"transfer {transfer_id}: commit refused: {exc}"
+                # ValueError: a Commit field does not fit the reservation (the sender's fault).
+                reason = (
+                    RejectReason.INVALID
+                    if isinstance(exc, ValueError)
+                    else RejectReason.COMMIT_FAILED
+                )
             else:
                 self._end(transfer, TransferState.COMMITTED)
                 return
-        self.fail(transfer_id, error, RejectReason.COMMIT_FAILED)
+        self.fail(transfer_id, error, reason)
 
     def abort(self, transfer_id: str, notify_sink: bool) -> bool:
         """Fences the transfer; True if it was open. `notify_sink` calls on_expired (remote

@@ -1,7 +1,21 @@
 """pdserve: LLM serving with prefill and decode disaggregated.
 
-Importing this package (and any module of the shared core outside `pdserve.models`,
-`pdserve.engine` and `pdserve.bench`) never imports torch or Ray.
+Importing this package never imports torch or Ray. Torch is imported by `pdserve.engine`,
+`pdserve.models` (and the worker runtime and benchmarks that use them), Ray by
+`pdserve.worker.pools`; everything else here loads in any process.
+
+Subpackages: `core` (plain shared types), `engine` and `models` (torch), `worker` (what both
+worker actors share), `prefix_index` (Redis), `commands` (the CLI), `bench`, `pb` (generated).
+Modules:
+- `app.py` — `ServingApp` / `BackgroundApp`: everything `pdserve serve` starts and stops.
+- `config.py` — every setting as a dataclass; CLI flags map onto them.
+- `cli.py` — the `pdserve` command; subcommands are imported only when run.
+- `client.py` — `GenerationClient` / `AsyncGenerationClient` for the Generation API.
+- `tokenizer.py` — `Tokenizer`, `IncrementalDetokenizer` (text deltas, stop strings).
+- `telemetry.py` — OpenTelemetry setup; W3C context across gRPC, Ray calls and KV chunks.
+- `grpc_handlers.py` — building blocks of grpc.aio server interceptors.
+- `metrics.py` — the Prometheus metrics and their HTTP endpoint.
+- `logging_setup.py` — text or JSON logs carrying request and trace ids.
 """
 
 __version__ = "0.1.0"

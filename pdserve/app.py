@@ -10,13 +10,16 @@ import asyncio
 import json
 import logging
 import os
+import socket
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pdserve import metrics, telemetry
-from pdserve.config import ServeConfig
+from pdserve.config import EngineConfig, RouterConfig, ServeConfig
+from pdserve.core.model_limits import max_model_len
 from pdserve.prefix_index.lookup import PrefixIndex
+from pdserve.prefix_index.maintenance import IndexMaintenance
 from pdserve.tokenizer import Tokenizer
 from router.generation_service import GenerationService
 from router.observability import RequestObserver
@@ -24,21 +27,81 @@ from router.policy import RoutingPolicy
 from router.request_flow import RequestFlow
 from router.routing import Routing
 from router.server import RouterServer
-from router.validation import ModelLimits
+from router.tls import server_credentials
+from router.tokenizing import BackgroundTokenizer
+from router.validation import ModelLimits, max_request_bytes
 from router.worker_pool import WorkerPool
 
 log = logging.getLogger(__name__)
 
+RAY_CONNECT_TIMEOUT_S = 5.0
 
-def model_limits(model_dir: Path, max_model_len: int | None, tokenizer: Tokenizer) -> ModelLimits:
-    config = json.loads((model_dir / "config.json").read_text())
-    context = config.get("max_position_embeddings", 2048)
-    return ModelLimits(
-        name=model_dir.name,
-        vocab_size=int(config["vocab_size"]),
-        max_model_len=min(max_model_len or context, context),
-        eos_token_ids=list(tokenizer.eos_token_ids),
-    )
+
+class StartupError(RuntimeError):
+    """A setting that cannot work, found before anything was started; a one-line message."""
+
+
+def load_model_limits(model_dir: Path, engine: EngineConfig) -> tuple[Tokenizer, ModelLimits]:
+    """The tokenizer and the limits the router validates against, from the model directory;
+    `max_model_len` is the one the engine computes (pdserve.core.model_limits)."""
+    config_path = model_dir / "config.json"
+    if not model_dir.is_dir():
+        raise StartupError(f"--model: directory {model_dir} does not exist")
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+        tokenizer = Tokenizer.from_dir(model_dir)
+        return tokenizer, ModelLimits(
+            name=model_dir.name,
+            vocab_size=int(config["vocab_size"]),
+            max_model_len=max_model_len(config, engine),
+            eos_token_ids=list(tokenizer.eos_token_ids),
+        )
+    except (OSError, ValueError, KeyError) as e:
+        detail = f"missing {e}" if isinstance(e, KeyError) else str(e)
+        raise StartupError(f"--model {model_dir}: {detail}") from e
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Raises StartupError when another process listens on host:port. gRPC would otherwise
+    share the port with it (SO_REUSEPORT) or fail only after Ray and the workers started."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as e:
+            raise StartupError(
+                f"--port {port}: cannot listen on {host}:{port}: {e.strerror}"
+            ) from e
+
+
+def check_ray_reachable(address: str | None) -> None:
+    """Raises StartupError when a Ray address given as host:port does not accept connections
+    within RAY_CONNECT_TIMEOUT_S (ray.init would wait for it forever)."""
+    if not address or address in ("auto", "local"):
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise StartupError(
+            f"--ray-address {address}: expected host:port, 'auto' or ray://host:port"
+        )
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), RAY_CONNECT_TIMEOUT_S).close()
+    except OSError as e:
+        reason = "timed out" if isinstance(e, TimeoutError) else e.strerror or str(e)
+        raise StartupError(f"--ray-address {address}: cannot connect: {reason}") from e
+
+
+def _init_ray(config: ServeConfig) -> None:
+    import ray
+
+    try:
+        ray.init(address=config.ray_address, **_local_ray_args(config))
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise StartupError(f"--ray-address {config.ray_address}: {first_line}") from e
 
 
 @dataclass
@@ -59,7 +122,9 @@ class ServingApp:
         config = self.config
         telemetry.setup_tracing("pdserve-router")
         if config.metrics_port is not None:
-            self.metrics_port = metrics.start_metrics_server(config.metrics_port)
+            self.metrics_port = metrics.start_metrics_server(
+                config.metrics_port, config.metrics_host
+            )
             self._stack.append(
                 ("metrics", _async(lambda: metrics.stop_metrics_server(self.metrics_port)))
             )
@@ -68,24 +133,28 @@ class ServingApp:
         # start; each worker still resolves it itself (config.engine.model stays None), so a
         # worker on another node writes its own identical copy instead of needing this path.
         model_dir = Path(config.engine.model or default_model_dir())
+        # Mistakes in the settings surface here, in seconds, before Ray and the workers start.
+        tokenizer, limits = load_model_limits(model_dir, config.engine)
+        check_port_free(config.router.host, config.router.port)
+        if not ray.is_initialized():
+            check_ray_reachable(config.ray_address)
         config.kv.secret = (
             config.kv.secret or os.environ.get("PDSERVE_KV_SECRET") or (_random_secret())
         )
         redis_url = config.redis_url or await self._start_private_redis()
         if not ray.is_initialized():
-            ray.init(address=config.ray_address, **_local_ray_args(config))
+            _init_ray(config)
             self._stack.append(("ray", _async(ray.shutdown)))
         prefill, decode = create_workers(config, redis_url)
         self._stack.append(("workers", _async(lambda: _kill(ray, {**prefill, **decode}))))
-        self.pool = WorkerPool(prefill, decode)
+        self.pool = WorkerPool.of_ray_actors(prefill, decode)
         # Every worker's gauges, as of the latest poll (the router's endpoint shows them all).
         self.pool.stats_listeners.append(lambda w, old, stats: metrics.observe_worker_stats(stats))
         await self.pool.start()
         self._stack.append(("pool", self.pool.stop))
 
-        tokenizer = Tokenizer.from_dir(model_dir)
-        limits = model_limits(model_dir, config.engine.max_model_len, tokenizer)
         index = PrefixIndex(redis_url, model_dir.name, config.engine.block_size)
+        self._stack.append(("index maintenance", _async(IndexMaintenance(index).start().stop)))
         policy = RoutingPolicy(config.router)
         # Waiting prompts are packed into engine steps of this many tokens (queue estimates).
         policy.cost.step_tokens = config.engine.max_num_batched_tokens
@@ -93,13 +162,18 @@ class ServingApp:
         flow = RequestFlow(
             self.pool,
             self.routing.choose,
-            config.router.max_retries,
+            tokenizer,
+            max_retries=config.router.max_retries,
+            progress_timeout_s=config.router.progress_timeout_s,
             on_prefill_done=self.routing.on_prefill_done,
             block_size=config.engine.block_size,
         )
         info = {"block_size": config.engine.block_size, "kv_transport": config.kv.transport}
         api_keys = config.router.api_keys or _env_list("PDSERVE_API_KEYS")
-        service = GenerationService(flow, tokenizer, limits, info, api_keys, RequestObserver())
+        limits.max_prompt_bytes = config.router.max_prompt_bytes
+        service = GenerationService(
+            flow, BackgroundTokenizer(tokenizer), limits, info, RequestObserver()
+        )
         service.worker_counts = lambda: (
             len(self.pool.of_role("prefill")),
             len(self.pool.of_role("decode")),
@@ -109,13 +183,18 @@ class ServingApp:
             config.router.host,
             config.router.port,
             interceptors=telemetry.aio_server_interceptors(),
+            api_keys=api_keys,
+            credentials=_api_credentials(config.router),
+            max_receive_bytes=max_request_bytes(limits),
+            shutdown_grace_s=config.router.shutdown_grace_s,
+            health_port=config.router.health_port,
         )
         await self.server.start()
         self._stack.append(("server", self.server.stop))
         # Last to stop: spans of the final requests still leave before the process does.
         self._stack.insert(0, ("tracing", _async(telemetry.flush_tracing)))
         self.port = self.server.port
-        self.pool.round_listeners.append(self._track_readiness)
+        self.pool.health_listeners.append(self._track_readiness)
 
     def _track_readiness(self) -> None:
         ready = bool(self.pool.of_role("decode"))
@@ -124,15 +203,21 @@ class ServingApp:
             asyncio.ensure_future(self.server.set_ready(ready))
 
     async def _start_private_redis(self) -> str:
-        from pdserve.prefix_index.redis_server import LOCAL_URL_FILE, RedisServer
+        from pdserve.prefix_index import local_servers
+        from pdserve.prefix_index.redis_server import RedisServer
 
-        # `pdserve serve` writes the URL file so `pdserve stats` finds its private server
-        # without flags; embedded apps (tests, benchmarks) leave the user's file alone.
-        server = RedisServer(url_file=LOCAL_URL_FILE if self.advertise_redis_url else None)
+        # Supervised: if it dies it comes back on the same port and password, and the
+        # router's and workers' links recover on their own.
+        server = RedisServer(supervise=True)
         server.start()
         self.redis_server = server  # tests stop and restart it to check outage recovery
         self._stack.append(("redis", _async(server.close)))
-        log.info("started a private redis-server at %s", server.url)
+        log.info("started a private redis-server on %s:%d", server.host, server.port)
+        if self.advertise_redis_url:
+            # `pdserve serve` notes the URL so `pdserve stats` finds its private server without
+            # flags; embedded apps (tests, benchmarks) leave the user's notes alone.
+            note = local_servers.advertise(server.url, self.config.router.port)
+            self._stack.append(("redis url note", _async(lambda: local_servers.withdraw(note))))
         return server.url
 
     async def stop(self) -> None:
@@ -204,6 +289,12 @@ def _random_secret() -> str:
     import secrets
 
     return secrets.token_urlsafe(32)
+
+
+def _api_credentials(router: RouterConfig):
+    if not router.tls_cert:
+        return None
+    return server_credentials(router.tls_cert, router.tls_key, router.tls_client_ca)
 
 
 def _env_list(name: str) -> list[str]:

@@ -10,6 +10,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import NoReturn
+
+from pdserve.commands import CommandError
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -47,8 +50,15 @@ def add_lazy_subcommands(
             command_parser.set_defaults(_run=module.run)
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """Usage errors as one line on stderr (exit code 2); the usage is one --help away."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pdserve", description=__doc__.splitlines()[0])
+    parser = OneLineErrorParser(prog="pdserve", description=__doc__.splitlines()[0])
     add_lazy_subcommands(parser, COMMANDS, argv)
     return parser
 
@@ -56,7 +66,11 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(argv).parse_args(argv)
-    return int(args._run(args) or 0)
+    try:
+        return int(args._run(args) or 0)
+    except CommandError as e:
+        print(f"pdserve {args.command0}: error: {e}", file=sys.stderr, flush=True)
+        return e.exit_code
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@
     async with AsyncGenerationClient("127.0.0.1:50051") as client:
         completion = await client.generate([1, 2, 3], max_tokens=16, ignore_eos=True)
 
+With `tls_ca=` (and `tls_cert=`/`tls_key=` for mutual TLS) the channel speaks TLS.
 Every call sends `authorization: Bearer <api_key>` when a key is set, and the W3C trace context
 (`traceparent`) of the current OpenTelemetry span when there is one. Closing a sync stream (or
 breaking out of it), or cancelling / closing an async one, cancels the RPC on the server.
@@ -18,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypedDict, Unpack
 
 import grpc
@@ -35,6 +37,9 @@ _FINISH_REASONS = {
 
 Prompt = str | Sequence[int]  # text, or token ids of the served model
 Metadata = Mapping[str, str] | Sequence[tuple[str, str]]
+PemFile = str | Path  # a PEM file: CA bundle, certificate chain or private key
+# A Tokenize response is several times its text's size: take what the server may send.
+_CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 << 20)]
 
 
 class GenerationError(Exception):
@@ -153,10 +158,27 @@ def build_request(prompt: Prompt, **params: Unpack[GenerateParams]) -> generate_
     return request
 
 
+def channel_credentials(
+    tls_ca: PemFile | None = None, tls_cert: PemFile | None = None, tls_key: PemFile | None = None
+) -> grpc.ChannelCredentials:
+    """TLS trusting `tls_ca` (default: the system's root CAs), presenting the client
+    certificate `tls_cert` with its key `tls_key` when given (mutual TLS)."""
+    if bool(tls_cert) != bool(tls_key):
+        raise ValueError("tls_cert and tls_key go together")
+
+    def read(path: PemFile | None) -> bytes | None:
+        return Path(path).read_bytes() if path else None
+
+    return grpc.ssl_channel_credentials(
+        root_certificates=read(tls_ca), private_key=read(tls_key), certificate_chain=read(tls_cert)
+    )
+
+
 class _ClientBase:
     """Channel, stubs and call metadata, shared by both clients."""
 
-    _make_channel: Any  # grpc.insecure_channel or grpc.aio.insecure_channel
+    _insecure_channel: Any  # grpc.insecure_channel or grpc.aio.insecure_channel
+    _secure_channel: Any  # grpc.secure_channel or grpc.aio.secure_channel
 
     def __init__(
         self,
@@ -165,14 +187,25 @@ class _ClientBase:
         api_key: str | None = None,
         timeout: float | None = None,
         metadata: Metadata | None = None,
+        tls: bool = False,
+        tls_ca: PemFile | None = None,
+        tls_cert: PemFile | None = None,
+        tls_key: PemFile | None = None,
     ) -> None:
+        """TLS is on with `tls` or any `tls_*` file: `tls_ca` is the CA that signed the
+        server's certificate (default: the system's roots), `tls_cert`/`tls_key` the client's
+        certificate and key where the server requires one (mutual TLS)."""
         self.target = target
         self.timeout = timeout
         items = metadata.items() if isinstance(metadata, Mapping) else (metadata or ())
         self._metadata = [(key.lower(), value) for key, value in items]
         if api_key:
             self._metadata.append(("authorization", f"Bearer {api_key}"))
-        self._channel = type(self)._make_channel(target)
+        if tls or tls_ca or tls_cert or tls_key:
+            credentials = channel_credentials(tls_ca, tls_cert, tls_key)
+            self._channel = type(self)._secure_channel(target, credentials, _CHANNEL_OPTIONS)
+        else:
+            self._channel = type(self)._insecure_channel(target, _CHANNEL_OPTIONS)
         self._stub = generate_pb2_grpc.GenerationStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
@@ -186,7 +219,8 @@ class _ClientBase:
 class GenerationClient(_ClientBase):
     """Blocking client with one channel; thread-safe. Use it as a context manager."""
 
-    _make_channel = staticmethod(grpc.insecure_channel)
+    _insecure_channel = staticmethod(grpc.insecure_channel)
+    _secure_channel = staticmethod(grpc.secure_channel)
 
     def generate_stream(
         self, prompt: Prompt, **params: Unpack[GenerateParams]
@@ -242,7 +276,8 @@ class GenerationClient(_ClientBase):
 class AsyncGenerationClient(_ClientBase):
     """asyncio client (grpc.aio). Create and use it inside one running event loop."""
 
-    _make_channel = staticmethod(grpc.aio.insecure_channel)
+    _insecure_channel = staticmethod(grpc.aio.insecure_channel)
+    _secure_channel = staticmethod(grpc.aio.secure_channel)
 
     def generate_stream(
         self, prompt: Prompt, **params: Unpack[GenerateParams]

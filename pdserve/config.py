@@ -1,15 +1,22 @@
-"""Every setting of pdserve as a plain dataclass; CLI flags map one to one onto these fields.
+"""Every setting of pdserve, defined once: a dataclass field with its default, help text, CLI flag
+and bounds. `pdserve serve` derives its flags from these fields (pdserve/commands/config_args.py)
+and each dataclass checks its values in `__post_init__`, so a bad setting fails at once with a
+message naming it, whether it came from the command line or from code.
 
 Kept free of torch and Ray imports so the router and the CLI can read them cheaply.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from dataclasses import dataclass, field
+import re
+from dataclasses import MISSING, dataclass, field
 from pathlib import Path
+from typing import Any, ClassVar
 
 MiB = 1 << 20
+MAX_PORT = 65535
 
 
 def default_cache_dir() -> Path:
@@ -17,72 +24,321 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("PDSERVE_CACHE_DIR", Path.home() / ".cache" / "pdserve"))
 
 
+class ConfigError(ValueError):
+    """A setting out of its bounds; `owner.name` is the field, `reason` says what is wrong."""
+
+    def __init__(self, owner: str, name: str, reason: str) -> None:
+        super().__init__(f"{owner}.{name}: {reason}")
+        self.owner, self.name, self.reason = owner, name, reason
+
+
+def setting(
+    default: Any = MISSING,
+    help: str = "",
+    *,
+    flag: str | None = None,
+    choices: tuple | None = None,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    above: float | None = None,
+    unit: int = 1,
+    cli: bool = True,
+    default_factory: Any = MISSING,
+) -> Any:
+    """A dataclass field with what the CLI and validation need to know about it.
+
+    flag: the CLI flag (default: --field-name); cli=False keeps it off the command line.
+    minimum/maximum: inclusive bounds; above: exclusive lower bound (None values are exempt).
+    unit: the flag takes the value in this many units of the field (e.g. MiB for a byte size).
+    """
+    metadata = {
+        "help": help,
+        "flag": flag,
+        "choices": choices,
+        "minimum": minimum,
+        "maximum": maximum,
+        "above": above,
+        "unit": unit,
+        "cli": cli,
+    }
+    return field(default=default, default_factory=default_factory, metadata=metadata)
+
+
+def bound_violation(
+    value: float,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    above: float | None = None,
+) -> str | None:
+    """What is wrong with `value` against inclusive minimum/maximum and exclusive `above`."""
+    if minimum is not None and value < minimum:
+        return f"must be at least {minimum}, got {value}"
+    if maximum is not None and value > maximum:
+        return f"must be at most {maximum}, got {value}"
+    if above is not None and value <= above:
+        return f"must be more than {above}, got {value}"
+    return None
+
+
+def check_fields(config: Any) -> None:
+    """Raises ConfigError for the first field outside its choices or bounds."""
+    owner = type(config).__name__
+    for f in dataclasses.fields(config):
+        value, meta = getattr(config, f.name), f.metadata
+        if value is None or isinstance(value, bool) or not meta:
+            continue
+        if meta["choices"] and value not in meta["choices"]:
+            raise ConfigError(owner, f.name, f"must be one of {', '.join(meta['choices'])}")
+        problem = bound_violation(value, meta["minimum"], meta["maximum"], meta["above"])
+        if problem:
+            raise ConfigError(owner, f.name, problem)
+
+
+def port_setting(default: int | None, help: str, *, flag: str | None = None) -> Any:
+    return setting(default, help, flag=flag, minimum=0, maximum=MAX_PORT)
+
+
 @dataclass
 class EngineConfig:
     """One engine (any role): which model, how big the paged KV cache is, how a step is batched."""
 
-    model: str | None = None  # Hugging Face model directory; None = the built-in tiny model
-    dtype: str = "float32"  # float32 | bfloat16 | float16
-    device: str = "cpu"  # cpu | cuda | cuda:N
-    block_size: int = 16  # tokens per KV block
-    num_kv_blocks: int | None = None  # exact KV pool size in blocks; overrides kv_cache_bytes
-    kv_cache_bytes: int = 256 * MiB  # KV pool size in bytes when num_kv_blocks is None
-    max_num_seqs: int = 64  # most sequences in one step
-    max_num_batched_tokens: int = 1024  # token budget of one step (prefill chunks + decodes)
-    max_model_len: int | None = None  # default: the model's max_position_embeddings
-    enable_prefix_caching: bool = True
-    enable_chunked_prefill: bool = True
-    num_threads: int | None = None  # torch intra-op threads on CPU; None = torch's default
+    cli_group: ClassVar[str] = "engine"
+
+    model: str | None = setting(None, "Hugging Face model directory (default: built-in tiny model)")
+    dtype: str = setting(
+        "float32", "weights and KV cache", choices=("float32", "bfloat16", "float16")
+    )
+    device: str = setting("cpu", "cpu, cuda or cuda:N")
+    block_size: int = setting(16, "tokens per KV block", minimum=1)
+    num_kv_blocks: int | None = setting(
+        None, "exact KV pool size in blocks; overrides --kv-cache-mb", minimum=1
+    )
+    kv_cache_bytes: int = setting(
+        256 * MiB, "KV pool size in MiB", flag="--kv-cache-mb", unit=MiB, minimum=1
+    )
+    max_num_seqs: int = setting(64, "most sequences in one step", minimum=1)
+    max_num_batched_tokens: int = setting(
+        1024, "token budget of one step (prefill chunks + decodes)", minimum=1
+    )
+    max_model_len: int | None = setting(
+        None,
+        "longest prompt + output; default and cap: the model's max_position_embeddings, "
+        "sliding window and KV pool",
+        minimum=1,
+    )
+    enable_prefix_caching: bool = setting(
+        True, "reuse KV blocks of shared prompt prefixes", flag="--prefix-caching"
+    )
+    enable_chunked_prefill: bool = setting(
+        True, "split long prompts over several steps", flag="--chunked-prefill"
+    )
+    num_threads: int | None = setting(
+        None, "torch intra-op threads per worker on CPU (default: torch's)", minimum=1
+    )
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
+            raise ConfigError(
+                "EngineConfig", "device", f"must be cpu, cuda or cuda:N, got {self.device!r}"
+            )
 
 
 @dataclass
 class KVTransferConfig:
     """How KV blocks move from a prefill worker to a decode worker."""
 
-    transport: str = "grpc"  # grpc | collective
-    secret: str | None = None  # shared secret; default: env PDSERVE_KV_SECRET, else generated
-    bind_host: str = "0.0.0.0"  # where the decode worker's KV server listens
-    advertise_host: str | None = None  # host other workers dial; default: the node's Ray IP
-    chunk_bytes: int = 4 * MiB  # target payload of one chunk
-    reservation_timeout_s: float = 30.0  # a reservation not committed by then is freed
-    port: int = 0  # port of the decode worker's KV endpoint; 0 = an ephemeral port
+    cli_group: ClassVar[str] = "KV transfer"
+
+    transport: str = setting("grpc", "", flag="--kv-transport", choices=("grpc", "collective"))
+    # Given to the workers inside this config (a constructor argument), never in their
+    # environment. `pdserve serve` reads it from --kv-secret-file or env PDSERVE_KV_SECRET,
+    # else generates one.
+    secret: str | None = setting(None, cli=False)
+    bind_host: str | None = setting(
+        None,
+        "address each decode worker's KV endpoint listens on (default: its advertised address; "
+        "0.0.0.0 = every interface)",
+        flag="--kv-bind-host",
+    )
+    advertise_host: str | None = setting(
+        None, "host other workers dial (default: the node's IP)", flag="--kv-advertise-host"
+    )
+    chunk_bytes: int = setting(
+        4 * MiB, "target payload of one KV chunk in MiB", flag="--kv-chunk-mb", unit=MiB, minimum=1
+    )
+    reservation_timeout_s: float = setting(
+        30.0, "a decode reservation not committed by then is freed", above=0
+    )
+    port: int = port_setting(
+        0, "port of each decode worker's KV endpoint; 0 = an ephemeral port", flag="--kv-port"
+    )
+    trust_peer_cache: bool = setting(
+        False,
+        "let KV received from prefill workers enter the decode prefix cache even without "
+        "mTLS (docs/kv_transfer.md)",
+        flag="--kv-trust-peer-cache",
+    )
+    # TLS between workers (kv_transfer/tls.py): all three files, or none.
+    tls_cert: str | None = setting(
+        None, "PEM certificate of each worker: KV transfer over TLS", flag="--kv-tls-cert"
+    )
+    tls_key: str | None = setting(None, "PEM private key of --kv-tls-cert", flag="--kv-tls-key")
+    tls_ca: str | None = setting(
+        None, "PEM CA that signed every worker's --kv-tls-cert", flag="--kv-tls-ca"
+    )
+    tls_client_auth: bool = setting(
+        True,
+        "with TLS, KV endpoints refuse peers without a certificate of --kv-tls-ca (mutual TLS)",
+        flag="--kv-tls-client-auth",
+    )
+    tls_server_name: str | None = setting(
+        None,
+        "name every KV endpoint's certificate carries (default: the address dialed)",
+        flag="--kv-tls-server-name",
+    )
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        files = {"tls_cert": self.tls_cert, "tls_key": self.tls_key, "tls_ca": self.tls_ca}
+        if any(files.values()) and not all(files.values()):
+            missing = next(name for name, value in files.items() if not value)
+            raise ConfigError(
+                "KVTransferConfig",
+                missing,
+                "--kv-tls-cert, --kv-tls-key and --kv-tls-ca go together",
+            )
 
 
 @dataclass
 class RouterConfig:
     """The client-facing gRPC server and its routing policy."""
 
-    host: str = "0.0.0.0"
-    port: int = 50051
-    policy: str = "cost"  # cost | round_robin | least_loaded
-    disaggregate: str = "auto"  # auto | always | never
-    ttft_slo_ms: float = 1000.0
-    tpot_slo_ms: float = 100.0
-    max_pending_requests: int = 256  # admission control: beyond this, RESOURCE_EXHAUSTED
-    max_retries: int = 2  # retries of a failed prefill/transfer/decode on other workers
-    api_keys: list[str] = field(default_factory=list)  # empty = no client authentication
-    # Admission control per worker: a prompt queue past this many tokens takes no more requests.
-    max_queued_prefill_tokens: int = 65536
-    tpot_weight: float = 1.0  # weight of TPOT against TTFT in the routing objective
-    prefix_heartbeat_ttl_s: float = 10.0  # a worker silent this long drops out of the prefix index
+    cli_group: ClassVar[str] = "router"
+
+    host: str = setting("0.0.0.0", "address of the gRPC API")
+    port: int = port_setting(50051, "port of the gRPC API; 0 = any free port")
+    policy: str = setting("cost", "", choices=("cost", "round_robin", "least_loaded"))
+    disaggregate: str = setting(
+        "auto",
+        "prefill on a prefill worker: by cost, always or never",
+        choices=("auto", "always", "never"),
+    )
+    ttft_slo_ms: float = setting(1000.0, "time-to-first-token objective", above=0)
+    tpot_slo_ms: float = setting(100.0, "time-per-output-token objective", above=0)
+    max_pending_requests: int = setting(
+        256, "admission control: beyond this, RESOURCE_EXHAUSTED", minimum=1
+    )
+    max_retries: int = setting(
+        2, "retries of a failed prefill/transfer/decode on other workers", minimum=0
+    )
+    # Client authentication; empty = none. `pdserve serve` reads env PDSERVE_API_KEYS.
+    api_keys: list[str] = setting(cli=False, default_factory=list)
+    max_queued_prefill_tokens: int = setting(
+        65536, "a worker whose prompt queue passes this many tokens takes no more", minimum=1
+    )
+    tpot_weight: float = setting(
+        1.0, "weight of TPOT against TTFT in the routing objective", minimum=0
+    )
+    progress_timeout_s: float = setting(5.0, "fail over from a worker silent this long", minimum=0)
+    # The client API edge: request size, TLS, shutdown (router/server.py, router/tls.py).
+    max_prompt_bytes: int = setting(
+        4 * MiB, "largest text prompt in UTF-8 bytes; the gRPC receive limit follows", minimum=1
+    )
+    tls_cert: str | None = setting(None, "PEM certificate chain: the gRPC API speaks TLS")
+    tls_key: str | None = setting(None, "PEM private key of --tls-cert")
+    tls_client_ca: str | None = setting(
+        None, "PEM CA of client certificates: mutual TLS, clients without one are refused"
+    )
+    health_port: int | None = port_setting(
+        None, "a plaintext port serving only gRPC health, for probes that cannot speak TLS"
+    )
+    shutdown_grace_s: float = setting(
+        30.0,
+        "on SIGTERM, running requests get this long to finish (new ones are refused)",
+        minimum=0,
+    )
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ConfigError("RouterConfig", "tls_key", "--tls-cert and --tls-key go together")
+        if self.tls_client_ca and not self.tls_cert:
+            raise ConfigError("RouterConfig", "tls_client_ca", "needs --tls-cert and --tls-key")
+
+
+@dataclass
+class WorkerConfig:
+    """Settings of each worker process, given to the actor as part of its constructor argument."""
+
+    cli_group: ClassVar[str] = "workers"
+
+    metrics_port: int | None = port_setting(
+        None,
+        "each worker's Prometheus endpoint; 0 = an ephemeral port (default: off)",
+        flag="--worker-metrics-port",
+    )
+    prefix_heartbeat_ttl_s: float = setting(
+        10.0, "a worker silent this long drops out of the prefix index", above=0
+    )
+    fault_injection: bool = setting(
+        False, "let tests and drills arm PrefillWorker.inject_fault", flag="--fault-injection"
+    )
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass
+class LogConfig:
+    """Log lines of the router and of every worker."""
+
+    cli_group: ClassVar[str] = "logging"
+
+    format: str = setting("text", "", flag="--log-format", choices=("text", "json"))
+    level: str = setting(
+        "INFO", "", flag="--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+    )
+
+    def __post_init__(self) -> None:
+        self.level = self.level.upper()
+        check_fields(self)
 
 
 @dataclass
 class ServeConfig:
     """`pdserve serve`: the whole system."""
 
+    cli_group: ClassVar[str] = "deployment"
+
     engine: EngineConfig = field(default_factory=EngineConfig)
     kv: KVTransferConfig = field(default_factory=KVTransferConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
-    prefill_workers: int = 1
-    decode_workers: int = 1
-    ray_address: str | None = None  # None = start a local Ray; "auto" = join the running one
-    prefill_pool_resource: str = "prefill_pool"  # Ray custom resource of the prefill pool
-    decode_pool_resource: str = "decode_pool"  # Ray custom resource of the decode pool
-    gpus_per_worker: float = 0.0  # num_gpus of each worker actor (0 on CPU pools)
-    cpus_per_worker: float = 0.0  # num_cpus of each worker actor
-    pin_cpus: bool = False  # pin each worker process to its own core (single-node benchmarks)
-    redis_url: str | None = None  # None = start a private redis-server
-    metrics_port: int | None = None  # Prometheus endpoint of the router; None = off
-    log_format: str = "text"  # text | json
-    log_level: str = "INFO"
+    worker: WorkerConfig = field(default_factory=WorkerConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    prefill_workers: int = setting(1, "prefill worker actors", minimum=0)
+    decode_workers: int = setting(1, "decode worker actors", minimum=1)
+    ray_address: str | None = setting(
+        None, "join this Ray cluster ('auto' = the running one); default: start a local Ray"
+    )
+    prefill_pool_resource: str = setting("prefill_pool", "Ray custom resource of the prefill pool")
+    decode_pool_resource: str = setting("decode_pool", "Ray custom resource of the decode pool")
+    gpus_per_worker: float = setting(0.0, "num_gpus of each worker actor", minimum=0)
+    cpus_per_worker: float = setting(0.0, "num_cpus of each worker actor", minimum=0)
+    pin_cpus: bool = setting(
+        False, "pin each worker process to its own core (single-node benchmarks)"
+    )
+    # A URL with a password shows in `ps` when given as a flag: prefer the file or env input.
+    redis_url: str | None = setting(
+        None,
+        "prefix index Redis (redis:// or rediss://); default: env PDSERVE_REDIS_URL, "
+        "else a private redis-server. Visible in ps: prefer --redis-url-file",
+    )
+    metrics_port: int | None = port_setting(
+        None, "the router's Prometheus endpoint; 0 = any free port (default: off)"
+    )
+    # Where the router's Prometheus endpoint listens.
+    metrics_host: str = setting("0.0.0.0", "address of the router's Prometheus endpoint")
+
+    def __post_init__(self) -> None:
+        check_fields(self)

@@ -3,7 +3,7 @@
 Each process has its own default registry and serves it with `start_metrics_server`: the
 router (`--metrics-port`) exports the request-level metrics, routing decisions, the transfers it
 saw succeed or fail, and every worker's gauges (from the stats it polls); a worker
-(`PDSERVE_WORKER_METRICS_PORT`) exports its own gauges and its side of each transfer. Both ends
+(`--worker-metrics-port`) exports its own gauges and its side of each transfer. Both ends
 count a transfer, so never sum transfer counters across the router and worker jobs.
 Label values used across the code base are listed in each metric's help text; keep them to those
 few values (label cardinality is memory).
@@ -87,7 +87,10 @@ PREFIX_HIT_RATIO = Gauge(
     "Share of a worker's prompt tokens found in its prefix cache since it started.",
     ["worker"],
 )
-REDIS_UP = Gauge("pdserve_redis_up", "1 if the prefix index's Redis answered its last call.")
+REDIS_UP = Gauge(
+    "pdserve_redis_up",
+    "1 if the prefix index's Redis answered its last call (the router pings it every second).",
+)
 
 
 def observe_worker_stats(stats: Any) -> None:

@@ -51,6 +51,8 @@ from opentelemetry.sdk.trace.sampling import (
 )
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from pdserve.grpc_handlers import behavior_of, rewrap, write_all
+
 # Always W3C, whatever OTEL_PROPAGATORS says: these carriers cross our own process
 # boundaries (Ray, KV chunks), and both ends must agree on the format.
 _PROPAGATOR = TraceContextTextMapPropagator()
@@ -311,7 +313,26 @@ def aio_server_interceptors(
     caller's `traceparent` metadata."""
     from opentelemetry.instrumentation.grpc import aio_server_interceptor
 
-    return [aio_server_interceptor(tracer_provider, filter_=_traced_filter())]
+    return [
+        _StreamsEndInTheirTask(),
+        aio_server_interceptor(tracer_provider, filter_=_traced_filter()),
+    ]
+
+
+class _StreamsEndInTheirTask(grpc.aio.ServerInterceptor):
+    """Runs every response stream to its end (or its cancel) inside the RPC's task, so the
+    instrumentation's span context is detached where it was attached (see `write_all`)."""
+
+    async def intercept_service(self, continuation: Any, details: Any) -> Any:
+        handler = await continuation(details)
+        if handler is None or not handler.response_streaming:
+            return handler
+        serve = behavior_of(handler)
+
+        async def behavior(request: Any, context: grpc.aio.ServicerContext) -> None:
+            await write_all(serve(request, context), context)
+
+        return rewrap(handler, behavior)
 
 
 def server_interceptors(

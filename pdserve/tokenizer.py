@@ -95,7 +95,9 @@ class Tokenizer:
         return cls(tok, bos[0] if bos else None, eos)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        # encode_batch (same ids as encode) releases the GIL: a long text tokenized on a
+        # worker thread then leaves the caller's event loop running.
+        return self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)

@@ -1,1 +1,5 @@
-"""PrefillWorker: an engine in the prefill role plus the KV sender that pushes to decode workers."""
+"""The prefill worker: an engine in the prefill role plus the KV sender.
+
+- `worker.py` — `PrefillWorker` (Ray actor): computes a prompt, pushes the blocks the decode
+  worker lacks, commits with the first token, releases the blocks to its prefix cache.
+"""

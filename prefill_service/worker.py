@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from typing import TYPE_CHECKING
 
@@ -19,12 +18,12 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind
 
 from pdserve import metrics
-from pdserve.config import EngineConfig, KVTransferConfig
 from pdserve.core.messages import KVReservation, PrefillResult, WorkRequest
 from pdserve.logging_setup import bind_request_id
 from pdserve.telemetry import get_tracer, inject_context, span_from_carrier, wall_ns
 from pdserve.worker.engine_loop import END_OF_STREAM
 from pdserve.worker.worker_actor import WorkerActor
+from pdserve.worker.worker_spec import WorkerSpec
 
 if TYPE_CHECKING:  # torch; imported on the worker only, so the router can import this module
     from pdserve.worker.worker_runtime import WorkerRuntime
@@ -39,14 +38,8 @@ class PrefillAborted(RuntimeError):
 class PrefillWorker(WorkerActor):
     role = "prefill"
 
-    def __init__(
-        self,
-        worker_id: str,
-        engine_config: EngineConfig,
-        kv_config: KVTransferConfig,
-        redis_url: str | None = None,
-    ) -> None:
-        super().__init__(worker_id, engine_config, kv_config, redis_url)
+    def __init__(self, worker_id: str, spec: WorkerSpec) -> None:
+        super().__init__(worker_id, spec)
         self._sender = None
 
     def _start_transport(self, runtime: WorkerRuntime) -> None:
@@ -182,13 +175,14 @@ class PrefillWorker(WorkerActor):
         result.transfer_chunks = sent.chunks
 
     async def inject_fault(self, kind: str) -> None:
-        """Fault injection for tests and drills, enabled by PDSERVE_FAULT_INJECTION=1.
+        """Fault injection for tests and drills, enabled by WorkerConfig.fault_injection
+        (`pdserve serve --fault-injection`).
 
         "corrupt_next_chunk": flips one payload byte of the next KV chunk after its checksum
         was computed, so the decode worker must reject it. "none": disarms.
         """
-        if os.environ.get("PDSERVE_FAULT_INJECTION") != "1":
-            raise PermissionError("fault injection is off (set PDSERVE_FAULT_INJECTION=1)")
+        if not self._spec.worker.fault_injection:
+            raise PermissionError("fault injection is off (serve with --fault-injection)")
         if kind not in ("corrupt_next_chunk", "none"):
             raise ValueError(f"unknown fault {kind!r}")
         await self._started()

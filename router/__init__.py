@@ -1,0 +1,26 @@
+"""The router: the client-facing gRPC API and each request's way through the workers.
+
+Runs without torch and never imports the engine or the worker packages (import-linter
+contracts in pyproject.toml); it knows workers only through `router/types.py` and
+`pdserve.core` messages. `pdserve/app.py` wires it to the Ray actors.
+
+- `server.py` — `RouterServer`: the grpc.aio server, health (liveness, readiness), reflection.
+- `tls.py` — TLS server credentials for the client API (client certificates optional).
+- `auth.py` — API-key authentication, a server interceptor (health stays open).
+- `request_decoding.py` — undecodable request bytes become `INVALID_ARGUMENT`, an interceptor.
+- `generation_service.py` — the Generation servicer: protobuf in, `RequestFlow`, protobuf out.
+- `validation.py` — request checks; errors name the field (`INVALID_ARGUMENT`).
+- `tokenizing.py` — tokenization on a small thread pool, off the event loop.
+- `errors.py` — exceptions to gRPC status codes, in one place.
+- `request_flow.py` — one request's lifecycle: reserve, prefill, stream, retry, abort.
+- `output_text.py` — the client's text, decoded over every attempt's tokens, stop strings.
+- `types.py` — `Route`, `Progress` and `WorkerHandle`, what the router's modules share.
+- `ray_worker.py` — a worker actor's Ray handle adapted to `WorkerHandle`.
+- `worker_pool.py` — handles, background stats polling, health, in-flight counts.
+- `routing.py` — gathers each decision's inputs: loads, the prefix lookup, recent routes.
+- `recent_prefixes.py` — prompt blocks routed in the last seconds, before the index shows them.
+- `policy.py` — `RoutingPolicy`: options, admission control, the choice.
+- `estimates.py` — TTFT, TPOT and stall of each option, and the objective.
+- `cost_model.py` — prefill, decode-step and transfer costs, learned online.
+- `observability.py` — the request's spans and latency metrics.
+"""

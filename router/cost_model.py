@@ -154,17 +154,14 @@ class CostModel:
         if stats.role == "prefill" and sent > 0 and transfer_s > 0:
             self.observe_transfer(sent, transfer_s)
 
-    def forget_worker(self, worker_id: str) -> None:
-        self._last.pop(worker_id, None)
-
     # -- estimates ----------------------------------------------------------------------------
 
     def _prefill_fits(self, local: bool) -> list[LinearFit]:
         """A decode worker shares its accelerator with decoding, so a prefill there is never
-        taken to be faster than on a prefill worker. The two lines are measured differently
-        (per request, overheads included, vs engine step time from counters); trusting the
-        local one alone made local prefills look up to twice as cheap as the same work on an
-        idle prefill worker."""
+        taken to be faster than on a prefill worker: estimates use the slower of the two lines.
+        They are measured differently (per request with overheads, vs engine step time from
+        counters), and the local line alone would price local prefills below the same work on
+        an idle prefill worker."""
         if local and self.local_prefill.samples:
             return [self.prefill, self.local_prefill]
         return [self.prefill]
@@ -177,9 +174,9 @@ class CostModel:
 
         The engine packs waiting prompts into steps of up to `step_tokens` (chunked prefill),
         so a queue pays the fixed cost (the intercept) once per full step of its tokens, not
-        once per request: a newcomer shares the last, partial step. Charging it per request
-        made a worker with one short prompt queued look a whole prefill slower than an idle
-        one, and a group's requests left the worker holding their prefix to compute it again.
+        once per request: a newcomer shares the last, partial step. A short prompt queued
+        therefore adds only its tokens' time, and a worker holding a group's prefix stays the
+        cheaper choice for the group's next request.
         """
         steps = min(requests, tokens // max(1, self.step_tokens))
         waits = []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import grpc
 
-from router.request_flow import NoWorkerAvailable, Overloaded
+from router.types import NoWorkerAvailable, Overloaded
 from router.validation import RequestError
 
 

@@ -98,9 +98,8 @@ class Weights:
     # hurts short requests' TPOT most.
     stall_amortize_tokens: int = 32
     # Requests a local prefill stalls beyond those D holds now: whoever the router sends to D
-    # while the prefill runs (stats lag; arrivals keep coming). An idle D is not free to stall:
-    # without this, a local prefill with no cached prefix always beat a remote one by the
-    # transfer time, and the next request's decodes paid for it.
+    # while the prefill runs (stats lag; arrivals keep coming). So stalling even an idle D has
+    # a price, which a local prefill must beat against a remote one's transfer time.
     stall_newcomers: float = 1.0
 
 
@@ -185,9 +184,10 @@ def objective(
     + w.kv_pressure * (KV occupancy above the soft limit)      preemption risk on D
 
     `best_ttft_s`: the lowest TTFT of any option that can be taken now. When even that misses the
-    TTFT SLO the miss is unavoidable and charged to no option: otherwise a long prompt, whose
-    prefill alone outlasts the SLO, paid the penalty's steep slope on the transfer time and
-    was prefilled on a decode worker, stalling its decodes for seconds to save milliseconds.
+    TTFT SLO the miss is unavoidable and charged to no option, so a long prompt whose prefill
+    alone outlasts the SLO is placed by the other terms: the penalty's steep slope on the
+    transfer time would send it to a decode worker, stalling its decodes for seconds to save
+    milliseconds.
     """
     ttft_n, tpot_n = est.ttft_s / ttft_slo_s, est.tpot_s / tpot_slo_s
     ttft_miss = max(0.0, ttft_n - 1) if best_ttft_s <= ttft_slo_s else 0.0

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import hmac
 import logging
 import time
 
-import grpc
-
 from pdserve.logging_setup import request_id_var
 from pdserve.pb import generate_pb2, generate_pb2_grpc
-from pdserve.tokenizer import Tokenizer
-from router.errors import Unauthenticated, status_for
-from router.request_flow import Progress, RequestFlow
-from router.validation import ModelLimits, validate
+from router.errors import status_for
+from router.request_flow import RequestFlow
+from router.tokenizing import BackgroundTokenizer
+from router.types import Progress
+from router.validation import ModelLimits, check_model, check_text_size, validate
 
 log = logging.getLogger(__name__)
 
@@ -25,47 +23,40 @@ _FINISH = {
 
 
 class GenerationService(generate_pb2_grpc.GenerationServicer):
+    """API keys and undecodable requests are handled before these methods, by the server's
+    interceptors (router/auth.py, router/request_decoding.py)."""
+
     def __init__(
         self,
         flow: RequestFlow,
-        tokenizer: Tokenizer,
+        tokenizer: BackgroundTokenizer,
         limits: ModelLimits,
         info: dict,
-        api_keys: list[str],
         observer=None,
     ) -> None:
         self._flow = flow
         self._tokenizer = tokenizer
         self._limits = limits
         self._info = info  # ModelInfo fields that do not change (transport, block size)
-        self._api_keys = [k.encode() for k in api_keys]
         self._observer = observer  # RequestObserver: metrics and spans; None = off
         self.worker_counts = lambda: (0, 0)
 
-    def _check_api_key(self, context: grpc.aio.ServicerContext) -> None:
-        if not self._api_keys:
-            return
-        metadata = dict(context.invocation_metadata() or ())
-        given = metadata.get("authorization", "").removeprefix("Bearer ").encode()
-        if not any(hmac.compare_digest(given, key) for key in self._api_keys):
-            raise Unauthenticated(
-                "missing or invalid API key (metadata 'authorization: Bearer <key>')"
-            )
+    def close(self) -> None:
+        self._tokenizer.close()
 
     async def Generate(self, request, context):  # noqa: N802 (gRPC method name)
         received = time.perf_counter()
         try:
-            self._check_api_key(context)
-            request_id, prompt_ids, sampling = validate(
-                request, self._limits, lambda text: self._tokenizer.encode(text)
-            )
+            valid = await validate(request, self._limits, self._tokenizer.encode)
         except Exception as exc:
             await context.abort(*status_for(exc))
+        request_id, prompt_ids, sampling = valid.request_id, valid.prompt_ids, valid.sampling
         metadata = dict(context.invocation_metadata() or ())
         progress = Progress(received=received, prompt_tokens=len(prompt_ids))
         # Every RPC runs in its own asyncio task (own context copy): the id needs no reset, and
         # every log line of this request, here or in the request flow, carries it.
         request_id_var.set(request_id)
+        log.debug("request %s runs on the workers as %s", request_id, valid.work_id)
         observation = (
             self._observer.start(request_id, metadata, progress) if self._observer else None
         )
@@ -73,7 +64,7 @@ class GenerationService(generate_pb2_grpc.GenerationServicer):
         finish_reason, error = None, None
         try:
             async for batch in self._flow.run(
-                request_id, prompt_ids, sampling, trace_context, progress
+                valid.work_id, prompt_ids, sampling, trace_context, progress
             ):
                 now = time.perf_counter()
                 first = progress.first_token_at is None
@@ -117,15 +108,12 @@ class GenerationService(generate_pb2_grpc.GenerationServicer):
 
     async def Tokenize(self, request, context):  # noqa: N802
         try:
-            self._check_api_key(context)
-        except Unauthenticated as exc:
+            check_model("model", request.model, self._limits)
+            check_text_size("text", request.text, self._limits.max_prompt_bytes)
+        except Exception as exc:
             await context.abort(*status_for(exc))
-        if request.model and request.model != self._limits.name:
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, f"model: unknown model {request.model!r}"
-            )
-        ids = self._tokenizer.encode(request.text, add_special_tokens=request.add_special_tokens)
-        tokens = [self._tokenizer.id_to_token(i) or "" for i in ids]
+        ids = await self._tokenizer.encode(request.text, request.add_special_tokens)
+        tokens = [self._tokenizer.tokenizer.id_to_token(i) or "" for i in ids]
         return generate_pb2.TokenizeResponse(token_ids=ids, tokens=tokens)
 
     async def GetModelInfo(self, request, context):  # noqa: N802

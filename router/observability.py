@@ -39,7 +39,7 @@ from pdserve.telemetry import (
     get_tracer,
     wall_ns,
 )
-from router.request_flow import NoWorkerAvailable, Overloaded, Progress, Route
+from router.types import AtCapacity, NoWorkerAvailable, Overloaded, Progress, Route
 
 _ESTIMATE_FIELDS = ("ttft_s", "tpot_s", "stall_s", "transfer_blocks", "objective", "load")
 
@@ -178,7 +178,8 @@ def start_attempt(trace_context: Mapping[str, str], attempt: int, request_id: st
 
 
 def end_attempt(span: Span, outcome: str, exc: BaseException | None = None) -> None:
-    """outcome: ok, failed (another attempt may follow), rejected, unavailable, cancelled."""
+    """outcome: ok, failed (another attempt may follow), no_room (one follows after a brief
+    wait), rejected, unavailable, cancelled."""
     if span.is_recording():
         span.set_attribute("pdserve.outcome", outcome)
         if exc is not None:
@@ -192,12 +193,12 @@ def routing_span(
     attempt: Span, candidates: list[str], block_size: int
 ) -> Iterator[Callable[[Route], None]]:
     """Times the routing decision in `pdserve.route`; call the yielded function with the route.
-    Counts the decision (remote, local) or the refusal (rejected, unavailable)."""
+    Counts the decision (remote, local) or the refusal (rejected, at_capacity, unavailable)."""
     span = _tracer().start_span("pdserve.route", context=trace.set_span_in_context(attempt))
     try:
         yield lambda route: _record_route(span, route, candidates, block_size)
     except (Overloaded, NoWorkerAvailable) as exc:
-        decision = "rejected" if isinstance(exc, Overloaded) else "unavailable"
+        decision = _refusal(exc)
         metrics.ROUTING_DECISIONS.labels(decision=decision).inc()
         span.set_attribute("pdserve.route.decision", decision)
         span.set_attribute("pdserve.route.reason", str(exc))
@@ -206,29 +207,32 @@ def routing_span(
         span.end()
 
 
+def _refusal(exc: Overloaded | NoWorkerAvailable) -> str:
+    if isinstance(exc, AtCapacity):
+        return "at_capacity"  # RequestFlow waits briefly for room and routes again
+    return "rejected" if isinstance(exc, Overloaded) else "unavailable"
+
+
 def _record_route(span: Span, route: Route, candidates: list[str], block_size: int) -> None:
     decision = "remote" if route.prefill_worker else "local"
     metrics.ROUTING_DECISIONS.labels(decision=decision).inc()
     if not span.is_recording():
         return
-    estimates = route.estimates
-    cached_blocks = estimates.get("cached_blocks") or {}
     attributes = {
         "pdserve.route.decision": decision,
         "pdserve.route.decode_worker": route.decode_worker,
         "pdserve.route.prefill_worker": route.prefill_worker or "",
-        "pdserve.route.reason": str(estimates.get("chosen", "")),
-        "pdserve.route.cached_tokens": int(estimates.get("cached_tokens", 0)),
-        "pdserve.route.decode_cached_tokens": int(estimates.get("decode_cached_tokens", 0)),
+        "pdserve.route.reason": route.reason,
+        "pdserve.route.cached_tokens": route.cached_tokens,
+        "pdserve.route.decode_cached_tokens": route.decode_cached_tokens,
         # Parallel lists: every worker the policy could pick and the prompt tokens it holds.
         "pdserve.route.candidates": candidates,
         "pdserve.route.candidate_cached_tokens": [
-            int(cached_blocks.get(worker, 0)) * block_size for worker in candidates
+            route.cached_blocks.get(worker, 0) * block_size for worker in candidates
         ],
     }
-    chosen = estimates.get("estimate")
     for name in _ESTIMATE_FIELDS:
-        value = getattr(chosen, name, None)
+        value = getattr(route.estimate, name, None)
         if isinstance(value, int | float):
             attributes[f"pdserve.route.estimate.{name}"] = value
     span.set_attributes(attributes)

@@ -11,7 +11,8 @@ and picks one:
   round_robin  D and P in rotation (baseline)
 `disaggregate`: auto = remote or local, whichever the policy prefers; always = remote (local only
 when no prefill worker is healthy); never = local. When nothing can be taken the decision is a
-rejection that the server answers with RESOURCE_EXHAUSTED (or UNAVAILABLE: no healthy worker).
+rejection that the server answers with RESOURCE_EXHAUSTED (at once when the router is full; after
+a brief wait for room when the workers are) or UNAVAILABLE (no healthy worker).
 Pure Python, no I/O; not thread-safe (the router calls it from its event loop).
 """
 
@@ -31,7 +32,9 @@ MODES = ("auto", "always", "never")
 
 @dataclass
 class RoutingDecision:
-    status: str  # "ok" | "resource_exhausted" | "unavailable"
+    # "ok"; rejected: "resource_exhausted" (the router is full), "at_capacity" (every option's
+    # workers are full now: KV blocks, prompt queue) or "unavailable" (no healthy decode worker)
+    status: str
     decode_worker: str | None = None
     prefill_worker: str | None = None  # None with status "ok": the decode worker prefills
     cached_tokens: int = 0  # prompt tokens the prefilling worker should find in its cache
@@ -96,7 +99,7 @@ class RoutingPolicy:
         if not feasible:
             reasons = sorted({o.infeasible for o in options if o.infeasible})
             return RoutingDecision.reject(
-                "all workers at capacity: " + "; ".join(reasons), estimates
+                "all workers at capacity: " + "; ".join(reasons), estimates, status="at_capacity"
             )
         chosen = self._pick(feasible, prefill, decode)
         bs = request.block_size

@@ -1,11 +1,17 @@
 """One request's life behind the router: route, reserve, prefill, transfer, decode, retry, abort.
 
-The router owns the handoff's lifecycle (DESIGN.md): it asks the decode worker for a
+The router owns the handoff's lifecycle (docs/design.md): it asks the decode worker for a
 reservation, has the prefill worker push and commit, then streams the decode worker's tokens.
 Any failure of a worker or a transfer ends in another attempt on other workers (or a local
 prefill); tokens already sent to the client are never re-sent: a retry continues from them by
-treating them as part of the prompt. However the request ends (finish, client cancel, error),
-both workers are told to abort, which is idempotent, so no blocks stay reserved.
+treating them as part of the prompt, drawing seeded samples where the stream left off, and the
+text is decoded by the router over all of them (router/output_text.py). A worker that sends
+nothing and answers no stats poll for `progress_timeout_s` (0 = never) counts as failed: it
+may be frozen, not dead. Workers at capacity are not failed (a reservation without room for the
+prompt's KV, or the policy finding every option full): the request waits up to `room_wait_s`
+for room, then is refused as overloaded (RESOURCE_EXHAUSTED). However the request ends (finish, client
+cancel, deadline, error), both workers of every attempt are told to abort, which is
+idempotent, so no blocks stay reserved.
 """
 
 from __future__ import annotations
@@ -13,57 +19,35 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
+from typing import TypeVar
 
 from opentelemetry.trace import Span
 
 from pdserve.core.messages import PrefillResult, TokenBatch, WorkRequest
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.telemetry import carrier_of
+from pdserve.tokenizer import Tokenizer
+from router import observability
+from router.output_text import OutputText
+from router.types import (
+    AtCapacity,
+    NoWorkerAvailable,
+    Overloaded,
+    Progress,
+    Route,
+    RouteChooser,
+)
 from router.worker_pool import WorkerPool
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 
-class NoWorkerAvailable(RuntimeError):
-    """No healthy worker can serve the request (after retries)."""
-
-
-class Overloaded(RuntimeError):
-    """Admission control refused the request."""
-
-
-@dataclass
-class Route:
-    """Where one attempt runs: prefill_worker None means the decode worker prefills locally."""
-
-    decode_worker: str
-    prefill_worker: str | None
-    estimates: dict = field(default_factory=dict)  # the policy's numbers, for tracing
-
-
-@dataclass
-class Progress:
-    """What the server needs to build responses: the stream so far and where time went."""
-
-    received: float  # perf_counter at receipt
-    prompt_tokens: int
-    cached_tokens: int = 0
-    completion_tokens: int = 0
-    queue_s: float = 0.0
-    prefill_s: float = 0.0
-    transfer_s: float = 0.0
-    first_token_at: float | None = None
-    prefill_worker: str = ""
-    decode_worker: str = ""
-    disaggregated: bool = False
-    attempts: int = 0
-    route: Route | None = None
-
-
-# (prompt_ids, max_tokens, exclude) -> Route; raises Overloaded / NoWorkerAvailable
-RouteChooser = Callable[[list[int], int, set[str]], Route]
+# Pauses between the tries of a request waiting for room, growing up to the last.
+_ROOM_BACKOFF_S = (0.02, 0.05, 0.1, 0.2)
 
 
 class RequestFlow:
@@ -71,13 +55,20 @@ class RequestFlow:
         self,
         pool: WorkerPool,
         choose_route: RouteChooser,
+        tokenizer: Tokenizer,
+        *,
         max_retries: int,
+        progress_timeout_s: float,
+        room_wait_s: float = 2.0,
         on_prefill_done: Callable[[Route, PrefillResult | TokenBatch], None] | None = None,
         block_size: int = 0,  # only to report cached blocks as tokens in traces
     ) -> None:
         self._pool = pool
         self._choose_route = choose_route
+        self._tokenizer = tokenizer
         self._max_retries = max_retries
+        self._progress_timeout_s = progress_timeout_s
+        self._room_wait_s = room_wait_s
         self._on_prefill_done = on_prefill_done
         self._block_size = block_size
 
@@ -91,93 +82,99 @@ class RequestFlow:
     ) -> AsyncIterator[TokenBatch]:
         """Yields the request's token batches, the last one finished. `trace_context` is the
         request's span; each attempt is a child span whose context the workers receive."""
-        from router import observability  # imports this module
-
+        text = OutputText(self._tokenizer, prompt_ids, sampling)
         emitted: list[int] = []
         excluded: set[str] = set()
-        last_error: Exception | None = None
-        for attempt in range(self._max_retries + 1):
-            progress.attempts = attempt + 1
-            remaining = sampling.max_tokens - len(emitted)
-            work_id = f"{request_id}#{attempt}" if attempt else request_id
-            span = observability.start_attempt(trace_context, attempt + 1, work_id)
-            work = WorkRequest(
-                request_id=work_id,
-                # A retry continues after what the client already has: those tokens join the
-                # prompt, which keeps greedy output identical to an uninterrupted run.
-                prompt_token_ids=prompt_ids + emitted,
-                sampling=dataclasses.replace(sampling, max_tokens=remaining),
-                trace_context=carrier_of(span),
-            )
-            outcome, error = "cancelled", None  # unless the attempt ends otherwise
+        failures, room_waits = 0, 0
+        waiting_for_room_since: float | None = None
+        while True:
+            if waiting_for_room_since is not None:
+                await asyncio.sleep(_ROOM_BACKOFF_S[min(room_waits, len(_ROOM_BACKOFF_S) - 1)])
+                room_waits += 1
+            progress.attempts += 1
+            attempt = progress.attempts
+            work_id = f"{request_id}#{attempt - 1}" if attempt > 1 else request_id
+            span = observability.start_attempt(trace_context, attempt, work_id)
+            work = _continuation(work_id, prompt_ids, emitted, sampling, carrier_of(span))
+            outcome, error, route = "cancelled", None, None  # unless the attempt ends otherwise
             try:
                 candidates = [w for w in self._pool.workers if w not in excluded]
                 with observability.routing_span(span, candidates, self._block_size) as record:
-                    route = self._choose_route(work.prompt_token_ids, remaining, excluded)
+                    route = self._choose_route(
+                        work.prompt_token_ids, work.sampling.max_tokens, excluded
+                    )
                     record(route)
                 progress.route = route
-                async for batch in self._attempt(work, route, progress, span):
-                    emitted += batch.token_ids
-                    progress.completion_tokens = len(emitted)
-                    yield batch
-                    if batch.finished:
-                        outcome = "ok"
-                        return
-                raise NoWorkerAvailable("worker stream ended without finishing")
+                async with aclosing(self._attempt(work, route, progress, span)) as batches:
+                    async for batch in batches:
+                        batch = text.take(batch)
+                        emitted += batch.token_ids
+                        progress.completion_tokens = len(emitted)
+                        yield batch
+                        if batch.finished:
+                            outcome = "ok"
+                            return
+                raise _WorkerFailed(route.decode_worker, "stream ended without finishing")
+            except (_NoRoom, AtCapacity) as exc:  # full workers, not broken ones: wait for room
+                outcome, error = "no_room", exc
+                now = time.monotonic()
+                waiting_for_room_since = waiting_for_room_since or now
+                waited = now - waiting_for_room_since
+                if waited >= self._room_wait_s:
+                    outcome = "rejected"
+                    raise Overloaded(f"{exc} (waited {waited:.1f} s for room)") from exc
             except (NoWorkerAvailable, Overloaded) as exc:
                 outcome = "rejected" if isinstance(exc, Overloaded) else "unavailable"
                 error = exc
                 raise
             except Exception as exc:  # a worker or transfer failed: try elsewhere
-                outcome, error, last_error = "failed", exc, exc
-                failed = getattr(exc, "worker_id", None) or route.decode_worker
+                outcome, error = "failed", exc
+                if route is None:  # routing itself broke: a bug, not a worker failure
+                    raise
+                failed = exc.worker_id if isinstance(exc, _WorkerFailed) else route.decode_worker
                 excluded.add(failed)
+                failures += 1
                 log.warning(
-                    "request %s attempt %d failed on %s: %s", request_id, attempt + 1, failed, exc
+                    "request %s attempt %d failed on %s: %s", request_id, attempt, failed, exc
                 )
+                if failures > self._max_retries:
+                    raise NoWorkerAvailable(
+                        f"request failed after {failures} attempts: {exc}"
+                    ) from exc
             finally:
                 observability.end_attempt(span, outcome, error)
-        raise NoWorkerAvailable(
-            f"request failed after {self._max_retries + 1} attempts: {last_error}"
-        )
 
     async def _attempt(
         self, work: WorkRequest, route: Route, progress: Progress, span: Span
     ) -> AsyncIterator[TokenBatch]:
-        decode = self._pool.workers[route.decode_worker]
-        prefill = self._pool.workers[route.prefill_worker] if route.prefill_worker else None
-        prompt_tokens = len(work.prompt_token_ids)
-        for worker in (decode, prefill):
-            if worker:
-                worker.inflight += 1
-                worker.routed_since_poll += 1
-                worker.routed_tokens_since_poll += prompt_tokens
+        workers = [w for w in (route.decode_worker, route.prefill_worker) if w]
         try:
-            if prefill is None:
-                stream = self._local(work, route, progress)
-            else:
-                stream = self._disaggregated(work, route, progress, span)
-            async for batch in stream:
-                yield batch
+            with self._pool.occupied(workers):
+                if route.prefill_worker is None:
+                    stream = self._local(work, route, progress)
+                else:
+                    stream = self._disaggregated(work, route, progress, span)
+                async with aclosing(stream):
+                    async for batch in stream:
+                        yield batch
         finally:
-            decode.inflight -= 1
-            if prefill:
-                prefill.inflight -= 1
             # Idempotent on both sides; shielded so a client cancel cannot skip it.
-            await asyncio.shield(self._abort_everywhere(work.request_id, route))
+            await asyncio.shield(self._abort_everywhere(work.request_id, workers))
 
     async def _local(
         self, work: WorkRequest, route: Route, progress: Progress
     ) -> AsyncIterator[TokenBatch]:
-        decode = self._pool.workers[route.decode_worker].actor
+        decode = self._pool.workers[route.decode_worker].handle
         progress.prefill_worker = progress.decode_worker = route.decode_worker
         progress.disaggregated = False
-        await _call(route.decode_worker, decode.generate.remote(work))
+        await self._guarded(route.decode_worker, decode.generate(work))
         first = True
-        async for batch in _stream(route.decode_worker, decode.stream.remote(work.request_id)):
+        async for batch in self._guarded_stream(
+            route.decode_worker, decode.stream(work.request_id)
+        ):
             if first and batch.prefill_s is not None:
                 progress.prefill_s = batch.prefill_s
-                progress.cached_tokens = batch.num_cached_tokens
+                progress.cached_tokens = _of_client_prompt(batch.num_cached_tokens, progress)
                 if self._on_prefill_done:
                     self._on_prefill_done(route, batch)
             first = False
@@ -186,24 +183,20 @@ class RequestFlow:
     async def _disaggregated(
         self, work: WorkRequest, route: Route, progress: Progress, span: Span
     ) -> AsyncIterator[TokenBatch]:
-        from router import observability
-
-        decode = self._pool.workers[route.decode_worker].actor
-        prefill = self._pool.workers[route.prefill_worker].actor
-        reservation = await _call(route.decode_worker, decode.reserve.remote(work))
+        decode = self._pool.workers[route.decode_worker].handle
+        prefill = self._pool.workers[route.prefill_worker].handle
+        reservation = await self._guarded(route.decode_worker, decode.reserve(work))
         if reservation is None:
-            raise _WorkerFailed(route.decode_worker, "no free KV blocks for the reservation")
+            raise _NoRoom(f"decode worker {route.decode_worker} has no free KV blocks")
         try:
-            result: PrefillResult = await _call(
-                route.prefill_worker, prefill.prefill.remote(work, reservation)
-            )
+            result = await self._guarded(route.prefill_worker, prefill.prefill(work, reservation))
         except _WorkerFailed as exc:
             observability.transfer_failed(exc)
             raise
         observability.transfer_done(span, result)
         progress.prefill_worker, progress.decode_worker = route.prefill_worker, route.decode_worker
         progress.disaggregated = True
-        progress.cached_tokens = result.num_cached_tokens
+        progress.cached_tokens = _of_client_prompt(result.num_cached_tokens, progress)
         progress.queue_s, progress.prefill_s = result.queue_s, result.prefill_s
         progress.transfer_s = result.transfer_s
         if self._on_prefill_done:
@@ -212,7 +205,7 @@ class RequestFlow:
             request_id=work.request_id,
             token_ids=[result.first_token_id],
             logprobs=[] if result.first_logprob is None else [result.first_logprob],
-            text=result.text,
+            text="",  # the router decodes the text (OutputText)
             finished=result.finished,
             finish_reason=result.finish_reason,
             num_prompt_tokens=result.num_prompt_tokens,
@@ -220,15 +213,68 @@ class RequestFlow:
         )
         if result.finished:
             return
-        async for batch in _stream(route.decode_worker, decode.stream.remote(work.request_id)):
+        async for batch in self._guarded_stream(
+            route.decode_worker, decode.stream(work.request_id)
+        ):
             yield batch
 
-    async def _abort_everywhere(self, request_id: str, route: Route) -> None:
-        for worker_id in {route.decode_worker, route.prefill_worker} - {None}:
+    async def _guarded(self, worker_id: str, call: Awaitable[T]) -> T:
+        """Awaits a worker's call; any failure, or no answer while the worker also answers no
+        stats poll for the progress timeout, becomes _WorkerFailed naming the worker (the end
+        of a stream, StopAsyncIteration, passes through)."""
+        task = asyncio.ensure_future(call)
+        timeout = self._progress_timeout_s
+        started = time.monotonic()
+        try:
+            while not task.done():
+                await asyncio.wait({task}, timeout=timeout / 4 if timeout > 0 else None)
+                waited = time.monotonic() - started
+                if task.done() or waited < timeout:
+                    continue
+                if self._pool.silent_for(worker_id) >= timeout:
+                    reason = f"no progress and no answer to stats polls for {waited:.1f} s"
+                    self._pool.mark_unhealthy(worker_id, reason)
+                    raise _WorkerFailed(worker_id, reason)
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.wait({task})  # a stream's generator is idle again once it returns
+        try:
+            return task.result()
+        except StopAsyncIteration:
+            raise
+        except Exception as exc:
+            raise _WorkerFailed(worker_id, f"{type(exc).__name__}: {exc}") from exc
+
+    async def _guarded_stream(
+        self, worker_id: str, stream: AsyncIterator[TokenBatch]
+    ) -> AsyncIterator[TokenBatch]:
+        """The worker's batches, each awaited as in `_guarded`; a batch that ends the stream
+        with "abort" means the worker dropped the request: a failure too."""
+        async with aclosing(stream):
+            while True:
+                try:
+                    batch = await self._guarded(worker_id, anext(stream))
+                except StopAsyncIteration:
+                    return
+                if batch.finished and batch.finish_reason == "abort":
+                    raise _WorkerFailed(
+                        worker_id, "stream ended by the worker (aborted or expired)"
+                    )
+                yield batch
+
+    async def _abort_everywhere(self, request_id: str, worker_ids: list[str]) -> None:
+        """Tells every worker of the attempt to abort, at once; a frozen one is not waited for
+        beyond the progress timeout (its call is queued and runs when it thaws)."""
+
+        async def abort(worker_id: str) -> None:
+            handle = self._pool.workers[worker_id].handle
             try:
-                await self._pool.workers[worker_id].actor.abort.remote(request_id)
+                await asyncio.wait_for(handle.abort(request_id), self._progress_timeout_s)
             except Exception as exc:  # a dead worker's blocks died with it
                 log.info("abort of %s on %s failed: %s", request_id, worker_id, exc)
+
+        await asyncio.gather(*(abort(w) for w in worker_ids))
 
 
 class _WorkerFailed(RuntimeError):
@@ -237,22 +283,33 @@ class _WorkerFailed(RuntimeError):
         self.worker_id = worker_id
 
 
-async def _call(worker_id: str, ref):
-    """Awaits a Ray call, tagging any failure with the worker it came from."""
-    try:
-        return await ref
-    except Exception as exc:
-        raise _WorkerFailed(worker_id, f"{type(exc).__name__}: {exc}") from exc
+class _NoRoom(RuntimeError):
+    """The decode worker refused the reservation: its KV pool is full, not broken."""
 
 
-async def _stream(worker_id: str, generator) -> AsyncIterator[TokenBatch]:
-    try:
-        async for ref in generator:
-            batch: TokenBatch = await ref
-            if batch.finished and batch.finish_reason == "abort":
-                raise _WorkerFailed(worker_id, "stream ended by the worker (aborted or expired)")
-            yield batch
-    except _WorkerFailed:
-        raise
-    except Exception as exc:
-        raise _WorkerFailed(worker_id, f"{type(exc).__name__}: {exc}") from exc
+def _continuation(
+    work_id: str,
+    prompt_ids: list[int],
+    emitted: list[int],
+    sampling: SamplingParams,
+    trace_context: dict[str, str],
+) -> WorkRequest:
+    """The work of one attempt. A retry continues after what the client already has: those
+    tokens join the prompt, which keeps greedy output identical to an uninterrupted run, and
+    the seeded stream resumes at their count, which keeps sampled output identical too."""
+    return WorkRequest(
+        request_id=work_id,
+        prompt_token_ids=prompt_ids + emitted,
+        sampling=dataclasses.replace(
+            sampling,
+            max_tokens=sampling.max_tokens - len(emitted),
+            seed_offset=sampling.seed_offset + len(emitted),
+        ),
+        trace_context=trace_context,
+    )
+
+
+def _of_client_prompt(cached_tokens: int, progress: Progress) -> int:
+    """Cached tokens of the client's prompt: a retry's prompt also holds tokens already
+    generated, which its worker may find cached too."""
+    return min(cached_tokens, progress.prompt_tokens)

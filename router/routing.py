@@ -12,12 +12,12 @@ import logging
 from dataclasses import dataclass, field
 
 from pdserve.core.block_hash import prompt_block_hashes
-from pdserve.core.messages import PrefillResult, TokenBatch
+from pdserve.core.messages import PrefillResult, TokenBatch, WorkerStats
 from pdserve.prefix_index.lookup import PrefixIndex
 from router.estimates import RoutingRequest, WorkerLoad
 from router.policy import RoutingDecision, RoutingPolicy
 from router.recent_prefixes import RecentPrefixes, merge
-from router.request_flow import NoWorkerAvailable, Overloaded, Route
+from router.types import AtCapacity, NoWorkerAvailable, Overloaded, Route
 from router.worker_pool import Worker, WorkerPool
 
 log = logging.getLogger(__name__)
@@ -34,10 +34,10 @@ class Routing:
 
     def __post_init__(self) -> None:
         self.pool.stats_listeners.append(self._learn_from_stats)
-        self.last_decision: RoutingDecision | None = None
-        # Prompt tokens each worker must still compute for requests routed since its last stats
-        # poll: only the uncached part, so a cache hit does not make its holder look busy.
-        self._routed_tokens: dict[str, int] = {}
+        # What was routed to each worker since its last stats poll: load the snapshot cannot
+        # show yet. Tokens are the prompt tokens to compute, only the uncached part, so a cache
+        # hit does not make its holder look busy.
+        self._routed_since_poll: dict[str, _Routed] = {}
         # Prefills routed to each worker so far: a prefill's timing is a sample of its compute
         # cost only if it ran alone (nothing queued when routed, nothing routed there until done).
         self._prefills_routed: dict[str, int] = {}
@@ -71,29 +71,28 @@ class Routing:
         decision = self.policy.decide(
             request, prefill, decode, cached_blocks=cached, pending_requests=self.pending()
         )
-        self.last_decision = decision
+        if decision.status == "at_capacity":
+            raise AtCapacity(decision.reason)
         if decision.status == "resource_exhausted":
             raise Overloaded(decision.reason)
         if decision.status != "ok":
             raise NoWorkerAvailable(decision.reason)
         self._remember(decision, request, hashes)
-        estimates = {
-            "chosen": decision.reason,
-            "cached_blocks": cached,
-            "cached_tokens": decision.cached_tokens,
-            "decode_cached_tokens": decision.decode_cached_tokens,
-        }
-        if decision.chosen is not None:
-            estimates["estimate"] = decision.chosen
+        prefills_routed = None
         if decision.prefill_worker:
-            estimates["block_hashes"] = hashes  # credited to the decode worker on commit
             p = next(w for w in prefill if w.worker_id == decision.prefill_worker)
             if not (p.load or p.queued_tokens):  # idle when routed: its timing may be sampled
-                estimates["prefills_routed"] = self._prefills_routed[decision.prefill_worker]
+                prefills_routed = self._prefills_routed[decision.prefill_worker]
         return Route(
             decode_worker=decision.decode_worker,
             prefill_worker=decision.prefill_worker,
-            estimates=estimates,
+            reason=decision.reason,
+            cached_tokens=decision.cached_tokens,
+            decode_cached_tokens=decision.decode_cached_tokens,
+            cached_blocks=cached,
+            estimate=decision.chosen,
+            block_hashes=tuple(hashes) if decision.prefill_worker else (),
+            prefills_routed=prefills_routed,
         )
 
     def on_prefill_done(self, route: Route, result: PrefillResult | TokenBatch) -> None:
@@ -101,19 +100,17 @@ class Routing:
         that computed the prompt."""
         hit = result.num_cached_tokens
         if route.prefill_worker and isinstance(result, PrefillResult):
-            # The cost of exactly what the policy estimates, so only from a prefill that had its
-            # worker to itself: one admitted beside others shares their steps (its queue_s stays
-            # 0 while its prefill_s grows with their work), and the fit learned the load as if
-            # it were compute: an intercept of a whole busy period, a cached prefix saving almost
-            # nothing, and the queue counted twice. A local prefill's time includes its queue,
-            # so it is not sampled here either.
-            routed = route.estimates.get("prefills_routed")
+            # A prefill admitted beside others shares their engine steps (its queue_s stays 0
+            # while its prefill_s grows with their work), so only one that had its worker to
+            # itself measures what the policy estimates. A local prefill's time includes its
+            # queue, so it is not sampled here either.
+            routed = route.prefills_routed
             if routed is not None and routed == self._prefills_routed.get(route.prefill_worker):
                 self.policy.cost.observe_request_prefill(
                     result.num_prompt_tokens - hit, result.prefill_s
                 )
             # The push has committed: from now on the decode worker holds the prompt's blocks.
-            self.recent.add(route.decode_worker, route.estimates.get("block_hashes", []))
+            self.recent.add(route.decode_worker, list(route.block_hashes))
         if self.index is None:
             return
         worker = route.prefill_worker or route.decode_worker
@@ -124,8 +121,11 @@ class Routing:
     ) -> None:
         """What the chosen workers will hold and compute, before any poll or index shows it."""
         prefiller = decision.prefill_worker or decision.decode_worker
-        uncached = request.uncached_tokens(decision.chosen.prefill_cached_blocks)
-        self._routed_tokens[prefiller] = self._routed_tokens.get(prefiller, 0) + uncached
+        for worker_id in {decision.decode_worker, prefiller}:
+            self._routed(worker_id).requests += 1
+        self._routed(prefiller).tokens += request.uncached_tokens(
+            decision.chosen.prefill_cached_blocks
+        )
         self._prefills_routed[prefiller] = self._prefills_routed.get(prefiller, 0) + 1
         # The prefilling worker caches the prompt's full blocks, and a request queued behind it
         # there reuses them (the scheduler computes a shared prefix once). A decode worker
@@ -133,18 +133,32 @@ class Routing:
         # now would make a local prefill there look cheap while it would compute the whole prompt.
         self.recent.add(prefiller, hashes)
 
+    def _routed(self, worker_id: str) -> _Routed:
+        return self._routed_since_poll.setdefault(worker_id, _Routed())
+
     def _load(self, worker: Worker) -> WorkerLoad:
         if worker.stats is None:
             return WorkerLoad(worker.worker_id, healthy=False)
+        routed = self._routed(worker.worker_id)
         return WorkerLoad.from_stats(
             worker.stats,
             healthy=worker.healthy,
-            inflight=worker.routed_since_poll,
-            inflight_prompt_tokens=self._routed_tokens.get(worker.worker_id, 0),
+            inflight=routed.requests,
+            inflight_prompt_tokens=routed.tokens,
         )
 
-    def _learn_from_stats(self, worker: Worker, previous, stats) -> None:
-        self._routed_tokens[worker.worker_id] = 0  # the new snapshot's queue includes them
+    def _learn_from_stats(
+        self, worker: Worker, previous: WorkerStats | None, stats: WorkerStats
+    ) -> None:
+        self._routed_since_poll.pop(worker.worker_id, None)  # the new snapshot includes them
         if previous is not None and previous.epoch != stats.epoch:
             self.recent.forget(worker.worker_id)
         self.policy.cost.observe_stats(stats)
+
+
+@dataclass
+class _Routed:
+    """Routed to one worker since its last stats poll."""
+
+    requests: int = 0
+    tokens: int = 0  # prompt tokens it must compute for them

@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from pdserve.pb import generate_pb2, generate_pb2_grpc
+from router.auth import ApiKeyInterceptor
 from router.generation_service import GenerationService
+from router.request_decoding import RequestDecodingInterceptor
 
 log = logging.getLogger(__name__)
 
 GENERATION_SERVICE = generate_pb2.DESCRIPTOR.services_by_name["Generation"].full_name
+DEFAULT_SHUTDOWN_GRACE_S = 30.0
+# A Tokenize response of a prompt at the byte cap is several times the prompt's size.
+_MAX_SEND_BYTES = 64 << 20
 
 
 class RouterServer:
@@ -22,18 +28,35 @@ class RouterServer:
     Health: the overall service "" is SERVING while the process runs (a liveness probe must
     not restart the router, and every worker actor with it, because workers are down);
     "pdserve.v1.Generation" is SERVING only while a decode worker can take requests
-    (readiness).
+    (readiness). API keys are checked by `auth` on every RPC but health; with `credentials`
+    the port speaks TLS (mutual TLS if they require client certificates), and `health_port`
+    offers health alone in plaintext.
     """
 
     def __init__(
-        self, service: GenerationService, host: str, port: int, interceptors: list | None = None
+        self,
+        service: GenerationService,
+        host: str,
+        port: int,
+        *,
+        interceptors: Iterable[grpc.aio.ServerInterceptor] = (),
+        api_keys: Iterable[str] = (),
+        credentials: grpc.ServerCredentials | None = None,
+        max_receive_bytes: int = 64 << 20,
+        shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S,
+        health_port: int | None = None,
     ) -> None:
         self.service = service
+        self.auth = ApiKeyInterceptor(api_keys)
+        self.shutdown_grace_s = shutdown_grace_s
         self._server = grpc.aio.server(
-            interceptors=interceptors or [],
+            # Outermost first: refuse unauthenticated calls before decoding or tracing them.
+            interceptors=[self.auth, RequestDecodingInterceptor(), *interceptors],
             options=[
-                ("grpc.max_receive_message_length", 64 << 20),
-                ("grpc.max_send_message_length", 64 << 20),
+                ("grpc.max_receive_message_length", max_receive_bytes),
+                ("grpc.max_send_message_length", _MAX_SEND_BYTES),
+                # A port another server listens on is an error, never silently shared.
+                ("grpc.so_reuseport", 0),
             ],
         )
         generate_pb2_grpc.add_GenerationServicer_to_server(service, self._server)
@@ -47,12 +70,29 @@ class RouterServer:
             ],
             self._server,
         )
-        self.port = self._server.add_insecure_port(f"{host}:{port}")
+        address = f"{host}:{port}"
+        if credentials is None:
+            self.port = self._server.add_insecure_port(address)
+        else:
+            self.port = self._server.add_secure_port(address, credentials)
         if self.port == 0:
-            raise RuntimeError(f"could not bind the router to {host}:{port}")
+            raise RuntimeError(f"could not bind the router to {address}")
+        self._health_server = None if health_port is None else self._plain_health(host, health_port)
+
+    def _plain_health(self, host: str, port: int) -> grpc.aio.Server:
+        """A plaintext port serving only grpc.health.v1, for probes that cannot speak TLS
+        (the kubelet's); it shares the statuses of the main server."""
+        server = grpc.aio.server()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        self.health_port = server.add_insecure_port(f"{host}:{port}")
+        if self.health_port == 0:
+            raise RuntimeError(f"could not bind the router's health port to {host}:{port}")
+        return server
 
     async def start(self) -> None:
         await self._server.start()
+        if self._health_server:
+            await self._health_server.start()
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self.set_ready(True)
         log.info("router serving pdserve.v1.Generation on port %d", self.port)
@@ -65,6 +105,13 @@ class RouterServer:
         )
         await self.health.set(GENERATION_SERVICE, status)
 
-    async def stop(self, grace_s: float = 5.0) -> None:
+    async def stop(self, grace_s: float | None = None) -> None:
+        """Stops taking RPCs at once (health turns NOT_SERVING), lets the running ones finish
+        for up to `grace_s` (default: `shutdown_grace_s`), then cancels what is left."""
+        grace = self.shutdown_grace_s if grace_s is None else grace_s
         await self.health.enter_graceful_shutdown()
-        await self._server.stop(grace_s)
+        log.info("router draining: up to %.1f s for the running requests", grace)
+        await self._server.stop(grace)
+        if self._health_server:
+            await self._health_server.stop(0)
+        self.service.close()

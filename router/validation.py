@@ -1,22 +1,36 @@
-"""Turns a client's GenerateRequest into a WorkRequest, or says exactly which field is wrong.
+"""Turns a client's GenerateRequest into a ValidRequest, or says exactly which field is wrong.
 
 Everything a client can get wrong is caught here, at the edge, so workers only ever see valid
-requests; the server answers a RequestError with INVALID_ARGUMENT and its message.
+requests; the server answers a RequestError with INVALID_ARGUMENT and its message. The cheap
+checks run first and prompt text is measured in bytes before it is tokenized, so an oversized
+request costs the router nothing.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import secrets
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.pb import generate_pb2
 
 DEFAULT_MAX_TOKENS = 64
-MAX_STOP_STRINGS = 16
+DEFAULT_MAX_PROMPT_BYTES = 4 << 20
 MAX_REQUEST_ID_LEN = 256
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 256
+MAX_STOP_TOKEN_IDS = 256
+# Room in a request for everything but the prompt, with every other field at its cap.
+_ENVELOPE_BYTES = 64 << 10
+_VARINT_BYTES = 5  # most bytes one uint32 token id takes on the wire
+# Printable ASCII without spaces: a request id lands in log lines, which it must not break.
+_REQUEST_ID = re.compile(r"[\x21-\x7e]*")
+
+Tokenize = Callable[[str], Awaitable[list[int]]]
 
 
 class RequestError(ValueError):
@@ -31,21 +45,56 @@ class ModelLimits:
     vocab_size: int
     max_model_len: int
     eos_token_ids: list[int]
+    max_prompt_bytes: int = DEFAULT_MAX_PROMPT_BYTES  # UTF-8 bytes of a text prompt
 
 
-def validate(
-    request: generate_pb2.GenerateRequest, limits: ModelLimits, tokenize
-) -> tuple[str, list[int], SamplingParams]:
-    """Returns (request_id, prompt token ids, sampling params); raises RequestError."""
-    request_id = request.request_id or uuid.uuid4().hex
+@dataclass
+class ValidRequest:
+    """A checked request. `request_id` is for the client (echoed) and the logs; `work_id` is
+    made here, unique per request, and is the only key workers and aborts ever use, so one
+    client reusing an id cannot touch another client's request."""
+
+    request_id: str
+    work_id: str
+    prompt_ids: list[int]
+    sampling: SamplingParams
+
+
+def max_request_bytes(limits: ModelLimits) -> int:
+    """The largest valid GenerateRequest on the wire: the gRPC receive limit that matches."""
+    prompt = max(limits.max_prompt_bytes, limits.max_model_len * _VARINT_BYTES)
+    return prompt + _ENVELOPE_BYTES
+
+
+def check_request_id(request_id: str) -> None:
     if len(request_id) > MAX_REQUEST_ID_LEN:
         raise RequestError(f"request_id: longer than {MAX_REQUEST_ID_LEN} characters")
-    if request.model and request.model != limits.name:
-        raise RequestError(
-            f"model: unknown model {request.model!r}; this server serves {limits.name!r}"
-        )
-    prompt_ids = _prompt_ids(request, limits, tokenize)
+    if not _REQUEST_ID.fullmatch(request_id):
+        raise RequestError("request_id: only printable ASCII characters without spaces are allowed")
+
+
+def check_text_size(field: str, text: str, max_bytes: int) -> None:
+    """Rejects text over `max_bytes` UTF-8 bytes (before anyone spends time tokenizing it)."""
+    # A character is at least one byte: most oversized texts are caught without encoding.
+    size = len(text) if len(text) > max_bytes else len(text.encode("utf-8"))
+    if size > max_bytes:
+        raise RequestError(f"{field}: {size} bytes exceed the limit of {max_bytes} bytes")
+
+
+def check_model(field: str, model: str, limits: ModelLimits) -> None:
+    if model and model != limits.name:
+        raise RequestError(f"{field}: unknown model {model!r}; this server serves {limits.name!r}")
+
+
+async def validate(
+    request: generate_pb2.GenerateRequest, limits: ModelLimits, tokenize: Tokenize
+) -> ValidRequest:
+    """Checks every field, then tokenizes a text prompt; raises RequestError."""
+    work_id = uuid.uuid4().hex
+    check_request_id(request.request_id)
+    check_model("model", request.model, limits)
     sampling = _sampling(request.sampling if request.HasField("sampling") else None, limits)
+    prompt_ids = await _prompt_ids(request, limits, tokenize)
     if len(prompt_ids) >= limits.max_model_len:
         raise RequestError(
             f"prompt: {len(prompt_ids)} tokens do not fit the context of "
@@ -57,17 +106,20 @@ def validate(
             f"({sampling.max_tokens}) exceeds the context of "
             f"{limits.max_model_len} tokens"
         )
-    return request_id, prompt_ids, sampling
+    return ValidRequest(request.request_id or work_id, work_id, prompt_ids, sampling)
 
 
-def _prompt_ids(request: generate_pb2.GenerateRequest, limits: ModelLimits, tokenize) -> list[int]:
+async def _prompt_ids(
+    request: generate_pb2.GenerateRequest, limits: ModelLimits, tokenize: Tokenize
+) -> list[int]:
     which = request.WhichOneof("prompt")
     if which is None:
         raise RequestError("prompt: missing; set prompt.text or prompt.token_ids")
     if which == "text":
         if not request.text:
             raise RequestError("prompt.text: empty prompt")
-        ids = tokenize(request.text)
+        check_text_size("prompt.text", request.text, limits.max_prompt_bytes)
+        ids = await tokenize(request.text)
         if not ids:
             raise RequestError("prompt.text: the prompt tokenizes to no tokens")
         return ids
@@ -99,15 +151,8 @@ def _sampling(params: generate_pb2.SamplingParams | None, limits: ModelLimits) -
     max_tokens = params.max_tokens if params.HasField("max_tokens") else DEFAULT_MAX_TOKENS
     if max_tokens < 1:
         raise RequestError("sampling.max_tokens: must be >= 1")
-    stop = list(params.stop)
-    if len(stop) > MAX_STOP_STRINGS or any(not s for s in stop):
-        raise RequestError(f"sampling.stop: at most {MAX_STOP_STRINGS} non-empty strings")
-    bad = next((t for t in params.stop_token_ids if t >= limits.vocab_size), None)
-    if bad is not None:
-        raise RequestError(f"sampling.stop_token_ids: token id {bad} is outside the vocabulary")
-    stop_ids = list(params.stop_token_ids)
-    if not params.ignore_eos:
-        stop_ids += [t for t in limits.eos_token_ids if t not in stop_ids]
+    stop = _stop_strings(params)
+    stop_ids = _stop_token_ids(params, limits)
     # An unseeded sampled request still gets a fixed seed: the prefill and decode workers, and
     # a retry, must continue one random stream.
     seed = params.seed if params.HasField("seed") else secrets.randbits(63)
@@ -122,3 +167,31 @@ def _sampling(params: generate_pb2.SamplingParams | None, limits: ModelLimits) -
         ignore_eos=params.ignore_eos,
         logprobs=params.logprobs,
     )
+
+
+def _stop_strings(params: generate_pb2.SamplingParams) -> list[str]:
+    stop = list(params.stop)
+    if len(stop) > MAX_STOP_STRINGS or any(not s for s in stop):
+        raise RequestError(f"sampling.stop: at most {MAX_STOP_STRINGS} non-empty strings")
+    longest = max(map(len, stop), default=0)
+    if longest > MAX_STOP_STRING_CHARS:
+        raise RequestError(
+            f"sampling.stop: a stop string has {longest} characters; "
+            f"at most {MAX_STOP_STRING_CHARS} are allowed"
+        )
+    return stop
+
+
+def _stop_token_ids(params: generate_pb2.SamplingParams, limits: ModelLimits) -> list[int]:
+    if len(params.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+        raise RequestError(
+            f"sampling.stop_token_ids: {len(params.stop_token_ids)} ids; "
+            f"at most {MAX_STOP_TOKEN_IDS} are allowed"
+        )
+    bad = next((t for t in params.stop_token_ids if t >= limits.vocab_size), None)
+    if bad is not None:
+        raise RequestError(f"sampling.stop_token_ids: token id {bad} is outside the vocabulary")
+    stop_ids = list(params.stop_token_ids)
+    if not params.ignore_eos:
+        stop_ids += [t for t in limits.eos_token_ids if t not in stop_ids]
+    return stop_ids

@@ -1,66 +1,83 @@
-"""The router's view of the worker actors: handles, live stats, health and in-flight counts.
+"""The router's view of the workers: handles, live stats, health and in-flight counts.
 
-Stats are polled in the background (one Ray call per worker per interval), so routing reads
-the latest snapshot without a round trip. A worker whose call fails is marked unhealthy until a
-poll succeeds again; Ray restarts dead actors, which come back with a new epoch.
+Each worker's stats are polled in the background by its own task (a frozen worker delays no
+one else's), so routing reads the latest snapshot without a round trip. A worker whose call
+fails or times out is marked unhealthy until a poll succeeds again; Ray restarts dead actors,
+which come back with a new epoch. `last_seen` tells RequestFlow whether a worker that sends
+nothing is busy (it still answers polls) or frozen.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from pdserve.core.messages import WorkerStats
+from router.ray_worker import ray_handles
+from router.types import WorkerHandle
 
 log = logging.getLogger(__name__)
+
+StatsListener = Callable[["Worker", WorkerStats | None, WorkerStats], None]
 
 
 @dataclass
 class Worker:
     worker_id: str
     role: str  # "prefill" | "decode"
-    actor: Any  # ray.actor.ActorHandle
+    handle: WorkerHandle
     healthy: bool = False
     stats: WorkerStats | None = None
-    inflight: int = 0  # requests the router has on this worker now (admission control)
-    # Routed here since the last stats poll: load the snapshot cannot show yet.
-    routed_since_poll: int = 0
-    routed_tokens_since_poll: int = 0
     epoch: int = 0
+    # Requests the router runs on this worker now (admission control); written by the pool only.
+    inflight: int = 0
+    last_seen: float | None = None  # time.monotonic() of the last answered poll
+
+    @property
+    def actor(self) -> Any:
+        """The Ray actor behind the handle (tests reach its test-only methods through it)."""
+        return getattr(self.handle, "actor", None)
 
 
 class WorkerPool:
     def __init__(
         self,
-        prefill: dict[str, Any],
-        decode: dict[str, Any],
+        prefill: dict[str, WorkerHandle],
+        decode: dict[str, WorkerHandle],
         poll_interval_s: float = 0.25,
         call_timeout_s: float = 5.0,
     ) -> None:
         self.workers: dict[str, Worker] = {}
-        for role, actors in (("prefill", prefill), ("decode", decode)):
-            for worker_id, actor in actors.items():
-                self.workers[worker_id] = Worker(worker_id, role, actor)
+        for role, handles in (("prefill", prefill), ("decode", decode)):
+            for worker_id, handle in handles.items():
+                self.workers[worker_id] = Worker(worker_id, role, handle)
         self._poll_interval_s = poll_interval_s
         self._call_timeout_s = call_timeout_s
-        self._poller: asyncio.Task | None = None
-        self.stats_listeners: list = []  # called with (worker, previous stats, new stats)
-        self.round_listeners: list = []  # called after every poll of all workers
+        self._pollers: list[asyncio.Task] = []
+        self.stats_listeners: list[StatsListener] = []  # (worker, previous stats, new stats)
+        self.health_listeners: list[Callable[[], None]] = []  # after every poll of any worker
+
+    @classmethod
+    def of_ray_actors(cls, prefill: dict[str, Any], decode: dict[str, Any]) -> WorkerPool:
+        """A pool of worker actors (worker_id -> Ray actor handle)."""
+        return cls(ray_handles(prefill), ray_handles(decode))
 
     async def start(self, ready_timeout_s: float = 300.0) -> None:
         """Waits until every worker has loaded its model, then polls stats in the background."""
         await asyncio.wait_for(
-            asyncio.gather(*(w.actor.ready.remote() for w in self.workers.values())),
-            ready_timeout_s,
+            asyncio.gather(*(w.handle.ready() for w in self.workers.values())), ready_timeout_s
         )
         await self.poll_once()
-        self._poller = asyncio.create_task(self._poll_forever())
+        self._pollers = [asyncio.create_task(self._poll_forever(w)) for w in self.workers.values()]
 
     async def stop(self) -> None:
-        if self._poller:
-            self._poller.cancel()
+        for poller in self._pollers:
+            poller.cancel()
 
     def of_role(self, role: str, healthy_only: bool = True) -> list[Worker]:
         return [
@@ -73,19 +90,37 @@ class WorkerPool:
             log.warning("worker %s marked unhealthy: %s", worker_id, reason)
         worker.healthy = False
 
+    def silent_for(self, worker_id: str) -> float:
+        """Seconds since the worker last answered a poll (infinite if it never did)."""
+        seen = self.workers[worker_id].last_seen
+        return float("inf") if seen is None else time.monotonic() - seen
+
+    @contextmanager
+    def occupied(self, worker_ids: list[str]) -> Iterator[None]:
+        """Counts a request as in flight on these workers while the block runs."""
+        workers = [self.workers[w] for w in worker_ids]
+        for worker in workers:
+            worker.inflight += 1
+        try:
+            yield
+        finally:
+            for worker in workers:
+                worker.inflight -= 1
+
     async def poll_once(self) -> None:
         await asyncio.gather(*(self._poll(w) for w in self.workers.values()))
-        for listener in self.round_listeners:
-            listener()
 
     async def _poll(self, worker: Worker) -> None:
         try:
-            stats: WorkerStats = await asyncio.wait_for(
-                worker.actor.stats.remote(), self._call_timeout_s
-            )
+            stats: WorkerStats = await asyncio.wait_for(worker.handle.stats(), self._call_timeout_s)
         except Exception as exc:  # RayActorError, timeout: the worker is down or restarting
             self.mark_unhealthy(worker.worker_id, f"{type(exc).__name__}: {exc}")
-            return
+        else:
+            self._update(worker, stats)
+        for listener in self.health_listeners:
+            listener()
+
+    def _update(self, worker: Worker, stats: WorkerStats) -> None:
         if worker.epoch and stats.epoch != worker.epoch:
             log.warning(
                 "worker %s restarted (epoch %d -> %d)", worker.worker_id, worker.epoch, stats.epoch
@@ -94,11 +129,11 @@ class WorkerPool:
             log.info("worker %s is healthy", worker.worker_id)
         previous = worker.stats
         worker.stats, worker.epoch, worker.healthy = stats, stats.epoch, True
-        worker.routed_since_poll = worker.routed_tokens_since_poll = 0
+        worker.last_seen = time.monotonic()
         for listener in self.stats_listeners:
             listener(worker, previous, stats)
 
-    async def _poll_forever(self) -> None:
+    async def _poll_forever(self, worker: Worker) -> None:
         while True:
             await asyncio.sleep(self._poll_interval_s)
-            await self.poll_once()
+            await self._poll(worker)

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
 import subprocess
 import sys
+import time
+from concurrent import futures
 
+import grpc
 import pytest
 
 from pdserve.cli import COMMANDS, build_parser
@@ -48,3 +53,89 @@ def test_the_router_process_never_imports_torch():
         "from pdserve.models.builtin import default_model_dir; default_model_dir()"
     )
     assert "torch" not in imported_after(code)
+
+
+# ---- start-up mistakes: a one-line error within seconds, before Ray or any worker starts ----
+FAST_S = 20.0  # a mistake found at start-up; before, they took 30 s or hung
+
+
+def run_pdserve(*argv: str, timeout: float = 60.0) -> tuple[int, list[str], float]:
+    """Exit code, stderr lines without log lines, seconds taken."""
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "pdserve.cli", *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PDSERVE_REDIS_URL": ""},
+    )
+    lines = [line for line in done.stderr.splitlines() if " INFO " not in line]
+    return done.returncode, lines, time.monotonic() - started
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from pdserve.models.builtin import make_model
+
+    return make_model(tmp_path_factory.mktemp("tiny"), "tiny", seed=0)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_a_busy_port_is_refused_before_anything_starts(model_dir):
+    # A gRPC server sets SO_REUSEPORT: pdserve must not silently share its port.
+    squatter = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    port = squatter.add_insecure_port("127.0.0.1:0")
+    squatter.start()
+    try:
+        code, lines, seconds = run_pdserve(
+            "serve", "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(port)
+        )
+    finally:
+        squatter.stop(None)
+    assert code == 1
+    assert lines == [
+        f"pdserve serve: error: --port {port}: cannot listen on 127.0.0.1:{port}: "
+        "Address already in use"
+    ]
+    assert seconds < FAST_S
+
+
+def test_a_missing_model_is_reported_before_ray_starts(tmp_path):
+    code, lines, seconds = run_pdserve("serve", "--model", str(tmp_path / "absent"), "--port", "0")
+    assert code == 1
+    assert lines == [f"pdserve serve: error: --model: directory {tmp_path}/absent does not exist"]
+    assert seconds < FAST_S
+
+
+def test_an_unreachable_ray_address_fails_fast(model_dir):
+    address = f"127.0.0.1:{free_port()}"
+    code, lines, seconds = run_pdserve(
+        "serve", "--model", str(model_dir), "--port", "0", "--ray-address", address
+    )
+    assert code == 1
+    assert lines == [
+        f"pdserve serve: error: --ray-address {address}: cannot connect: Connection refused"
+    ]
+    assert seconds < FAST_S
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["generate", "hi", "--max-tokens", "-1"], "argument --max-tokens: must be at least 1"),
+        (["generate", "hi", "--seed", "-1"], "argument --seed: must be at least 0"),
+        (["generate", "hi", "--top-p", "1.5"], "argument --top-p: must be at most 1"),
+        (["serve", "--block-size", "0"], "--block-size: must be at least 1, got 0"),
+        (["serve", "--kv-secret-file", "/nonexistent"], "--kv-secret-file: cannot read"),
+    ],
+)
+def test_bad_flags_are_one_line_usage_errors(argv, message):
+    code, lines, seconds = run_pdserve(*argv)
+    assert code == 2
+    assert len(lines) == 1 and lines[0].startswith(f"pdserve {argv[0]}: error: {message}")
+    assert seconds < FAST_S

@@ -279,7 +279,7 @@ def test_transfer_failures_are_labelled_by_reason(error, reason):
 
 def test_a_request_observation_feeds_the_latency_histograms(no_otel_env):
     from router.observability import RequestObserver
-    from router.request_flow import Progress
+    from router.types import Progress
 
     def count(name: str, labels: dict | None = None) -> float:
         from prometheus_client import REGISTRY

@@ -14,4 +14,6 @@
 - `engine_bench.py` — `bench engine`: decode tokens/s vs transformers.
 - `transfer_bench.py` — `bench transfer`: KV transfer GB/s vs raw TCP.
 - `tracing_bench.py`, `span_receiver.py` — `bench tracing`: latency with tracing on vs off.
+- `soak_bench.py` — `bench soak`: does memory or anything held grow under sustained load?
+- `system_probe.py` — a served system's processes and leftovers (blocks, reservations).
 """

@@ -12,4 +12,5 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("pdserve.bench.compare_bench", "disaggregated vs colocated under mixed load"),
     "router": ("pdserve.bench.router_bench", "routing policy vs round-robin"),
     "tracing": ("pdserve.bench.tracing_bench", "request latency with tracing on vs off"),
+    "soak": ("pdserve.bench.soak_bench", "RSS per process and leftovers under long mixed load"),
 }

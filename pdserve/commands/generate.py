@@ -13,6 +13,7 @@ import sys
 from collections.abc import Iterator
 
 from pdserve.client import DEFAULT_TARGET, Completion, GenerationClient, GenerationError
+from pdserve.commands.arg_types import INT32_MAX, UINT32_MAX, UINT64_MAX, bounded
 from pdserve.pb import generate_pb2
 
 
@@ -24,11 +25,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="host:port of the router (env PDSERVE_TARGET; default %(default)s)",
     )
     parser.add_argument("--stream", action="store_true", help="print tokens as they arrive")
-    parser.add_argument("--max-tokens", type=int, default=None, help="server default: 64")
-    parser.add_argument("--temperature", type=float, default=None, help="0 = greedy (default)")
-    parser.add_argument("--top-k", type=int, default=None)
-    parser.add_argument("--top-p", type=float, default=None)
-    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument(
+        "--max-tokens", type=bounded(int, minimum=1, maximum=UINT32_MAX), help="server default: 64"
+    )
+    parser.add_argument(
+        "--temperature", type=bounded(float, minimum=0), help="0 = greedy (default)"
+    )
+    parser.add_argument(
+        "--top-k", type=bounded(int, minimum=0, maximum=INT32_MAX), help="0 = off (default)"
+    )
+    parser.add_argument(
+        "--top-p", type=bounded(float, above=0, maximum=1), help="1 = off (default)"
+    )
+    parser.add_argument("--seed", type=bounded(int, minimum=0, maximum=UINT64_MAX))
     parser.add_argument(
         "--stop", action="append", default=[], help="stop string (repeatable)", metavar="TEXT"
     )
@@ -38,7 +47,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("PDSERVE_API_KEY"),
         help="sent as 'authorization: Bearer KEY' (env PDSERVE_API_KEY)",
     )
-    parser.add_argument("--timeout", type=float, default=None, help="deadline in seconds")
+    parser.add_argument("--timeout", type=bounded(float, above=0), help="deadline in seconds")
+    tls = parser.add_argument_group("TLS (on when any of these is given)")
+    tls.add_argument("--tls", action="store_true", help="TLS trusting the system's root CAs")
+    tls.add_argument("--tls-ca", metavar="PEM", help="CA that signed the server's certificate")
+    tls.add_argument("--tls-cert", metavar="PEM", help="client certificate (mutual TLS)")
+    tls.add_argument("--tls-key", metavar="PEM", help="private key of --tls-cert")
     parser.add_argument("--json", action="store_true", help="print the completion as JSON")
 
 
@@ -54,7 +68,15 @@ def run(args: argparse.Namespace) -> int:
         "ignore_eos": args.ignore_eos,
     }
     try:
-        with GenerationClient(args.target, api_key=args.api_key, timeout=args.timeout) as client:
+        with GenerationClient(
+            args.target,
+            api_key=args.api_key,
+            timeout=args.timeout,
+            tls=args.tls,
+            tls_ca=args.tls_ca,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+        ) as client:
             stream = client.generate_stream(prompt, **params)
             if args.stream and not args.json:
                 stream = _echo(stream)
@@ -64,6 +86,9 @@ def run(args: argparse.Namespace) -> int:
             print(file=sys.stderr)
         print(f"error: {error.code.name}: {error.details}", file=sys.stderr)
         return 1
+    except (OSError, ValueError) as error:  # TLS files unreadable, or a cert without its key
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:  # the stream's `finally` has cancelled the RPC
         print("\ninterrupted", file=sys.stderr)
         return 130

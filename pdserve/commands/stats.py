@@ -2,7 +2,8 @@
 
 The numbers live in the prefix-index Redis; the router adds to them as it routes. Without
 --redis-url it reads $PDSERVE_REDIS_URL, else the private server a local `pdserve serve` noted
-in ~/.cache/pdserve/redis-url, else redis://127.0.0.1:6379/0.
+in ~/.cache/pdserve/redis-urls/ (the one on router port --port, or the only one running), else
+redis://127.0.0.1:6379/0.
 """
 
 from __future__ import annotations
@@ -19,21 +20,25 @@ DEFAULT_URL = "redis://127.0.0.1:6379/0"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--redis-url", help="the prefix-index Redis (redis://, rediss://)")
     parser.add_argument("--model", help="only this model (default: every model with statistics)")
+    parser.add_argument(
+        "--port",
+        type=int,
+        help="read the private Redis of the local `pdserve serve` on this router port "
+        "(needed only when several run)",
+    )
     parser.add_argument("--namespace", default="pdserve", help="key prefix (default: pdserve)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
 
-def resolve_url(given: str | None) -> str:
+def resolve_url(given: str | None, router_port: int | None = None) -> str:
+    """The Redis to read; raises LookupError when the local servers leave it ambiguous."""
     if given:
         return given
     if os.environ.get("PDSERVE_REDIS_URL"):
         return os.environ["PDSERVE_REDIS_URL"]
-    from pdserve.prefix_index.redis_server import LOCAL_URL_FILE
+    from pdserve.prefix_index.local_servers import find_local_url
 
-    try:
-        return LOCAL_URL_FILE.read_text().strip() or DEFAULT_URL
-    except OSError:
-        return DEFAULT_URL
+    return find_local_url(router_port) or DEFAULT_URL
 
 
 def redact(url: str) -> str:
@@ -52,7 +57,11 @@ def run(args: argparse.Namespace) -> int:
     from pdserve.prefix_index.redis_link import connect
     from pdserve.prefix_index.reuse_stats import read_reuse_stats
 
-    url = resolve_url(args.redis_url)
+    try:
+        url = resolve_url(args.redis_url, args.port)
+    except LookupError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     try:
         stats = read_reuse_stats(connect(url, socket_timeout_s=2.0), args.namespace, args.model)
     except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:

@@ -85,7 +85,7 @@ class BlockManager:
 
     def cache_full_blocks(self, seq: Sequence) -> None:
         """Registers the blocks that became full and computed since the last call."""
-        if not self.enable_prefix_caching:
+        if not self.enable_prefix_caching or not seq.cache_blocks:
             return
         num_full = min(seq.num_computed_tokens // self.block_size, len(seq.block_table))
         for i in range(len(seq.block_hashes), num_full):

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from pdserve.config import EngineConfig
+from pdserve.core import model_limits
 from pdserve.core.kv_events import KVEvent, KVEventSink
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.engine.block_manager import BlockManager
@@ -25,7 +26,7 @@ from pdserve.engine.sampler import Sampler
 from pdserve.engine.scheduler import ScheduledBatch, Scheduler
 from pdserve.engine.sequence import Sequence, SequenceStatus
 from pdserve.models.builtin import default_model_dir
-from pdserve.models.loader import DTYPES, ModelLoadError, load_model, sliding_window
+from pdserve.models.loader import DTYPES, ModelLoadError, load_model
 from pdserve.tokenizer import IncrementalDetokenizer, Tokenizer
 
 __all__ = ["LLMEngine", "RequestOutput", "Reservation", "SamplingParams", "KVEvent"]
@@ -45,17 +46,8 @@ class LLMEngine:
         self.block_size = config.block_size
         self.num_layers = self.model.config.num_layers
         dtype = DTYPES[config.dtype]
-        num_blocks = config.num_kv_blocks or config.kv_cache_bytes // ModelRunner.bytes_per_block(
-            self.model, self.block_size, dtype
-        )
-        if num_blocks < 1:
-            raise ValueError("the KV cache must hold at least one block")
-        model_len = self.model.config.max_position_embeddings
-        if config.max_model_len and config.max_model_len > model_len:
-            raise ValueError(f"max_model_len {config.max_model_len} > the model's {model_len}")
-        # Capped by the KV pool too: a sequence that can never fit would preempt forever.
-        limits = [config.max_model_len or model_len, num_blocks * self.block_size]
-        self.max_model_len = min(limits + [w for w in [sliding_window(self.model_config)] if w])
+        self.max_model_len = model_limits.max_model_len(self.model_config, config)
+        num_blocks = model_limits.kv_pool_blocks(self.model_config, config)
         self.runner = ModelRunner(
             self.model, num_blocks, self.block_size, dtype, torch.device(config.device)
         )
@@ -229,12 +221,27 @@ class LLMEngine:
         index = torch.tensor(block_ids, dtype=torch.int64, device=self.kv_cache.device)
         return self.kv_cache[layer_start:layer_end].index_select(2, index)
 
-    def commit(self, request_id: str, first_token_id: int, first_logprob: float | None) -> None:
-        """The reserved prompt's KV is complete: cache its full blocks, append the first
-        token (whose text the prefill side already emitted) and join the running batch."""
+    def commit(
+        self,
+        request_id: str,
+        first_token_id: int,
+        first_logprob: float | None,
+        *,
+        cache_blocks: bool = True,
+    ) -> None:
+        """The reserved prompt's KV is complete: cache its full blocks (unless `cache_blocks`
+        is False: KV from an untrusted peer then serves only this request), append the first
+        token (whose text the prefill side already emitted) and join the running batch.
+        Raises ValueError for a first token outside the vocabulary, changing nothing."""
         seq = self._seqs.get(request_id)
         if seq is None or seq.status != SequenceStatus.RESERVED:
             raise KeyError(f"request {request_id!r} has no reservation to commit")
+        vocab = self.model.config.vocab_size
+        if not 0 <= first_token_id < vocab:
+            raise ValueError(
+                f"first_token_id {first_token_id} is outside the vocabulary [0, {vocab})"
+            )
+        seq.cache_blocks = cache_blocks
         seq.num_computed_tokens = seq.num_prompt_tokens
         self.block_manager.cache_full_blocks(seq)
         out = self._append_token(seq, first_token_id, first_logprob)

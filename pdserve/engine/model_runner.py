@@ -36,12 +36,6 @@ class ModelRunner:
             device=device,
         )
 
-    @staticmethod
-    def bytes_per_block(model: LlamaForCausalLM, block_size: int, dtype: torch.dtype) -> int:
-        c = model.config
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        return c.num_layers * 2 * block_size * c.num_kv_heads * c.head_dim * itemsize
-
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[int]]:
         """Computes every scheduled chunk. Returns logits [N, vocab] (float32) for the N

@@ -1,6 +1,7 @@
 """Sampler: one next token per sequence from its logits, under that sequence's params.
 
-Greedy rows take the argmax (ties: the lowest id, like transformers). Sampled rows apply
+Greedy rows (temperature below `GREEDY_TEMPERATURE`, 0 included, since dividing by a tinier one
+overflows) take the argmax (ties: the lowest id, like transformers). Sampled rows apply
 temperature, then top-k, then top-p, and draw by the exponential race (argmax p / E with
 E ~ Exp(1)), which equals a categorical draw. A seeded request's n-th token uses noise from
 a generator seeded by (seed, n) alone, so its output does not depend on what else is in the
@@ -77,7 +78,7 @@ class Sampler:
         for i, (p, n) in enumerate(zip(params, token_indices, strict=True)):
             gen = self._generator
             if p.seed is not None:
-                gen = torch.Generator().manual_seed(token_seed(p.seed, n))
+                gen = torch.Generator().manual_seed(token_seed(p.seed, p.seed_offset + n))
             noise[i].exponential_(generator=gen)
         choice = (probs / noise).argmax(dim=-1)
         return order.gather(1, choice[:, None]).squeeze(1)

@@ -40,6 +40,9 @@ class Sequence:
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at first admission
     admitted: bool = False  # has been scheduled once (later admissions are recomputes)
+    # Whether its blocks may enter the prefix cache: not when its KV came from a peer this
+    # engine does not trust (the KV of every later token depends on it).
+    cache_blocks: bool = True
     output_logprobs: list[float] = field(default_factory=list)
     detokenizer: IncrementalDetokenizer | None = None
     finish_reason: str | None = None

@@ -1,8 +1,11 @@
 """Model code (torch): math only, no serving logic.
 
 - `llama.py` — the Llama-family decoder (Llama, Llama 3, Mistral, Qwen2).
+- `hf_config.py` — a Hugging Face config.json to our model config; math-changing fields are
+  honoured exactly or refused by name (`ModelLoadError`).
+- `rope.py` — rotary embedding tables, as transformers computes them for each rope type.
 - `attention.py` — paged attention and its per-step `AttentionContext`.
-- `loader.py` — Hugging Face directory (config.json + safetensors) -> model; `ModelLoadError`.
+- `loader.py` — Hugging Face directory (config.json + safetensors) -> model.
 - `presets.py` — sizes of the random-weight models (tiny, small).
 - `builtin.py` — `make_model(dir, preset, seed)`, `default_model_dir()`.
 - `tokenizer_builder.py` — `write_tokenizer(dir, vocab_size)`: the offline BPE tokenizer.

@@ -1,13 +1,14 @@
 """The Llama-family decoder (Llama, Llama 3, Mistral, Qwen2): math only.
 
 Numerics follow transformers' LlamaForCausalLM: RMSNorm and RoPE tables in float32, rotate-half
-RoPE, SwiGLU. q/k/v and gate/up projections are fused into one matmul each (the loader
-concatenates the checkpoint's separate weights) because fewer, larger matmuls are faster.
+RoPE, a gated MLP (SwiGLU with the default `hidden_act`). q/k/v and gate/up projections are fused
+into one matmul each (the loader concatenates the checkpoint's separate weights) because fewer,
+larger matmuls are faster.
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +17,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from pdserve.models.attention import AttentionContext, paged_attention
+from pdserve.models.rope import rope_tables
+
+# config.json `hidden_act` -> the function transformers' ACT2FN maps it to.
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": F.silu,
+    "swish": F.silu,
+    "gelu": F.gelu,
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+}
 
 
 @dataclass
@@ -29,34 +41,15 @@ class LlamaConfig:
     head_dim: int
     max_position_embeddings: int
     rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
-    rope_scaling: dict[str, Any] = field(default_factory=dict)  # rope_type default|linear|llama3
-    qkv_bias: bool = False  # Qwen2
+    # rope_type (see rope.ROPE_TYPES), rope_theta and the type's own parameters
+    rope_parameters: dict[str, Any] = field(
+        default_factory=lambda: {"rope_type": "default", "rope_theta": 10000.0}
+    )
+    qkv_bias: bool = False  # Qwen2, Llama with attention_bias
+    o_proj_bias: bool = False  # Llama with attention_bias
+    mlp_bias: bool = False  # Llama with mlp_bias: gate, up and down projections
+    hidden_act: str = "silu"  # a key of ACTIVATIONS
     tie_word_embeddings: bool = False
-
-
-def rope_inv_freq(config: LlamaConfig) -> torch.Tensor:  # [head_dim / 2] float32
-    """Inverse frequencies exactly as transformers' ROPE_INIT_FUNCTIONS compute them."""
-    dim = config.head_dim
-    exponent = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
-    inv_freq = 1.0 / (config.rope_theta**exponent)
-    scaling = config.rope_scaling
-    rope_type = scaling.get("rope_type", "default")
-    if rope_type == "linear":
-        return inv_freq / scaling["factor"]
-    if rope_type != "llama3":
-        return inv_freq
-    factor = scaling["factor"]
-    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
-    old_len = scaling["original_max_position_embeddings"]
-    low_freq_wavelen, high_freq_wavelen = old_len / low, old_len / high
-    wavelen = 2 * math.pi / inv_freq
-    # Long wavelengths are divided by `factor`, short ones kept, the band between blended.
-    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
-    smooth = (old_len / wavelen - low) / (high - low)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
-    return torch.where(is_medium, smoothed, scaled)
 
 
 class RMSNorm(nn.Module):
@@ -86,7 +79,7 @@ class Attention(nn.Module):
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.split = (q_size, kv_size, kv_size)
         self.qkv_proj = nn.Linear(config.hidden_size, sum(self.split), bias=config.qkv_bias)
-        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=False)
+        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=config.o_proj_bias)
 
     def forward(
         self,
@@ -106,12 +99,14 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        hidden, inner, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+        self.gate_up_proj = nn.Linear(hidden, 2 * inner, bias=bias)
+        self.down_proj = nn.Linear(inner, hidden, bias=bias)
+        self.act = ACTIVATIONS[config.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.act(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -142,10 +137,8 @@ class LlamaForCausalLM(nn.Module):
     def reset_rope(self, device: str | torch.device | None = None) -> None:
         """(Re)builds the RoPE tables over all positions, float32 like transformers (cast at
         use). Called again after the loader materializes a model built on the meta device."""
-        positions = torch.arange(self.config.max_position_embeddings, dtype=torch.float32)
-        freqs = positions[:, None] * rope_inv_freq(self.config)[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)  # [max_pos, D]
-        cos, sin = emb.cos(), emb.sin()
+        c = self.config
+        cos, sin = rope_tables(c.head_dim, c.max_position_embeddings, c.rope_parameters)
         if device is not None:
             cos, sin = cos.to(device), sin.to(device)
         self.register_buffer("rope_cos", cos, persistent=False)

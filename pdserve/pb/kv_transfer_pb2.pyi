@@ -1,4 +1,5 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
@@ -97,21 +98,59 @@ class ConnectRequest(_message.Message):
     def __init__(self, backend: _Optional[str] = ...) -> None: ...
 
 class ConnectResponse(_message.Message):
-    __slots__ = ("pair_id", "store_host", "store_port", "rank", "timeout_s")
+    __slots__ = ("pair_id", "rank", "timeout_s")
     PAIR_ID_FIELD_NUMBER: _ClassVar[int]
-    STORE_HOST_FIELD_NUMBER: _ClassVar[int]
-    STORE_PORT_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     pair_id: str
-    store_host: str
-    store_port: int
     rank: int
     timeout_s: float
-    def __init__(self, pair_id: _Optional[str] = ..., store_host: _Optional[str] = ..., store_port: _Optional[int] = ..., rank: _Optional[int] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+    def __init__(self, pair_id: _Optional[str] = ..., rank: _Optional[int] = ..., timeout_s: _Optional[float] = ...) -> None: ...
 
 class PrepareChunkResponse(_message.Message):
     __slots__ = ("tag",)
     TAG_FIELD_NUMBER: _ClassVar[int]
     tag: int
     def __init__(self, tag: _Optional[int] = ...) -> None: ...
+
+class RendezvousRequest(_message.Message):
+    __slots__ = ("pair_id", "op", "key", "value", "amount", "keys", "timeout_s")
+    class Op(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        OP_UNSPECIFIED: _ClassVar[RendezvousRequest.Op]
+        SET: _ClassVar[RendezvousRequest.Op]
+        GET: _ClassVar[RendezvousRequest.Op]
+        ADD: _ClassVar[RendezvousRequest.Op]
+        WAIT: _ClassVar[RendezvousRequest.Op]
+        CHECK: _ClassVar[RendezvousRequest.Op]
+    OP_UNSPECIFIED: RendezvousRequest.Op
+    SET: RendezvousRequest.Op
+    GET: RendezvousRequest.Op
+    ADD: RendezvousRequest.Op
+    WAIT: RendezvousRequest.Op
+    CHECK: RendezvousRequest.Op
+    PAIR_ID_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    AMOUNT_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    pair_id: str
+    op: RendezvousRequest.Op
+    key: str
+    value: bytes
+    amount: int
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    timeout_s: float
+    def __init__(self, pair_id: _Optional[str] = ..., op: _Optional[_Union[RendezvousRequest.Op, str]] = ..., key: _Optional[str] = ..., value: _Optional[bytes] = ..., amount: _Optional[int] = ..., keys: _Optional[_Iterable[str]] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class RendezvousResponse(_message.Message):
+    __slots__ = ("value", "count", "present")
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    PRESENT_FIELD_NUMBER: _ClassVar[int]
+    value: bytes
+    count: int
+    present: bool
+    def __init__(self, value: _Optional[bytes] = ..., count: _Optional[int] = ..., present: _Optional[bool] = ...) -> None: ...

@@ -60,6 +60,11 @@ class KVTransferStub:
                 request_serializer=pdserve_dot_v1_dot_kv__transfer__pb2.ChunkHeader.SerializeToString,
                 response_deserializer=pdserve_dot_v1_dot_kv__transfer__pb2.PrepareChunkResponse.FromString,
                 _registered_method=True)
+        self.Rendezvous = channel.unary_unary(
+                '/pdserve.v1.KVTransfer/Rendezvous',
+                request_serializer=pdserve_dot_v1_dot_kv__transfer__pb2.RendezvousRequest.SerializeToString,
+                response_deserializer=pdserve_dot_v1_dot_kv__transfer__pb2.RendezvousResponse.FromString,
+                _registered_method=True)
 
 
 class KVTransferServicer:
@@ -106,6 +111,15 @@ class KVTransferServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Rendezvous(self, request, context):
+        """collective transport: one operation on the rendezvous store of a pair's process group.
+        The store lives inside the decode worker and is reachable only through this service (no
+        port of its own), and only for a pair id that Connect issued (else NOT_FOUND).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KVTransferServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -133,6 +147,11 @@ def add_KVTransferServicer_to_server(servicer, server):
                     servicer.PrepareChunk,
                     request_deserializer=pdserve_dot_v1_dot_kv__transfer__pb2.ChunkHeader.FromString,
                     response_serializer=pdserve_dot_v1_dot_kv__transfer__pb2.PrepareChunkResponse.SerializeToString,
+            ),
+            'Rendezvous': grpc.unary_unary_rpc_method_handler(
+                    servicer.Rendezvous,
+                    request_deserializer=pdserve_dot_v1_dot_kv__transfer__pb2.RendezvousRequest.FromString,
+                    response_serializer=pdserve_dot_v1_dot_kv__transfer__pb2.RendezvousResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -271,6 +290,33 @@ class KVTransfer:
             '/pdserve.v1.KVTransfer/PrepareChunk',
             pdserve_dot_v1_dot_kv__transfer__pb2.ChunkHeader.SerializeToString,
             pdserve_dot_v1_dot_kv__transfer__pb2.PrepareChunkResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Rendezvous(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pdserve.v1.KVTransfer/Rendezvous',
+            pdserve_dot_v1_dot_kv__transfer__pb2.RendezvousRequest.SerializeToString,
+            pdserve_dot_v1_dot_kv__transfer__pb2.RendezvousResponse.FromString,
             options,
             channel_credentials,
             insecure,

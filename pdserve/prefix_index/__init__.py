@@ -4,7 +4,10 @@
 - `publisher.py` — worker side: publishes KV events under the worker's epoch, heartbeats,
   resyncs after an outage; `feeder.py` moves the engine's events to it off the engine thread.
 - `lookup.py` — router side: `PrefixIndex.lookup` (one round trip), reuse recording.
+- `sweeper.py` — garbage collection of dead workers' and stale epochs' entries, bounded rounds;
+  `maintenance.py` runs it in the router with a periodic ping (the `pdserve_redis_up` gauge).
 - `reuse_stats.py` — hit/miss prompt tokens per worker and model (`pdserve stats`).
 - `redis_link.py` — a Redis client that notices outages and recovers.
-- `redis_server.py` — the private `redis-server` that `pdserve serve` starts when no URL is given.
+- `redis_server.py` — the private `redis-server` that `pdserve serve` starts when no URL is given
+  (random password, supervised); `local_servers.py` — the notes of its URL for `pdserve stats`.
 """

@@ -9,7 +9,6 @@ the index after an outage, see PrefixIndexPublisher).
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 
@@ -18,19 +17,6 @@ from pdserve.prefix_index.publisher import PrefixIndexPublisher
 log = logging.getLogger(__name__)
 
 PUBLISH_INTERVAL_S = 0.02
-# Workers are started by Ray, not by the router's config; tests and deployments that want a
-# faster recovery after a Redis restart (heartbeats every TTL/3) set it through the environment.
-HEARTBEAT_TTL_ENV = "PDSERVE_PREFIX_HEARTBEAT_TTL_S"
-
-
-def heartbeat_ttl_from_env(default: float = 10.0) -> float:
-    value = os.environ.get(HEARTBEAT_TTL_ENV)
-    if not value:
-        return default
-    ttl = float(value)
-    if ttl <= 0:
-        raise ValueError(f"{HEARTBEAT_TTL_ENV} must be > 0, got {value!r}")
-    return ttl
 
 
 class IndexFeeder:
@@ -41,9 +27,8 @@ class IndexFeeder:
         epoch: int,
         model: str,
         block_size: int,
-        heartbeat_ttl_s: float | None = None,
+        heartbeat_ttl_s: float,
     ) -> None:
-        heartbeat_ttl_s = heartbeat_ttl_s or heartbeat_ttl_from_env()
         self.publisher = PrefixIndexPublisher(
             redis_url, worker_id, model, block_size, heartbeat_ttl_s=heartbeat_ttl_s
         )

@@ -54,26 +54,6 @@ end
 return out
 """
 
-# Deletes the entries of every registered worker whose heartbeat expired (memory only: lookups
-# already ignore them); the per-worker part is DROP_WORKER_LUA inlined. KEYS[1] = workers hash; ARGV = heartbeat prefix, block prefix,
-# worker-blocks prefix. Returns the number of workers removed.
-COLLECT_LUA = """
-local registered = redis.call('HKEYS', KEYS[1])
-local removed = 0
-for _, worker in ipairs(registered) do
-  if redis.call('EXISTS', ARGV[1] .. worker) == 0 then
-    local set = ARGV[3] .. worker
-    for _, h in ipairs(redis.call('SMEMBERS', set)) do
-      redis.call('HDEL', ARGV[2] .. h, worker)
-    end
-    redis.call('DEL', set)
-    redis.call('HDEL', KEYS[1], worker)
-    removed = removed + 1
-  end
-end
-return removed
-"""
-
 
 class PrefixIndex:
     """Router side of the prefix index for one model. Thread-safe (redis-py's pool is)."""
@@ -92,7 +72,6 @@ class PrefixIndex:
         self.keys = IndexKeys(model, namespace)
         self.link = RedisLink(redis_url, name="router", socket_timeout_s=socket_timeout_s)
         self._lookup = self.link.client.register_script(LOOKUP_LUA)
-        self._collect = self.link.client.register_script(COLLECT_LUA)
 
     @property
     def available(self) -> bool:
@@ -136,16 +115,6 @@ class PrefixIndex:
             return {w: int(b) for w, b in zip(names, beats, strict=True) if b == registered[w]}
 
         return self.link.call(read, {})
-
-    def collect_garbage(self) -> int:
-        """Deletes dead workers' entries; returns how many workers were removed. Call it every
-        few heartbeat TTLs; correctness never depends on it."""
-        args = [self.keys.heartbeat_prefix, self.keys.block_prefix, self.keys.worker_blocks_prefix]
-        return int(
-            self.link.call(
-                lambda client: self._collect(keys=[self.keys.workers], args=args, client=client), 0
-            )
-        )
 
     def close(self) -> None:
         self.link.close()

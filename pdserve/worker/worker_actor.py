@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from pdserve.config import EngineConfig, KVTransferConfig
 from pdserve.core.messages import WorkerStats
+from pdserve.worker.worker_spec import WorkerSpec
 
 if TYPE_CHECKING:
     from pdserve.worker.worker_runtime import WorkerRuntime
@@ -21,17 +21,10 @@ if TYPE_CHECKING:
 class WorkerActor:
     role = ""  # "prefill" | "decode", set by the subclass
 
-    def __init__(
-        self,
-        worker_id: str,
-        engine_config: EngineConfig,
-        kv_config: KVTransferConfig,
-        redis_url: str | None = None,
-    ) -> None:
+    def __init__(self, worker_id: str, spec: WorkerSpec) -> None:
         self.worker_id = worker_id
-        self._engine_config = engine_config
-        self._kv_config = kv_config
-        self._redis_url = redis_url
+        self._spec = spec
+        self._kv_config = spec.kv
         self._runtime: WorkerRuntime | None = None
         self._start_lock = asyncio.Lock()
 
@@ -40,9 +33,7 @@ class WorkerActor:
             if self._runtime is None:
                 from pdserve.worker.worker_runtime import WorkerRuntime
 
-                self._runtime = WorkerRuntime(
-                    self.worker_id, self.role, self._engine_config, self._redis_url
-                )
+                self._runtime = WorkerRuntime(self.worker_id, self.role, self._spec)
                 self._start_transport(self._runtime)
         return self._runtime
 

@@ -2,10 +2,10 @@
 
 The prefill and decode actors compose one WorkerRuntime each. The runtime measures the engine's
 step costs (the router's cost model learns from them), turns engine outputs into TokenBatches,
-and feeds the engine's KV events to the prefix index. It also sets up the worker process's
-logging and tracing (format from `PDSERVE_LOG_FORMAT`/`PDSERVE_LOG_LEVEL`, exporters from
-`OTEL_*`, all forwarded by the router) and, when `PDSERVE_WORKER_METRICS_PORT` is set (0 = an
-ephemeral port), serves the worker's Prometheus metrics.
+and feeds the engine's KV events to the prefix index. It also sets up the worker process from
+its WorkerSpec: CPU affinity, logging, tracing (exporters from the forwarded `OTEL_*`
+variables) and, when `spec.worker.metrics_port` is set (0 = an ephemeral port), the worker's
+Prometheus endpoint.
 """
 
 from __future__ import annotations
@@ -19,42 +19,41 @@ from dataclasses import asdict
 from pathlib import Path
 
 from pdserve import metrics
-from pdserve.config import EngineConfig
 from pdserve.core.messages import TokenBatch, WorkerStats
 from pdserve.engine.engine import LLMEngine, RequestOutput
 from pdserve.models.builtin import default_model_dir
 from pdserve.worker.engine_loop import END_OF_STREAM, EngineLoop
+from pdserve.worker.worker_spec import WorkerSpec
 
 log = logging.getLogger(__name__)
 
 
 class WorkerRuntime:
-    def __init__(
-        self, worker_id: str, role: str, engine_config: EngineConfig, redis_url: str | None = None
-    ) -> None:
+    def __init__(self, worker_id: str, role: str, spec: WorkerSpec) -> None:
         import torch
 
-        cores = os.environ.get("PDSERVE_CPU_AFFINITY")  # set per actor by pdserve/worker/pools.py
-        if cores:
-            os.sched_setaffinity(0, {int(c) for c in cores.split(",")})
+        if spec.cpu_affinity:
+            os.sched_setaffinity(0, spec.cpu_affinity)
+        engine_config = spec.engine
         if engine_config.num_threads:
             torch.set_num_threads(engine_config.num_threads)
         self.worker_id = worker_id
         self.role = role
-        self.metrics_port = _setup_process(role)
+        self.metrics_port = _setup_process(role, spec)
         # A new epoch each time the actor (re)starts: the prefix index drops older entries.
         self.epoch = time.time_ns()
         engine_config.model = engine_config.model or str(default_model_dir())
         self.index_feeder = None
-        if redis_url:
+        if spec.redis_url:
             from pdserve.prefix_index.feeder import IndexFeeder
 
             self.index_feeder = IndexFeeder(
-                redis_url,
+                spec.redis_url,
                 worker_id,
                 self.epoch,
                 model=Path(engine_config.model).name,
                 block_size=engine_config.block_size,
+                heartbeat_ttl_s=spec.worker.prefix_heartbeat_ttl_s,
             )
         sink = self.index_feeder.enqueue if self.index_feeder else None
         self.engine = LLMEngine(engine_config, kv_event_sink=sink)
@@ -182,20 +181,17 @@ class WorkerRuntime:
             self.index_feeder.stop()
 
 
-def _setup_process(role: str) -> int | None:
+def _setup_process(role: str, spec: WorkerSpec) -> int | None:
     """Logging, tracing and the metrics endpoint of this worker process; returns the bound
     metrics port (None: no endpoint). A runtime is created once per actor process."""
     from pdserve.logging_setup import setup_logging
     from pdserve.telemetry import setup_tracing
 
-    setup_logging(
-        os.environ.get("PDSERVE_LOG_LEVEL", "INFO"), os.environ.get("PDSERVE_LOG_FORMAT", "text")
-    )
+    setup_logging(spec.log.level, spec.log.format)
     setup_tracing(f"pdserve-{role}")
-    port = os.environ.get("PDSERVE_WORKER_METRICS_PORT")
-    if port is None or port == "":
+    if spec.worker.metrics_port is None:
         return None
     # Several workers share a node: a fixed port serves only the first one there, use 0.
-    bound = metrics.start_metrics_server(int(port))
+    bound = metrics.start_metrics_server(spec.worker.metrics_port)
     log.info("%s worker metrics on port %d", role, bound)
     return bound

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import grpc
 import pytest
@@ -25,6 +24,8 @@ def serve_config(transport: str = "grpc", **overrides) -> ServeConfig:
             bind_host="127.0.0.1",
             advertise_host="127.0.0.1",
             reservation_timeout_s=20.0,
+            # Received KV enters the decode prefix caches (asserted by the prefix-hit test).
+            trust_peer_cache=True,
         ),
         router=RouterConfig(host="127.0.0.1", port=0, disaggregate="always"),
         prefill_workers=2,
@@ -39,8 +40,9 @@ def serve_config(transport: str = "grpc", **overrides) -> ServeConfig:
 def served(request, ray_cluster):
     from pdserve.app import BackgroundApp
 
-    os.environ["PDSERVE_FAULT_INJECTION"] = "1"  # lets tests arm PrefillWorker.inject_fault
-    with BackgroundApp(serve_config(request.param)) as app:
+    config = serve_config(request.param)
+    config.worker.fault_injection = True  # lets tests arm PrefillWorker.inject_fault
+    with BackgroundApp(config) as app:
         yield app
 
 

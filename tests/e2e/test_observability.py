@@ -48,12 +48,12 @@ def served(ray_cluster, receiver):
         "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{endpoint}",
         "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
         "OTEL_BSP_SCHEDULE_DELAY": "100",
-        "PDSERVE_WORKER_METRICS_PORT": "0",
     }
     saved = {key: os.environ.get(key) for key in env}
     os.environ.update(env)
     try:
         config = serve_config("grpc", prefill_workers=1, decode_workers=1, metrics_port=0)
+        config.worker.metrics_port = 0
         with BackgroundApp(config) as app:
             yield app
     finally:

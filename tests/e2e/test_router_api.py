@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import socket
+import urllib.request
 
 import grpc
 import pytest
@@ -18,7 +20,10 @@ def served_app(ray_cluster):
     from pdserve.app import BackgroundApp
     from tests.e2e.conftest import serve_config
 
-    with BackgroundApp(serve_config("grpc", prefill_workers=1, decode_workers=2)) as app:
+    config = serve_config(
+        "grpc", prefill_workers=1, decode_workers=2, metrics_port=0, metrics_host="127.0.0.1"
+    )
+    with BackgroundApp(config) as app:
         yield app
 
 
@@ -83,16 +88,40 @@ def test_admission_control_answers_resource_exhausted(served_app, target):
 
 
 def test_api_keys_are_enforced_when_configured(served_app, target):
-    service = served_app.app.server.service
-    service._api_keys = [b"key-1", b"key-2"]  # what RouterConfig.api_keys / PDSERVE_API_KEYS set
+    auth = served_app.app.server.auth
+    auth.api_keys = ["key-1", "key-2"]  # what RouterConfig.api_keys / PDSERVE_API_KEYS set
     try:
         with GenerationClient(target) as client, pytest.raises(GenerationError) as error:
             client.generate("Hello", max_tokens=2)
         with GenerationClient(target, api_key="key-2") as client:
             assert len(client.generate("Hello", max_tokens=2, ignore_eos=True).token_ids) == 2
     finally:
-        service._api_keys = []
+        auth.api_keys = []
     assert error.value.code == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_two_clients_reusing_one_request_id_both_get_their_own_output(target):
+    """The id a client picks is only echoed: workers know each request by a server-made id, so
+    a duplicate neither fails nor aborts the other request."""
+    prompts = [
+        list(range(VOCAB_LOW + 100, VOCAB_LOW + 130)),
+        list(range(VOCAB_LOW + 3, VOCAB_LOW + 20)),
+    ]
+    expected = reference_outputs(prompts, [40, 40])
+
+    async def scenario():
+        async with AsyncGenerationClient(target, timeout=60) as client:
+            return await asyncio.gather(
+                *(
+                    client.generate(p, max_tokens=40, ignore_eos=True, request_id="same-id")
+                    for p in prompts
+                )
+            )
+
+    completions = asyncio.run(scenario())
+    assert [c.token_ids for c in completions] == expected
+    assert [c.finish_reason for c in completions] == ["length", "length"]
+    assert [c.request_id for c in completions] == ["same-id", "same-id"]
 
 
 def test_a_decode_worker_dying_mid_stream_does_not_change_the_output(served_app, target):
@@ -111,3 +140,12 @@ def test_a_decode_worker_dying_mid_stream_does_not_change_the_output(served_app,
     tokens = [t for chunk in [first, *rest] for t in chunk.token_ids]
     assert tokens == expected
     assert rest[-1].timings.decode_worker != victim
+
+
+def test_metrics_listen_on_the_configured_host_only(served_app):
+    port = served_app.app.metrics_port
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        assert b"pdserve_requests_total" in response.read()
+    # Linux routes all of 127.0.0.0/8 to the loopback device: a 0.0.0.0 listener would answer.
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.2", port), timeout=10).close()

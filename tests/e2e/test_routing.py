@@ -7,7 +7,6 @@ that a dead worker's entries expire, and the index recovers from a Redis restart
 
 from __future__ import annotations
 
-import os
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -36,17 +35,10 @@ SYSTEM_BLOCKS = SYSTEM_LEN // ENGINE.block_size
 def served(ray_cluster) -> Iterator:
     from pdserve.app import BackgroundApp
 
-    # Read by each worker's IndexFeeder (actors inherit PDSERVE_* variables).
-    previous = os.environ.get("PDSERVE_PREFIX_HEARTBEAT_TTL_S")
-    os.environ["PDSERVE_PREFIX_HEARTBEAT_TTL_S"] = str(HEARTBEAT_TTL_S)
-    try:
-        with BackgroundApp(serve_config("grpc", prefill_workers=2, decode_workers=1)) as app:
-            yield app
-    finally:
-        if previous is None:
-            os.environ.pop("PDSERVE_PREFIX_HEARTBEAT_TTL_S", None)
-        else:
-            os.environ["PDSERVE_PREFIX_HEARTBEAT_TTL_S"] = previous
+    config = serve_config("grpc", prefill_workers=2, decode_workers=1)
+    config.worker.prefix_heartbeat_ttl_s = HEARTBEAT_TTL_S
+    with BackgroundApp(config) as app:
+        yield app
 
 
 @pytest.fixture()
@@ -171,3 +163,12 @@ def test_killed_prefill_worker_entries_expire(served, stub):
     results = run_concurrently(stub, prompts[1:], [5] * (len(prompts) - 1))
     assert [t for t, _ in results] == expected[1:]
     assert all(r[-1].timings.prefill_worker != victim.worker_id for _, r in results)
+    # The router's garbage collection deletes the dead worker's entries from Redis itself.
+    index, dead = served.app.routing.index, victim.worker_id
+    system = prompt_block_hashes(prompts[0][:SYSTEM_LEN], ENGINE.block_size)
+    assert eventually(
+        lambda: (
+            not index.link.client.exists(index.keys.worker_blocks(dead))
+            and not any(index.link.client.hexists(index.keys.block(h), dead) for h in system)
+        )
+    )

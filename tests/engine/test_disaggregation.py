@@ -24,7 +24,7 @@ def collect(engine, request_id: str) -> tuple[list[int], str]:
     return tokens, text
 
 
-def handoff(prefill, decode, request_id, prompt, params, layers_per_chunk=1):
+def handoff(prefill, decode, request_id, prompt, params, layers_per_chunk=1, cache_blocks=True):
     """What a prefill worker and a decode worker do together; returns all output tokens."""
     prefill.add_request(request_id, prompt, params, prefill_only=True)
     first = prefill.step()[0]
@@ -39,7 +39,7 @@ def handoff(prefill, decode, request_id, prompt, params, layers_per_chunk=1):
         decode.write_kv(dst, l0, prefill.read_kv(src, l0, l1))
     prefill.release(request_id)
     lp = first.new_logprobs[0] if first.new_logprobs else None
-    decode.commit(request_id, first.new_token_ids[0], lp)
+    decode.commit(request_id, first.new_token_ids[0], lp, cache_blocks=cache_blocks)
     rest, _ = collect(decode, request_id)
     return first.new_token_ids + rest, reservation
 
@@ -62,6 +62,32 @@ def test_handoff_equals_one_engine(make_engine, params, warm_prefix):
         stats = engine.stats()
         assert stats["num_used_blocks"] == 0 and stats["num_free_blocks"] == stats["num_blocks"]
         assert stats["num_held"] == stats["num_reserved"] == stats["num_running"] == 0
+
+
+def test_commit_without_caching_serves_the_request_but_caches_none_of_it(make_engine):
+    single = make_engine()
+    single.add_request("r", PROMPT, GREEDY)
+    expected, _ = collect(single, "r")
+    prefill, decode = make_engine(), make_engine()
+    decode.generate([PROMPT[:12] + [3]], SamplingParams(max_tokens=1))  # a local prefix
+    cached_before = decode.stats()["num_cached_blocks"]
+    got, reservation = handoff(prefill, decode, "r", PROMPT, GREEDY, cache_blocks=False)
+    assert got == expected and reservation.num_cached_tokens == 12
+    # Neither the received prompt blocks nor the blocks decoded on top of them were cached.
+    assert decode.stats()["num_cached_blocks"] == cached_before
+    assert decode.reserve("again", PROMPT, GREEDY).num_cached_tokens == 12
+
+
+def test_commit_of_a_token_outside_the_vocabulary_changes_nothing(make_engine):
+    engine = make_engine()
+    engine.reserve("r", PROMPT, GREEDY)
+    vocab = engine.model.config.vocab_size
+    for token in (vocab, -1):
+        with pytest.raises(ValueError, match="first_token_id"):
+            engine.commit("r", token, None)
+    assert engine.stats()["num_reserved"] == 1 and not engine.has_unfinished()
+    engine.abort("r")
+    assert engine.stats()["num_used_blocks"] == 0
 
 
 def test_prefill_only_that_finishes_at_once_frees_its_blocks(make_engine):

@@ -61,6 +61,16 @@ def test_sampler_top_k_only_draws_from_the_k_best():
     assert set(tokens) == {1, 2}
 
 
+@pytest.mark.parametrize("temperature", [1e-6, 1e-39, 1e-45])
+def test_tiny_temperatures_are_greedy(temperature):
+    """logits / temperature would overflow to inf; the sampler must still pick the argmax."""
+    logits = torch.randn(8, 300, generator=torch.Generator().manual_seed(0)) * 3
+    logits[:4] -= 20  # all-negative rows: every logit / temperature would be -inf
+    params = [SamplingParams(temperature=temperature, top_p=0.9, seed=s) for s in range(8)]
+    tokens, _ = Sampler(seed=0)(logits, params, [0] * 8)
+    assert tokens == logits.argmax(dim=-1).tolist()
+
+
 def test_stop_token_ids_and_max_tokens(make_engine):
     engine = make_engine()
     free = run(engine, {"a": (PROMPTS[2], SamplingParams(max_tokens=10, ignore_eos=True))})["a"]

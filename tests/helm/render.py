@@ -22,7 +22,7 @@ FULLNAME = "demo-pdserve"
 KUBE_VERSION = "1.33"  # validation schemas (kubernetes-validate) and lint's kube version
 
 # "default" renders the chart's own values.yaml; the others add an examples/<name>.yaml.
-CASES = ["default", "gpu-pools", "external-redis", "tracing", "network-policy"]
+CASES = ["default", "gpu-pools", "external-redis", "tracing", "network-policy", "tls"]
 
 # Custom resources: no Kubernetes schema in kubernetes-validate; checked structurally instead.
 CRD_API_GROUPS = ("ray.io/", "monitoring.coreos.com/")

@@ -157,7 +157,8 @@ def test_router_runs_pdserve_serve_with_the_pool_sizes(case):
     assert flag(argv, "--decode-workers") == str(workers["decode"])
     assert flag(argv, "--port") == str(values["router"]["port"])
     assert flag(argv, "--metrics-port") == str(values["router"]["metricsPort"])
-    assert flag(argv, "--redis-url") == "$(REDIS_URL)"
+    # The Redis URL (with its password) is in the env, never in argv (visible in ps).
+    assert "--redis-url" not in argv
     extra = values["router"]["extraArgs"]
     if extra:
         assert argv[-len(extra) :] == extra
@@ -188,10 +189,15 @@ def test_router_service_selects_the_pod_running_the_router_with_grpc_probes(case
     labels = head["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= labels.items()
     ports = {p["name"]: p["port"] for p in service["spec"]["ports"]}
-    assert ports == {"grpc": values["router"]["port"], "metrics": values["router"]["metricsPort"]}
+    expected = {"grpc": values["router"]["port"], "metrics": values["router"]["metricsPort"]}
+    tls = values["router"]["tls"]
+    if tls["enabled"]:
+        expected["health"] = tls["healthPort"]
+    assert ports == expected
     router = container(head["spec"], "router")
-    assert {p["name"] for p in router["ports"]} == {"grpc", "metrics"}
-    port = values["router"]["port"]
+    assert {p["name"] for p in router["ports"]} == set(expected)
+    # The kubelet's gRPC probes speak plaintext: with TLS on they ask the health-only port.
+    port = tls["healthPort"] if tls["enabled"] else values["router"]["port"]
     # Liveness asks the overall service (the process answers); readiness asks the Generation
     # service, which is SERVING only while a decode worker is up.
     assert router["livenessProbe"]["grpc"] == {"port": port}
@@ -201,6 +207,49 @@ def test_router_service_selects_the_pod_running_the_router_with_grpc_probes(case
     assert head["spec"]["containers"][0]["name"] == "ray-head"
     for c in head["spec"]["containers"]:
         assert {"name": "ray-tmp", "mountPath": "/tmp/ray"} in c["volumeMounts"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_head_pod_waits_for_the_router_to_drain(case):
+    values = merged(case)
+    grace = values["router"]["shutdownGraceSeconds"]
+    head = raycluster(case)["spec"]["headGroupSpec"]["template"]["spec"]
+    assert flag(serve_argv(case), "--shutdown-grace-s") == str(grace)
+    assert head["terminationGracePeriodSeconds"] == grace + 15
+    # Ray stays up while the router drains: until the router's metrics port closes, at most
+    # the drain time.
+    script = container(head, "ray-head")["lifecycle"]["preStop"]["exec"]["command"][-1]
+    assert f"seq {grace})" in script
+    assert f"/dev/tcp/127.0.0.1/{values['router']['metricsPort']})" in script
+
+
+def test_tls_serves_the_api_from_the_secret_and_probes_plaintext_health():
+    head = raycluster("tls")["spec"]["headGroupSpec"]["template"]["spec"]
+    argv = serve_argv("tls")
+    assert flag(argv, "--tls-cert") == "/etc/pdserve/api-tls/tls.crt"
+    assert flag(argv, "--tls-key") == "/etc/pdserve/api-tls/tls.key"
+    assert flag(argv, "--tls-client-ca") == "/etc/pdserve/api-client-ca/ca.crt"
+    assert flag(argv, "--health-port") == "50052"
+    volumes = {v["name"]: v for v in head["volumes"]}
+    assert volumes["api-tls"]["secret"]["secretName"] == "pdserve-api-tls"
+    # cert-manager writes the issuer's CA into the same Secret as ca.crt.
+    assert volumes["api-client-ca"]["secret"] == {
+        "secretName": "pdserve-api-tls",
+        "items": [{"key": "ca.crt", "path": "ca.crt"}],
+    }
+    mounts = {m["name"]: m for m in container(head, "router")["volumeMounts"]}
+    assert mounts["api-tls"] == {
+        "name": "api-tls",
+        "mountPath": "/etc/pdserve/api-tls",
+        "readOnly": True,
+    }
+    assert "api-tls" not in {m["name"] for m in container(head, "ray-head")["volumeMounts"]}
+    test_pod = rendered("tls").get("Pod", f"{FULLNAME}-test-health")
+    assert env_of(test_pod["spec"]["containers"][0])["TARGET"]["value"] == (
+        f"{FULLNAME}-router:50052"
+    )
+    for case in ("default", "gpu-pools"):
+        assert flag(serve_argv(case), "--tls-cert") is None
 
 
 # --- secrets, Redis, tracing --------------------------------------------------------------------
@@ -223,7 +272,7 @@ def test_secrets_reach_only_the_containers_that_use_them(case):
         # The router hands the KV secret to the actors; workers verify/send with it; the Ray
         # head runs no pdserve code. Redis and API keys are the router's alone.
         assert ("PDSERVE_KV_SECRET" in env) == (name != "ray-head")
-        assert ("REDIS_URL" in env) == (name == "router")
+        assert ("PDSERVE_REDIS_URL" in env) == (name == "router")
         assert ("PDSERVE_API_KEYS" in env) == (
             name == "router" and values["router"]["apiKeys"]["enabled"]
         )
@@ -245,7 +294,7 @@ def test_external_redis_reads_the_url_from_the_users_secret_and_bundles_nothing(
     objects = rendered("external-redis")
     assert not [o for o in objects.objects if o["metadata"]["name"].endswith("-redis")]
     assert not objects.all("Secret")  # every secret is the user's
-    ref = env_of(pdserve_containers("external-redis")["router"])["REDIS_URL"]["valueFrom"]
+    ref = env_of(pdserve_containers("external-redis")["router"])["PDSERVE_REDIS_URL"]["valueFrom"]
     assert ref["secretKeyRef"] == {"name": "pdserve-redis", "key": "redis-url"}
 
 
@@ -256,7 +305,7 @@ def test_bundled_redis_is_password_protected_from_a_secret():
     assert args[args.index("--requirepass") + 1] == "$(REDIS_PASSWORD)"
     ref = env_of(container(redis, "redis"))["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]
     assert ref["name"] == f"{FULLNAME}-redis"
-    url = env_of(pdserve_containers("default")["router"])["REDIS_URL"]["value"]
+    url = env_of(pdserve_containers("default")["router"])["PDSERVE_REDIS_URL"]["value"]
     assert url == f"redis://:$(REDIS_PASSWORD)@{FULLNAME}-redis:6379/0"
     assert objects.get("Service", f"{FULLNAME}-redis")["spec"]["ports"][0]["port"] == 6379
 
@@ -401,6 +450,9 @@ def test_helm_test_pod_checks_grpc_health_through_the_router_service():
         {"router": {"prot": 50052}},
         {"redis": {"external": {"url": "redis://x"}}},
         {"router": {"port": 70000}},
+        {"router": {"shutdownGraceSeconds": -1}},
+        {"router": {"tls": {"enabled": "yes"}}},
+        {"router": {"tls": {"secretName": "Not_A_Name"}}},
         {"kvTransfer": {"transport": "rdma"}},
         {"tracing": {"sampler": "sometimes"}},
         {"prefill": {"rayStartParams": {"num-gpus": 1}}},  # KubeRay wants strings
@@ -422,6 +474,12 @@ def test_schema_rejects_bad_values(bad):
         ({"decode": {"poolResource": "prefill_pool"}}, "must differ"),
         ({"model": {"pvc": {"claimName": "w"}, "hostPath": "/m"}}, "not both"),
         ({"prefill": {"rayStartParams": {"resources": "x"}}}, "set by the chart"),
+        ({"router": {"tls": {"enabled": True}}}, "needs router.tls.secretName"),
+        ({"router": {"tls": {"requireClientCert": True}}}, "needs router.tls.enabled"),
+        (
+            {"router": {"tls": {"enabled": True, "secretName": "t", "healthPort": 9090}}},
+            "healthPort must differ",
+        ),
     ],
 )
 def test_render_fails_with_a_message_on_inconsistent_values(bad, message):

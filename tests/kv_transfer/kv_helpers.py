@@ -40,9 +40,13 @@ class TensorSink:
         self.commits: dict[str, CommitInfo] = {}
         self.expired: list[str] = []
         self.writes = 0
+        self.written_by: set[str] = set()  # transfer ids whose chunks were written
         self.changed = threading.Event()
 
-    def write_kv(self, block_ids: list[int], layer_start: int, data: torch.Tensor) -> None:
+    def write_kv(
+        self, transfer_id: str, block_ids: list[int], layer_start: int, data: torch.Tensor
+    ) -> None:
+        self.written_by.add(transfer_id)
         self.cache[layer_start : layer_start + data.shape[0], :, block_ids] = data
         self.writes += 1
 

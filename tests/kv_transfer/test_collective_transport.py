@@ -59,6 +59,7 @@ def test_blocks_arrive_bit_exact_and_commit_carries_first_token(coll_receiver, c
     assert torch.equal(sink.cache[:, :, DEST], src_cache[:, :, SRC])
     assert not sink.cache[:, :, [b for b in range(sink.cache.shape[2]) if b not in DEST]].any()
     assert (result.chunks, result.bytes) == (NUM_LAYERS, src_cache[:, :, SRC].nbytes)
+    assert sink.written_by == set(sink.commits)  # chunks reach the sink with their transfer id
 
 
 @pytest.mark.parametrize("fate", ["unknown", "aborted", "expired"])
@@ -113,14 +114,15 @@ def test_wrong_secret_cannot_connect(coll_receiver, coll_config):
 def _die_mid_transfer(endpoint: str, secret: str, conn) -> None:
     """Child process: joins the pair, announces a chunk of the transfer it is sent, then dies
     without sending the payload."""
-    from kv_transfer.collective_group import form_group, open_store
+    from kv_transfer.collective_group import form_group
     from kv_transfer.grpc_common import SECRET_METADATA_KEY
+    from kv_transfer.rendezvous import RemoteStore
 
     metadata = ((SECRET_METADATA_KEY, secret),)
     stub = ControlStub.dial(endpoint)
     reply = stub.connect(pb.ConnectRequest(backend="gloo"), metadata=metadata)
-    store = open_store(reply.store_host, reply.store_port, 30)
-    group = form_group(store, reply.pair_id, 1, "gloo", "127.0.0.1", 30)  # noqa: F841 (kept open)
+    store = RemoteStore(stub.rendezvous, endpoint, reply.pair_id, metadata, 30)
+    group = form_group(store, 1, "gloo", "127.0.0.1", 30)  # noqa: F841 (kept open)
     conn.send("joined")  # slow start-up (imports) is over: the parent opens the transfer now
     transfer_id = conn.recv()
     chunk = make_cache(1)[0:1, :, SRC]

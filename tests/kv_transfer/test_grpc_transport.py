@@ -35,7 +35,7 @@ def request(receiver, src_cache, transfer_id, **overrides) -> TransferRequest:
 
 
 def raw_chunk(
-    transfer_id: str, data: torch.Tensor, layer_start: int = 0, crc_xor: int = 0
+    transfer_id: str, data: torch.Tensor, layer_start: int = 0, crc_xor: int = 0, seq: int = 0
 ) -> bytes:
     payload = wire.tensor_bytes(data.contiguous())
     header = pb.ChunkHeader(
@@ -46,6 +46,7 @@ def raw_chunk(
         dtype=str(data.dtype).removeprefix("torch."),
         shape=list(data.shape),
         checksum=wire.payload_checksum(payload) ^ crc_xor,
+        seq=seq,
     )
     return wire.encode_chunk(header, payload)
 
@@ -87,6 +88,7 @@ def test_blocks_arrive_bit_exact_and_only_missing_blocks_travel(config, dtype):
     assert commit.first_logprob == pytest.approx(-0.5)
     assert commit.trace_context == TRACE  # the sender's trace context reaches the decode side
     assert receiver.state(tid) is TransferState.COMMITTED and sink.expired == []
+    assert sink.written_by == {tid}  # every chunk reached the sink with its transfer id
 
 
 def test_commit_before_every_chunk_arrived_is_rejected(receiver, sender, sink, src_cache):
@@ -183,6 +185,16 @@ def test_chunk_of_wrong_shape_or_dtype_is_rejected(receiver, sink, src_cache):
         push_raw(receiver, [raw_chunk(tid, src_cache[0:1, :, SRC].half())])
     assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert sink.writes == 0
+
+
+@pytest.mark.parametrize("seqs", [[1, 0], [0, 0]], ids=["skipped", "repeated"])
+def test_chunk_out_of_sequence_is_rejected(receiver, sink, src_cache, seqs):
+    tid = receiver.open(DEST, deadline_s=10)
+    chunks = [raw_chunk(tid, src_cache[i : i + 1, :, SRC], i, seq=s) for i, s in enumerate(seqs)]
+    with pytest.raises(grpc.RpcError) as info:
+        push_raw(receiver, chunks)
+    assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "seq" in info.value.details() and sink.expired == [tid]
 
 
 def test_reservation_expires_at_its_deadline(receiver, sink):

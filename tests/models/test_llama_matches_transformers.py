@@ -49,6 +49,43 @@ FAMILIES = {
         "LlamaForCausalLM",
         dict(rope_scaling=dict(rope_type="linear", factor=2.0)),
     ),
+    "llama-dynamic": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(rope_scaling=dict(rope_type="dynamic", factor=4.0)),
+    ),
+    "llama-yarn": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(
+            rope_scaling=dict(
+                rope_type="yarn", factor=4.0, original_max_position_embeddings=16, beta_fast=8
+            )
+        ),
+    ),
+    "llama-yarn-mscale": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(
+            rope_scaling=dict(
+                rope_type="yarn",
+                factor=8.0,
+                mscale=1.0,
+                mscale_all_dim=0.5,
+                original_max_position_embeddings=400,
+                beta_fast=4,
+                truncate=False,  # the ramp then starts and ends between dimensions 2 and 4
+            )
+        ),
+    ),
+    "llama-attention-bias": ("LlamaConfig", "LlamaForCausalLM", dict(attention_bias=True)),
+    "llama-mlp-bias": ("LlamaConfig", "LlamaForCausalLM", dict(mlp_bias=True)),
+    # head_dim 32 != hidden_size / heads = 16: q/k/v widen to 128, o_proj narrows back to 64.
+    "llama-head-dim": ("LlamaConfig", "LlamaForCausalLM", dict(head_dim=32, rms_norm_eps=1e-2)),
+    "llama-gelu": ("LlamaConfig", "LlamaForCausalLM", dict(hidden_act="gelu")),
+    "llama-gelu-tanh": ("LlamaConfig", "LlamaForCausalLM", dict(hidden_act="gelu_pytorch_tanh")),
+    "llama-gelu-new": ("LlamaConfig", "LlamaForCausalLM", dict(hidden_act="gelu_new")),
+    "llama-relu": ("LlamaConfig", "LlamaForCausalLM", dict(hidden_act="relu")),
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=None)),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True)),
 }

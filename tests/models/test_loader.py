@@ -26,11 +26,14 @@ def tiny_copy(tiny_dir, tmp_path):
     return shutil.copytree(tiny_dir, tmp_path / "copy")
 
 
+DROP = object()  # an edit_config value that removes the key
+
+
 def edit_config(directory, **changes):
     path = directory / "config.json"
     config = json.loads(path.read_text())
     config.update(changes)
-    path.write_text(json.dumps(config))
+    path.write_text(json.dumps({k: v for k, v in config.items() if v is not DROP}))
 
 
 def test_missing_directory_and_config(tmp_path):
@@ -47,9 +50,67 @@ def test_unsupported_architecture_lists_supported(tiny_copy):
 
 
 def test_unsupported_rope_type(tiny_copy):
-    edit_config(tiny_copy, rope_scaling={"rope_type": "yarn", "factor": 2.0})
-    with pytest.raises(ModelLoadError, match="rope_type 'yarn'"):
+    edit_config(tiny_copy, rope_scaling={"rope_type": "longrope", "factor": 2.0})
+    with pytest.raises(ModelLoadError, match="rope_type 'longrope'"):
         load_model(tiny_copy)
+
+
+@pytest.mark.parametrize(
+    ("changes", "named"),
+    [
+        (dict(hidden_act="gelu_fast"), "hidden_act 'gelu_fast'"),
+        (dict(hidden_act="tanh"), "hidden_act 'tanh'"),
+        (dict(partial_rotary_factor=0.5), "partial_rotary_factor 0.5"),
+        (
+            dict(rope_parameters={"rope_type": "default", "partial_rotary_factor": 0.25}),
+            "partial_rotary_factor 0.25",
+        ),
+        (
+            dict(rope_parameters={"full_attention": {"rope_type": "default"}}),
+            r"rope_parameters per layer type \['full_attention'\]",
+        ),
+        (dict(rope_scaling={"rope_type": "linear"}), "needs rope_parameters factor"),
+        (
+            dict(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0}),
+            "needs rope_parameters high_freq_factor",
+        ),
+        (dict(architectures=["MistralForCausalLM"]), "must set sliding_window for Mistral"),
+        (dict(max_position_embeddings=DROP), "lacks max_position_embeddings"),
+        (
+            dict(num_key_value_heads=3),
+            "num_attention_heads 4 is not a multiple of num_key_value_heads 3",
+        ),
+        (dict(quantization_config={"quant_method": "gptq", "bits": 4}), "quantization_config"),
+    ],
+)
+def test_config_fields_that_change_the_math_are_refused_by_name(tiny_copy, changes, named):
+    edit_config(tiny_copy, **changes)
+    with pytest.raises(ModelLoadError, match=named):
+        load_model(tiny_copy)
+
+
+def test_checkpoint_tensor_the_config_does_not_declare_is_refused(tiny_copy):
+    """An o_proj bias with attention_bias false would otherwise be dropped without a word."""
+    weights = load_file(tiny_copy / "model.safetensors")
+    weights["model.layers.0.self_attn.o_proj.bias"] = torch.ones(64)
+    save_file(weights, tiny_copy / "model.safetensors")
+    with pytest.raises(ModelLoadError, match=r"layers\.0\.self_attn\.o_proj\.bias"):
+        load_model(tiny_copy)
+
+
+def test_declared_bias_missing_from_checkpoint_is_named(tiny_copy):
+    edit_config(tiny_copy, mlp_bias=True)
+    with pytest.raises(ModelLoadError, match=r"layers\.0\.mlp\.gate_proj\.bias"):
+        load_model(tiny_copy)
+
+
+def test_stored_rotary_inv_freq_is_recomputed_not_refused(tiny_dir, tiny_copy):
+    weights = load_file(tiny_copy / "model.safetensors")
+    weights["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(8)
+    save_file(weights, tiny_copy / "model.safetensors")
+    loaded, _ = load_model(tiny_copy)
+    reference, _ = load_model(tiny_dir)
+    assert torch.equal(loaded.rope_cos, reference.rope_cos)
 
 
 def test_missing_weights_file_and_tensor(tiny_copy):

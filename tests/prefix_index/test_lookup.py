@@ -12,6 +12,7 @@ from pdserve.core.kv_events import KVEvent
 from pdserve.prefix_index.lookup import PrefixIndex
 from pdserve.prefix_index.publisher import PrefixIndexPublisher
 from pdserve.prefix_index.reuse_stats import read_reuse_stats
+from pdserve.prefix_index.sweeper import IndexSweeper
 
 BS = 4
 PROMPT = list(range(100, 132))  # 8 full blocks
@@ -115,7 +116,7 @@ def test_dead_worker_expires_and_live_one_stays(redis_url: str) -> None:
         time.sleep(0.2)
         assert live.heartbeat()
     assert index.lookup(HASHES) == {"live": 8}
-    assert index.collect_garbage() == 1
+    assert IndexSweeper(index).sweep().forgotten_workers == 1
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     assert client.hkeys(dead.keys.block(HASHES[0])) == ["live"]
     assert not client.exists(dead.keys.worker_blocks("dead"))
@@ -127,7 +128,7 @@ def test_heartbeat_after_expiry_restores_entries(redis_url: str) -> None:
     index = PrefixIndex(redis_url, "m", BS)
     time.sleep(0.4)  # a long pause: the heartbeat lapsed and garbage collection ran
     assert index.lookup(HASHES) == {}
-    assert index.collect_garbage() == 1
+    assert IndexSweeper(index).sweep().forgotten_workers == 1
     assert a.heartbeat()  # notices its entries may be gone and rewrites them
     assert index.lookup(HASHES) == {"a": 8}
 

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
 
 import pytest
 import redis
 
 from pdserve.prefix_index.redis_link import connect
-from pdserve.prefix_index.redis_server import RedisServer, RedisServerError, redis_server_binary
+from pdserve.prefix_index.redis_server import (
+    DISABLED_COMMANDS,
+    RedisServer,
+    RedisServerError,
+    redis_server_binary,
+)
 
 
 def port_open(port: int) -> bool:
@@ -26,13 +32,43 @@ def test_starts_answers_and_stops() -> None:
     with RedisServer() as server:
         client = redis.Redis.from_url(server.url, decode_responses=True)
         assert client.ping()
-        assert client.config_get("save") == {"save": ""}  # nothing is written to disk
-        assert client.config_get("appendonly") == {"appendonly": "no"}
-        port, process = server.port, server._process
+        client.set("k", "v")
+        assert client.info("persistence")["aof_enabled"] == 0
+        port, process, workdir = server.port, server._process, Path(server._dir.name)
         client.close()
+        server.stop()
+        assert sorted(p.name for p in workdir.iterdir()) == ["redis.conf", "redis.log"]  # no dump
     assert process is not None and process.poll() is not None
     assert not port_open(port)
     server.stop()  # idempotent
+
+
+def test_a_random_password_is_required() -> None:
+    with RedisServer() as first, RedisServer() as second:
+        assert first.password != second.password and len(first.password) >= 32
+        assert redis.Redis.from_url(first.url).ping()
+        anonymous = connect(f"redis://127.0.0.1:{first.port}/0", socket_timeout_s=1)
+        with pytest.raises(redis.AuthenticationError):
+            anonymous.set("k", "v")
+        # Not on the command line (world-readable), only in the private directory.
+        assert first.password.encode() not in Path(f"/proc/{first.pid}/cmdline").read_bytes()
+        assert Path(first._dir.name).stat().st_mode & 0o777 == 0o700
+        assert (Path(first._dir.name) / "redis.conf").stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.parametrize("command", [*DISABLED_COMMANDS])
+def test_commands_that_reach_files_or_code_do_not_exist(command: str) -> None:
+    with RedisServer() as server:
+        client = redis.Redis.from_url(server.url)
+        args = {"CONFIG": ["SET", "dir", "/tmp"], "MODULE": ["LIST"], "ACL": ["LIST"]}
+        with pytest.raises(redis.ResponseError, match="unknown command"):
+            client.execute_command(command, *args.get(command, ["HELP"]))
+        assert client.ping()
+
+
+def test_a_password_with_quotes_and_spaces() -> None:
+    with RedisServer(password='a "b" \\ c') as server:
+        assert redis.Redis.from_url(server.url).ping()
 
 
 def test_restart_keeps_the_port_and_loses_the_data() -> None:

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import os
 
+from pdserve.app import ServingApp
 from pdserve.commands import stats
+from pdserve.config import RouterConfig, ServeConfig
+from pdserve.prefix_index import local_servers
 from pdserve.prefix_index.lookup import PrefixIndex
 from pdserve.prefix_index.redis_server import RedisServer
 
@@ -38,12 +43,52 @@ def test_unreachable_redis_is_a_clear_error(capsys) -> None:
 
 
 def test_finds_the_private_server_of_a_local_serve(tmp_path, monkeypatch, capsys) -> None:
-    url_file = tmp_path / "redis-url"
     monkeypatch.delenv("PDSERVE_REDIS_URL", raising=False)
-    monkeypatch.setattr("pdserve.prefix_index.redis_server.LOCAL_URL_FILE", url_file)
-    with RedisServer(url_file=url_file) as server:
-        assert url_file.read_text().strip() == server.url
-        PrefixIndex(server.url, "tiny", 16).record_reuse("p", 1, 1)
+    monkeypatch.setenv("PDSERVE_CACHE_DIR", str(tmp_path))
+    app = ServingApp(ServeConfig(router=RouterConfig(port=50123)), advertise_redis_url=True)
+    url = asyncio.run(app._start_private_redis())
+    try:
+        PrefixIndex(url, "tiny", 16).record_reuse("p", 1, 1)
         assert run(["--json"]) == 0
         assert json.loads(capsys.readouterr().out)["tiny"]["requests"] == 1
-    assert not url_file.exists()
+        assert run(["--json", "--port", "50123"]) == 0
+        note = local_servers.notes_dir() / f"{os.getpid()}.json"
+        assert note.stat().st_mode & 0o777 == 0o600  # it carries the password
+        assert local_servers.notes_dir().stat().st_mode & 0o777 == 0o700
+    finally:
+        asyncio.run(app.stop())
+    assert not note.exists()
+
+
+def test_two_local_serves_keep_their_own_urls(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.delenv("PDSERVE_REDIS_URL", raising=False)
+    monkeypatch.setenv("PDSERVE_CACHE_DIR", str(tmp_path))
+    with RedisServer() as first, RedisServer() as second:
+        # Two serving processes (the redis-servers' pids stand in for them: alive, distinct).
+        local_servers.advertise(first.url, 50001, pid=first.pid)
+        second_note = local_servers.advertise(second.url, 50002, pid=second.pid)
+        PrefixIndex(first.url, "one", 16).record_reuse("p", 1, 1)
+        PrefixIndex(second.url, "two", 16).record_reuse("p", 1, 1)
+        assert run(["--json", "--port", "50001"]) == 0
+        assert list(json.loads(capsys.readouterr().out)) == ["one"]
+        assert run(["--json", "--port", "50002"]) == 0
+        assert list(json.loads(capsys.readouterr().out)) == ["two"]
+
+        assert run(["--json"]) == 2  # ambiguous: it says so instead of guessing
+        err = capsys.readouterr().err
+        assert "50001, 50002" in err and "--port" in err
+        assert run(["--port", "50003"]) == 2
+        assert "router port 50003" in capsys.readouterr().err
+
+        local_servers.withdraw(second_note)
+        assert run(["--json"]) == 0  # only one left: picked unasked
+        assert list(json.loads(capsys.readouterr().out)) == ["one"]
+
+
+def test_notes_of_dead_servers_are_ignored(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("PDSERVE_CACHE_DIR", str(tmp_path))
+    with RedisServer() as server:
+        pid = server.pid
+        note = local_servers.advertise(server.url, 50001, pid=pid)
+    assert local_servers.find_local_url() is None  # that process is gone
+    assert not note.exists()

@@ -156,7 +156,7 @@ def test_router_overload_is_rejected() -> None:
 def test_no_kv_room_anywhere_is_rejected() -> None:
     decode = [worker("d0", num_free_blocks=10), worker("d1", num_free_blocks=63)]
     decision = policy().decide(LONG, [worker("p0")], decode)
-    assert decision.status == "resource_exhausted"
+    assert decision.status == "at_capacity"
     assert "free KV blocks" in decision.reason
     assert all(e.infeasible for e in decision.estimates.values())
 
@@ -166,7 +166,7 @@ def test_full_prefill_queues_are_rejected_not_queued() -> None:
     prefill = [worker("p0", waiting_prompt_tokens=4000, num_waiting=4)]
     decode = [worker("d0", waiting_prompt_tokens=3500, num_waiting=3)]
     decision = policy(**cfg).decide(LONG, prefill, decode)
-    assert decision.status == "resource_exhausted" and "prefill queue" in decision.reason
+    assert decision.status == "at_capacity" and "prefill queue" in decision.reason
     # A request that fits in what is left of a queue is still taken.
     assert policy(**cfg).decide(LONG, [worker("p0", waiting_prompt_tokens=3000)], decode).accepted
     # An empty queue takes even a prompt longer than the limit (it could never run otherwise).

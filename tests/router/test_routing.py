@@ -41,10 +41,10 @@ def test_a_decode_worker_is_credited_with_a_pushed_prefix_only_once_it_commits()
     route = r.choose(first, 8, set())
     assert (route.prefill_worker, route.decode_worker) == ("prefill-0", "decode-0")
     second = r.choose(SYSTEM + [2000, 2001], 8, set())
-    assert second.estimates["cached_blocks"] == {"prefill-0": 16}
+    assert second.cached_blocks == {"prefill-0": 16}
     r.on_prefill_done(route, done(route, first))
     third = r.choose(SYSTEM + [3000], 8, set())
-    assert third.estimates["cached_blocks"] == {"prefill-0": 16, "decode-0": 16}
+    assert third.cached_blocks == {"prefill-0": 16, "decode-0": 16}
 
 
 def test_a_local_prefill_credits_its_decode_worker_at_once() -> None:
@@ -53,7 +53,7 @@ def test_a_local_prefill_credits_its_decode_worker_at_once() -> None:
     r = routing(disaggregate="never")
     route = r.choose(SYSTEM + [1000], 8, set())
     assert route.prefill_worker is None
-    assert r.choose(SYSTEM + [2000], 8, set()).estimates["cached_blocks"] == {"decode-0": 16}
+    assert r.choose(SYSTEM + [2000], 8, set()).cached_blocks == {"decode-0": 16}
 
 
 def test_only_a_prefill_that_had_its_worker_to_itself_is_a_cost_sample() -> None:

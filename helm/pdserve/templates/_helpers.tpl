@@ -141,7 +141,8 @@ otherwise overwrite the workers'. Call with (dict "root" $ "role" "prefill").
       key: {{ .Values.kvTransfer.secretKey }}
 {{- end }}
 
-{{/* REDIS_URL for the router, which passes it to the workers; bundled or external. */}}
+{{/* PDSERVE_REDIS_URL for the router, which passes it to the workers; bundled or external.
+An environment variable, not a flag: argv (and the password in the URL) is visible in ps. */}}
 {{- define "pdserve.redisEnv" -}}
 {{- if .Values.redis.enabled -}}
 - name: REDIS_PASSWORD
@@ -149,10 +150,10 @@ otherwise overwrite the workers'. Call with (dict "root" $ "role" "prefill").
     secretKeyRef:
       name: {{ include "pdserve.redisSecretName" . }}
       key: {{ .Values.redis.auth.passwordKey }}
-- name: REDIS_URL
+- name: PDSERVE_REDIS_URL
   value: {{ printf "redis://:$(REDIS_PASSWORD)@%s-redis:6379/0" (include "pdserve.fullname" .) | quote }}
 {{- else -}}
-- name: REDIS_URL
+- name: PDSERVE_REDIS_URL
   valueFrom:
     secretKeyRef:
       name: {{ .Values.redis.external.existingSecret }}
@@ -303,7 +304,7 @@ the router (the Ray driver) places the worker actors here through the pool resou
 
 {{/*
 `pdserve serve` flags of the router. One list item per argv word, so no shell quoting is
-involved; $(REDIS_URL) is expanded by the kubelet from the container's env.
+involved. The Redis URL comes from the env (PDSERVE_REDIS_URL), never from argv.
 */}}
 {{- define "pdserve.serveArgs" -}}
 {{- $v := .Values -}}
@@ -327,8 +328,6 @@ involved; $(REDIS_URL) is expanded by the kubelet from the container's env.
 - {{ $v.router.ttftSloMs | toString | quote }}
 - --tpot-slo-ms
 - {{ $v.router.tpotSloMs | toString | quote }}
-- --redis-url
-- $(REDIS_URL)
 - --log-format
 - {{ $v.router.logFormat }}
 {{- with include "pdserve.modelPath" . }}
@@ -343,6 +342,7 @@ involved; $(REDIS_URL) is expanded by the kubelet from the container's env.
 - --decode-pool-resource
 - {{ $v.decode.poolResource | quote }}
 {{- end }}
+{{ include "pdserve.routerEdgeArgs" . }}
 {{- range $v.router.extraArgs }}
 - {{ . | quote }}
 {{- end }}

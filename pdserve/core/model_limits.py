@@ -1,0 +1,61 @@
+"""The context length a deployment serves, from the model's config.json and the EngineConfig.
+
+The engine sizes itself with these functions and the router validates requests against the
+same `max_model_len`, so a request the router accepts always fits the engine. The engine runs
+full causal attention; on a sliding-window model (Mistral, Qwen2 with `use_sliding_window`) that
+equals the model's own attention only while the sequence fits the window, so the window caps
+the context too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pdserve.config import EngineConfig
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+DEFAULT_MAX_POSITION_EMBEDDINGS = 2048
+
+
+def sliding_window(hf_config: dict[str, Any]) -> int | None:
+    """Mistral/Qwen2 sliding window in tokens, or None when attention is over everything.
+    Qwen2 slides only with use_sliding_window, and only in layers from max_window_layers on."""
+    if "Qwen2ForCausalLM" in hf_config.get("architectures", []):
+        sliding_layers = hf_config["num_hidden_layers"] - hf_config.get("max_window_layers", 0)
+        if not hf_config.get("use_sliding_window", False) or sliding_layers <= 0:
+            return None
+    return hf_config.get("sliding_window") or None
+
+
+def kv_bytes_per_block(hf_config: dict[str, Any], block_size: int, dtype: str) -> int:
+    """Bytes of one KV block over all layers (K and V)."""
+    heads = hf_config["num_attention_heads"]
+    kv_heads = hf_config.get("num_key_value_heads") or heads
+    head_dim = hf_config.get("head_dim") or hf_config["hidden_size"] // heads
+    layers = hf_config["num_hidden_layers"]
+    return layers * 2 * block_size * kv_heads * head_dim * DTYPE_BYTES[dtype]
+
+
+def kv_pool_blocks(hf_config: dict[str, Any], engine: EngineConfig) -> int:
+    """The KV pool size in blocks: `num_kv_blocks`, else as many as `kv_cache_bytes` holds."""
+    if engine.num_kv_blocks:
+        return engine.num_kv_blocks
+    return engine.kv_cache_bytes // kv_bytes_per_block(hf_config, engine.block_size, engine.dtype)
+
+
+def max_model_len(hf_config: dict[str, Any], engine: EngineConfig) -> int:
+    """Longest sequence (prompt + generated tokens) one request may reach.
+
+    The smallest of: `engine.max_model_len` (else the model's max_position_embeddings), the
+    KV pool (a sequence that can never fit would be preempted forever) and the sliding window.
+    Raises ValueError when the settings cannot serve any request.
+    """
+    model_len = hf_config.get("max_position_embeddings", DEFAULT_MAX_POSITION_EMBEDDINGS)
+    if engine.max_model_len and engine.max_model_len > model_len:
+        raise ValueError(f"max_model_len {engine.max_model_len} > the model's {model_len}")
+    blocks = kv_pool_blocks(hf_config, engine)
+    if blocks < 1:
+        raise ValueError("the KV cache must hold at least one block")
+    limits = [engine.max_model_len or model_len, blocks * engine.block_size]
+    window = sliding_window(hf_config)
+    return min(limits + ([window] if window else []))

@@ -1,0 +1,22 @@
+"""WorkerSpec: everything one worker actor is started with, passed as its constructor argument.
+
+Nothing a worker needs travels through Ray's runtime_env (which Ray logs in clear): the KV
+secret sits in `kv.secret`, the process settings in `worker` and `log`. Only the OpenTelemetry
+variables are forwarded as environment, as that standard expects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pdserve.config import EngineConfig, KVTransferConfig, LogConfig, WorkerConfig
+
+
+@dataclass
+class WorkerSpec:
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    kv: KVTransferConfig = field(default_factory=KVTransferConfig)
+    worker: WorkerConfig = field(default_factory=WorkerConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    redis_url: str | None = None  # the prefix index; None = the worker publishes nothing
+    cpu_affinity: set[int] | None = None  # cores this worker process runs on; None = any

@@ -1,0 +1,99 @@
+"""The types the router's modules pass between them, and the interface it needs from a worker.
+
+Routing produces a `Route` per attempt, RequestFlow runs it and fills `Progress`, observability
+records both; none of them imports another for these. `WorkerHandle` is everything the router
+calls on a worker: the Ray actors are adapted to it in router/ray_worker.py, and tests hand
+RequestFlow in-process objects that implement it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from pdserve.core.messages import KVReservation, PrefillResult, TokenBatch, WorkerStats, WorkRequest
+from router.estimates import Estimate
+
+
+class NoWorkerAvailable(RuntimeError):
+    """No healthy worker can serve the request (after retries): UNAVAILABLE."""
+
+
+class Overloaded(RuntimeError):
+    """Admission control refused the request, or no room freed up in time: RESOURCE_EXHAUSTED."""
+
+
+class AtCapacity(Overloaded):
+    """Every worker that could take the request is full now (KV blocks, prompt queue); room
+    may free up in a moment, so RequestFlow waits briefly before refusing."""
+
+
+class WorkerHandle(Protocol):
+    """One worker as the router calls it. Prefill workers answer `prefill`; decode workers
+    `reserve`, `generate` and `stream`; both the rest. Failures raise any exception."""
+
+    async def ready(self) -> dict: ...
+
+    async def stats(self) -> WorkerStats: ...
+
+    async def reserve(self, work: WorkRequest) -> KVReservation | None:
+        """Blocks for the prompt's KV to arrive in; None when the KV pool has no room now."""
+        ...
+
+    async def prefill(self, work: WorkRequest, reservation: KVReservation) -> PrefillResult:
+        """Computes the prompt, pushes the KV into the reservation and commits it."""
+        ...
+
+    async def generate(self, work: WorkRequest) -> None:
+        """Admits the request for a local prefill; its tokens come out of `stream`."""
+        ...
+
+    def stream(self, request_id: str) -> AsyncIterator[TokenBatch]:
+        """The request's token batches after the first token, the last one finished."""
+        ...
+
+    async def abort(self, request_id: str) -> None:
+        """Ends the request in whatever state it is and frees its blocks; idempotent."""
+        ...
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where one attempt runs, and what the policy knew when it chose."""
+
+    decode_worker: str
+    prefill_worker: str | None = None  # None: the decode worker prefills locally
+    reason: str = ""  # how the policy chose
+    cached_tokens: int = 0  # prompt tokens the prefilling worker should find in its cache
+    decode_cached_tokens: int = 0  # prompt tokens the decode worker already holds
+    cached_blocks: Mapping[str, int] = field(default_factory=dict)  # every worker's, for traces
+    estimate: Estimate | None = None  # the chosen option's predicted costs
+    # The prompt's full-block hashes: the decode worker holds them once a push commits.
+    block_hashes: tuple[int, ...] = ()
+    # Prefills routed to the prefill worker so far, set when it was idle at routing time: if
+    # the count is unchanged when this prefill ends, it ran alone and its timing is a sample.
+    prefills_routed: int | None = None
+
+
+@dataclass
+class Progress:
+    """What the server needs to build responses: the stream so far and where time went."""
+
+    received: float  # perf_counter at receipt
+    prompt_tokens: int
+    cached_tokens: int = 0  # of the client's prompt, whichever attempt computed it
+    completion_tokens: int = 0
+    queue_s: float = 0.0
+    prefill_s: float = 0.0
+    transfer_s: float = 0.0
+    first_token_at: float | None = None
+    prefill_worker: str = ""
+    decode_worker: str = ""
+    disaggregated: bool = False
+    attempts: int = 0
+    route: Route | None = None
+
+
+# (prompt_ids, max_tokens, excluded worker ids) -> Route; raises Overloaded / NoWorkerAvailable
+RouteChooser = Callable[[list[int], int, set[str]], Route]

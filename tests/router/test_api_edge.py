@@ -1,0 +1,147 @@
+"""The client API edge over real gRPC: API keys, undecodable requests, sizes, draining."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from pdserve.client import GenerationClient, GenerationError
+from pdserve.pb import generate_pb2, generate_pb2_grpc
+from tests.router.api_server import ApiServer, model_limits
+
+GENERATE = "/pdserve.v1.Generation/Generate"
+TOKENIZE = "/pdserve.v1.Generation/Tokenize"
+# About two million bytes: seconds of tokenizing on one core.
+LONG_TEXT = "lorem ipsum dolor sit amet, 12345. " * 60_000
+
+
+def _list_services(channel: grpc.Channel, metadata=()) -> set[str]:
+    stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+    request = reflection_pb2.ServerReflectionRequest(list_services="")
+    response = next(stub.ServerReflectionInfo(iter([request]), metadata=metadata, timeout=10))
+    return {s.name for s in response.list_services_response.service}
+
+
+def _code(call) -> grpc.StatusCode:
+    with pytest.raises(grpc.RpcError) as error:
+        call()
+    return error.value.code()
+
+
+def test_every_api_rpc_but_health_needs_a_key(tmp_path):
+    with ApiServer(tmp_path, api_keys=["key-1", "key-2"]) as server:
+        with grpc.insecure_channel(server.target) as channel:
+            stub = generate_pb2_grpc.GenerationStub(channel)
+            info = generate_pb2.GetModelInfoRequest()
+            assert _code(lambda: stub.GetModelInfo(info, timeout=10)) == (
+                grpc.StatusCode.UNAUTHENTICATED
+            )
+            assert _code(lambda: _list_services(channel)) == grpc.StatusCode.UNAUTHENTICATED
+            tokenize = generate_pb2.TokenizeRequest(text="hi")
+            assert _code(lambda: stub.Tokenize(tokenize, timeout=10)) == (
+                grpc.StatusCode.UNAUTHENTICATED
+            )
+            wrong = [("authorization", "Bearer key-3")]
+            assert _code(lambda: stub.GetModelInfo(info, metadata=wrong, timeout=10)) == (
+                grpc.StatusCode.UNAUTHENTICATED
+            )
+            # The scheme is case-insensitive (RFC 9110); the key is not.
+            for scheme in ("Bearer", "bearer", "BEARER"):
+                key = [("authorization", f"{scheme} key-2")]
+                assert stub.GetModelInfo(info, metadata=key, timeout=10).name == "tiny"
+                assert "pdserve.v1.Generation" in _list_services(channel, key)
+            health = health_pb2_grpc.HealthStub(channel)
+            status = health.Check(health_pb2.HealthCheckRequest(), timeout=10).status
+            assert status == health_pb2.HealthCheckResponse.SERVING
+        with GenerationClient(server.target, api_key="key-1", timeout=10) as client:
+            assert client.tokenize("hello")
+
+
+def test_undecodable_requests_are_invalid_argument_and_log_no_error(tmp_path, caplog):
+    bad_utf8 = b"\x1a\x02\xff\xfe"  # field 3 (prompt.text): two bytes that are not UTF-8
+    truncated = b"\x1a\x10abc"  # field 3 claims 16 bytes, 3 follow
+    with ApiServer(tmp_path) as server, grpc.insecure_channel(server.target) as channel:
+        with caplog.at_level(logging.WARNING):
+            for raw in (bad_utf8, truncated):
+                stream = channel.unary_stream(GENERATE)(raw, timeout=10)
+                with pytest.raises(grpc.RpcError) as error:
+                    list(stream)
+                assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert "pdserve.v1.GenerateRequest" in error.value.details()
+            with pytest.raises(grpc.RpcError) as error:
+                channel.unary_unary(TOKENIZE)(b"\x12\x01\xff", timeout=10)
+            assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "pdserve.v1.TokenizeRequest" in error.value.details()
+            # The server keeps serving.
+            stub = generate_pb2_grpc.GenerationStub(channel)
+            assert stub.GetModelInfo(generate_pb2.GetModelInfoRequest(), timeout=10).name
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+def test_text_over_the_byte_limit_is_refused_and_larger_messages_never_arrive(tmp_path):
+    limits = model_limits(max_prompt_bytes=10_000)
+    with (
+        ApiServer(tmp_path, limits=limits) as server,
+        GenerationClient(server.target, timeout=10) as client,
+    ):
+        with pytest.raises(GenerationError) as error:
+            client.tokenize("x" * 10_001)
+        assert error.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert error.value.details == "text: 10001 bytes exceed the limit of 10000 bytes"
+        with pytest.raises(GenerationError) as error:
+            client.generate("x" * 10_001, max_tokens=2)
+        assert error.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert error.value.details.startswith("prompt.text: 10001 bytes")
+        # Past the receive limit gRPC refuses the message before anything decodes it.
+        with pytest.raises(GenerationError) as error:
+            client.tokenize("x" * (1 << 20))
+        assert error.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_health_answers_while_a_long_prompt_is_tokenized(tmp_path):
+    with ApiServer(tmp_path) as server, GenerationClient(server.target, timeout=60) as client:
+        tokenized = threading.Event()
+        worker = threading.Thread(
+            target=lambda: (client.tokenize(LONG_TEXT), tokenized.set()), daemon=True
+        )
+        worker.start()
+        time.sleep(0.7)  # the text has arrived and is being tokenized
+        started = time.perf_counter()
+        assert client.health() == "SERVING"
+        latency = time.perf_counter() - started
+        answered_first = not tokenized.is_set()
+        worker.join(60)
+    assert tokenized.is_set()
+    assert answered_first, "tokenizing finished before health answered: the text is too short"
+    assert latency < 0.25
+
+
+def test_stop_refuses_new_rpcs_and_lets_running_ones_finish(tmp_path):
+    with (
+        ApiServer(tmp_path, shutdown_grace_s=60) as server,
+        GenerationClient(server.target, timeout=60) as client,
+    ):
+        results: list = []
+        worker = threading.Thread(
+            target=lambda: results.append(client.tokenize(LONG_TEXT)), daemon=True
+        )
+        worker.start()
+        time.sleep(0.2)  # the Tokenize RPC is in the server
+        stopping = threading.Thread(target=server.stop, daemon=True)
+        stopping.start()
+        time.sleep(0.2)
+        with (
+            GenerationClient(server.target, timeout=10) as late,
+            pytest.raises(GenerationError) as error,
+        ):
+            late.model_info()
+        worker.join(60)
+        stopping.join(60)
+    assert error.value.code == grpc.StatusCode.UNAVAILABLE
+    assert results and len(results[0]) > 100_000

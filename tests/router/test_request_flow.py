@@ -1,0 +1,381 @@
+"""RequestFlow in-process: the real router (WorkerPool, Routing, RoutingPolicy, RequestFlow) over
+toy workers (tests/router/toy_workers.py) instead of Ray actors.
+
+Retries continue after the tokens already sent (text, stop strings and seeded samples as in an
+uninterrupted run), every ending aborts the request on every worker it touched, full KV pools
+make a request wait and then RESOURCE_EXHAUSTED, and a frozen worker is failed over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+import grpc
+import pytest
+
+from pdserve.config import RouterConfig
+from pdserve.core.messages import TokenBatch
+from pdserve.core.sampling_params import SamplingParams
+from pdserve.models.tokenizer_builder import write_tokenizer
+from pdserve.tokenizer import Tokenizer
+from router.errors import status_for
+from router.policy import RoutingPolicy
+from router.request_flow import RequestFlow
+from router.routing import Routing
+from router.types import NoWorkerAvailable, Overloaded, Progress
+from router.worker_pool import WorkerPool
+from tests.router.toy_workers import (
+    BLOCK_SIZE,
+    ToyDecodeWorker,
+    ToyModel,
+    ToyPrefillWorker,
+)
+
+VOCAB = 300
+PROMPT = [10, 11, 12, 13, 14, 15]  # 6 tokens: one full block of 4 and a partial one
+LETTERS = [67, 68, 69, 70, 71, 72, 73, 74]  # "abcdefgh"
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory) -> Tokenizer:
+    directory = tmp_path_factory.mktemp("tokenizer")
+    write_tokenizer(directory, VOCAB)
+    return Tokenizer.from_dir(directory)
+
+
+def script_after_prompt(outputs: list[int]) -> list[int]:
+    """A greedy script whose continuation of PROMPT is `outputs`, then letters."""
+    return [0] * len(PROMPT) + outputs + LETTERS * 8
+
+
+@dataclass
+class Cluster:
+    pool: WorkerPool
+    flow: RequestFlow
+    prefill: dict[str, ToyPrefillWorker]
+    decode: dict[str, ToyDecodeWorker]
+
+    @property
+    def workers(self) -> list:
+        return [*self.prefill.values(), *self.decode.values()]
+
+    async def generate(self, sampling: SamplingParams, request_id: str = "req"):
+        """(batches, progress) of one request, consumed to the end."""
+        progress = Progress(received=time.perf_counter(), prompt_tokens=len(PROMPT))
+        batches = [b async for b in self.flow.run(request_id, PROMPT, sampling, {}, progress)]
+        return batches, progress
+
+    def leaked_blocks(self) -> dict[str, int]:
+        """Blocks still held by live workers (a dead worker's died with it)."""
+        return {w.worker_id: w.used_blocks for w in self.workers if not w.dead and w.used_blocks}
+
+
+async def cluster(
+    tokenizer: Tokenizer,
+    script: list[int],
+    *,
+    prefill: int = 1,
+    decode: int = 2,
+    disaggregate: str = "always",
+    num_blocks: int = 1024,
+    progress_timeout_s: float = 5.0,
+    room_wait_s: float = 2.0,
+    max_retries: int = 2,
+) -> Cluster:
+    model = ToyModel(script, VOCAB)
+    decoders = {
+        f"decode-{i}": ToyDecodeWorker(f"decode-{i}", model, tokenizer, num_blocks=num_blocks)
+        for i in range(decode)
+    }
+    prefillers = {
+        f"prefill-{i}": ToyPrefillWorker(f"prefill-{i}", model, tokenizer, decode_workers=decoders)
+        for i in range(prefill)
+    }
+    pool = WorkerPool(prefillers, decoders, poll_interval_s=0.02, call_timeout_s=1.0)
+    await pool.start()
+    # Round robin: the first attempt goes to decode-0, a retry to decode-1.
+    config = RouterConfig(policy="round_robin", disaggregate=disaggregate)
+    routing = Routing(pool, RoutingPolicy(config), BLOCK_SIZE)
+    flow = RequestFlow(
+        pool,
+        routing.choose,
+        tokenizer,
+        max_retries=max_retries,
+        progress_timeout_s=progress_timeout_s,
+        room_wait_s=room_wait_s,
+        on_prefill_done=routing.on_prefill_done,
+        block_size=BLOCK_SIZE,
+    )
+    return Cluster(pool, flow, prefillers, decoders)
+
+
+def run(scenario, timeout_s: float = 20.0):
+    """Runs an async scenario; a hang fails the test instead of stalling the suite."""
+
+    async def bounded():
+        return await asyncio.wait_for(scenario(), timeout_s)
+
+    return asyncio.run(bounded())
+
+
+def ids_of(batches: list[TokenBatch]) -> list[int]:
+    return [t for b in batches for t in b.token_ids]
+
+
+def text_of(batches: list[TokenBatch]) -> str:
+    return "".join(b.text for b in batches)
+
+
+def greedy(max_tokens: int, **params) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, **params)
+
+
+@pytest.mark.parametrize("disaggregate", ["always", "never"])
+def test_a_request_streams_its_tokens_and_is_aborted_on_its_workers_when_done(
+    tokenizer, disaggregate
+) -> None:
+    async def scenario():
+        c = await cluster(tokenizer, script_after_prompt(LETTERS), disaggregate=disaggregate)
+        batches, progress = await c.generate(greedy(6))
+        await c.pool.stop()
+        return c, batches, progress
+
+    c, batches, progress = run(scenario)
+    assert ids_of(batches) == LETTERS[:6]
+    assert text_of(batches) == "abcdef"
+    assert batches[-1].finish_reason == "length" and progress.attempts == 1
+    touched = ["decode-0"] + (["prefill-0"] if disaggregate == "always" else [])
+    for worker_id in touched:
+        worker = c.decode.get(worker_id) or c.prefill[worker_id]
+        assert worker.aborted == ["req"]
+    assert c.leaked_blocks() == {} and all(w.inflight == 0 for w in c.pool.workers.values())
+
+
+@pytest.mark.parametrize("disaggregate", ["always", "never"])
+def test_a_retry_continues_after_the_tokens_already_sent(tokenizer, disaggregate) -> None:
+    async def scenario():
+        c = await cluster(tokenizer, script_after_prompt(LETTERS), disaggregate=disaggregate)
+        c.decode["decode-0"].die_after_tokens = 3
+        batches, progress = await c.generate(greedy(8))
+        await c.pool.stop()
+        return c, batches, progress
+
+    c, batches, progress = run(scenario)
+    assert ids_of(batches) == LETTERS  # nothing repeated, nothing missing
+    assert text_of(batches) == "abcdefgh"
+    assert progress.attempts == 2 and progress.decode_worker == "decode-1"
+    assert c.decode["decode-1"].aborted == ["req#1"]
+    assert c.leaked_blocks() == {}
+
+
+def test_text_held_back_when_the_worker_died_is_sent_after_the_retry(tokenizer) -> None:
+    # "界" is three byte tokens; decode-0 dies after sending two of them (its detokenizer held
+    # them back as an incomplete character).
+    world = tokenizer.encode("界", add_special_tokens=False)
+    outputs = [LETTERS[0], world[0], world[1], world[2], LETTERS[1]]
+
+    async def scenario():
+        c = await cluster(tokenizer, script_after_prompt(outputs))
+        c.decode["decode-0"].die_after_tokens = 2
+        batches, progress = await c.generate(greedy(5))
+        await c.pool.stop()
+        return batches, progress
+
+    batches, progress = run(scenario)
+    assert progress.attempts == 2
+    assert ids_of(batches) == outputs
+    assert text_of(batches) == tokenizer.decode(outputs) == "a界b"
+
+
+def test_a_stop_string_spanning_the_retry_boundary_stops_the_request(tokenizer) -> None:
+    end = tokenizer.encode("END", add_special_tokens=False)
+    outputs = [LETTERS[0], end[0], end[1], end[2], LETTERS[1], LETTERS[2]]
+
+    async def scenario():
+        c = await cluster(tokenizer, script_after_prompt(outputs))
+        c.decode["decode-0"].die_after_tokens = 2  # after "EN", held back as a possible stop
+        batches, progress = await c.generate(greedy(6, stop=["END"]))
+        await c.pool.stop()
+        return c, batches, progress
+
+    c, batches, progress = run(scenario)
+    assert progress.attempts == 2
+    assert batches[-1].finished and batches[-1].finish_reason == "stop"
+    assert text_of(batches) == "a"
+    assert ids_of(batches) == outputs[:4]  # up to the token completing the stop string
+    assert progress.completion_tokens == 4
+    assert "req#1" in c.decode["decode-1"].aborted and c.leaked_blocks() == {}
+
+
+def test_a_seeded_sampled_request_is_reproducible_across_a_retry(tokenizer) -> None:
+    sampling = SamplingParams(max_tokens=10, temperature=1.0, seed=1234)
+
+    async def scenario(die_after: int | None):
+        c = await cluster(tokenizer, script_after_prompt(LETTERS))
+        c.decode["decode-0"].die_after_tokens = die_after
+        batches, progress = await c.generate(sampling)
+        await c.pool.stop()
+        return ids_of(batches), progress.attempts
+
+    uninterrupted, attempts = run(lambda: scenario(None))
+    assert attempts == 1
+    retried, attempts = run(lambda: scenario(4))
+    assert attempts == 2
+    assert retried == uninterrupted
+
+
+def test_cached_prompt_tokens_never_exceed_the_prompt_after_a_retry(tokenizer) -> None:
+    # The retry's prompt is the client's prompt plus 7 generated tokens (13 tokens), and its
+    # worker finds 12 of them cached; the client's prompt has 6.
+    async def scenario():
+        c = await cluster(tokenizer, script_after_prompt(LETTERS))
+        c.decode["decode-0"].die_after_tokens = 6
+        _, progress = await c.generate(greedy(8))
+        await c.pool.stop()
+        return progress
+
+    progress = run(scenario)
+    assert progress.attempts == 2
+    assert progress.cached_tokens == len(PROMPT)
+
+
+def test_a_client_cancel_aborts_the_request_on_both_workers(tokenizer) -> None:
+    async def scenario():
+        c = await cluster(tokenizer, script_after_prompt(LETTERS))
+        progress = Progress(received=time.perf_counter(), prompt_tokens=len(PROMPT))
+        stream = c.flow.run("req", PROMPT, greedy(40), {}, progress)
+        first = await anext(stream)
+        await stream.aclose()  # what the gRPC server does when the client goes away
+        await c.pool.stop()
+        return c, first
+
+    c, first = run(scenario)
+    assert first.token_ids == [LETTERS[0]]
+    assert c.prefill["prefill-0"].aborted == ["req"] and c.decode["decode-0"].aborted == ["req"]
+    assert c.leaked_blocks() == {}
+
+
+def test_a_deadline_aborts_the_request_on_both_workers(tokenizer) -> None:
+    async def scenario():
+        c = await cluster(tokenizer, script_after_prompt(LETTERS))
+        c.decode["decode-0"].step_s = 0.02
+
+        async def consume():
+            await c.generate(greedy(1000, ignore_eos=True))
+
+        with pytest.raises(TimeoutError):  # the RPC deadline cancels the handler's task
+            await asyncio.wait_for(consume(), 0.3)
+        await c.pool.stop()
+        return c
+
+    c = run(scenario)
+    assert c.prefill["prefill-0"].aborted == ["req"] and c.decode["decode-0"].aborted == ["req"]
+    assert c.leaked_blocks() == {}
+
+
+def test_when_every_attempt_fails_the_request_ends_unavailable_and_leaks_nothing(
+    tokenizer,
+) -> None:
+    async def scenario():
+        c = await cluster(tokenizer, script_after_prompt(LETTERS), decode=3)
+        for worker in c.decode.values():
+            worker.die_after_tokens = 1
+        with pytest.raises(NoWorkerAvailable) as failure:
+            await c.generate(greedy(8))
+        await c.pool.stop()
+        return c, failure.value
+
+    c, error = run(scenario)
+    assert status_for(error)[0] == grpc.StatusCode.UNAVAILABLE
+    assert "after 3 attempts" in str(error)
+    # The prefill worker heard an abort of every attempt it served.
+    assert c.prefill["prefill-0"].aborted == ["req", "req#1", "req#2"]
+    assert c.leaked_blocks() == {}
+
+
+def test_a_refused_reservation_waits_for_room_instead_of_excluding_the_worker(
+    tokenizer,
+) -> None:
+    async def scenario():
+        c = await cluster(tokenizer, script_after_prompt(LETTERS), decode=1)
+        decode = c.decode["decode-0"]
+        decode.refuse_reservations = True
+
+        async def free_blocks_later():
+            await asyncio.sleep(0.2)
+            decode.refuse_reservations = False
+
+        freeing = asyncio.create_task(free_blocks_later())
+        batches, progress = await c.generate(greedy(4))
+        await freeing
+        await c.pool.stop()
+        return decode, batches, progress
+
+    decode, batches, progress = run(scenario)
+    assert ids_of(batches) == LETTERS[:4]
+    assert decode.reservations > 1 and progress.decode_worker == "decode-0"
+
+
+def test_a_full_kv_pool_is_resource_exhausted_not_unavailable(tokenizer) -> None:
+    async def scenario():
+        c = await cluster(tokenizer, script_after_prompt(LETTERS), room_wait_s=0.3)
+        for worker in c.decode.values():
+            worker.refuse_reservations = True
+        started = time.monotonic()
+        with pytest.raises(Overloaded) as refusal:
+            await c.generate(greedy(4))
+        waited = time.monotonic() - started
+        await c.pool.stop()
+        return c, refusal.value, waited
+
+    c, error, waited = run(scenario)
+    assert status_for(error)[0] == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "no free KV blocks" in str(error)
+    assert waited >= 0.3
+    assert c.leaked_blocks() == {}
+
+
+def test_many_requests_on_a_small_kv_pool_wait_for_room_and_all_finish(tokenizer) -> None:
+    # 16 blocks of 4 tokens hold 8 two-block prompts at once; 24 arrive together.
+    async def scenario():
+        c = await cluster(tokenizer, script_after_prompt(LETTERS), decode=1, num_blocks=16)
+        c.decode["decode-0"].step_s = 0.005
+        results = await asyncio.gather(
+            *(c.generate(greedy(8), request_id=f"req-{i}") for i in range(24)),
+            return_exceptions=True,
+        )
+        await c.pool.stop()
+        return c, results
+
+    c, results = run(scenario)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    assert errors == []
+    assert all(ids_of(batches) == LETTERS for batches, _ in results)
+    assert c.leaked_blocks() == {}
+
+
+def test_a_frozen_decode_worker_is_failed_over_and_gets_no_new_requests(tokenizer) -> None:
+    async def scenario():
+        c = await cluster(tokenizer, script_after_prompt(LETTERS), progress_timeout_s=0.3)
+        frozen = c.decode["decode-0"]
+        frozen.freeze_after_tokens = 2
+        started = time.monotonic()
+        batches, progress = await c.generate(greedy(8))
+        failover_s = time.monotonic() - started
+        healthy_after = c.pool.workers["decode-0"].healthy
+        # The next requests go elsewhere while decode-0 stays frozen.
+        later = [await c.generate(greedy(2), request_id=f"later-{i}") for i in range(3)]
+        frozen.thaw()
+        await asyncio.sleep(0.05)  # the queued abort runs once it thaws
+        await c.pool.stop()
+        return c, batches, progress, failover_s, healthy_after, later
+
+    c, batches, progress, failover_s, healthy_after, later = run(scenario)
+    assert ids_of(batches) == LETTERS and progress.attempts == 2
+    assert failover_s < 2.0
+    assert not healthy_after
+    assert all(p.decode_worker == "decode-1" and p.attempts == 1 for _, p in later)
+    assert "req" in c.decode["decode-0"].aborted
+    assert c.leaked_blocks() == {}
