@@ -56,14 +56,11 @@ class DecodeWorker(WorkerActor):
     def _start_transport(self, runtime: WorkerRuntime) -> None:
         from kv_transfer.base import KVLayout
         from kv_transfer.factory import make_receiver
-        from kv_transfer.tls import mutual_tls
 
         self._aloop = asyncio.get_running_loop()
         self._receiver = make_receiver(self._kv_config, self, KVLayout.of(runtime.engine.kv_cache))
         self._endpoint = self._receiver.start()
-        # Received KV may serve later requests only if its sender proved who it is (mutual
-        # TLS) or the operator vouches for every peer; else it serves its own request only.
-        self._cache_received_kv = self._kv_config.trust_peer_cache or mutual_tls(self._kv_config)
+        self._cache_received_kv = self._kv_config.caches_received_kv
 
     def _ready_info(self) -> dict:
         return {"kv_endpoint": self._endpoint}

@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from kv_transfer.base import KVLayout, KVReceiver, KVSender, KVSink
 from pdserve.config import KVTransferConfig
 
-TRANSPORTS = ("grpc", "collective")
+if TYPE_CHECKING:
+    import torch
+
+TRANSPORTS = ("grpc", "collective", "nixl")
 
 
 def make_receiver(
-    config: KVTransferConfig, sink: KVSink, layout: KVLayout | None = None
+    config: KVTransferConfig,
+    sink: KVSink,
+    layout: KVLayout | None = None,
+    kv_cache: torch.Tensor | None = None,
 ) -> KVReceiver:
     """Decode side. `layout` (KVLayout.of(engine.kv_cache)) lets the receiver reject chunks of
-    the wrong model or dtype outright, and tells the collective transport the cache's device."""
+    the wrong model or dtype outright, and tells the collective transport the cache's device.
+    `kv_cache` (the engine's cache) is what the nixl transport registers and reads into."""
     if config.transport == "grpc":
         from kv_transfer.grpc_receiver import GrpcKVReceiver
 
@@ -21,6 +30,10 @@ def make_receiver(
         from kv_transfer.collective_receiver import CollectiveKVReceiver
 
         return CollectiveKVReceiver(config, sink, layout)
+    if config.transport == "nixl":
+        from kv_transfer.nixl_receiver import NixlKVReceiver
+
+        return NixlKVReceiver(config, sink, layout, kv_cache=kv_cache)
     raise ValueError(f"unknown KV transport {config.transport!r}; choose one of {TRANSPORTS}")
 
 
@@ -34,4 +47,8 @@ def make_sender(config: KVTransferConfig) -> KVSender:
         from kv_transfer.collective_sender import CollectiveKVSender
 
         return CollectiveKVSender(config)
+    if config.transport == "nixl":
+        from kv_transfer.nixl_sender import NixlKVSender
+
+        return NixlKVSender(config)
     raise ValueError(f"unknown KV transport {config.transport!r}; choose one of {TRANSPORTS}")

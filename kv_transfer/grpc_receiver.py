@@ -3,6 +3,11 @@
 The server is a sync `grpc.server` with its own thread pool, so verifying checksums and copying
 KV into the cache never runs on the decode worker's event loop or engine thread. The collective
 receiver reuses this server for its control plane and adds two methods.
+
+A receiver whose layout is on the "sim" device (a simulated engine) never builds a tensor: it
+checks each chunk's header as usual and hands the sink a `SimulatedKV` of that shape. Chunks
+with an empty payload (from a simulated sender) are only accepted there; a real cache rejects
+them as the wrong size.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ from kv_transfer.reservations import (
 )
 from pdserve.config import KVTransferConfig
 from pdserve.pb import kv_transfer_pb2 as pb
+from pdserve.sim.kv import SIM_DEVICE, SimulatedKV
+from pdserve.sim.model_shape import DTYPE_BYTES
 
 _SERVER_THREADS = 8  # concurrent KV streams a decode worker accepts; more wait in gRPC's queue
 
@@ -164,12 +171,21 @@ class GrpcKVReceiver(KVReceiver):
                 tid, f"transfer {tid}: chunk {header.seq} checksum mismatch", RejectReason.CORRUPT
             )
         try:
-            data = wire.tensor_from_payload(payload, header.dtype, list(header.shape))
+            data = self._chunk_data(header, payload)
         except ValueError as exc:
             self._table.fail(
                 tid, f"transfer {tid}: chunk {header.seq}: {exc}", RejectReason.INVALID
             )
         self._table.write(tid, spec, data)
+
+    def _chunk_data(self, header: pb.ChunkHeader, payload: memoryview) -> Any:
+        """The chunk as the sink takes it: a tensor viewing the payload, or for a simulated
+        cache a SimulatedKV of the header's shape (whatever the payload held)."""
+        if self.layout is not None and self.layout.device == SIM_DEVICE:
+            if header.dtype not in DTYPE_BYTES:
+                raise ValueError(f"unknown dtype {header.dtype!r}")
+            return SimulatedKV(tuple(header.shape), header.dtype, DTYPE_BYTES[header.dtype])
+        return wire.tensor_from_payload(payload, header.dtype, list(header.shape))
 
     def _commit(self, request: pb.CommitRequest, context: grpc.ServicerContext) -> Any:
         info = CommitInfo(

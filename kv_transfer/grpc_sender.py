@@ -2,6 +2,10 @@
 
 Chunks are produced lazily by the request iterator, which gRPC drains on its own thread: reading
 the KV of chunk k+1 and its CRC (which releases the GIL) overlap with sending chunk k.
+
+A simulated engine's `read_kv` returns `SimulatedKV` (pdserve/sim/kv.py): its chunks carry the
+real header (shape, dtype, layers) with an empty payload, and each takes as long to produce as
+its modelled bytes take on the modelled link.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from kv_transfer.grpc_common import (
 )
 from pdserve.config import KVTransferConfig
 from pdserve.pb import kv_transfer_pb2 as pb
+from pdserve.sim.kv import SimulatedKV
 
 _PREFETCH = 2  # encoded chunks buffered ahead of gRPC (memory: 2 x chunk_bytes)
 
@@ -195,14 +200,18 @@ class GrpcKVSender(KVSender):
         ranges = layer_ranges(request.num_layers, first.nbytes, config.chunk_bytes)
         for seq, (l0, l1) in enumerate(ranges):
             data = first if (l0, l1) == (0, 1) else request.read_kv(src, l0, l1)
-            data = data.cpu().contiguous()  # gRPC needs host bytes; a CPU tensor is used in place
-            payload = wire.tensor_bytes(data)
+            if isinstance(data, SimulatedKV):
+                time.sleep(data.link_seconds)
+                payload = memoryview(b"")
+            else:
+                data = data.cpu().contiguous()  # gRPC needs host bytes; CPU tensors stay in place
+                payload = wire.tensor_bytes(data)
             header = wire.chunk_header(request, seq, l0, l1, data, wire.payload_checksum(payload))
             encoded = wire.encode_chunk(header, payload)
             if self.tamper is not None:
                 encoded = self.tamper(seq, encoded)
             totals[0] += 1
-            totals[1] += payload.nbytes
+            totals[1] += data.nbytes
             yield encoded
 
     def abort(self, endpoint: str, transfer_id: str) -> None:

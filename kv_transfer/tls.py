@@ -23,11 +23,6 @@ def tls_enabled(config: KVTransferConfig) -> bool:
     return bool(config.tls_cert)
 
 
-def mutual_tls(config: KVTransferConfig) -> bool:
-    """Whether every peer of the KV endpoint proves itself with a certificate of `tls_ca`."""
-    return tls_enabled(config) and config.tls_client_auth
-
-
 def _pem(config: KVTransferConfig, name: str) -> bytes:
     path = getattr(config, name)
     try:

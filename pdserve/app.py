@@ -158,7 +158,13 @@ class ServingApp:
         policy = RoutingPolicy(config.router)
         # Waiting prompts are packed into engine steps of this many tokens (queue estimates).
         policy.cost.step_tokens = config.engine.max_num_batched_tokens
-        self.routing = Routing(self.pool, policy, config.engine.block_size, index)
+        self.routing = Routing(
+            self.pool,
+            policy,
+            config.engine.block_size,
+            index,
+            decode_caches_received_kv=config.kv.caches_received_kv,
+        )
         flow = RequestFlow(
             self.pool,
             self.routing.choose,

@@ -15,6 +15,8 @@ from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from pdserve.sim.profiles import ProfileError, parse_profile
+
 MiB = 1 << 20
 MAX_PORT = 65535
 
@@ -98,6 +100,42 @@ def port_setting(default: int | None, help: str, *, flag: str | None = None) -> 
     return setting(default, help, flag=flag, minimum=0, maximum=MAX_PORT)
 
 
+ENGINE_KINDS = ("torch", "sim")
+
+
+@dataclass
+class SimConfig:
+    """Simulated workers (--engine sim): the timing model that stands for the GPU."""
+
+    cli_group: ClassVar[str] = "simulation"
+
+    profile: str = setting(
+        "analytical:h100",
+        "timing model: analytical:GPU[:tpN] (GPUs: a100, h100, h200, l40s) or a JSON profile "
+        "file (docs/simulation.md)",
+        flag="--sim-profile",
+    )
+    time_scale: float = setting(
+        1.0,
+        "wall seconds per simulated second (stretch to fit many workers)",
+        flag="--sim-time-scale",
+        above=0,
+    )
+    link_gbps: float = setting(
+        400.0,
+        "bandwidth of the modelled prefill-to-decode KV link in Gbit/s",
+        flag="--sim-link-gbps",
+        above=0,
+    )
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        try:
+            parse_profile(self.profile)
+        except ProfileError as e:
+            raise ConfigError("SimConfig", "profile", str(e)) from None
+
+
 @dataclass
 class EngineConfig:
     """One engine (any role): which model, how big the paged KV cache is, how a step is batched."""
@@ -135,6 +173,13 @@ class EngineConfig:
     num_threads: int | None = setting(
         None, "torch intra-op threads per worker on CPU (default: torch's)", minimum=1
     )
+    kind: str = setting(
+        "torch",
+        "what runs the model: torch, or sim (a timing model, no torch; docs/simulation.md)",
+        flag="--engine",
+        choices=ENGINE_KINDS,
+    )
+    sim: SimConfig = field(default_factory=SimConfig)
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -150,7 +195,15 @@ class KVTransferConfig:
 
     cli_group: ClassVar[str] = "KV transfer"
 
-    transport: str = setting("grpc", "", flag="--kv-transport", choices=("grpc", "collective"))
+    transport: str = setting(
+        "grpc", "", flag="--kv-transport", choices=("grpc", "collective", "nixl")
+    )
+    nixl_ucx_tls: str | None = setting(
+        None,
+        "UCX transports of the nixl transport (UCX_TLS, e.g. tcp, shm, rc,cuda_ipc; default: "
+        "UCX picks; docs/kv_transfer.md)",
+        flag="--kv-nixl-ucx-tls",
+    )
     # Given to the workers inside this config (a constructor argument), never in their
     # environment. `pdserve serve` reads it from --kv-secret-file or env PDSERVE_KV_SECRET,
     # else generates one.
@@ -208,6 +261,17 @@ class KVTransferConfig:
                 missing,
                 "--kv-tls-cert, --kv-tls-key and --kv-tls-ca go together",
             )
+
+    @property
+    def mutual_tls(self) -> bool:
+        """Whether every peer of a KV endpoint proves itself with a certificate of `tls_ca`."""
+        return bool(self.tls_cert) and self.tls_client_auth
+
+    @property
+    def caches_received_kv(self) -> bool:
+        """Whether received KV may serve later requests (enter the decode prefix cache): only if
+        its sender proved who it is (mutual TLS) or the operator vouches for every peer."""
+        return self.trust_peer_cache or self.mutual_tls
 
 
 @dataclass
@@ -339,6 +403,23 @@ class ServeConfig:
     )
     # Where the router's Prometheus endpoint listens.
     metrics_host: str = setting("0.0.0.0", "address of the router's Prometheus endpoint")
+    prefill_engine: str | None = setting(
+        None, "engine of the prefill workers (default: --engine)", choices=ENGINE_KINDS
+    )
+    decode_engine: str | None = setting(
+        None, "engine of the decode workers (default: --engine)", choices=ENGINE_KINDS
+    )
 
     def __post_init__(self) -> None:
         check_fields(self)
+        for role in ("prefill", "decode"):
+            if self.engine_for(role).kind == "sim" and self.kv.transport != "grpc":
+                name = f"{role}_engine" if getattr(self, f"{role}_engine") else "engine"
+                raise ConfigError("ServeConfig", name, "simulated workers need --kv-transport grpc")
+
+    def engine_for(self, role: str) -> EngineConfig:
+        """The engine config of the workers of `role` ("prefill" or "decode")."""
+        kind = getattr(self, f"{role}_engine") or self.engine.kind
+        if kind == self.engine.kind:
+            return self.engine
+        return dataclasses.replace(self.engine, kind=kind)

@@ -56,10 +56,6 @@ async def write_all(responses: Any, context: grpc.aio.ServicerContext) -> None:
     if inspect.isawaitable(responses):  # the reader/writer style already writes itself
         await responses
         return
-    if not hasattr(responses, "__aiter__"):  # a sync iterator
-        for response in responses:
-            await context.write(response)
-        return
     try:
         async for response in responses:
             await context.write(response)

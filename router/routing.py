@@ -29,6 +29,9 @@ class Routing:
     policy: RoutingPolicy
     block_size: int
     index: PrefixIndex | None = None
+    # Whether a decode worker keeps the KV pushed to it in its prefix cache
+    # (`KVTransferConfig.caches_received_kv`); if not, a push teaches the router nothing.
+    decode_caches_received_kv: bool = True
 
     recent: RecentPrefixes = field(default_factory=RecentPrefixes)
 
@@ -109,8 +112,9 @@ class Routing:
                 self.policy.cost.observe_request_prefill(
                     result.num_prompt_tokens - hit, result.prefill_s
                 )
-            # The push has committed: from now on the decode worker holds the prompt's blocks.
-            self.recent.add(route.decode_worker, list(route.block_hashes))
+            if self.decode_caches_received_kv:
+                # The push has committed: the decode worker now holds the prompt's blocks.
+                self.recent.add(route.decode_worker, list(route.block_hashes))
         if self.index is None:
             return
         worker = route.prefill_worker or route.decode_worker

@@ -20,10 +20,19 @@ from pdserve.config import (
     MiB,
     RouterConfig,
     ServeConfig,
+    SimConfig,
     WorkerConfig,
 )
 
-SETTINGS = (EngineConfig, KVTransferConfig, RouterConfig, WorkerConfig, LogConfig, ServeConfig)
+SETTINGS = (
+    EngineConfig,
+    SimConfig,
+    KVTransferConfig,
+    RouterConfig,
+    WorkerConfig,
+    LogConfig,
+    ServeConfig,
+)
 
 
 def serve_parser() -> argparse.ArgumentParser:

@@ -88,7 +88,11 @@ def serve_locally(
 
     config = ServeConfig(
         engine=EngineConfig(model=str(model_dir), num_threads=1, **(engine or {})),
-        kv=KVTransferConfig(bind_host="127.0.0.1", advertise_host="127.0.0.1"),
+        # Every worker is this process's own child on loopback: their KV is trusted, so decode
+        # workers reuse pushed prefixes as they would under mutual TLS in a cluster.
+        kv=KVTransferConfig(
+            bind_host="127.0.0.1", advertise_host="127.0.0.1", trust_peer_cache=True
+        ),
         router=RouterConfig(host="127.0.0.1", port=0, **(router or {})),
         prefill_workers=prefill_workers,
         decode_workers=decode_workers,

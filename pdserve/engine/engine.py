@@ -5,53 +5,105 @@ disaggregated serving (docs/structures.md, "Engine"): a prefill_only request kee
 *held* after its first token until `release()`; the decode side `reserve()`s a block table,
 receives KV with `write_kv()` (from another thread) and `commit()`s to join the batch.
 All methods except `write_kv` and `read_kv` must be called from one thread.
+
+What runs the model sits behind one seam, the `Executor`: `TorchExecutor` (model_runner.py:
+the model, the KV cache tensor, the sampler) or, with `EngineConfig.kind == "sim"`,
+`pdserve.sim.executor.SimExecutor` (a timing model and deterministic tokens, no torch). The
+scheduler, block manager, sequences and prefix cache are the same for both, and this module
+imports torch only through the torch executor.
 """
 
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Sequence as Seq
 from pathlib import Path
-
-import torch
+from typing import Any, Protocol
 
 from pdserve.config import EngineConfig
 from pdserve.core import model_limits
 from pdserve.core.kv_events import KVEvent, KVEventSink
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.engine.block_manager import BlockManager
-from pdserve.engine.model_runner import ModelRunner
 from pdserve.engine.outputs import RequestOutput, Reservation
-from pdserve.engine.sampler import Sampler
 from pdserve.engine.scheduler import ScheduledBatch, Scheduler
 from pdserve.engine.sequence import Sequence, SequenceStatus
 from pdserve.models.builtin import default_model_dir
-from pdserve.models.loader import DTYPES, ModelLoadError, load_model
 from pdserve.tokenizer import IncrementalDetokenizer, Tokenizer
 
-__all__ = ["LLMEngine", "RequestOutput", "Reservation", "SamplingParams", "KVEvent"]
+__all__ = ["Executor", "LLMEngine", "RequestOutput", "Reservation", "SamplingParams", "KVEvent"]
+
+
+class Executor(Protocol):
+    """What runs the model for the engine: computes a step's chunks and samples its tokens,
+    and owns the KV cache (a tensor, or for the sim executor a shape without bytes)."""
+
+    model_config: dict[str, Any]  # the HF config.json
+    vocab_size: int
+    num_layers: int
+    kv_cache: Any  # [num_layers, 2, num_blocks, block_size, kv_heads, head_dim]
+    bytes_per_block: int
+
+    def execute(
+        self, batch: ScheduledBatch, step_started: float
+    ) -> tuple[list[int], list[int], list[float | None]]:
+        """Computes every scheduled chunk (their sequences' num_computed_tokens not advanced
+        yet); returns the indices in batch.seqs that sample, their tokens and logprobs
+        (None where a request did not ask). `step_started`: perf_counter at the step's start."""
+        ...
+
+    def read_kv(self, block_ids: list[int], layer_start: int, layer_end: int) -> Any: ...
+
+    def write_kv(self, block_ids: list[int], layer_start: int, data: Any) -> None: ...
+
+    def stats(self) -> dict[str, float]: ...
+
+
+def make_executor(config: EngineConfig, model_dir: Path, tokenizer: Tokenizer) -> Executor:
+    """The executor `config.kind` names; only the torch one imports torch."""
+    if config.kind == "sim":
+        from pdserve.sim.executor import SimExecutor, read_model_config
+
+        model_config = read_model_config(model_dir)
+        special = {*tokenizer.eos_token_ids, tokenizer.bos_token_id}
+        return SimExecutor(
+            model_config,
+            num_blocks=model_limits.kv_pool_blocks(model_config, config),
+            block_size=config.block_size,
+            dtype=config.dtype,
+            profile=config.sim.profile,
+            avoid_token_ids={t for t in special if t is not None},
+            time_scale=config.sim.time_scale,
+            link_gbps=config.sim.link_gbps,
+        )
+    from pdserve.engine.model_runner import TorchExecutor
+
+    return TorchExecutor(config, model_dir)
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, kv_event_sink: KVEventSink | None = None) -> None:
-        if config.num_threads:
-            torch.set_num_threads(config.num_threads)
+    def __init__(
+        self,
+        config: EngineConfig,
+        kv_event_sink: KVEventSink | None = None,
+        executor: Executor | None = None,
+    ) -> None:
         model_dir = Path(config.model) if config.model else default_model_dir()
         self.config = config
-        self.model, self.model_config = load_model(model_dir, config.dtype, config.device)
         try:
             self.tokenizer = Tokenizer.from_dir(model_dir)
         except FileNotFoundError as e:
+            from pdserve.models.hf_config import ModelLoadError
+
             raise ModelLoadError(str(e)) from e
+        self.executor = executor or make_executor(config, model_dir, self.tokenizer)
+        self.model_config = self.executor.model_config
+        self.kv_cache = self.executor.kv_cache
         self.block_size = config.block_size
-        self.num_layers = self.model.config.num_layers
-        dtype = DTYPES[config.dtype]
+        self.num_layers = self.executor.num_layers
         self.max_model_len = model_limits.max_model_len(self.model_config, config)
         num_blocks = model_limits.kv_pool_blocks(self.model_config, config)
-        self.runner = ModelRunner(
-            self.model, num_blocks, self.block_size, dtype, torch.device(config.device)
-        )
-        self.kv_cache = self.runner.kv_cache
         self.block_manager = BlockManager(num_blocks, self.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
             self.block_manager,
@@ -59,13 +111,27 @@ class LLMEngine:
             config.max_num_batched_tokens,
             config.enable_chunked_prefill,
         )
-        self.sampler = Sampler()
         self.eos_token_ids = set(self.tokenizer.eos_token_ids)
         self._kv_event_sink = kv_event_sink
         self._seqs: dict[str, Sequence] = {}
         self._pending: list[RequestOutput] = []  # outputs produced outside step()
         self._arrivals = itertools.count()
         self._counters = dict.fromkeys(("prefill_tokens_computed", "decode_tokens", "steps"), 0)
+
+    @property
+    def model(self) -> Any:
+        """The torch model (torch executor only)."""
+        return self.executor.model
+
+    @property
+    def runner(self) -> Any:
+        """The ModelRunner (torch executor only)."""
+        return self.executor.runner
+
+    @property
+    def bytes_per_block(self) -> int:
+        """KV bytes of one block over all layers (what a transfer moves per block)."""
+        return self.executor.bytes_per_block
 
     # ---- requests -----------------------------------------------------------------------
     def add_request(
@@ -113,17 +179,22 @@ class LLMEngine:
 
     # ---- the step -----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        started = time.perf_counter()
         batch = self.scheduler.schedule()
         outputs, self._pending = self._pending, []
         if batch.seqs:
-            logits, sample_idx = self.runner.run(batch)
-            outputs += self._postprocess(batch, logits, sample_idx)
+            sampled = self.executor.execute(batch, started)
+            outputs += self._postprocess(batch, *sampled)
         self._counters["steps"] += 1
         self._emit_events()
         return outputs
 
     def _postprocess(
-        self, batch: ScheduledBatch, logits: torch.Tensor, sample_idx: list[int]
+        self,
+        batch: ScheduledBatch,
+        sample_idx: list[int],
+        tokens: list[int],
+        logprobs: list[float | None],
     ) -> list[RequestOutput]:
         for seq, n in zip(batch.seqs, batch.num_tokens, strict=True):
             is_decode = n == 1 and seq.num_computed_tokens >= seq.num_prompt_tokens
@@ -131,12 +202,7 @@ class LLMEngine:
             self._counters[key] += n
             seq.num_computed_tokens += n
             self.block_manager.cache_full_blocks(seq)
-        if not sample_idx:
-            return []
         sampled = [batch.seqs[i] for i in sample_idx]
-        tokens, logprobs = self.sampler(
-            logits, [s.params for s in sampled], [s.num_output_tokens for s in sampled]
-        )
         return [
             self._append_token(seq, token, logprob)
             for seq, token, logprob in zip(sampled, tokens, logprobs, strict=True)
@@ -208,18 +274,14 @@ class LLMEngine:
         missing = list(range(cached // self.block_size, len(seq.block_table)))
         return Reservation(cached, list(seq.block_table), missing)
 
-    def write_kv(self, block_ids: list[int], layer_start: int, data: torch.Tensor) -> None:
+    def write_kv(self, block_ids: list[int], layer_start: int, data: Any) -> None:
         """data: [l1 - l0, 2, n, block_size, kv_heads, head_dim] -> kv_cache[l0:l1, :, ids].
         Thread-safe against step(): reserved blocks are never read or written by a step."""
-        index = torch.tensor(block_ids, dtype=torch.int64, device=self.kv_cache.device)
-        layer_end = layer_start + data.shape[0]
-        data = data.to(device=self.kv_cache.device, dtype=self.kv_cache.dtype)
-        self.kv_cache[layer_start:layer_end].index_copy_(2, index, data)
+        self.executor.write_kv(block_ids, layer_start, data)
 
-    def read_kv(self, block_ids: list[int], layer_start: int, layer_end: int) -> torch.Tensor:
-        """A contiguous copy of kv_cache[l0:l1, :, block_ids]."""
-        index = torch.tensor(block_ids, dtype=torch.int64, device=self.kv_cache.device)
-        return self.kv_cache[layer_start:layer_end].index_select(2, index)
+    def read_kv(self, block_ids: list[int], layer_start: int, layer_end: int) -> Any:
+        """A contiguous copy of kv_cache[l0:l1, :, block_ids] (sim: its shape, no bytes)."""
+        return self.executor.read_kv(block_ids, layer_start, layer_end)
 
     def commit(
         self,
@@ -236,7 +298,7 @@ class LLMEngine:
         seq = self._seqs.get(request_id)
         if seq is None or seq.status != SequenceStatus.RESERVED:
             raise KeyError(f"request {request_id!r} has no reservation to commit")
-        vocab = self.model.config.vocab_size
+        vocab = self.executor.vocab_size
         if not 0 <= first_token_id < vocab:
             raise ValueError(
                 f"first_token_id {first_token_id} is outside the vocabulary [0, {vocab})"
@@ -260,7 +322,7 @@ class LLMEngine:
         self._emit_events()
 
     # ---- introspection ------------------------------------------------------------------
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, int | float]:
         bm, sched = self.block_manager, self.scheduler
         by_status = {s: 0 for s in SequenceStatus}
         for seq in self._seqs.values():
@@ -279,6 +341,7 @@ class LLMEngine:
             "prefix_query_tokens": sched.prefix_query_tokens,
             "num_preemptions": sched.num_preemptions,
             **self._counters,
+            **self.executor.stats(),
         }
 
     # ---- helpers ------------------------------------------------------------------------
@@ -290,7 +353,7 @@ class LLMEngine:
         prompt = list(prompt)
         if not prompt:
             raise ValueError("the prompt must have at least one token")
-        vocab = self.model.config.vocab_size
+        vocab = self.executor.vocab_size
         if min(prompt) < 0 or max(prompt) >= vocab:
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
         if len(prompt) > self.max_model_len:

@@ -1,13 +1,70 @@
-"""ModelRunner: owns the model and the paged KV cache; turns a scheduled batch into tensors,
-runs the forward pass and returns the logits of the sequences that sample this step."""
+"""The torch side of the engine: `TorchExecutor` (the engine's executor seam: model, KV cache
+tensor, sampler) and its `ModelRunner`, which owns the paged KV cache, turns a scheduled batch
+into tensors, runs the forward pass and returns the logits of the sequences that sample."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
+from pdserve.config import EngineConfig
+from pdserve.core import model_limits
+from pdserve.engine.sampler import Sampler
 from pdserve.engine.scheduler import ScheduledBatch
 from pdserve.models.attention import AttentionContext
 from pdserve.models.llama import LlamaForCausalLM
+from pdserve.models.loader import DTYPES, load_model
+
+
+class TorchExecutor:
+    """Runs the model of `model_dir` (engine.Executor): forward pass, sampling, KV reads and
+    writes on the cache tensor."""
+
+    def __init__(self, config: EngineConfig, model_dir: Path) -> None:
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        self.model, self.model_config = load_model(model_dir, config.dtype, config.device)
+        self.vocab_size = self.model.config.vocab_size
+        self.num_layers = self.model.config.num_layers
+        self.runner = ModelRunner(
+            self.model,
+            model_limits.kv_pool_blocks(self.model_config, config),
+            config.block_size,
+            DTYPES[config.dtype],
+            torch.device(config.device),
+        )
+        self.kv_cache = self.runner.kv_cache
+        self.sampler = Sampler()
+
+    @property
+    def bytes_per_block(self) -> int:
+        return self.kv_cache[:, :, 0].numel() * self.kv_cache.element_size()
+
+    def execute(
+        self, batch: ScheduledBatch, step_started: float
+    ) -> tuple[list[int], list[int], list[float | None]]:
+        logits, sample_idx = self.runner.run(batch)
+        if not sample_idx:
+            return [], [], []
+        sampled = [batch.seqs[i] for i in sample_idx]
+        tokens, logprobs = self.sampler(
+            logits, [s.params for s in sampled], [s.num_output_tokens for s in sampled]
+        )
+        return sample_idx, tokens, logprobs
+
+    def write_kv(self, block_ids: list[int], layer_start: int, data: torch.Tensor) -> None:
+        index = torch.tensor(block_ids, dtype=torch.int64, device=self.kv_cache.device)
+        layer_end = layer_start + data.shape[0]
+        data = data.to(device=self.kv_cache.device, dtype=self.kv_cache.dtype)
+        self.kv_cache[layer_start:layer_end].index_copy_(2, index, data)
+
+    def read_kv(self, block_ids: list[int], layer_start: int, layer_end: int) -> torch.Tensor:
+        index = torch.tensor(block_ids, dtype=torch.int64, device=self.kv_cache.device)
+        return self.kv_cache[layer_start:layer_end].index_select(2, index)
+
+    def stats(self) -> dict[str, float]:
+        return {}
 
 
 class ModelRunner:

@@ -154,3 +154,23 @@ class RendezvousResponse(_message.Message):
     count: int
     present: bool
     def __init__(self, value: _Optional[bytes] = ..., count: _Optional[int] = ..., present: _Optional[bool] = ...) -> None: ...
+
+class PullKVRequest(_message.Message):
+    __slots__ = ("header", "agent_metadata", "address", "memory", "device_id")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    AGENT_METADATA_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    header: ChunkHeader
+    agent_metadata: bytes
+    address: int
+    memory: str
+    device_id: int
+    def __init__(self, header: _Optional[_Union[ChunkHeader, _Mapping]] = ..., agent_metadata: _Optional[bytes] = ..., address: _Optional[int] = ..., memory: _Optional[str] = ..., device_id: _Optional[int] = ...) -> None: ...
+
+class PullKVResponse(_message.Message):
+    __slots__ = ("bytes",)
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    bytes: int
+    def __init__(self, bytes: _Optional[int] = ...) -> None: ...

@@ -65,6 +65,11 @@ class KVTransferStub:
                 request_serializer=pdserve_dot_v1_dot_kv__transfer__pb2.RendezvousRequest.SerializeToString,
                 response_deserializer=pdserve_dot_v1_dot_kv__transfer__pb2.RendezvousResponse.FromString,
                 _registered_method=True)
+        self.PullKV = channel.unary_unary(
+                '/pdserve.v1.KVTransfer/PullKV',
+                request_serializer=pdserve_dot_v1_dot_kv__transfer__pb2.PullKVRequest.SerializeToString,
+                response_deserializer=pdserve_dot_v1_dot_kv__transfer__pb2.PullKVResponse.FromString,
+                _registered_method=True)
 
 
 class KVTransferServicer:
@@ -120,6 +125,16 @@ class KVTransferServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PullKV(self, request, context):
+        """nixl transport: the decode worker READs the transfer's KV (every layer of the reserved
+        blocks) straight from the prefill worker's registered memory into the reserved blocks,
+        verifies its checksum and answers when it landed (or failed, at the latest at the
+        reservation's deadline). Commit follows as in the other transports.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KVTransferServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -152,6 +167,11 @@ def add_KVTransferServicer_to_server(servicer, server):
                     servicer.Rendezvous,
                     request_deserializer=pdserve_dot_v1_dot_kv__transfer__pb2.RendezvousRequest.FromString,
                     response_serializer=pdserve_dot_v1_dot_kv__transfer__pb2.RendezvousResponse.SerializeToString,
+            ),
+            'PullKV': grpc.unary_unary_rpc_method_handler(
+                    servicer.PullKV,
+                    request_deserializer=pdserve_dot_v1_dot_kv__transfer__pb2.PullKVRequest.FromString,
+                    response_serializer=pdserve_dot_v1_dot_kv__transfer__pb2.PullKVResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -317,6 +337,33 @@ class KVTransfer:
             '/pdserve.v1.KVTransfer/Rendezvous',
             pdserve_dot_v1_dot_kv__transfer__pb2.RendezvousRequest.SerializeToString,
             pdserve_dot_v1_dot_kv__transfer__pb2.RendezvousResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PullKV(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pdserve.v1.KVTransfer/PullKV',
+            pdserve_dot_v1_dot_kv__transfer__pb2.PullKVRequest.SerializeToString,
+            pdserve_dot_v1_dot_kv__transfer__pb2.PullKVResponse.FromString,
             options,
             channel_credentials,
             insecure,

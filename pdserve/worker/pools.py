@@ -43,21 +43,22 @@ def create_workers(
                 max_task_retries=0,
                 max_concurrency=1000,
                 runtime_env={"env_vars": forwarded_env()},
-            ).remote(worker_id, worker_spec(config, redis_url, position))
+            ).remote(worker_id, worker_spec(config, redis_url, position, role))
             position += 1
         created.append(handles)
     return created[0], created[1]
 
 
-def worker_spec(config: ServeConfig, redis_url: str | None, position: int) -> WorkerSpec:
-    """What the worker at `position` (its index over both pools) is started with."""
+def worker_spec(config: ServeConfig, redis_url: str | None, position: int, role: str) -> WorkerSpec:
+    """What the worker of `role` at `position` (its index over both pools) is started with:
+    its pool's engine (torch or sim)."""
     affinity = None
     if config.pin_cpus:
         # One core per worker, round robin over this node's cores (benchmarks on one machine:
         # keeps a prefill burst from taking the decode worker's core).
         affinity = {position % (os.cpu_count() or 1)}
     return WorkerSpec(
-        engine=config.engine,
+        engine=config.engine_for(role),
         kv=config.kv,
         worker=config.worker,
         log=config.log,

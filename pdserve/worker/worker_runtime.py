@@ -30,13 +30,9 @@ log = logging.getLogger(__name__)
 
 class WorkerRuntime:
     def __init__(self, worker_id: str, role: str, spec: WorkerSpec) -> None:
-        import torch
-
         if spec.cpu_affinity:
             os.sched_setaffinity(0, spec.cpu_affinity)
         engine_config = spec.engine
-        if engine_config.num_threads:
-            torch.set_num_threads(engine_config.num_threads)
         self.worker_id = worker_id
         self.role = role
         self.metrics_port = _setup_process(role, spec)
@@ -64,16 +60,12 @@ class WorkerRuntime:
             role=role,
             epoch=self.epoch,
             block_size=self.engine.block_size,
-            bytes_per_block=self._bytes_per_block(),
+            bytes_per_block=self.engine.bytes_per_block,
         )
         self._last_prefill_tokens = 0
         # Queue wait of requests that asked for it (track_queue): engine-thread state.
         self._waiting_since: dict[str, float] = {}
         self._queue_waits: dict[str, float] = {}
-
-    def _bytes_per_block(self) -> int:
-        kv = self.engine.kv_cache  # [layers, 2, blocks, block_size, kv_heads, head_dim]
-        return kv[:, :, 0].numel() * kv.element_size()
 
     @property
     def bytes_per_block(self) -> int:

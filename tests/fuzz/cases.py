@@ -9,6 +9,7 @@ get INVALID_ARGUMENT with a message that starts with one of them.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from hypothesis import strategies as st
@@ -30,7 +31,7 @@ class Model:
     name: str
     vocab_size: int
     max_model_len: int
-    encode: object  # text -> token ids, as a prompt is tokenized (special tokens added)
+    encode: Callable[[str], list[int]]  # a prompt's token ids (special tokens added)
 
 
 @dataclass

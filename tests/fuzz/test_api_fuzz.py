@@ -22,7 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 
 from pdserve.bench.system_probe import settled_leftovers
-from pdserve.pb import generate_pb2
+from pdserve.pb import generate_pb2, generate_pb2_grpc
 from tests.e2e.conftest import serve_config
 from tests.e2e.test_disaggregated_serving import VOCAB_HIGH, VOCAB_LOW, reference_outputs
 from tests.fuzz import cases
@@ -60,15 +60,11 @@ def channel(served) -> Iterator[grpc.Channel]:
 
 
 @pytest.fixture(scope="module")
-def model(served) -> cases.Model:
-    with grpc.insecure_channel(f"127.0.0.1:{served.port}") as channel:
-        info = channel.unary_unary(
-            "/pdserve.v1.Generation/GetModelInfo",
-            request_serializer=generate_pb2.GetModelInfoRequest.SerializeToString,
-            response_deserializer=generate_pb2.ModelInfo.FromString,
-        )(generate_pb2.GetModelInfoRequest(), timeout=CALL_TIMEOUT_S)
-    tokenizer = _tokenizer()
-    return cases.Model(info.name, info.vocab_size, info.max_model_len, tokenizer.encode)
+def model(channel) -> cases.Model:
+    info = generate_pb2_grpc.GenerationStub(channel).GetModelInfo(
+        generate_pb2.GetModelInfoRequest(), timeout=CALL_TIMEOUT_S
+    )
+    return cases.Model(info.name, info.vocab_size, info.max_model_len, _tokenizer().encode)
 
 
 def _tokenizer():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 import grpc
 import pytest
@@ -83,3 +84,35 @@ def test_a_client_certificate_needs_its_key(ca):
     cert = ca.issue("client", server=False)
     with pytest.raises(ValueError, match="tls_cert and tls_key"):
         GenerationClient("127.0.0.1:1", tls_ca=ca.cert, tls_cert=cert.cert)
+
+
+def test_a_certificate_renewed_in_place_is_served_without_a_restart(tmp_path):
+    serving = tmp_path / "serving"
+    serving.mkdir()
+    cert, key = serving / "tls.crt", serving / "tls.key"
+
+    def install(ca: TestCA) -> None:
+        issued = ca.issue("router", server=True)
+        for source, target in ((issued.cert, cert), (issued.key, key)):
+            staged = target.with_suffix(".new")
+            staged.write_bytes(source.read_bytes())
+            os.replace(staged, target)  # as the kubelet swaps a Secret volume's files
+
+    cas = []
+    for name in ("first", "renewed"):
+        (tmp_path / name).mkdir()
+        cas.append(TestCA(tmp_path / name, f"{name} CA"))
+    first, renewed = cas
+    install(first)
+    with ApiServer(tmp_path, credentials=server_credentials(cert, key)) as server:
+        with GenerationClient(server.target, tls_ca=first.cert, timeout=10) as client:
+            assert client.model_info().name == "tiny"
+        install(renewed)
+        with GenerationClient(server.target, tls_ca=renewed.cert, timeout=10) as client:
+            assert client.model_info().name == "tiny"
+        with (
+            GenerationClient(server.target, tls_ca=first.cert, timeout=10) as stale,
+            pytest.raises(GenerationError) as error,
+        ):
+            stale.model_info()
+        assert error.value.code == grpc.StatusCode.UNAVAILABLE

@@ -12,7 +12,7 @@ BLOCK = 16
 SYSTEM = list(range(1, 257))  # a 256-token system prompt: 16 full blocks
 
 
-def routing(**config) -> Routing:
+def routing(decode_caches_received_kv: bool = True, **config) -> Routing:
     config.setdefault("disaggregate", "always")
     pool = WorkerPool({"prefill-0": None}, {"decode-0": None})  # no actor is ever called
     for worker in pool.workers.values():
@@ -21,7 +21,8 @@ def routing(**config) -> Routing:
             worker.worker_id, worker.role, epoch=1, num_blocks=4096, num_free_blocks=4096,
             bytes_per_block=8192,
         )  # fmt: skip
-    return Routing(pool, RoutingPolicy(RouterConfig(**config)), BLOCK)
+    policy = RoutingPolicy(RouterConfig(**config))
+    return Routing(pool, policy, BLOCK, decode_caches_received_kv=decode_caches_received_kv)
 
 
 def done(route, prompt: list[int], cached: int = 0) -> PrefillResult:
@@ -34,8 +35,8 @@ def done(route, prompt: list[int], cached: int = 0) -> PrefillResult:
 
 def test_a_decode_worker_is_credited_with_a_pushed_prefix_only_once_it_commits() -> None:
     # Until the push commits, the decode worker has none of the prompt's blocks: crediting it
-    # at routing time made a local prefill there look nearly free, and it then computed the
-    # whole prompt again.
+    # at routing time would make a local prefill there look nearly free while it computes the
+    # whole prompt.
     r = routing()
     first = SYSTEM + [1000, 1001, 1002]
     route = r.choose(first, 8, set())
@@ -45,6 +46,15 @@ def test_a_decode_worker_is_credited_with_a_pushed_prefix_only_once_it_commits()
     r.on_prefill_done(route, done(route, first))
     third = r.choose(SYSTEM + [3000], 8, set())
     assert third.cached_blocks == {"prefill-0": 16, "decode-0": 16}
+
+
+def test_a_decode_worker_that_keeps_no_received_kv_is_never_credited_with_a_push() -> None:
+    # Without mutual TLS or --kv-trust-peer-cache, pushed KV serves only its own request.
+    r = routing(decode_caches_received_kv=False)
+    first = SYSTEM + [1000, 1001, 1002]
+    route = r.choose(first, 8, set())
+    r.on_prefill_done(route, done(route, first))
+    assert r.choose(SYSTEM + [3000], 8, set()).cached_blocks == {"prefill-0": 16}
 
 
 def test_a_local_prefill_credits_its_decode_worker_at_once() -> None:

@@ -33,7 +33,8 @@ health-only port (the kubelet's gRPC probes cannot speak TLS). */}}
 {{- end }}
 
 {{/* Volumes of the router's TLS files. Mounted whole (no subPath), so the kubelet updates
-them when cert-manager renews the Secret; the router reads them when it starts. */}}
+them when cert-manager renews the Secret; the router serves new files from the next
+connection on. */}}
 {{- define "pdserve.apiTlsVolumes" -}}
 {{- $tls := .Values.router.tls -}}
 {{- if $tls.enabled -}}

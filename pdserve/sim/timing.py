@@ -1,0 +1,125 @@
+"""Step-time models: how long one engine step takes on the modelled hardware.
+
+A step is described by `StepWork` (the chunks the scheduler picked); a model maps it to seconds
+of simulated time. `AnalyticalTiming` is a roofline over a GPU's spec sheet (docs/simulation.md
+derives it); `LinearTiming` applies coefficients fitted on a real engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from pdserve.sim.gpus import GPUSpec
+from pdserve.sim.model_shape import ModelShape
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One sequence's share of a step: `new` tokens computed after `start` already in context."""
+
+    start: int
+    new: int
+    decode: bool  # a single generated token (not a prompt chunk)
+
+
+@dataclass(frozen=True)
+class StepWork:
+    chunks: tuple[Chunk, ...]
+    num_sampled: int  # sequences that sample a token this step (the LM head runs for these)
+
+    @classmethod
+    def of(cls, chunks: Iterable[Chunk], num_sampled: int) -> StepWork:
+        return cls(tuple(chunks), num_sampled)
+
+    @property
+    def new_tokens(self) -> int:
+        return sum(c.new for c in self.chunks)
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(c.new for c in self.chunks if not c.decode)
+
+    @property
+    def decode_seqs(self) -> int:
+        return sum(1 for c in self.chunks if c.decode)
+
+    @property
+    def context_tokens(self) -> int:
+        """KV entries attention reads: every sequence's whole context after this step."""
+        return sum(c.start + c.new for c in self.chunks)
+
+    @property
+    def attention_pairs(self) -> int:
+        """Causal (query, key) pairs: a new token at position p attends to p + 1 keys."""
+        return sum(c.new * c.start + c.new * (c.new + 1) // 2 for c in self.chunks)
+
+
+class StepTiming(Protocol):
+    def step_seconds(self, work: StepWork) -> float: ...
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Fractions of the spec-sheet peaks a serving engine reaches (assumptions: see the docs)."""
+
+    compute: float = 0.6  # of peak dense FLOP/s, in large prefill batches
+    memory: float = 0.8  # of HBM bandwidth, in decode steps
+    link: float = 0.7  # of NVLink/PCIe bandwidth, in TP all-reduces
+    step_overhead_s: float = 0.001  # launch and scheduling cost of one step
+
+
+@dataclass(frozen=True)
+class AnalyticalTiming:
+    """Roofline: a step takes the longer of its compute and memory times, plus the TP
+    all-reduces and a fixed overhead. Work and bytes split evenly over `tp` GPUs."""
+
+    shape: ModelShape
+    gpu: GPUSpec
+    tp: int = 1
+    efficiency: Efficiency = Efficiency()
+
+    def step_seconds(self, work: StepWork) -> float:
+        if not work.chunks:
+            return 0.0
+        s, eff = self.shape, self.efficiency
+        flops = (
+            2 * s.body_params * work.new_tokens
+            + 2 * s.lm_head_params * work.num_sampled
+            + s.attention_flops_per_pair * work.attention_pairs
+        )
+        kv_bytes = s.kv_bytes_per_token * (work.context_tokens + work.new_tokens)
+        compute = flops / (self.tp * self.gpu.bf16_flops * eff.compute)
+        memory = (s.weight_bytes + kv_bytes) / (self.tp * self.gpu.hbm_bytes_per_s * eff.memory)
+        return max(compute, memory) + self._all_reduce_seconds(work) + eff.step_overhead_s
+
+    def _all_reduce_seconds(self, work: StepWork) -> float:
+        """Two ring all-reduces of the hidden states per layer (after attention and MLP)."""
+        if self.tp == 1:
+            return 0.0
+        size = work.new_tokens * self.shape.hidden * self.shape.dtype_bytes
+        per_reduce = 2 * (self.tp - 1) / self.tp * size
+        bandwidth = self.gpu.link_bytes_per_s * self.efficiency.link
+        return 2 * self.shape.layers * per_reduce / bandwidth
+
+
+@dataclass(frozen=True)
+class LinearTiming:
+    """step = step_s + prefill_token_s * prefill tokens + decode_seq_s * decode sequences
+    + context_token_s * context tokens read: the per-step cost coefficients of a real engine."""
+
+    step_s: float
+    prefill_token_s: float
+    decode_seq_s: float
+    context_token_s: float
+
+    def step_seconds(self, work: StepWork) -> float:
+        if not work.chunks:
+            return 0.0
+        return (
+            self.step_s
+            + self.prefill_token_s * work.prefill_tokens
+            + self.decode_seq_s * work.decode_seqs
+            + self.context_token_s * work.context_tokens
+        )
