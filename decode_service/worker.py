@@ -58,7 +58,8 @@ class DecodeWorker(WorkerActor):
         from kv_transfer.factory import make_receiver
 
         self._aloop = asyncio.get_running_loop()
-        self._receiver = make_receiver(self._kv_config, self, KVLayout.of(runtime.engine.kv_cache))
+        kv_cache = runtime.engine.kv_cache
+        self._receiver = make_receiver(self._kv_config, self, KVLayout.of(kv_cache), kv_cache)
         self._endpoint = self._receiver.start()
         self._cache_received_kv = self._kv_config.caches_received_kv
 

@@ -1,4 +1,4 @@
-"""KV transfer from prefill to decode workers: one interface, two transports.
+"""KV transfer from prefill to decode workers: one interface, three transports.
 
 - `base.py` — the seam: KVSender / KVReceiver ABCs, the KVSink protocol, request dataclasses.
 - `wire.py` — chunk framing without extra copies, checksums.
@@ -9,6 +9,10 @@
 - `collective_receiver.py` / `collective_sender.py` — the collective transport (NCCL / Gloo).
 - `rendezvous.py` — the collective transport's rendezvous store, reached only through the
   secret-checked KV endpoint (no open TCPStore).
+- `nixl_agent.py` — NIXL agents (UCX backend, `UCX_TLS` from the config) and the
+  (layer, K|V, block) region descriptors of the nixl transport.
+- `nixl_receiver.py` / `nixl_sender.py` — the nixl transport: the decode worker READs the
+  prefill worker's gathered KV straight into the reserved blocks (NIXL over UCX).
 - `tls.py` — TLS / mutual TLS credentials of the KV endpoint and of the senders' channels.
 - `factory.py` — `make_receiver(config, sink, layout)`, `make_sender(config)`.
 

@@ -1,6 +1,6 @@
 """The KV-transfer seam: what a prefill worker sends with and what a decode worker receives with.
 
-Two transports implement it (grpc, collective) with the same reservation/commit/abort
+Three transports implement it (grpc, collective, nixl) with the same reservation/commit/abort
 semantics; `kv_transfer.factory` picks one from `KVTransferConfig.transport`.
 
 Tensor layout everywhere: a chunk of KV is `[l1 - l0, 2, n, block_size, num_kv_heads, head_dim]`

@@ -36,9 +36,7 @@ def nixl_module() -> Any:
             continue
         if hasattr(module, "nixl_agent"):
             return module
-    raise ImportError(
-        "the nixl KV transport needs NIXL: pip install 'pdserve[nixl]' (nixl-cu12)"
-    )
+    raise ImportError("the nixl KV transport needs NIXL: pip install 'pdserve[nixl]' (nixl-cu12)")
 
 
 def nixl_available() -> bool:

@@ -21,6 +21,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import crc32c
@@ -52,10 +53,14 @@ class _Pull:
     """One PullKV's READ; run by `_DirectSink.write_kv` under the transfer's lock."""
 
     def __init__(
-        self, receiver: NixlKVReceiver, request: pb.PullKVRequest, deadline: float
+        self,
+        receiver: NixlKVReceiver,
+        request: pb.PullKVRequest,
+        deadline: float,
+        cancel: threading.Event,
     ) -> None:
         self.receiver, self.request, self.deadline = receiver, request, deadline
-        self.cancel = threading.Event()
+        self.cancel = cancel  # set by an abort of the transfer
         self.nbytes = 0
 
     def run(self, block_ids: list[int]) -> None:
@@ -161,7 +166,8 @@ class NixlKVReceiver(GrpcKVReceiver):
         self.cache = kv_cache
         self.agent: Any = None
         self._registration: Any = None
-        self._pulls: dict[str, _Pull] = {}
+        # transfer id -> "stop its READ", for transfers being pulled or aborted
+        self._cancels: dict[str, threading.Event] = {}
         self._lock = threading.Lock()
 
     def start(self) -> str:
@@ -177,8 +183,8 @@ class NixlKVReceiver(GrpcKVReceiver):
             self._registration = None
 
     def abort(self, transfer_id: str) -> bool:
-        self._cancel_pull(transfer_id)
-        return super().abort(transfer_id)
+        with self._cancelling(transfer_id):
+            return super().abort(transfer_id)
 
     def landed_checksum(self, rows: np.ndarray) -> int:
         """Checksum of the regions `rows` of the cache, in order: what the sender computed over
@@ -225,24 +231,32 @@ class NixlKVReceiver(GrpcKVReceiver):
             self._table.fail(
                 tid, f"transfer {tid}: PullKV must carry every layer", RejectReason.INVALID
             )
-        pull = _Pull(self, request, self._table.deadline(tid) or time.monotonic())
-        with self._lock:
-            self._pulls[tid] = pull
+        with self._lock:  # an abort that already began has set it
+            cancel = self._cancels.setdefault(tid, threading.Event())
+        pull = _Pull(self, request, self._table.deadline(tid) or time.monotonic(), cancel)
         try:
             self._table.write(tid, spec, pull)
         except PullFailed as exc:
+            if pull.cancel.is_set():  # the aborting call ends the transfer (and the callbacks)
+                raise TransferRejected(RejectReason.NOT_OPEN, str(exc)) from None
             self._table.fail(tid, str(exc), exc.reason)
         finally:
             with self._lock:
-                self._pulls.pop(tid, None)
+                self._cancels.pop(tid, None)
         return pull.nbytes
 
     def _abort(self, request: pb.AbortRequest, context: grpc.ServicerContext) -> Any:
-        self._cancel_pull(request.transfer_id)
-        return super()._abort(request, context)
+        with self._cancelling(request.transfer_id):
+            return super()._abort(request, context)
 
-    def _cancel_pull(self, transfer_id: str) -> None:
+    @contextlib.contextmanager
+    def _cancelling(self, transfer_id: str) -> Iterator[None]:
+        """Stops the transfer's READ (running or about to start) while the abort runs; the
+        abort then takes the transfer's lock once the READ let go of it."""
         with self._lock:
-            pull = self._pulls.get(transfer_id)
-        if pull is not None:
-            pull.cancel.set()
+            self._cancels.setdefault(transfer_id, threading.Event()).set()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._cancels.pop(transfer_id, None)

@@ -15,6 +15,8 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import jinja2
+
 from pdserve import metrics, telemetry
 from pdserve.config import EngineConfig, RouterConfig, ServeConfig
 from pdserve.core.model_limits import max_model_len
@@ -22,6 +24,7 @@ from pdserve.prefix_index.lookup import PrefixIndex
 from pdserve.prefix_index.maintenance import IndexMaintenance
 from pdserve.tokenizer import Tokenizer
 from router.generation_service import GenerationService
+from router.http.chat_template import ChatTemplate
 from router.observability import RequestObserver
 from router.policy import RoutingPolicy
 from router.request_flow import RequestFlow
@@ -61,7 +64,15 @@ def load_model_limits(model_dir: Path, engine: EngineConfig) -> tuple[Tokenizer,
         raise StartupError(f"--model {model_dir}: {detail}") from e
 
 
-def check_port_free(host: str, port: int) -> None:
+def load_chat_template(model_dir: Path) -> ChatTemplate | None:
+    """The model's chat template (None without one); StartupError when it does not compile."""
+    try:
+        return ChatTemplate.from_dir(model_dir)
+    except (OSError, ValueError, jinja2.TemplateError) as e:
+        raise StartupError(f"--model {model_dir}: chat_template: {e}") from e
+
+
+def check_port_free(host: str, port: int, flag: str = "--port") -> None:
     """Raises StartupError when another process listens on host:port. gRPC would otherwise
     share the port with it (SO_REUSEPORT) or fail only after Ray and the workers started."""
     if port == 0:
@@ -73,7 +84,7 @@ def check_port_free(host: str, port: int) -> None:
             probe.bind((host, port))
         except OSError as e:
             raise StartupError(
-                f"--port {port}: cannot listen on {host}:{port}: {e.strerror}"
+                f"{flag} {port}: cannot listen on {host}:{port}: {e.strerror}"
             ) from e
 
 
@@ -109,6 +120,7 @@ class ServingApp:
     config: ServeConfig
     port: int = 0
     metrics_port: int | None = None  # the bound Prometheus port, when config.metrics_port is set
+    http_port: int = 0  # the bound port of the OpenAI-compatible HTTP API
     advertise_redis_url: bool = False  # write the private Redis URL for `pdserve stats`
     _ready: bool = True
     _stack: list = field(default_factory=list)  # (description, async stop callable), LIFO
@@ -136,6 +148,8 @@ class ServingApp:
         # Mistakes in the settings surface here, in seconds, before Ray and the workers start.
         tokenizer, limits = load_model_limits(model_dir, config.engine)
         check_port_free(config.router.host, config.router.port)
+        check_port_free(config.router.http_host, config.router.http_port, "--http-port")
+        chat_template = load_chat_template(model_dir)
         if not ray.is_initialized():
             check_ray_reachable(config.ray_address)
         config.kv.secret = (
@@ -150,6 +164,12 @@ class ServingApp:
         self.pool = WorkerPool.of_ray_actors(prefill, decode)
         # Every worker's gauges, as of the latest poll (the router's endpoint shows them all).
         self.pool.stats_listeners.append(lambda w, old, stats: metrics.observe_worker_stats(stats))
+        # The served model's load under vLLM's names (vllm:num_requests_running, ...).
+        self.pool.stats_listeners.append(
+            lambda w, old, stats: metrics.observe_model_load(
+                model_dir.name, [x.stats for x in self.pool.workers.values() if x.stats]
+            )
+        )
         await self.pool.start()
         self._stack.append(("pool", self.pool.stop))
 
@@ -201,6 +221,42 @@ class ServingApp:
         self._stack.insert(0, ("tracing", _async(telemetry.flush_tracing)))
         self.port = self.server.port
         self.pool.health_listeners.append(self._track_readiness)
+        await self._start_http(flow, tokenizer, limits, chat_template)
+
+    async def _start_http(
+        self,
+        flow: RequestFlow,
+        tokenizer: Tokenizer,
+        limits: ModelLimits,
+        chat_template: ChatTemplate | None,
+    ) -> None:
+        """The OpenAI-compatible HTTP API beside gRPC: the same flow, limits and API keys."""
+        from router.http.api import create_app
+        from router.http.server import HttpServer
+        from router.http.service import OpenAIService
+
+        router = self.config.router
+        service = OpenAIService(
+            flow,
+            BackgroundTokenizer(tokenizer),
+            limits,
+            RequestObserver(),
+            chat_template,
+        )
+        ready = lambda: bool(self.pool.of_role("decode"))  # noqa: E731
+        http = HttpServer(
+            create_app(service, self.server.auth, ready),
+            router.http_host,
+            router.http_port,
+            tls_cert=router.tls_cert,
+            tls_key=router.tls_key,
+            tls_client_ca=router.tls_client_ca,
+        )
+        await http.start()
+        self._stack.append(
+            ("http server", lambda: _stop_http(http, service, router.shutdown_grace_s))
+        )
+        self.http_port = http.port
 
     def _track_readiness(self) -> None:
         ready = bool(self.pool.of_role("decode"))
@@ -259,10 +315,19 @@ class BackgroundApp:
     def port(self) -> int:
         return self.app.port
 
+    @property
+    def http_port(self) -> int:
+        return self.app.http_port
+
     def __exit__(self, *exc) -> None:
         self.run(self.app.stop(), timeout=120)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=10)
+
+
+async def _stop_http(http, service, grace_s: float) -> None:
+    await http.stop(grace_s)
+    service.tokenizer.close()
 
 
 def _local_ray_args(config: ServeConfig) -> dict:

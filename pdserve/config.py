@@ -282,6 +282,9 @@ class RouterConfig:
 
     host: str = setting("0.0.0.0", "address of the gRPC API")
     port: int = port_setting(50051, "port of the gRPC API; 0 = any free port")
+    # The OpenAI-compatible HTTP API beside gRPC (router/http/), same requests and API keys.
+    http_host: str = setting("0.0.0.0", "address of the OpenAI-compatible HTTP API")
+    http_port: int = port_setting(8000, "port of the OpenAI-compatible HTTP API; 0 = any free port")
     policy: str = setting("cost", "", choices=("cost", "round_robin", "least_loaded"))
     disaggregate: str = setting(
         "auto",

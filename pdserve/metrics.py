@@ -92,6 +92,99 @@ REDIS_UP = Gauge(
     "1 if the prefix index's Redis answered its last call (the router pings it every second).",
 )
 
+# --- the served model, under vLLM's names (router) -----------------------------------------
+# Dashboards, autoscalers (KEDA, HPA on custom metrics) and gateways written for vLLM read these
+# unchanged: same names, types, units and labels (`model_name`, `finished_reason`).
+# docs/metrics.md maps every pdserve_* metric to its vLLM counterpart.
+MODEL_PROMPT_TOKENS = Counter(
+    "vllm:prompt_tokens", "Prompt tokens of requests that were computed.", ["model_name"]
+)
+MODEL_GENERATION_TOKENS = Counter(
+    "vllm:generation_tokens", "Tokens generated for clients.", ["model_name"]
+)
+MODEL_CACHED_TOKENS = Counter(
+    "vllm:prefix_cache_hits",
+    "Prompt tokens found in a worker's prefix cache (cached_tokens of the responses).",
+    ["model_name"],
+)
+MODEL_CACHE_QUERIES = Counter(
+    "vllm:prefix_cache_queries",
+    "Prompt tokens looked up in the prefix caches; hit rate = hits / queries.",
+    ["model_name"],
+)
+MODEL_REQUESTS_FINISHED = Counter(
+    "vllm:request_success",
+    "Requests that produced tokens, by finish reason: stop, length, abort (client left or "
+    "failed after its first token).",
+    ["model_name", "finished_reason"],
+)
+MODEL_QUEUE_SECONDS = Histogram(
+    "vllm:request_queue_time_seconds",
+    "Time a request's prompt waited in a worker's queue before computing.",
+    ["model_name"],
+    buckets=_TTFT_BUCKETS,
+)
+MODEL_TTFT_SECONDS = Histogram(
+    "vllm:time_to_first_token_seconds",
+    "Time from request arrival to its first token.",
+    ["model_name"],
+    buckets=_TTFT_BUCKETS,
+)
+MODEL_E2E_SECONDS = Histogram(
+    "vllm:e2e_request_latency_seconds",
+    "Time from request arrival to its last token.",
+    ["model_name"],
+    buckets=_E2E_BUCKETS,
+)
+MODEL_RUNNING = Gauge(
+    "vllm:num_requests_running", "Requests decoding on the workers.", ["model_name"]
+)
+MODEL_WAITING = Gauge(
+    "vllm:num_requests_waiting",
+    "Requests waiting in the workers' queues for their prompt to be computed.",
+    ["model_name"],
+)
+MODEL_KV_USAGE = Gauge(
+    "vllm:kv_cache_usage_perc",
+    "Share of all workers' KV cache blocks in use by requests (0 to 1).",
+    ["model_name"],
+)
+
+
+def observe_request(
+    model: str,
+    *,
+    finished_reason: str | None,
+    prompt_tokens: int,
+    cached_tokens: int,
+    completion_tokens: int,
+    queue_s: float,
+    ttft_s: float | None,
+    e2e_s: float | None,
+) -> None:
+    """Counts one request that ended under the served model's metrics. `ttft_s` None = it
+    produced no token (refused or failed before): only requests that did are counted."""
+    if ttft_s is None:
+        return
+    MODEL_PROMPT_TOKENS.labels(model).inc(prompt_tokens)
+    MODEL_CACHED_TOKENS.labels(model).inc(cached_tokens)
+    MODEL_CACHE_QUERIES.labels(model).inc(prompt_tokens)
+    MODEL_GENERATION_TOKENS.labels(model).inc(completion_tokens)
+    MODEL_REQUESTS_FINISHED.labels(model, finished_reason or "abort").inc()
+    MODEL_QUEUE_SECONDS.labels(model).observe(queue_s)
+    MODEL_TTFT_SECONDS.labels(model).observe(ttft_s)
+    if e2e_s is not None and finished_reason in ("stop", "length"):
+        MODEL_E2E_SECONDS.labels(model).observe(e2e_s)
+
+
+def observe_model_load(model: str, stats: list[Any]) -> None:
+    """Sets the served model's load gauges from every worker's latest `WorkerStats`."""
+    MODEL_RUNNING.labels(model).set(sum(s.num_running for s in stats if s.role == "decode"))
+    MODEL_WAITING.labels(model).set(sum(s.num_waiting for s in stats))
+    blocks = sum(s.num_blocks for s in stats)
+    used = sum(s.num_used_blocks for s in stats)
+    MODEL_KV_USAGE.labels(model).set(used / blocks if blocks else 0.0)
+
 
 def observe_worker_stats(stats: Any) -> None:
     """Sets the gauges of one worker from its `WorkerStats` (cheap: a few dict lookups)."""

@@ -1,4 +1,5 @@
-"""The router: the client-facing gRPC API and each request's way through the workers.
+"""The router: the client-facing APIs (gRPC, OpenAI HTTP) and each request's way through the
+workers.
 
 Runs without torch and never imports the engine or the worker packages (import-linter
 contracts in pyproject.toml); it knows workers only through `router/types.py` and
@@ -9,6 +10,8 @@ contracts in pyproject.toml); it knows workers only through `router/types.py` an
 - `auth.py` — API-key authentication, a server interceptor (health stays open).
 - `request_decoding.py` — undecodable request bytes become `INVALID_ARGUMENT`, an interceptor.
 - `generation_service.py` — the Generation servicer: protobuf in, `RequestFlow`, protobuf out.
+- `request_run.py` — one validated request through `RequestFlow`, as both APIs run it.
+- `http/` — the OpenAI-compatible HTTP API (FastAPI + uvicorn), its modules listed there.
 - `validation.py` — request checks; errors name the field (`INVALID_ARGUMENT`).
 - `tokenizing.py` — tokenization on a small thread pool, off the event loop.
 - `errors.py` — exceptions to gRPC status codes, in one place.

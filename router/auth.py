@@ -41,13 +41,14 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
             handler is None
             or not self._keys
             or details.method.startswith(OPEN_METHOD_PREFIXES)
-            or self._authorized(details.invocation_metadata or ())
+            or self.authorized(details.invocation_metadata or ())
         ):
             return handler
         # The request is never decoded: an unauthenticated caller costs no parsing.
         return rewrap(handler, _refuse, raw_requests=True)
 
-    def _authorized(self, metadata: Iterable[tuple[str, Any]]) -> bool:
+    def authorized(self, metadata: Iterable[tuple[str, Any]]) -> bool:
+        """Whether `metadata` (lower-case keys) carries a valid `authorization: Bearer` key."""
         value = next((v for k, v in metadata if k == "authorization"), "")
         if not isinstance(value, str):
             return False

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import aclosing
 
-from pdserve.logging_setup import request_id_var
 from pdserve.pb import generate_pb2, generate_pb2_grpc
 from router.errors import status_for
 from router.request_flow import RequestFlow
+from router.request_run import run_request
 from router.tokenizing import BackgroundTokenizer
 from router.types import Progress
 from router.validation import ModelLimits, check_model, check_text_size, validate
@@ -53,55 +54,37 @@ class GenerationService(generate_pb2_grpc.GenerationServicer):
         request_id, prompt_ids, sampling = valid.request_id, valid.prompt_ids, valid.sampling
         metadata = dict(context.invocation_metadata() or ())
         progress = Progress(received=received, prompt_tokens=len(prompt_ids))
-        # Every RPC runs in its own asyncio task (own context copy): the id needs no reset, and
-        # every log line of this request, here or in the request flow, carries it.
-        request_id_var.set(request_id)
         log.debug("request %s runs on the workers as %s", request_id, valid.work_id)
-        observation = (
-            self._observer.start(request_id, metadata, progress) if self._observer else None
-        )
-        trace_context = observation.trace_context if observation else _w3c(metadata)
-        finish_reason, error = None, None
+        error = None
         try:
-            async for batch in self._flow.run(
-                valid.work_id, prompt_ids, sampling, trace_context, progress
-            ):
-                now = time.perf_counter()
-                first = progress.first_token_at is None
-                if first:
-                    progress.first_token_at = now
-                response = generate_pb2.GenerateResponse(
-                    request_id=request_id,
-                    token_ids=batch.token_ids,
-                    text=batch.text,
-                    logprobs=batch.logprobs if sampling.logprobs else [],
-                )
-                if observation:
-                    observation.on_tokens(len(batch.token_ids), now)
-                if batch.finished:
-                    finish_reason = batch.finish_reason
-                    response.finish_reason = _FINISH.get(
-                        finish_reason, generate_pb2.FINISH_REASON_STOP
+            steps = run_request(
+                self._flow, self._observer, valid, metadata, progress, self._limits.name
+            )
+            async with aclosing(steps):
+                async for step in steps:
+                    batch = step.batch
+                    response = generate_pb2.GenerateResponse(
+                        request_id=request_id,
+                        token_ids=batch.token_ids,
+                        text=batch.text,
+                        logprobs=batch.logprobs if sampling.logprobs else [],
                     )
-                    response.usage.CopyFrom(
-                        generate_pb2.Usage(
-                            prompt_tokens=len(prompt_ids),
-                            completion_tokens=progress.completion_tokens,
-                            cached_prompt_tokens=progress.cached_tokens,
+                    if batch.finished:
+                        response.finish_reason = _FINISH.get(
+                            batch.finish_reason, generate_pb2.FINISH_REASON_STOP
                         )
-                    )
-                if first or batch.finished:
-                    response.timings.CopyFrom(_timings(progress, now, batch.finished))
-                yield response
+                        response.usage.CopyFrom(
+                            generate_pb2.Usage(
+                                prompt_tokens=len(prompt_ids),
+                                completion_tokens=progress.completion_tokens,
+                                cached_prompt_tokens=progress.cached_tokens,
+                            )
+                        )
+                    if step.first or batch.finished:
+                        response.timings.CopyFrom(_timings(progress, step.at, batch.finished))
+                    yield response
         except Exception as exc:
             error = exc
-        except BaseException as exc:  # the client cancelled: nothing more to send
-            error = exc
-            raise
-        finally:
-            # Before any abort below: context.abort raises, and a cancel skips the rest.
-            if observation:
-                observation.finish(finish_reason, error)
         if error is not None:
             log.warning("request %s failed: %s", request_id, error)
             await context.abort(*status_for(error))
@@ -127,10 +110,6 @@ class GenerationService(generate_pb2_grpc.GenerationServicer):
             decode_workers=decode,
             **self._info,
         )
-
-
-def _w3c(metadata: dict) -> dict[str, str]:
-    return {k: metadata[k] for k in ("traceparent", "tracestate") if k in metadata}
 
 
 def _timings(progress: Progress, now: float, last: bool) -> generate_pb2.Timings:

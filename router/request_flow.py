@@ -189,7 +189,13 @@ class RequestFlow:
         if reservation is None:
             raise _NoRoom(f"decode worker {route.decode_worker} has no free KV blocks")
         try:
-            result = await self._guarded(route.prefill_worker, prefill.prefill(work, reservation))
+            # The push writes into the decode worker: a frozen receiver stalls it as surely
+            # as a frozen sender, so both are watched.
+            result = await self._guarded(
+                route.prefill_worker,
+                prefill.prefill(work, reservation),
+                also_watch=route.decode_worker,
+            )
         except _WorkerFailed as exc:
             observability.transfer_failed(exc)
             raise
@@ -218,10 +224,13 @@ class RequestFlow:
         ):
             yield batch
 
-    async def _guarded(self, worker_id: str, call: Awaitable[T]) -> T:
-        """Awaits a worker's call; any failure, or no answer while the worker also answers no
-        stats poll for the progress timeout, becomes _WorkerFailed naming the worker (the end
-        of a stream, StopAsyncIteration, passes through)."""
+    async def _guarded(
+        self, worker_id: str, call: Awaitable[T], also_watch: str | None = None
+    ) -> T:
+        """Awaits a worker's call; any failure, or no answer while the worker (or `also_watch`,
+        a worker the call depends on) answers no stats poll for the progress timeout, becomes
+        _WorkerFailed naming the silent worker (the end of a stream, StopAsyncIteration, passes
+        through)."""
         task = asyncio.ensure_future(call)
         timeout = self._progress_timeout_s
         started = time.monotonic()
@@ -231,10 +240,11 @@ class RequestFlow:
                 waited = time.monotonic() - started
                 if task.done() or waited < timeout:
                     continue
-                if self._pool.silent_for(worker_id) >= timeout:
-                    reason = f"no progress and no answer to stats polls for {waited:.1f} s"
-                    self._pool.mark_unhealthy(worker_id, reason)
-                    raise _WorkerFailed(worker_id, reason)
+                for watched in (worker_id, also_watch):
+                    if watched and self._pool.silent_for(watched) >= timeout:
+                        reason = f"no progress and no answer to stats polls for {waited:.1f} s"
+                        self._pool.mark_unhealthy(watched, reason)
+                        raise _WorkerFailed(watched, reason)
         finally:
             if not task.done():
                 task.cancel()

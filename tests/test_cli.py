@@ -115,7 +115,15 @@ def test_a_missing_model_is_reported_before_ray_starts(tmp_path):
 def test_an_unreachable_ray_address_fails_fast(model_dir):
     address = f"127.0.0.1:{free_port()}"
     code, lines, seconds = run_pdserve(
-        "serve", "--model", str(model_dir), "--port", "0", "--ray-address", address
+        "serve",
+        "--model",
+        str(model_dir),
+        "--port",
+        "0",
+        "--http-port",
+        "0",
+        "--ray-address",
+        address,
     )
     assert code == 1
     assert lines == [

@@ -4,6 +4,8 @@
   their settings and seed).
 - `load_generator.py` — open-loop (gamma arrivals) or closed-loop load over the gRPC API,
   recording client-side timestamps.
+- `openai_load.py` — the same load over any OpenAI-compatible server's streaming
+  /v1/completions (`bench serve --backend openai`).
 - `metrics.py` — per-request TTFT/TPOT/ITL/E2E, summaries, SLO goodput (DistServe's definition).
 - `report.py`, `plots.py` — rich tables, JSON, latency CDF plots.
 - `serve_bench.py` — `bench serve`: the harness against a running server.
@@ -14,6 +16,7 @@
 - `engine_bench.py` — `bench engine`: decode tokens/s vs transformers.
 - `transfer_bench.py` — `bench transfer`: KV transfer GB/s vs raw TCP.
 - `tracing_bench.py`, `span_receiver.py` — `bench tracing`: latency with tracing on vs off.
+- `api_bench.py` — `bench api`: OpenAI HTTP vs gRPC streaming TTFT and ITL, one system.
 - `soak_bench.py` — `bench soak`: does memory or anything held grow under sustained load?
 - `system_probe.py` — a served system's processes and leftovers (blocks, reservations).
 """

@@ -16,7 +16,7 @@ import dataclasses
 import math
 import secrets
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 
 import numpy as np
 from rich.console import Console
@@ -68,6 +68,41 @@ async def run_load(
     and the gRPC status name in `error_code`, never dropped. `params` adds sampling settings
     (default greedy). The run's duration is `metrics.run_duration(records)`.
     """
+    async with AsyncGenerationClient(target, api_key=api_key, timeout=timeout) as client:
+
+        async def send(request: BenchRequest, record: RequestRecord, slots, on_done) -> None:
+            await _send(client, request, record, slots, dict(params or {}), on_done)
+
+        return await drive(
+            requests,
+            send,
+            request_rate=request_rate,
+            burstiness=burstiness,
+            max_concurrency=max_concurrency,
+            seed=seed,
+            progress=progress,
+        )
+
+
+# (request, its record, the concurrency slots or None, the progress callback): sends one.
+Sender = Callable[
+    [BenchRequest, RequestRecord, "asyncio.Semaphore | None", Callable[[RequestRecord], None]],
+    Awaitable[None],
+]
+
+
+async def drive(
+    requests: Sequence[BenchRequest],
+    send: Sender,
+    *,
+    request_rate: float = math.inf,
+    burstiness: float = 1.0,
+    max_concurrency: int | None = None,
+    seed: int = 0,
+    progress: bool = False,
+) -> list[RequestRecord]:
+    """Releases each request at its arrival time through `send` (any API's client), at most
+    `max_concurrency` in flight; returns the records in workload order."""
     if max_concurrency is not None and max_concurrency < 1:
         raise ValueError("max_concurrency must be >= 1")
     offsets = arrival_times(len(requests), request_rate, burstiness, seed)
@@ -77,17 +112,15 @@ async def run_load(
         for i, r in enumerate(requests)
     ]
     slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
-    async with AsyncGenerationClient(target, api_key=api_key, timeout=timeout) as client:
-        with _progress_bar(len(requests), enabled=progress) as on_done:
-            start = time.perf_counter()
-            tasks = []
-            for request, record, offset in zip(requests, records, offsets, strict=True):
-                delay = start + offset - time.perf_counter()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                send = _send(client, request, record, slots, dict(params or {}), on_done)
-                tasks.append(asyncio.create_task(send))
-            await asyncio.gather(*tasks)
+    with _progress_bar(len(requests), enabled=progress) as on_done:
+        start = time.perf_counter()
+        tasks = []
+        for request, record, offset in zip(requests, records, offsets, strict=True):
+            delay = start + offset - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(send(request, record, slots, on_done)))
+        await asyncio.gather(*tasks)
     return records
 
 

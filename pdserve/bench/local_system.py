@@ -93,7 +93,7 @@ def serve_locally(
         kv=KVTransferConfig(
             bind_host="127.0.0.1", advertise_host="127.0.0.1", trust_peer_cache=True
         ),
-        router=RouterConfig(host="127.0.0.1", port=0, **(router or {})),
+        router=RouterConfig(host="127.0.0.1", port=0, http_port=0, **(router or {})),
         prefill_workers=prefill_workers,
         decode_workers=decode_workers,
         pin_cpus=True,

@@ -1,7 +1,12 @@
-"""`pdserve bench serve`: load a running server through its gRPC API and report serving metrics.
+"""`pdserve bench serve`: load a running server and report serving metrics.
 
     pdserve bench serve --target 127.0.0.1:50051 --dataset mixed --request-rate 8 \\
         --num-requests 500 --slo-ttft-ms 500 --slo-tpot-ms 50 --json out.json --plot plots/
+    pdserve bench serve --backend openai --base-url http://127.0.0.1:8000/v1 --vocab-size 32000
+
+The gRPC backend speaks pdserve's API; the openai backend any OpenAI-compatible server
+(pdserve's HTTP API or a peer), with the same workloads and the same client-side timing
+(pdserve/bench/openai_load.py).
 
 Reports TTFT, TPOT, ITL and E2E (mean, p50, p90, p99), throughputs and SLO goodput; see
 pdserve/bench/metrics.py for the exact definitions. Failed requests are counted by status code.
@@ -27,6 +32,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--target", default=os.environ.get("PDSERVE_TARGET", DEFAULT_TARGET), help="host:port"
     )
     parser.add_argument("--api-key", default=os.environ.get("PDSERVE_API_KEY"))
+    server = parser.add_argument_group("server API")
+    server.add_argument(
+        "--backend",
+        choices=("grpc", "openai"),
+        default="grpc",
+        help="pdserve's gRPC API (--target) or any OpenAI-compatible server (--base-url)",
+    )
+    server.add_argument("--base-url", help="openai backend: e.g. http://127.0.0.1:8000/v1")
+    server.add_argument("--model", help="openai backend: model name (default: the first served)")
+    server.add_argument(
+        "--vocab-size",
+        type=int,
+        help="openai backend: token ids of synthetic prompts are below this (the server's "
+        "vocabulary; required unless the dataset is ShareGPT text)",
+    )
     load = parser.add_argument_group("load")
     load.add_argument("--num-requests", type=int, default=None, help="default: 1000, or all GSP")
     load.add_argument(
@@ -64,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
     err = Console(stderr=True)
     fields = [f.name for f in dataclasses.fields(datasets.DatasetConfig) if f.name != "name"]
     config = datasets.DatasetConfig(name=args.dataset, **{k: getattr(args, k) for k in fields})
+    if args.backend == "openai":
+        return _run_openai(args, config, err)
     try:
         config.validate()
         _check_load_args(args)
@@ -108,6 +130,10 @@ def run(args: argparse.Namespace) -> int:
             timeout=args.timeout,
         )
     )
+    return _report(args, records, info.name, err)
+
+
+def _report(args: argparse.Namespace, records: list, model: str, err: Console) -> int:
     duration = metrics.run_duration(records)
     slos = (args.slo_ttft_ms, args.slo_tpot_ms)
     summary = metrics.summarize(records, duration, *slos)
@@ -116,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     report.print_summary(summary, by_tag)
     if args.json:
         run_config = {k: v for k, v in vars(args).items() if not k.startswith("_")}
-        run_config["model"] = info.name
+        run_config["model"] = model
         report.write_json(args.json, summary, records, config=run_config, by_tag=by_tag)
     if args.plot:
         from pdserve.bench.plots import plot_cdfs  # matplotlib only when asked for
@@ -128,6 +154,52 @@ def run(args: argparse.Namespace) -> int:
             err.print(f"first failure: {record.error_code}: {record.error}", markup=False)
             break
     return 0 if summary.completed else 1
+
+
+def _run_openai(args: argparse.Namespace, config: datasets.DatasetConfig, err: Console) -> int:
+    """The same run against an OpenAI-compatible server's streaming /v1/completions."""
+    import httpx
+
+    from pdserve.bench.openai_load import model_card, run_openai_load
+
+    try:
+        config.validate()
+        _check_load_args(args)
+        if not args.base_url:
+            raise ValueError("--backend openai needs --base-url (e.g. http://host:8000/v1)")
+        sharegpt = args.dataset.startswith("sharegpt:")
+        if not sharegpt and not args.vocab_size:
+            raise ValueError("--backend openai needs --vocab-size for token-id prompts")
+        card = model_card(args.base_url, args.api_key, args.model)
+        num_requests = args.num_requests or datasets.default_num_requests(config)
+        requests = datasets.generate_requests(config, num_requests, args.seed, args.vocab_size or 0)
+    except ValueError as error:
+        err.print(f"error: {error}", markup=False)
+        return 2
+    except httpx.HTTPError as error:
+        err.print(f"error: {args.base_url}: {error}", markup=False)
+        return 1
+    err.print(
+        f"{card.name} at {args.base_url} (openai): {len(requests)} {args.dataset} requests, "
+        f"rate {args.request_rate} req/s, burstiness {args.burstiness}, "
+        f"max concurrency {args.max_concurrency or 'unlimited'}, seed {args.seed}",
+        markup=False,
+    )
+    records = asyncio.run(
+        run_openai_load(
+            args.base_url,
+            card.name,
+            requests,
+            request_rate=args.request_rate,
+            burstiness=args.burstiness,
+            max_concurrency=args.max_concurrency,
+            seed=args.seed,
+            progress=not args.no_progress,
+            api_key=args.api_key,
+            timeout=args.timeout,
+        )
+    )
+    return _report(args, records, card.name, err)
 
 
 def _check_load_args(args: argparse.Namespace) -> None:

@@ -1,12 +1,13 @@
 """`pdserve bench transfer`: KV-transfer GB/s against raw TCP on loopback, in one run.
 
-A receiver process holds a decode-side KV cache and serves both a KV endpoint (the chosen
-transport) and a plain TCP socket. The sender (this process) moves the same bytes both ways:
+For each transport asked for (nixl once per `--nixl-ucx-tls` value), a receiver process holds a
+decode-side KV cache and serves both a KV endpoint and a plain TCP socket. The sender (this
+process) moves the same bytes both ways, interleaved:
 - raw TCP: `sendall` of a same-shaped contiguous tensor, `recv_into` a preallocated buffer,
   one-byte ack — the ceiling for a byte stream on this machine;
-- the transport: a full transfer (read_kv gather, chunks, checksums, sink.write_kv into the
-  cache, commit), timed until the commit returns.
-Prints the median GB/s over the repeats for both and their ratio (target >= 0.7 for grpc).
+- the transport: a full transfer (read_kv gather, checksums, the bytes landing in the cache —
+  sink.write_kv, or nixl's READ straight into it — commit), timed until the commit returns.
+Prints the median GB/s over the repeats for each and its ratio to raw TCP.
 """
 
 from __future__ import annotations
@@ -25,7 +26,19 @@ LAYERS, BLOCK_SIZE, HEADS, HEAD_DIM, DTYPE = 32, 16, 8, 128, "float16"  # a Llam
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--kv-transport", choices=["grpc", "collective"], default="grpc")
+    parser.add_argument(
+        "--kv-transport",
+        nargs="+",
+        choices=["grpc", "collective", "nixl"],
+        default=["grpc"],
+        help="transports to measure, each against raw TCP in the same run",
+    )
+    parser.add_argument(
+        "--nixl-ucx-tls",
+        nargs="+",
+        default=["tcp"],
+        help="UCX_TLS values nixl is measured with (e.g. tcp 'shm,tcp')",
+    )
     parser.add_argument("--mb", type=int, default=256, help="KV bytes per transfer, in MiB")
     parser.add_argument("--repeats", type=int, default=5, help="timed transfers per method")
     parser.add_argument("--chunk-mb", type=float, default=4.0, help="target chunk size, in MiB")
@@ -36,11 +49,12 @@ def _num_blocks(mb: int) -> int:
     return max(1, mb * MiB // block_bytes)
 
 
-def _config(args: argparse.Namespace) -> Any:
+def _config(args: argparse.Namespace, transport: str, ucx_tls: str | None) -> Any:
     from pdserve.config import KVTransferConfig
 
     return KVTransferConfig(
-        transport=args.kv_transport,
+        transport=transport,
+        nixl_ucx_tls=ucx_tls,
         secret=SECRET,
         bind_host="127.0.0.1",
         chunk_bytes=int(args.chunk_mb * MiB),
@@ -62,7 +76,7 @@ class _CacheSink:
         pass
 
 
-def _receiver_main(conn: Any, args: argparse.Namespace) -> None:
+def _receiver_main(conn: Any, args: argparse.Namespace, config: Any) -> None:
     """Child process: KV endpoint + raw TCP sink; answers `open` requests over `conn`."""
     import torch
 
@@ -70,7 +84,7 @@ def _receiver_main(conn: Any, args: argparse.Namespace) -> None:
 
     blocks = _num_blocks(args.mb)
     cache = torch.zeros(LAYERS, 2, blocks, BLOCK_SIZE, HEADS, HEAD_DIM, dtype=torch.float16)
-    receiver = make_receiver(_config(args), _CacheSink(cache), KVLayout.of(cache))
+    receiver = make_receiver(config, _CacheSink(cache), KVLayout.of(cache), cache)
     endpoint = receiver.start()
     listener = socket.create_server(("127.0.0.1", 0))
     conn.send((endpoint, listener.getsockname()[1]))
@@ -96,23 +110,32 @@ def _median_gbps(nbytes: int, seconds: list[float]) -> float:
     return nbytes / statistics.median(seconds) / 1e9
 
 
-def run(args: argparse.Namespace) -> int:
+def _variants(args: argparse.Namespace) -> list[tuple[str, str, str | None]]:
+    """(label, transport, UCX_TLS) of every measurement asked for."""
+    variants = []
+    for transport in dict.fromkeys(args.kv_transport):
+        if transport == "nixl":
+            variants += [(f"nixl ({tls})", "nixl", tls) for tls in args.nixl_ucx_tls]
+        else:
+            variants.append((transport, transport, None))
+    return variants
+
+
+def _measure(args: argparse.Namespace, config: Any, src: Any) -> tuple[list[float], list[float]]:
+    """Seconds per raw-TCP send and per transfer, interleaved, against a fresh receiver."""
     import torch
 
     from kv_transfer import CommitInfo, TransferRequest, make_sender
 
-    blocks = _num_blocks(args.mb)
-    src = torch.randn(LAYERS, 2, blocks, BLOCK_SIZE, HEADS, HEAD_DIM).to(torch.float16)
-    nbytes = src.nbytes
-    block_ids = list(range(blocks))
+    block_ids = list(range(src.shape[2]))
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_receiver_main, args=(child, args), daemon=True)
+    proc = ctx.Process(target=_receiver_main, args=(child, args, config), daemon=True)
     proc.start()
     endpoint, tcp_port = parent.recv()
     tcp = socket.create_connection(("127.0.0.1", tcp_port))
     tcp.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sender = make_sender(_config(args))
+    sender = make_sender(config)
 
     index = torch.tensor(block_ids)
 
@@ -149,15 +172,27 @@ def run(args: argparse.Namespace) -> int:
         sender.close()
         tcp.close()
         proc.join(timeout=10)
-    tcp_gbps, kv_gbps = _median_gbps(nbytes, tcp_s), _median_gbps(nbytes, kv_s)
-    name = args.kv_transport
+    return tcp_s, kv_s
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    blocks = _num_blocks(args.mb)
+    src = torch.randn(LAYERS, 2, blocks, BLOCK_SIZE, HEADS, HEAD_DIM).to(torch.float16)
+    nbytes = src.nbytes
     print(
         f"KV transfer: {nbytes / MiB:.0f} MiB per transfer ({LAYERS} layers x {blocks} blocks of "
         f"{BLOCK_SIZE} tokens, {DTYPE}), chunk {args.chunk_mb:g} MiB, median of {args.repeats}"
     )
-    print(f"  raw TCP loopback : {tcp_gbps:6.2f} GB/s")
-    print(f"  {name:<16} : {kv_gbps:6.2f} GB/s")
-    print(f"  ratio {name} / raw TCP : {kv_gbps / tcp_gbps:.2f}  (target >= 0.7)")
+    for label, transport, ucx_tls in _variants(args):
+        tcp_s, kv_s = _measure(args, _config(args, transport, ucx_tls), src)
+        tcp_gbps, kv_gbps = _median_gbps(nbytes, tcp_s), _median_gbps(nbytes, kv_s)
+        print(
+            f"  {label:<16} : {kv_gbps:6.2f} GB/s   raw TCP {tcp_gbps:6.2f} GB/s   "
+            f"ratio {kv_gbps / tcp_gbps:.2f}",
+            flush=True,
+        )
     return 0
 
 

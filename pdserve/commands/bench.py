@@ -12,5 +12,6 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("pdserve.bench.compare_bench", "disaggregated vs colocated under mixed load"),
     "router": ("pdserve.bench.router_bench", "routing policy vs round-robin"),
     "tracing": ("pdserve.bench.tracing_bench", "request latency with tracing on vs off"),
+    "api": ("pdserve.bench.api_bench", "OpenAI HTTP vs gRPC streaming latency"),
     "soak": ("pdserve.bench.soak_bench", "RSS per process and leftovers under long mixed load"),
 }

@@ -99,3 +99,8 @@ class WorkerStats:
     transfer_bytes: int = 0  # KV bytes sent (prefill) or received (decode)
     transfer_seconds: float = 0.0
     transfer_failures: int = 0
+    # Sim workers (docs/simulation.md), in simulated seconds: the timing model's step time, the
+    # steps' wall time divided by the time scale, and steps whose Python work alone overran.
+    sim_modelled_seconds: float = 0.0
+    sim_measured_seconds: float = 0.0
+    sim_overrun_steps: int = 0

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     import torch
 
 # Bump when presets or initialization change, so a stale cached model is not reused.
-BUILTIN_VERSION = 1
+BUILTIN_VERSION = 2
 
 
 def random_weights(config: dict, seed: int) -> dict[str, torch.Tensor]:

@@ -149,6 +149,16 @@ def build_tokenizer_json(vocab_size: int) -> str:
     return text
 
 
+# The chat format `pdserve make-model` writes (one "role: content" line per message, the model's
+# turns ended by EOS), rendered by the router's OpenAI chat endpoint as transformers would.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{{ message['role'] + ': ' + message['content'] }}"
+    "{% if message['role'] == 'assistant' %}{{ eos_token }}{% endif %}{{ '\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}"
+)
+
+
 def _tokenizer_config() -> dict:
     added = {
         str(i): {
@@ -172,6 +182,7 @@ def _tokenizer_config() -> dict:
         "clean_up_tokenization_spaces": False,
         "model_max_length": MODEL_MAX_LENGTH,
         "tokenizer_class": "PreTrainedTokenizerFast",
+        "chat_template": CHAT_TEMPLATE,
     }
 
 

@@ -6,7 +6,9 @@ tests/test_pb_current.py regenerates into a temporary folder and fails if they d
 
 from __future__ import annotations
 
+import importlib.util
 import re
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -20,17 +22,30 @@ _IMPORT_FIX = re.compile(r"^from pdserve\.v1 import (\w+)", re.MULTILINE)
 
 
 def generate(out_dir: Path) -> list[Path]:
-    """Writes the *_pb2.py, *_pb2.pyi and *_pb2_grpc.py of every proto into out_dir."""
-    from grpc_tools import protoc
+    """Writes the *_pb2.py, *_pb2.pyi and *_pb2_grpc.py of every proto into out_dir.
 
+    protoc runs in a child process: its compiler module crashes a process that also loaded
+    another libprotobuf (NIXL's bundled one, for instance)."""
+    tools = importlib.util.find_spec("grpc_tools")
+    if tools is None or not tools.submodule_search_locations:
+        raise RuntimeError("regenerating pdserve/pb needs grpcio-tools (the `test` extra)")
     protos = sorted((PROTO_ROOT / PROTO_PACKAGE_DIR).glob("*.proto"))
     with tempfile.TemporaryDirectory() as tmp:
-        include = str(Path(protoc.__file__).parent / "_proto")
-        args = ["protoc", f"-I{PROTO_ROOT}", f"-I{include}", f"--python_out={tmp}",
-                f"--pyi_out={tmp}", f"--grpc_python_out={tmp}"]
+        include = str(Path(tools.submodule_search_locations[0]) / "_proto")
+        args = [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            f"-I{PROTO_ROOT}",
+            f"-I{include}",
+            f"--python_out={tmp}",
+            f"--pyi_out={tmp}",
+            f"--grpc_python_out={tmp}",
+        ]
         args += [str(p.relative_to(PROTO_ROOT)) for p in protos]
-        if protoc.main(args) != 0:
-            raise RuntimeError(f"protoc failed on {protos}")
+        result = subprocess.run(args, capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise RuntimeError(f"protoc failed on {protos}: {result.stderr.strip()}")
         written = []
         for generated in sorted((Path(tmp) / PROTO_PACKAGE_DIR).iterdir()):
             text = _IMPORT_FIX.sub(r"from pdserve.pb import \1", generated.read_text())

@@ -122,6 +122,9 @@ class WorkerRuntime:
         ):
             setattr(stats, name, int(engine_stats.get(name, 0)))
         stats.waiting_prompt_tokens = int(engine_stats.get("waiting_prompt_tokens", 0))
+        stats.sim_overrun_steps = int(engine_stats.get("sim_overrun_steps", 0))
+        stats.sim_modelled_seconds = float(engine_stats.get("sim_modelled_seconds", 0.0))
+        stats.sim_measured_seconds = float(engine_stats.get("sim_measured_seconds", 0.0))
         # The router polls stats a few times a second: fresh enough for gauges, free per step.
         metrics.observe_worker_stats(stats)
         return WorkerStats(**asdict(stats))

@@ -27,7 +27,7 @@ def serve_config(transport: str = "grpc", **overrides) -> ServeConfig:
             # Received KV enters the decode prefix caches (asserted by the prefix-hit test).
             trust_peer_cache=True,
         ),
-        router=RouterConfig(host="127.0.0.1", port=0, disaggregate="always"),
+        router=RouterConfig(host="127.0.0.1", port=0, http_port=0, disaggregate="always"),
         prefill_workers=2,
         decode_workers=2,
     )
@@ -36,7 +36,7 @@ def serve_config(transport: str = "grpc", **overrides) -> ServeConfig:
     return config
 
 
-@pytest.fixture(scope="module", params=["grpc", "collective"])
+@pytest.fixture(scope="module", params=["grpc", "collective", "nixl"])
 def served(request, ray_cluster):
     from pdserve.app import BackgroundApp
 

@@ -207,7 +207,6 @@ def test_tokenize_messages(served, channel, model):
     assert_still_serving_and_clean(served, channel)
 
 
-@pytest.mark.xfail(reason="issue 13 invalid UTF-8 -> INVALID_ARGUMENT pending", strict=False)
 def test_generate_raw_bytes(served, channel, model):
     @fuzz_settings("generate_bytes")
     @given(data=cases.raw_bytes(cases.generate_requests(model)))
@@ -218,7 +217,6 @@ def test_generate_raw_bytes(served, channel, model):
     assert_still_serving_and_clean(served, channel)
 
 
-@pytest.mark.xfail(reason="issue 13 invalid UTF-8 -> INVALID_ARGUMENT pending", strict=False)
 def test_tokenize_raw_bytes(served, channel, model):
     tokenizer = _tokenizer()
 
@@ -264,7 +262,6 @@ def test_oversized_prompts_are_refused_and_others_still_served(served, channel, 
     assert_still_serving_and_clean(served, channel)
 
 
-@pytest.mark.xfail(reason="issue 13 request_id reuse pending", strict=False)
 def test_concurrent_requests_sharing_a_request_id(served, channel):
     """Clients may reuse ids: each stream still gets its own exact output (or a clear
     INVALID_ARGUMENT naming request_id), and nothing of either request is left behind."""

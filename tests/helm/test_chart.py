@@ -189,7 +189,11 @@ def test_router_service_selects_the_pod_running_the_router_with_grpc_probes(case
     labels = head["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= labels.items()
     ports = {p["name"]: p["port"] for p in service["spec"]["ports"]}
-    expected = {"grpc": values["router"]["port"], "metrics": values["router"]["metricsPort"]}
+    expected = {
+        "grpc": values["router"]["port"],
+        "metrics": values["router"]["metricsPort"],
+        "http": values["router"]["httpPort"],
+    }
     tls = values["router"]["tls"]
     if tls["enabled"]:
         expected["health"] = tls["healthPort"]
@@ -378,7 +382,10 @@ def test_network_policies_admit_clients_only_to_the_router_ports():
     head_rules = policies[f"{FULLNAME}-head"]["ingress"]
     assert only_ray_pods(head_rules[0])
     grpc_rule, metrics_rule, dashboard_rule = head_rules[1:]
-    assert grpc_rule["ports"] == [{"port": "grpc", "protocol": "TCP"}]
+    assert grpc_rule["ports"] == [
+        {"port": "grpc", "protocol": "TCP"},
+        {"port": "http", "protocol": "TCP"},
+    ]
     assert (
         grpc_rule["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "test"
     )

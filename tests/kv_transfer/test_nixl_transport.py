@@ -71,9 +71,7 @@ def pull_call(endpoint: str):
     return stub, call
 
 
-def test_blocks_arrive_bit_exact_and_commit_carries_first_token(
-    nixl_receiver, nixl_sender, sink
-):
+def test_blocks_arrive_bit_exact_and_commit_carries_first_token(nixl_receiver, nixl_sender, sink):
     src_cache = make_cache(1)
     for _ in range(2):  # the second transfer reuses both agents and the connection
         tid = nixl_receiver.open(DEST, deadline_s=10)
@@ -244,12 +242,12 @@ def _hold_registered_kv(ucx_tls: str, conn) -> None:
     time.sleep(120)
 
 
-@pytest.fixture
-def frozen_peer(nixl_config):
+@pytest.fixture(scope="module")
+def frozen_peer():
     """(agent metadata, address, memory) of KV held by a frozen process."""
     ctx = mp.get_context("spawn")
     parent, child_end = ctx.Pipe()
-    child = ctx.Process(target=_hold_registered_kv, args=(nixl_config.nixl_ucx_tls, child_end))
+    child = ctx.Process(target=_hold_registered_kv, args=("tcp", child_end))
     child.start()
     assert parent.poll(60)
     held = parent.recv()

@@ -379,3 +379,25 @@ def test_a_frozen_decode_worker_is_failed_over_and_gets_no_new_requests(tokenize
     assert all(p.decode_worker == "decode-1" and p.attempts == 1 for _, p in later)
     assert "req" in c.decode["decode-0"].aborted
     assert c.leaked_blocks() == {}
+
+
+def test_a_decode_worker_frozen_during_the_push_is_failed_over(tokenizer) -> None:
+    # The prefill worker keeps answering while its push into the frozen decode worker hangs:
+    # the attempt still ends within the progress timeout, blamed on the decode worker.
+    async def scenario():
+        c = await cluster(tokenizer, script_after_prompt(LETTERS), progress_timeout_s=0.3)
+        c.decode["decode-0"].freeze_after_reserving = True
+        started = time.monotonic()
+        batches, progress = await c.generate(greedy(8))
+        failover_s = time.monotonic() - started
+        healthy = {w: c.pool.workers[w].healthy for w in ("prefill-0", "decode-0")}
+        c.decode["decode-0"].thaw()
+        await asyncio.sleep(0.05)
+        await c.pool.stop()
+        return c, batches, progress, failover_s, healthy
+
+    c, batches, progress, failover_s, healthy = run(scenario)
+    assert ids_of(batches) == LETTERS and progress.attempts == 2
+    assert progress.decode_worker == "decode-1"
+    assert failover_s < 2.0
+    assert healthy == {"prefill-0": True, "decode-0": False}

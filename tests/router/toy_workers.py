@@ -80,6 +80,7 @@ class ToyWorker:
         self.step_s = 0.0  # time one token takes
         self.die_after_tokens: int | None = None  # then every call raises WorkerDied
         self.freeze_after_tokens: int | None = None  # then every call hangs
+        self.freeze_after_reserving = False  # decode: freezes once a reservation is made
         self._thawed = asyncio.Event()
 
     @property
@@ -178,6 +179,8 @@ class ToyDecodeWorker(ToyWorker):
         request = None if self.refuse_reservations else self._admit(work)
         if request is None:
             return None
+        if self.freeze_after_reserving:
+            self.freeze_after_tokens = self.tokens_produced
         return KVReservation(
             decode_worker=self.worker_id,
             transfer_id=work.request_id,
@@ -251,7 +254,9 @@ class ToyPrefillWorker(ToyWorker):
         try:
             token, text = await self._step(request)
             if request.finish_reason is None:
-                self.decode_workers[reservation.endpoint].commit(reservation.transfer_id, token)
+                receiver = self.decode_workers[reservation.endpoint]
+                await receiver._alive()  # the push is written into the decode worker's process
+                receiver.commit(reservation.transfer_id, token)
         finally:
             self.requests.pop(work.request_id, None)  # released to its prefix cache
         return PrefillResult(

@@ -324,6 +324,10 @@ involved. The Redis URL comes from the env (PDSERVE_REDIS_URL), never from argv.
 - {{ $v.prefill.gpusPerWorker | toString | quote }}
 - --kv-transport
 - {{ $v.kvTransfer.transport }}
+{{- with $v.kvTransfer.nixlUcxTls }}
+- --kv-nixl-ucx-tls
+- {{ . | quote }}
+{{- end }}
 - --ttft-slo-ms
 - {{ $v.router.ttftSloMs | toString | quote }}
 - --tpot-slo-ms

@@ -10,6 +10,8 @@ with TLS on, and the drain time on shutdown.
 {{/* `pdserve serve` flags of the edge (part of pdserve.serveArgs). */}}
 {{- define "pdserve.routerEdgeArgs" -}}
 {{- $r := .Values.router -}}
+- --http-port
+- {{ $r.httpPort | toString | quote }}
 - --shutdown-grace-s
 - {{ $r.shutdownGraceSeconds | toString | quote }}
 {{- if $r.tls.enabled }}
@@ -23,6 +25,22 @@ with TLS on, and the drain time on shutdown.
 {{- end }}
 - --health-port
 - {{ $r.tls.healthPort | toString | quote }}
+{{- end }}
+{{- end }}
+
+{{/* One probe of the router (`probe`: startup, readiness or liveness; `timing`: its values):
+gRPC health on the health port, or with probeProtocol=http GET /health (/ready for readiness)
+on the HTTP port, over HTTPS when TLS is on (the kubelet does not verify the certificate). */}}
+{{- define "pdserve.routerProbe" -}}
+{{- $root := .root -}}
+{{- if eq $root.Values.router.probeProtocol "http" -}}
+httpGet:
+  path: {{ ternary "/ready" "/health" (eq .probe "readiness") }}
+  port: http
+  scheme: {{ ternary "HTTPS" "HTTP" $root.Values.router.tls.enabled }}
+{{ omit .timing "service" | toYaml }}
+{{- else -}}
+{{ include "pdserve.grpcProbe" (dict "port" (include "pdserve.healthPort" $root) "timing" .timing) }}
 {{- end }}
 {{- end }}
 
@@ -94,5 +112,8 @@ exec:
 {{- end }}
 {{- if and $r.tls.enabled (has (int $r.tls.healthPort) (list (int $r.port) (int $r.metricsPort))) }}
 {{- fail "router.tls.healthPort must differ from router.port and router.metricsPort" }}
+{{- end }}
+{{- if has (int $r.httpPort) (list (int $r.port) (int $r.metricsPort) (ternary (int $r.tls.healthPort) -1 $r.tls.enabled)) }}
+{{- fail "router.httpPort must differ from router.port, router.metricsPort and router.tls.healthPort" }}
 {{- end }}
 {{- end }}

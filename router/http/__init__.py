@@ -1,0 +1,11 @@
+"""The OpenAI-compatible HTTP API of the router, beside gRPC and on the same request path.
+
+- `api.py` — the FastAPI routes, SSE streaming, authentication, disconnects.
+- `service.py` — body → validated requests → RequestFlow (router/request_run.py) → choices.
+- `translate.py` — OpenAI fields → the gRPC GenerateRequest that router/validation.py checks.
+- `schemas.py` — the request bodies (pydantic).
+- `choices.py` — response and stream-chunk JSON, usage, logprobs.
+- `errors.py` — exceptions → OpenAI error JSON and HTTP status.
+- `chat_template.py` — chat templates rendered as transformers renders them.
+- `server.py` — uvicorn on the router's event loop.
+"""

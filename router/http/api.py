@@ -1,0 +1,231 @@
+"""The OpenAI-compatible HTTP API: FastAPI routes over OpenAIService.
+
+`/v1/completions`, `/v1/chat/completions` (JSON or server-sent events), `/v1/models`; and for
+probes and scrapers `/health` (the process is up), `/ready` (a decode worker can take requests)
+and `/metrics` (the router's Prometheus registry, as on the metrics port). With API keys
+configured the `/v1` routes need `Authorization: Bearer <key>` (the gRPC API's keys); the
+probes and `/metrics` stay open, as gRPC health does. A client that disconnects cancels its
+request, which aborts it on its workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import aclosing
+from typing import Any, TypeVar
+
+import prometheus_client
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from router.auth import ApiKeyInterceptor
+from router.http.choices import Choice, ResponseShape
+from router.http.errors import error_body, error_response, status_and_body
+from router.http.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from router.http.service import OpenAIService
+from router.http.translate import wants_logprobs
+from router.request_run import Step
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+_TRACE_HEADERS = ("traceparent", "tracestate")
+_REFUSAL = "missing or invalid API key (header 'Authorization: Bearer <key>')"
+# A pydantic location's parts that name a union member's type, not a field.
+_TYPE_TAG = re.compile(r"^(str|int|float|bool|list|dict)(\[.*\])?$|^function-")
+
+
+class ClientGone(Exception):
+    """The client disconnected before its response was ready."""
+
+
+def create_app(
+    service: OpenAIService,
+    auth: ApiKeyInterceptor,
+    ready: Callable[[], bool] = lambda: True,
+) -> FastAPI:
+    app = FastAPI(title="pdserve", docs_url=None, redoc_url=None, openapi_url=None)
+    started = int(time.time())
+
+    async def authorized(request: Request) -> None:
+        header = request.headers.get("authorization")
+        if auth.api_keys and not auth.authorized([("authorization", header or "")]):
+            raise HTTPException(401, _REFUSAL)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse(error_body(400, _validation_message(exc)), status_code=400)
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        return JSONResponse(error_body(exc.status_code, str(exc.detail)), exc.status_code)
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok"}
+
+    @app.get("/ready")
+    async def readiness() -> JSONResponse:
+        if ready():
+            return JSONResponse({"status": "ready"})
+        return JSONResponse(error_body(503, "no decode worker is up"), status_code=503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(
+            prometheus_client.generate_latest(),
+            media_type=prometheus_client.CONTENT_TYPE_LATEST,
+        )
+
+    @app.get("/v1/models", dependencies=[Depends(authorized)])
+    async def models() -> dict:
+        return {"object": "list", "data": [_model_card(service, started)]}
+
+    @app.get("/v1/models/{model:path}", dependencies=[Depends(authorized)])
+    async def model(model: str) -> Any:
+        if model != service.limits.name:
+            return JSONResponse(
+                error_body(404, f"model: the model {model!r} does not exist", "model_not_found"),
+                status_code=404,
+            )
+        return _model_card(service, started)
+
+    @app.post("/v1/completions", dependencies=[Depends(authorized)])
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        return await _generate(service, body, request, chat=False)
+
+    @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        return await _generate(service, body, request, chat=True)
+
+    return app
+
+
+async def _generate(
+    service: OpenAIService, body: SamplingFields, request: Request, chat: bool
+) -> Response:
+    try:
+        return await _respond(service, body, request, chat)
+    except Exception as exc:
+        response = error_response(exc)
+        level = logging.WARNING if response.status_code >= 500 else logging.DEBUG
+        log.log(level, "%s failed: %s", request.url.path, exc)
+        return response
+
+
+async def _respond(
+    service: OpenAIService, body: SamplingFields, request: Request, chat: bool
+) -> Response:
+    valid = await service.prepare(body)
+    choices = service.choices(valid)
+    metadata = {k: request.headers[k] for k in _TRACE_HEADERS if k in request.headers}
+    shape = ResponseShape(
+        id=("chatcmpl-" if chat else "cmpl-") + valid[0].work_id,
+        model=service.limits.name,
+        chat=chat,
+        tokenizer=service.tokenizer.tokenizer,
+        logprobs=wants_logprobs(body),
+        return_token_ids=body.return_token_ids,
+    )
+    try:
+        if not body.stream:
+            await _until_disconnect(request, service.collect(valid, choices, metadata))
+            return JSONResponse(shape.response(choices))
+        steps = service.stream(valid, choices, metadata)
+        try:
+            # The first step decides the status: a request refused before its first token
+            # (overloaded, no worker) gets its HTTP error, not a 200 with an error event.
+            first = await _until_disconnect(request, anext(steps))
+        except BaseException:
+            await steps.aclose()
+            raise
+    except ClientGone:
+        return Response(status_code=499)  # nobody reads it; the request was aborted
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    events = _events(shape, choices, first, steps, include_usage)
+    return StreamingResponse(events, media_type="text/event-stream")
+
+
+async def _events(
+    shape: ResponseShape,
+    choices: list[Choice],
+    first: tuple[Choice, Step],
+    steps: AsyncIterator[tuple[Choice, Step]],
+    include_usage: bool,
+) -> AsyncIterator[str]:
+    """Server-sent events: one chunk per step, usage if asked, then `[DONE]`. An error after
+    the first chunk is an error event. Cancelled (the client left), it closes `steps`, which
+    aborts the requests."""
+    started: set[int] = set()
+
+    def event(choice: Choice, step: Step) -> str:
+        chunk = shape.chunk(choice, step.batch, first=choice.index not in started)
+        started.add(choice.index)
+        return _sse(chunk)
+
+    async with aclosing(steps):
+        try:
+            yield event(*first)
+            async for choice, step in steps:
+                yield event(choice, step)
+            if include_usage:
+                yield _sse(shape.usage_chunk(choices))
+        except Exception as exc:
+            yield _sse(status_and_body(exc)[1])
+    yield "data: [DONE]\n\n"
+
+
+def _sse(data: Mapping[str, Any]) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+async def _until_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """`work`'s result, or ClientGone (with `work` cancelled) if the client disconnects first."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        watcher.cancel()
+    if task.cancelled():
+        raise ClientGone()
+    return task.result()
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _model_card(service: OpenAIService, created: int) -> dict:
+    return {
+        "id": service.limits.name,
+        "object": "model",
+        "created": created,
+        "owned_by": "pdserve",
+        "max_model_len": service.limits.max_model_len,
+    }
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    error = exc.errors()[0]
+    if error.get("type") == "json_invalid":
+        return f"body: not valid JSON ({error.get('ctx', {}).get('error', 'parse error')})"
+    field = ""
+    for part in error.get("loc", ())[1:]:
+        if isinstance(part, int):
+            field += f"[{part}]"
+        elif _TYPE_TAG.match(str(part)):
+            break
+        else:
+            field += f".{part}" if field else str(part)
+    return f"{field or 'body'}: {error.get('msg', 'invalid')}"

@@ -1,0 +1,80 @@
+"""The OpenAI request bodies pdserve accepts, as pydantic models.
+
+Fields pdserve does not implement are declared anyway, so that setting one to anything but its
+neutral value is a 400 naming it (router/http/translate.py) rather than silently ignored.
+pdserve's own options (`top_k`, `ignore_eos`, `stop_token_ids`, `return_token_ids`) are extra
+body fields, under vLLM's names; other unknown fields are ignored, as vLLM does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class SamplingFields(BaseModel):
+    """What completions and chat completions share."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    n: int = 1
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    # pdserve extensions (vLLM's names): -1 or 0 = top_k off.
+    top_k: int | None = None
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+    return_token_ids: bool = False  # each choice carries its token ids (and the prompt's)
+
+
+class CompletionRequest(SamplingFields):
+    # A text, a list of texts, a list of token ids, or a list of token id lists.
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = None
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    # Other fields (name, tool_call_id, reasoning_content...) go to the template as given.
+    model_config = ConfigDict(extra="allow")
+
+    role: str
+    content: str | list[ContentPart] | None = None
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
+    # vLLM extensions: the template's generation prompt, and extra template variables.
+    add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None

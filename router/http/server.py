@@ -1,0 +1,78 @@
+"""Runs the OpenAI HTTP API (router/http/api.py) with uvicorn on the router's event loop, over
+TLS when the gRPC API has it (same certificate, same client CA)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import ssl
+
+import uvicorn
+from fastapi import FastAPI
+
+log = logging.getLogger(__name__)
+
+
+class HttpServer:
+    """`await start()` binds and serves (port 0 = any free port; `port` is the bound one);
+    `await stop(grace_s)` stops taking connections and gives running requests up to
+    `grace_s` before cancelling them."""
+
+    def __init__(
+        self,
+        app: FastAPI,
+        host: str,
+        port: int,
+        *,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        tls_client_ca: str | None = None,
+    ) -> None:
+        self.host = host
+        self.port = port
+        config = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            lifespan="off",
+            log_config=None,  # the process's logging setup applies
+            access_log=False,
+            server_header=False,
+            # The gRPC API's TLS settings (router/tls.py): HTTPS, mutual with a client CA.
+            ssl_certfile=tls_cert,
+            ssl_keyfile=tls_key,
+            ssl_ca_certs=tls_client_ca,
+            ssl_cert_reqs=ssl.CERT_REQUIRED if tls_client_ca else ssl.CERT_NONE,
+        )
+        config.load()  # reads the TLS files now: a bad one fails the start, not a connection
+        self._server = uvicorn.Server(config)
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        """Raises OSError when the address cannot be bound."""
+        # Bound here, not by uvicorn, which exits the process when it cannot bind.
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self.host, self.port))
+        except OSError:
+            sock.close()
+            raise
+        self.port = sock.getsockname()[1]
+        self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
+        while not self._server.started and not self._task.done():
+            await asyncio.sleep(0.01)
+        if self._task.done():
+            await self._task  # raises why it stopped
+            raise RuntimeError(f"the HTTP server on port {self.port} stopped at once")
+        log.info("router serving the OpenAI HTTP API on port %d", self.port)
+
+    async def stop(self, grace_s: float = 30.0) -> None:
+        if self._task is None:
+            return
+        self._server.config.timeout_graceful_shutdown = grace_s
+        self._server.should_exit = True
+        await self._task
+        self._task = None

@@ -1,0 +1,165 @@
+"""The OpenAI endpoints' work: a request body → validated requests → RequestFlow → choices.
+
+Each prompt of a request is one pdserve request (own id, trace, workers), driven exactly as the
+gRPC servicer drives it (router/request_run.py); a request's choices run concurrently, and one
+failing cancels the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Mapping
+from contextlib import aclosing
+
+from router.http.chat_template import ChatTemplate, ChatTemplateError
+from router.http.choices import Choice
+from router.http.errors import UnknownModel
+from router.http.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from router.http.translate import (
+    chat_messages,
+    check_supported,
+    completion_prompts,
+    generate_request,
+    max_tokens_field,
+    openai_names,
+)
+from router.observability import RequestObserver
+from router.request_flow import RequestFlow
+from router.request_run import Step, run_request
+from router.tokenizing import BackgroundTokenizer
+from router.types import Progress
+from router.validation import ModelLimits, RequestError, ValidRequest, validate
+
+# Variables a chat template gets from the server, which chat_template_kwargs cannot replace.
+_TEMPLATE_INPUTS = frozenset({"messages", "add_generation_prompt", "tools", "documents"})
+
+
+class OpenAIService:
+    def __init__(
+        self,
+        flow: RequestFlow,
+        tokenizer: BackgroundTokenizer,
+        limits: ModelLimits,
+        observer: RequestObserver | None = None,
+        chat_template: ChatTemplate | None = None,
+    ) -> None:
+        self.flow = flow
+        self.tokenizer = tokenizer
+        self.limits = limits
+        self.observer = observer
+        self.chat_template = chat_template
+
+    async def prepare(self, body: SamplingFields) -> list[ValidRequest]:
+        """The body's validated requests, one per prompt; raises RequestError naming the
+        OpenAI field, or UnknownModel."""
+        check_supported(body)
+        if body.model != self.limits.name:
+            raise UnknownModel(
+                f"model: the model {body.model!r} does not exist; "
+                f"this server serves {self.limits.name!r}"
+            )
+        if isinstance(body, ChatCompletionRequest):
+            prompts, fields = [self._render(body)], ["messages"]
+
+            async def tokenize(text: str) -> list[int]:
+                return await self.tokenizer.encode(text, add_special_tokens=False)
+        else:
+            assert isinstance(body, CompletionRequest)
+            prompts = completion_prompts(body.prompt)
+            fields = (
+                ["prompt"] if len(prompts) == 1 else [f"prompt[{i}]" for i in range(len(prompts))]
+            )
+            tokenize = self.tokenizer.encode
+        valid = []
+        for prompt, field in zip(prompts, fields, strict=True):
+            try:
+                valid.append(await validate(generate_request(body, prompt), self.limits, tokenize))
+            except RequestError as e:
+                raise openai_names(e, field, max_tokens_field(body)) from None
+        return valid
+
+    def _render(self, body: ChatCompletionRequest) -> str:
+        if self.chat_template is None:
+            raise RequestError(
+                "messages: this model has no chat template (no chat_template in its "
+                "tokenizer_config.json); send a prompt to /v1/completions instead"
+            )
+        variables = body.chat_template_kwargs or {}
+        reserved = sorted(_TEMPLATE_INPUTS & variables.keys())
+        if reserved:
+            raise RequestError(f"chat_template_kwargs: {reserved[0]!r} is set by the server")
+        try:
+            return self.chat_template.render(
+                chat_messages(body), body.add_generation_prompt, **variables
+            )
+        except ChatTemplateError as e:
+            raise RequestError(f"messages: the model's chat template refused them: {e}") from None
+
+    def choices(self, valid: list[ValidRequest]) -> list[Choice]:
+        received = time.perf_counter()
+        return [
+            Choice(i, v.prompt_ids, Progress(received=received, prompt_tokens=len(v.prompt_ids)))
+            for i, v in enumerate(valid)
+        ]
+
+    async def collect(
+        self, valid: list[ValidRequest], choices: list[Choice], metadata: Mapping[str, str]
+    ) -> None:
+        """Runs every choice to its end."""
+
+        async def one(request: ValidRequest, choice: Choice) -> None:
+            async with aclosing(self._steps(request, choice, metadata)) as steps:
+                async for _ in steps:
+                    pass
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                for request, choice in zip(valid, choices, strict=True):
+                    group.create_task(one(request, choice))
+        except BaseExceptionGroup as failed:
+            raise failed.exceptions[0] from None
+
+    async def stream(
+        self, valid: list[ValidRequest], choices: list[Choice], metadata: Mapping[str, str]
+    ) -> AsyncIterator[tuple[Choice, Step]]:
+        """Every choice's steps as they come; closing it aborts what still runs."""
+        if len(valid) == 1:
+            async with aclosing(self._steps(valid[0], choices[0], metadata)) as steps:
+                async for step in steps:
+                    yield choices[0], step
+            return
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(request: ValidRequest, choice: Choice) -> None:
+            try:
+                async with aclosing(self._steps(request, choice, metadata)) as steps:
+                    async for step in steps:
+                        queue.put_nowait((choice, step, None))
+            except Exception as e:
+                queue.put_nowait((choice, None, e))
+
+        tasks = [asyncio.create_task(pump(r, c)) for r, c in zip(valid, choices, strict=True)]
+        try:
+            running = len(tasks)
+            while running:
+                choice, step, error = await queue.get()
+                if error is not None:
+                    raise error
+                yield choice, step
+                running -= step.batch.finished
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _steps(
+        self, request: ValidRequest, choice: Choice, metadata: Mapping[str, str]
+    ) -> AsyncIterator[Step]:
+        steps = run_request(
+            self.flow, self.observer, request, metadata, choice.progress, self.limits.name
+        )
+        async with aclosing(steps):
+            async for step in steps:
+                choice.add(step.batch)
+                yield step

@@ -1,0 +1,167 @@
+"""OpenAI request bodies → the GenerateRequest the gRPC API takes, so both APIs share one
+validation (router/validation.py) and one set of limits. The few OpenAI fields pdserve does not
+implement are refused here, by name; validation's messages are renamed to OpenAI's fields."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from pdserve.pb import generate_pb2
+from router.http.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from router.validation import RequestError
+
+MAX_PROMPTS = 64  # prompts of one completions request
+_UINT32 = 1 << 32
+_UINT64 = 1 << 64
+_SAMPLING_FIELD = re.compile(r"^sampling\.(\w+): ")
+_PROMPT_FIELD = re.compile(r"^prompt(\.text|\.token_ids)?: ")
+
+Prompt = str | list[int]
+
+
+def check_supported(body: SamplingFields) -> None:
+    """Refuses, by name, the OpenAI options pdserve does not implement (neutral values pass)."""
+    if body.n != 1:
+        raise RequestError(
+            f"n: must be 1, got {body.n}; more choices per prompt are not supported yet"
+        )
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(body, name) not in (None, 0):
+            raise RequestError(f"{name}: not supported; leave it unset or 0")
+    if body.logit_bias:
+        raise RequestError("logit_bias: not supported")
+    if body.stream_options is not None and not body.stream:
+        raise RequestError("stream_options: only allowed when stream is true")
+    if isinstance(body, CompletionRequest):
+        _check_completion(body)
+    elif isinstance(body, ChatCompletionRequest):
+        _check_chat(body)
+
+
+def _check_completion(body: CompletionRequest) -> None:
+    if body.logprobs is not None and body.logprobs != 0:
+        raise RequestError(
+            "logprobs: only 0 is supported (the sampled tokens' log-probabilities, "
+            "without alternatives)"
+        )
+    if body.echo:
+        raise RequestError("echo: not supported")
+    if body.best_of not in (None, 1):
+        raise RequestError("best_of: only 1 is supported")
+    if body.suffix:
+        raise RequestError("suffix: not supported")
+
+
+def _check_chat(body: ChatCompletionRequest) -> None:
+    if body.top_logprobs not in (None, 0):
+        raise RequestError(
+            "top_logprobs: only 0 is supported (logprobs=true gives the sampled tokens' "
+            "log-probabilities, without alternatives)"
+        )
+    if body.tools:
+        raise RequestError("tools: tool calling is not supported")
+    if body.tool_choice not in (None, "none"):
+        raise RequestError("tool_choice: tool calling is not supported")
+    if body.response_format and body.response_format.get("type", "text") != "text":
+        raise RequestError("response_format: only type 'text' is supported")
+
+
+def completion_prompts(prompt: str | list[str] | list[int] | list[list[int]]) -> list[Prompt]:
+    """The prompts of a completions request: one text or token id list each."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if not prompt:
+        raise RequestError("prompt: empty list")
+    if all(isinstance(t, int) for t in prompt):
+        return [list(prompt)]
+    if len(prompt) > MAX_PROMPTS:
+        raise RequestError(f"prompt: {len(prompt)} prompts; at most {MAX_PROMPTS} are allowed")
+    return list(prompt)
+
+
+def chat_messages(body: ChatCompletionRequest) -> list[dict[str, Any]]:
+    """The messages as the template gets them; text parts are joined into one string."""
+    messages = []
+    for i, message in enumerate(body.messages):
+        fields = message.model_dump(exclude_none=True)
+        if isinstance(message.content, list):
+            texts = []
+            for j, part in enumerate(message.content):
+                if part.type != "text" or part.text is None:
+                    raise RequestError(
+                        f"messages[{i}].content[{j}]: only text parts are supported, "
+                        f"got type {part.type!r}"
+                    )
+                texts.append(part.text)
+            fields["content"] = "\n".join(texts)
+        messages.append(fields)
+    return messages
+
+
+def max_tokens_field(body: SamplingFields) -> str:
+    """The name the client used for the output length (chat has two)."""
+    if isinstance(body, ChatCompletionRequest) and body.max_completion_tokens is not None:
+        return "max_completion_tokens"
+    return "max_tokens"
+
+
+def generate_request(body: SamplingFields, prompt: Prompt) -> generate_pb2.GenerateRequest:
+    """The GenerateRequest that asks for what `body` asks, for one prompt."""
+    request = generate_pb2.GenerateRequest(model=body.model)
+    if isinstance(prompt, str):
+        request.text = prompt
+    else:
+        _check_ids("prompt", prompt)
+        request.token_ids.ids.extend(prompt)
+    sampling = request.sampling
+    sampling.SetInParent()
+    name = max_tokens_field(body)
+    max_tokens = getattr(body, name)
+    if max_tokens is not None:
+        if max_tokens < 1:
+            raise RequestError(f"{name}: must be >= 1")
+        sampling.max_tokens = min(max_tokens, _UINT32 - 1)  # beyond any context: caught later
+    if body.temperature is not None:
+        sampling.temperature = body.temperature
+    if body.top_p is not None:
+        sampling.top_p = body.top_p
+    if body.top_k is not None:
+        sampling.top_k = 0 if body.top_k == -1 else body.top_k  # vLLM's -1 = off
+    if body.seed is not None:
+        if not 0 <= body.seed < _UINT64:
+            raise RequestError(f"seed: must be in [0, 2^64), got {body.seed}")
+        sampling.seed = body.seed
+    if body.stop is not None:
+        sampling.stop.extend([body.stop] if isinstance(body.stop, str) else body.stop)
+    if body.stop_token_ids:
+        _check_ids("stop_token_ids", body.stop_token_ids)
+        sampling.stop_token_ids.extend(body.stop_token_ids)
+    sampling.ignore_eos = body.ignore_eos
+    sampling.logprobs = wants_logprobs(body)
+    return request
+
+
+def wants_logprobs(body: SamplingFields) -> bool:
+    if isinstance(body, ChatCompletionRequest):
+        return body.logprobs
+    return getattr(body, "logprobs", None) is not None
+
+
+def openai_names(error: RequestError, prompt_field: str, max_tokens_name: str) -> RequestError:
+    """Validation's message with the gRPC field names replaced by the OpenAI request's."""
+    message = str(error)
+    message = _PROMPT_FIELD.sub(f"{prompt_field}: ", message)
+    sampling = _SAMPLING_FIELD.match(message)
+    if sampling:
+        field = max_tokens_name if sampling.group(1) == "max_tokens" else sampling.group(1)
+        message = f"{field}: " + message[sampling.end() :]
+    message = message.replace("sampling.max_tokens", max_tokens_name)
+    return RequestError(message)
+
+
+def _check_ids(field: str, ids: Sequence[int]) -> None:
+    bad = next((t for t in ids if not 0 <= t < _UINT32), None)
+    if bad is not None:
+        raise RequestError(f"{field}: token id {bad} is outside the vocabulary")

@@ -1,0 +1,90 @@
+"""One validated request driven through RequestFlow, as every client API runs it.
+
+The gRPC servicer (router/generation_service.py) and the OpenAI HTTP API (router/http/) differ
+only in how they decode requests and encode responses; what lies between is here: the request
+id in the logs, the request's span and latency metrics, the trace context the workers continue,
+and the time of each batch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Mapping
+from contextlib import aclosing
+from dataclasses import dataclass
+
+from pdserve import metrics
+from pdserve.core.messages import TokenBatch
+from pdserve.logging_setup import request_id_var
+from router.observability import RequestObserver
+from router.request_flow import RequestFlow
+from router.types import Progress
+from router.validation import ValidRequest
+
+
+@dataclass(frozen=True)
+class Step:
+    """One batch as the client gets it: `at` is its perf_counter time; `first` marks the batch
+    that carries the first token."""
+
+    batch: TokenBatch
+    at: float
+    first: bool
+
+
+def w3c_context(metadata: Mapping[str, str]) -> dict[str, str]:
+    """The W3C trace headers among a request's metadata (lower-case keys)."""
+    return {k: metadata[k] for k in ("traceparent", "tracestate") if k in metadata}
+
+
+async def run_request(
+    flow: RequestFlow,
+    observer: RequestObserver | None,
+    valid: ValidRequest,
+    metadata: Mapping[str, str],
+    progress: Progress,
+    model: str,
+) -> AsyncIterator[Step]:
+    """Yields the request's batches, the last one finished; raises what RequestFlow raises.
+    Closing it early (a client that went away) aborts the request on its workers. With an
+    observer, the request is counted under `model`'s metrics too (pdserve/metrics.py)."""
+    # Each request runs in its own asyncio task (own context copy): the id needs no reset, and
+    # every log line of this request, here or in the request flow, carries it.
+    request_id_var.set(valid.request_id)
+    observation = observer.start(valid.request_id, metadata, progress) if observer else None
+    trace_context = observation.trace_context if observation else w3c_context(metadata)
+    finish_reason, error, last_at = None, None, None
+    try:
+        batches = flow.run(valid.work_id, valid.prompt_ids, valid.sampling, trace_context, progress)
+        async with aclosing(batches):
+            async for batch in batches:
+                now = time.perf_counter()
+                first = progress.first_token_at is None
+                if first:
+                    progress.first_token_at = now
+                if observation:
+                    observation.on_tokens(len(batch.token_ids), now)
+                if batch.finished:
+                    finish_reason, last_at = batch.finish_reason, now
+                yield Step(batch, now, first)
+    except BaseException as exc:  # an error, or the client cancelled: recorded either way
+        error = exc
+        raise
+    finally:
+        if observation:
+            observation.finish(finish_reason, error)
+            _count(model, progress, finish_reason, last_at)
+
+
+def _count(model: str, p: Progress, finish_reason: str | None, last_at: float | None) -> None:
+    first = p.first_token_at
+    metrics.observe_request(
+        model,
+        finished_reason=finish_reason,
+        prompt_tokens=p.prompt_tokens,
+        cached_tokens=p.cached_tokens,
+        completion_tokens=p.completion_tokens,
+        queue_s=p.queue_s,
+        ttft_s=None if first is None else first - p.received,
+        e2e_s=None if last_at is None else last_at - p.received,
+    )

@@ -1,0 +1,230 @@
+"""The OpenAI HTTP API's edge without workers: validation, errors, auth, probes, metrics.
+
+The app runs in-process under FastAPI's TestClient with no RequestFlow behind it, so these
+tests cover everything that happens before a request reaches the workers; the served system is
+tested in test_openai_served.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import grpc
+import pytest
+from fastapi.testclient import TestClient
+
+from pdserve.models.tokenizer_builder import write_tokenizer
+from pdserve.tokenizer import Tokenizer
+from router.auth import ApiKeyInterceptor
+from router.errors import status_for
+from router.http.api import create_app
+from router.http.chat_template import ChatTemplate
+from router.http.errors import status_and_body
+from router.http.service import OpenAIService
+from router.tokenizing import BackgroundTokenizer
+from router.types import NoWorkerAvailable, Overloaded
+from router.validation import ModelLimits
+
+MODEL = "tiny"
+KEY = "sk-test-key"
+
+
+def make_client(directory: Path, *, keys=(), ready=True, template=True) -> TestClient:
+    write_tokenizer(directory, 512)
+    limits = ModelLimits(MODEL, 512, 256, [1], max_prompt_bytes=1000)
+    service = OpenAIService(
+        None,  # no RequestFlow: a request that passes validation fails with 500
+        BackgroundTokenizer(Tokenizer.from_dir(directory)),
+        limits,
+        chat_template=ChatTemplate.from_dir(directory) if template else None,
+    )
+    app = create_app(service, ApiKeyInterceptor(keys), lambda: ready)
+    return TestClient(app, raise_server_exceptions=False)
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory) -> TestClient:
+    return make_client(tmp_path_factory.mktemp("model"))
+
+
+def completion(**fields) -> dict:
+    return {"model": MODEL, "prompt": "hello", **fields}
+
+
+def chat(**fields) -> dict:
+    return {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **fields}
+
+
+def error_of(response) -> dict:
+    body = response.json()
+    assert set(body) == {"error"}, body
+    assert "Traceback" not in json.dumps(body)
+    return body["error"]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param", "words"),
+    [
+        ("/v1/completions", completion(temperature=-1), "temperature", "must be >= 0"),
+        ("/v1/completions", completion(top_p=0), "top_p", "(0, 1]"),
+        ("/v1/completions", completion(max_tokens=0), "max_tokens", ">= 1"),
+        ("/v1/completions", completion(max_tokens=300), "max_tokens", "exceeds the context"),
+        ("/v1/completions", completion(n=2), "n", "not supported yet"),
+        ("/v1/completions", completion(logprobs=3), "logprobs", "only 0"),
+        ("/v1/completions", completion(echo=True), "echo", "not supported"),
+        ("/v1/completions", completion(presence_penalty=0.5), "presence_penalty", "not supported"),
+        ("/v1/completions", completion(seed=-1), "seed", "[0, 2^64)"),
+        ("/v1/completions", completion(prompt=""), "prompt", "empty prompt"),
+        ("/v1/completions", completion(prompt=[]), "prompt", "empty list"),
+        ("/v1/completions", completion(prompt=[5, 9999]), "prompt", "outside the vocabulary"),
+        ("/v1/completions", completion(prompt=[5, -1]), "prompt", "outside the vocabulary"),
+        ("/v1/completions", completion(prompt=["a", ""]), "prompt[1]", "empty prompt"),
+        ("/v1/completions", completion(prompt="x" * 1001), "prompt", "exceed the limit"),
+        ("/v1/completions", completion(stop=[""]), "stop", "non-empty"),
+        ("/v1/completions", completion(stop_token_ids=[600]), "stop_token_ids", "vocabulary"),
+        ("/v1/completions", completion(top_k=-2), "top_k", ">= 0"),
+        (
+            "/v1/completions",
+            completion(stream_options={"include_usage": True}),
+            "stream_options",
+            "stream",
+        ),
+        ("/v1/completions", completion(prompt=3), "prompt", "valid"),
+        ("/v1/completions", completion(temperature="hot"), "temperature", "valid number"),
+        ("/v1/completions", {"prompt": "x"}, "model", "required"),
+        ("/v1/chat/completions", chat(top_logprobs=2), "top_logprobs", "only 0"),
+        ("/v1/chat/completions", chat(max_completion_tokens=0), "max_completion_tokens", ">= 1"),
+        (
+            "/v1/chat/completions",
+            chat(max_completion_tokens=300),
+            "max_completion_tokens",
+            "context",
+        ),
+        ("/v1/chat/completions", chat(tools=[{"type": "function"}]), "tools", "not supported"),
+        ("/v1/chat/completions", chat(messages=[]), "messages", "at least 1"),
+        ("/v1/chat/completions", chat(messages=[{"content": "x"}]), "messages[0].role", "required"),
+        (
+            "/v1/chat/completions",
+            chat(messages=[{"role": "user", "content": [{"type": "image_url"}]}]),
+            "messages[0].content[0]",
+            "only text parts",
+        ),
+        (
+            "/v1/chat/completions",
+            chat(chat_template_kwargs={"messages": []}),
+            "chat_template_kwargs",
+            "set by the server",
+        ),
+    ],
+)
+def test_bad_requests_are_400_naming_the_field(client, path, body, param, words) -> None:
+    response = client.post(path, json=body)
+    assert response.status_code == 400, response.text
+    error = error_of(response)
+    assert error["param"] == param, error
+    assert error["message"].startswith(f"{param}: ") and words in error["message"], error
+    assert error["type"] == "invalid_request_error"
+
+
+def test_invalid_json_is_400(client) -> None:
+    response = client.post(
+        "/v1/completions", content=b"{not json", headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 400
+    assert "not valid JSON" in error_of(response)["message"]
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_an_unknown_model_is_404(client, path) -> None:
+    body = chat(model="gpt-4") if "chat" in path else completion(model="gpt-4")
+    response = client.post(path, json=body)
+    assert response.status_code == 404
+    error = error_of(response)
+    assert error["code"] == "model_not_found" and "'gpt-4'" in error["message"]
+    assert client.get("/v1/models/gpt-4").status_code == 404
+
+
+def test_a_valid_request_with_no_worker_path_is_a_500_without_traceback(client) -> None:
+    response = client.post("/v1/completions", json=completion(max_tokens=4))
+    assert response.status_code == 500
+    assert error_of(response)["message"].startswith("internal error: ")
+
+
+def test_chat_without_a_template_is_a_clear_400(tmp_path) -> None:
+    client = make_client(tmp_path, template=False)
+    response = client.post("/v1/chat/completions", json=chat())
+    assert response.status_code == 400
+    error = error_of(response)
+    assert error["param"] == "messages" and "no chat template" in error["message"]
+
+
+def test_a_template_refusing_the_conversation_is_400(client) -> None:
+    # The built-in template concatenates content: a missing content fails to render.
+    response = client.post(
+        "/v1/chat/completions", json=chat(messages=[{"role": "user", "content": None}])
+    )
+    assert response.status_code == 400
+    assert "chat template refused" in error_of(response)["message"]
+
+
+def test_api_keys_guard_the_v1_routes_but_not_the_probes(tmp_path) -> None:
+    client = make_client(tmp_path, keys=[KEY])
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {KEY}"}):
+        response = client.post("/v1/completions", json=completion(), headers=headers)
+        assert response.status_code == 401
+        assert "API key" in error_of(response)["message"]
+        assert client.get("/v1/models", headers=headers).status_code == 401
+    good = {"Authorization": f"bearer {KEY}"}
+    assert client.get("/v1/models", headers=good).json()["data"][0]["id"] == MODEL
+    response = client.post("/v1/completions", json=completion(temperature=-1), headers=good)
+    assert response.status_code == 400  # authenticated, then validated
+    assert client.get("/health").status_code == 200
+    assert client.get("/ready").status_code == 200
+    assert client.get("/metrics").status_code == 200
+
+
+def test_models_lists_the_served_model(client) -> None:
+    data = client.get("/v1/models").json()["data"]
+    assert [m["id"] for m in data] == [MODEL] and data[0]["max_model_len"] == 256
+    assert client.get(f"/v1/models/{MODEL}").json()["id"] == MODEL
+
+
+def test_ready_is_503_without_a_decode_worker(tmp_path) -> None:
+    client = make_client(tmp_path, ready=False)
+    assert client.get("/health").status_code == 200
+    response = client.get("/ready")
+    assert response.status_code == 503 and "decode worker" in error_of(response)["message"]
+
+
+def test_metrics_serves_the_prometheus_registry(client) -> None:
+    response = client.get("/metrics")
+    assert response.headers["content-type"].startswith("text/plain")
+    assert "pdserve_requests_total" in response.text
+
+
+def test_unknown_paths_answer_in_openai_error_form(client) -> None:
+    response = client.get("/v1/nothing")
+    assert response.status_code == 404 and error_of(response)["message"] == "Not Found"
+
+
+@pytest.mark.parametrize(
+    ("exc", "status", "kind"),
+    [
+        (Overloaded("router overloaded"), 429, "rate_limit_error"),
+        (NoWorkerAvailable("no healthy decode worker"), 503, "service_unavailable_error"),
+        (RuntimeError("boom"), 500, "internal_error"),
+    ],
+)
+def test_router_errors_map_to_http_status_like_grpc(exc, status, kind) -> None:
+    got, body = status_and_body(exc)
+    assert (got, body["error"]["type"]) == (status, kind)
+    assert body["error"]["message"] == status_for(exc)[1]
+    assert (
+        status_for(exc)[0]
+        in {
+            429: {grpc.StatusCode.RESOURCE_EXHAUSTED},
+            503: {grpc.StatusCode.UNAVAILABLE},
+            500: {grpc.StatusCode.INTERNAL},
+        }[status]
+    )

@@ -1,0 +1,96 @@
+"""The uvicorn server of the HTTP API: binding, TLS with the gRPC API's files, stopping."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from router.http.server import HttpServer
+from tests.router.tls_certs import TestCA
+
+
+def probe_app() -> FastAPI:
+    app = FastAPI()
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok"}
+
+    return app
+
+
+async def get(url: str, **client_args) -> httpx.Response:
+    async with httpx.AsyncClient(**client_args) as client:
+        return await client.get(url, timeout=10)
+
+
+def test_serves_on_a_free_port_and_stops() -> None:
+    async def main() -> None:
+        server = HttpServer(probe_app(), "127.0.0.1", 0)
+        await server.start()
+        assert server.port > 0
+        assert (await get(f"http://127.0.0.1:{server.port}/health")).json() == {"status": "ok"}
+        await server.stop(1)
+        with pytest.raises(httpx.ConnectError):
+            await get(f"http://127.0.0.1:{server.port}/health")
+
+    asyncio.run(main())
+
+
+def test_a_busy_port_is_an_os_error() -> None:
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+
+        async def main() -> None:
+            with pytest.raises(OSError):
+                await HttpServer(probe_app(), "127.0.0.1", port).start()
+
+        asyncio.run(main())
+
+
+def test_tls_and_mutual_tls_use_the_grpc_apis_files(tmp_path) -> None:
+    ca = TestCA(tmp_path)
+    server_cert, client_cert = ca.issue("router", server=True), ca.issue("client", server=False)
+
+    async def main() -> None:
+        server = HttpServer(
+            probe_app(),
+            "127.0.0.1",
+            0,
+            tls_cert=str(server_cert.cert),
+            tls_key=str(server_cert.key),
+        )
+        await server.start()
+        url = f"https://127.0.0.1:{server.port}/health"
+        assert (
+            await get(url, verify=ssl.create_default_context(cafile=ca.cert))
+        ).status_code == 200
+        with pytest.raises(httpx.ConnectError):  # an untrusted server certificate
+            await get(url)
+        await server.stop(1)
+
+        mutual = HttpServer(
+            probe_app(),
+            "127.0.0.1",
+            0,
+            tls_cert=str(server_cert.cert),
+            tls_key=str(server_cert.key),
+            tls_client_ca=str(ca.cert),
+        )
+        await mutual.start()
+        url = f"https://127.0.0.1:{mutual.port}/health"
+        context = ssl.create_default_context(cafile=ca.cert)
+        with pytest.raises((httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError)):
+            await get(url, verify=context)  # no client certificate
+        context.load_cert_chain(client_cert.cert, client_cert.key)
+        assert (await get(url, verify=context)).status_code == 200
+        await mutual.stop(1)
+
+    asyncio.run(main())
