@@ -188,10 +188,11 @@ class DecodeWorker(WorkerActor):
         self._streams.pop(request_id, None)
         await runtime.abort(request_id)
 
-    async def trace_contexts(self, request_id: str) -> dict[str, dict[str, str]]:
-        """The W3C trace context this worker received for a request, by path: "ray" (the
-        router's call) and "kv" (the prefill worker's chunks and commit). For debugging."""
-        return self._trace_contexts.get(request_id, {})
+    async def trace_contexts(self) -> dict[str, dict[str, dict[str, str]]]:
+        """The W3C trace contexts this worker received for its recent requests (by the
+        router-made request id), by path: "ray" (the router's call) and "kv" (the prefill
+        worker's chunks and commit). For debugging."""
+        return dict(self._trace_contexts)
 
     def _remember_trace(self, request_id: str, path: str, context: dict[str, str]) -> None:
         self._trace_contexts.setdefault(request_id, {})[path] = dict(context)

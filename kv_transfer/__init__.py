@@ -13,6 +13,7 @@
   (layer, K|V, block) region descriptors of the nixl transport.
 - `nixl_receiver.py` / `nixl_sender.py` — the nixl transport: the decode worker READs the
   prefill worker's gathered KV straight into the reserved blocks (NIXL over UCX).
+- `nixl_staging.py` — the nixl sender's registered staging buffers, reused across transfers.
 - `tls.py` — TLS / mutual TLS credentials of the KV endpoint and of the senders' channels.
 - `factory.py` — `make_receiver(config, sink, layout)`, `make_sender(config)`.
 

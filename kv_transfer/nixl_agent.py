@@ -17,6 +17,8 @@ import importlib
 import os
 import secrets
 import threading
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -54,8 +56,13 @@ def make_agent(role: str, ucx_tls: str | None) -> Any:
     """A NIXL agent with the UCX backend, named uniquely (`pdserve-<role>-<random>`); safe to
     call from several threads at once (the agent serializes its own calls)."""
     nixl = nixl_module()
+    # No progress thread: NIXL's spins without pause, and two of them (a prefill and a decode
+    # worker) take every core of a small host. The side waiting on a transfer drives progress
+    # itself instead (`drive`).
     config = nixl.nixl_agent_config(
-        backends=["UCX"], sync_mode=nixl.nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT
+        enable_prog_thread=False,
+        backends=["UCX"],
+        sync_mode=nixl.nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT,
     )
     with _ENV_LOCK:  # UCX reads UCX_TLS while the backend starts
         if ucx_tls:
@@ -64,6 +71,17 @@ def make_agent(role: str, ucx_tls: str | None) -> Any:
     if "UCX" not in agent.backends:
         raise RuntimeError("NIXL has no UCX backend here: the nixl transport cannot run")
     return agent
+
+
+def drive(agent: Any, done: Callable[[], bool], stop: Callable[[], bool]) -> None:
+    """Progresses `agent` until `done()` or `stop()`. Over TCP each round moves about one
+    socket buffer, so the pause between rounds stays short (10-50 us): one core is busy while a
+    transfer is in flight, none otherwise."""
+    pause = 0.00001
+    while not done() and not stop():
+        agent.get_new_notifs()  # one round of UCX progress
+        time.sleep(pause)
+        pause = min(pause * 2, 0.00005)
 
 
 def memory_type(tensor: torch.Tensor) -> tuple[str, int]:

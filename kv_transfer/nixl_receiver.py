@@ -32,7 +32,7 @@ from kv_transfer import wire
 from kv_transfer.base import CommitInfo, KVLayout, KVSink
 from kv_transfer.grpc_common import STATUS_OF
 from kv_transfer.grpc_receiver import GrpcKVReceiver, spec_of
-from kv_transfer.nixl_agent import block_regions, make_agent, memory_type
+from kv_transfer.nixl_agent import block_regions, drive, make_agent, memory_type
 from kv_transfer.reservations import RejectReason, TransferRejected
 from pdserve.config import KVTransferConfig
 from pdserve.pb import kv_transfer_pb2 as pb
@@ -99,17 +99,20 @@ class _Pull:
             raise PullFailed(RejectReason.CORRUPT, f"transfer {tid}: checksum mismatch")
 
     def _wait(self, agent: Any, handle: Any, tid: str) -> None:
-        state, pause = agent.transfer(handle), 0.0001
-        while state == "PROC":
-            if self.cancel.is_set():
-                raise PullFailed(RejectReason.NOT_OPEN, f"transfer {tid} was aborted")
-            if time.monotonic() >= self.deadline:
-                raise PullFailed(RejectReason.NOT_OPEN, f"transfer {tid}: READ past the deadline")
-            time.sleep(pause)  # the agent's progress thread moves the data meanwhile
-            pause = min(pause * 2, 0.005)
-            state = agent.check_xfer_state(handle)
-        if state != "DONE":
-            raise PullFailed(RejectReason.INVALID, f"transfer {tid}: the READ failed ({state})")
+        state = [agent.transfer(handle)]
+
+        def done() -> bool:
+            if state[0] == "PROC":
+                state[0] = agent.check_xfer_state(handle)
+            return state[0] != "PROC"
+
+        drive(agent, done, lambda: self.cancel.is_set() or time.monotonic() >= self.deadline)
+        if self.cancel.is_set():
+            raise PullFailed(RejectReason.NOT_OPEN, f"transfer {tid} was aborted")
+        if state[0] == "PROC":
+            raise PullFailed(RejectReason.NOT_OPEN, f"transfer {tid}: READ past the deadline")
+        if state[0] != "DONE":
+            raise PullFailed(RejectReason.INVALID, f"transfer {tid}: the READ failed ({state[0]})")
 
     def _release(self, handle: Any, tid: str) -> None:
         """Frees the request; one still in flight is cancelled first, and we wait (briefly) until

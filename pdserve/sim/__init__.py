@@ -8,7 +8,9 @@ and a sim worker process stays free of torch.
 - `model_shape.py` — `ModelShape`: parameter, FLOP and byte counts from an HF config.json.
 - `timing.py` — `StepWork` (what one engine step computes) and the step-time models.
 - `profiles.py` — `--sim-profile` values (`analytical:GPU[:tpN]` or a JSON file) to models.
+- `shapes.py` — config.json of Llama-3.1-8B/70B shapes, for config-only model directories.
 - `tokens.py` — `sim_token`: the deterministic next token of a context.
+- `fit.py` — `fit_linear`: a linear profile fitted to measured engine steps.
 - `kv.py` — `SimKVCache` and `SimulatedKV`: the KV cache's shape without its bytes.
 - `executor.py` — `SimExecutor`: the engine's executor seam, timed by a profile.
 """

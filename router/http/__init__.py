@@ -7,5 +7,6 @@
 - `choices.py` — response and stream-chunk JSON, usage, logprobs.
 - `errors.py` — exceptions → OpenAI error JSON and HTTP status.
 - `chat_template.py` — chat templates rendered as transformers renders them.
+- `body_limit.py` — the request body cap (413), before a body is read.
 - `server.py` — uvicorn on the router's event loop.
 """

@@ -26,12 +26,14 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from router.auth import ApiKeyInterceptor
+from router.http.body_limit import BodyLimit
 from router.http.choices import Choice, ResponseShape
 from router.http.errors import error_body, error_response, status_and_body
 from router.http.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from router.http.service import OpenAIService
 from router.http.translate import wants_logprobs
 from router.request_run import Step
+from router.validation import ModelLimits, max_request_bytes
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -39,6 +41,12 @@ _TRACE_HEADERS = ("traceparent", "tracestate")
 _REFUSAL = "missing or invalid API key (header 'Authorization: Bearer <key>')"
 # A pydantic location's parts that name a union member's type, not a field.
 _TYPE_TAG = re.compile(r"^(str|int|float|bool|list|dict)(\[.*\])?$|^function-")
+
+
+def max_body_bytes(limits: ModelLimits) -> int:
+    """The HTTP body cap: room for a prompt at the gRPC limits spelled in JSON (escapes take
+    up to 6 bytes per byte) with everything else; larger bodies are refused unread (413)."""
+    return 8 * max_request_bytes(limits)
 
 
 class ClientGone(Exception):
@@ -51,6 +59,7 @@ def create_app(
     ready: Callable[[], bool] = lambda: True,
 ) -> FastAPI:
     app = FastAPI(title="pdserve", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes(service.limits))
     started = int(time.time())
 
     async def authorized(request: Request) -> None:

@@ -4,14 +4,24 @@ TLS when the gRPC API has it (same certificate, same client CA)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import ssl
+from collections.abc import Iterator
 
 import uvicorn
 from fastapi import FastAPI
 
 log = logging.getLogger(__name__)
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # The process's signals belong to its owner (`pdserve serve` drains on SIGTERM), not
+        # to uvicorn, which would take SIGINT/SIGTERM over and raise them again on exit.
+        yield
 
 
 class HttpServer:
@@ -46,14 +56,17 @@ class HttpServer:
             ssl_cert_reqs=ssl.CERT_REQUIRED if tls_client_ca else ssl.CERT_NONE,
         )
         config.load()  # reads the TLS files now: a bad one fails the start, not a connection
-        self._server = uvicorn.Server(config)
+        self._server = _Server(config)
         self._task: asyncio.Task | None = None
 
     async def start(self) -> None:
         """Raises OSError when the address cannot be bound."""
         # Bound here, not by uvicorn, which exits the process when it cannot bind.
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        # IPPROTO_TCP named, not 0: asyncio turns Nagle off (TCP_NODELAY) only on connections
+        # of such a socket. With Nagle on, a kept-alive connection holds each small stream
+        # event until the client's delayed ACK, up to 40 ms: tokens arrive in bursts.
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((self.host, self.port))

@@ -256,6 +256,28 @@ def test_tls_serves_the_api_from_the_secret_and_probes_plaintext_health():
         assert flag(serve_argv(case), "--tls-cert") is None
 
 
+def test_kv_transfer_tls_is_mounted_on_every_worker_and_passed_to_them():
+    argv = serve_argv("tls")
+    assert flag(argv, "--kv-tls-cert") == "/etc/pdserve/kv-tls/tls.crt"
+    assert flag(argv, "--kv-tls-key") == "/etc/pdserve/kv-tls/tls.key"
+    assert flag(argv, "--kv-tls-ca") == "/etc/pdserve/kv-tls/ca.crt"
+    assert flag(argv, "--kv-tls-server-name") == "pdserve-kv"
+    assert "--no-kv-tls-client-auth" not in argv  # mutual TLS unless turned off
+    for group in raycluster("tls")["spec"]["workerGroupSpecs"]:
+        pod = group["template"]["spec"]
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert volumes["kv-tls"]["secret"]["secretName"] == "pdserve-kv-tls"
+        assert {i["key"] for i in volumes["kv-tls"]["secret"]["items"]} == {
+            "tls.crt",
+            "tls.key",
+            "ca.crt",
+        }
+        mounts = {m["name"]: m for m in container(pod, "ray-worker")["volumeMounts"]}
+        assert mounts["kv-tls"]["mountPath"] == "/etc/pdserve/kv-tls"
+    for case in ("default", "gpu-pools"):
+        assert flag(serve_argv(case), "--kv-tls-cert") is None
+
+
 # --- secrets, Redis, tracing --------------------------------------------------------------------
 
 
@@ -461,6 +483,8 @@ def test_helm_test_pod_checks_grpc_health_through_the_router_service():
         {"router": {"tls": {"enabled": "yes"}}},
         {"router": {"tls": {"secretName": "Not_A_Name"}}},
         {"kvTransfer": {"transport": "rdma"}},
+        {"kvTransfer": {"tls": {"enabled": True}}},  # TLS without its Secret
+        {"kvTransfer": {"tls": {"enabled": True, "secretName": "x", "serverName": "Bad Name"}}},
         {"tracing": {"sampler": "sometimes"}},
         {"prefill": {"rayStartParams": {"num-gpus": 1}}},  # KubeRay wants strings
         {"prefill": {"resources": {"requests": {"cpu": "lots"}}}},

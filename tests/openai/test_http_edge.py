@@ -18,7 +18,7 @@ from pdserve.models.tokenizer_builder import write_tokenizer
 from pdserve.tokenizer import Tokenizer
 from router.auth import ApiKeyInterceptor
 from router.errors import status_for
-from router.http.api import create_app
+from router.http.api import create_app, max_body_bytes
 from router.http.chat_template import ChatTemplate
 from router.http.errors import status_and_body
 from router.http.service import OpenAIService
@@ -228,3 +228,24 @@ def test_router_errors_map_to_http_status_like_grpc(exc, status, kind) -> None:
             500: {grpc.StatusCode.INTERNAL},
         }[status]
     )
+
+
+def test_an_oversized_body_is_413_before_it_is_read(client) -> None:
+    limit = max_body_bytes(ModelLimits(MODEL, 512, 256, [1], max_prompt_bytes=1000))
+    body = json.dumps(completion(prompt="x" * limit)).encode()
+    declared = client.post(
+        "/v1/completions", content=body, headers={"content-type": "application/json"}
+    )
+    assert declared.status_code == 413
+    assert error_of(declared)["message"] == f"body: larger than the limit of {limit} bytes"
+
+    def chunks():  # no Content-Length: counted as it arrives
+        for start in range(0, len(body), 65536):
+            yield body[start : start + 65536]
+
+    chunked = client.post(
+        "/v1/completions", content=chunks(), headers={"content-type": "application/json"}
+    )
+    assert chunked.status_code == 413
+    small = client.post("/v1/completions", json=completion(prompt="x" * 900, max_tokens=0))
+    assert small.status_code == 400  # under the cap: read and validated

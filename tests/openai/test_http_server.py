@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
+import threading
+import time
 
 import httpx
 import pytest
@@ -94,3 +96,44 @@ def test_tls_and_mutual_tls_use_the_grpc_apis_files(tmp_path) -> None:
         await mutual.stop(1)
 
     asyncio.run(main())
+
+
+def test_stream_events_on_a_kept_alive_connection_leave_as_they_are_made() -> None:
+    """Nagle's algorithm must be off: else each small event of a second request on the same
+    connection waits for the client's delayed ACK (up to 40 ms) and tokens arrive in bursts."""
+    from fastapi.responses import StreamingResponse
+
+    app = FastAPI()
+
+    @app.get("/events")
+    async def events() -> StreamingResponse:
+        async def produce():
+            for _ in range(10):
+                await asyncio.sleep(0.002)
+                yield f"data: {time.perf_counter()}\n\n"
+
+        return StreamingResponse(produce(), media_type="text/event-stream")
+
+    loop = asyncio.new_event_loop()
+    server = HttpServer(app, "127.0.0.1", 0)
+    loop.run_until_complete(server.start())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        with socket.create_connection(("127.0.0.1", server.port)) as client:
+            for _ in range(3):  # the first request rides on TCP's quick ACKs; the others not
+                client.sendall(b"GET /events HTTP/1.1\r\nHost: test\r\n\r\n")
+                delays, buffer = [], b""
+                while not buffer.endswith(b"0\r\n\r\n"):
+                    data = client.recv(65536)
+                    now = time.perf_counter()
+                    buffer += data
+                    for sent in data.split(b"data: ")[1:]:
+                        delays.append(now - float(sent.split(b"\n")[0]))
+            delays.sort()
+            assert len(delays) == 10
+            assert delays[len(delays) // 2] < 0.015, delays
+    finally:
+        asyncio.run_coroutine_threadsafe(server.stop(1), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)

@@ -283,7 +283,7 @@ def test_the_clients_traceparent_reaches_both_workers(served, client, model):
     )
     work_id = response.id.removeprefix("cmpl-")
     (decode,) = served.app.pool.of_role("decode")
-    seen = ray.get(decode.actor.trace_contexts.remote(work_id))
+    seen = ray.get(decode.actor.trace_contexts.remote())[work_id]
     # Through the router's Ray call and through the prefill worker's KV chunks and commit.
     assert seen["ray"]["traceparent"].split("-")[1] == trace_id
     assert seen["kv"]["traceparent"].split("-")[1] == trace_id

@@ -292,6 +292,9 @@ the router (the Ray driver) places the worker actors here through the pool resou
             {{- with include "pdserve.modelVolumeMount" $root }}
             {{- . | nindent 12 }}
             {{- end }}
+            {{- with include "pdserve.kvTlsVolumeMount" $root }}
+            {{- . | nindent 12 }}
+            {{- end }}
       volumes:
         - name: shared-mem
           emptyDir:
@@ -300,6 +303,34 @@ the router (the Ray driver) places the worker actors here through the pool resou
         {{- with include "pdserve.modelVolume" $root }}
         {{- . | nindent 8 }}
         {{- end }}
+        {{- with include "pdserve.kvTlsVolume" $root }}
+        {{- . | nindent 8 }}
+        {{- end }}
+{{- end }}
+
+{{/* The KV TLS Secret, at the same path on every worker pod: the router passes the paths
+to the worker actors it creates, wherever Ray places them. Mounted whole (no subPath), so the
+kubelet updates the files when cert-manager renews the Secret. */}}
+{{- define "pdserve.kvTlsDir" -}}/etc/pdserve/kv-tls{{- end }}
+
+{{- define "pdserve.kvTlsVolume" -}}
+{{- if .Values.kvTransfer.tls.enabled -}}
+- name: kv-tls
+  secret:
+    secretName: {{ .Values.kvTransfer.tls.secretName }}
+    items:
+      - {key: tls.crt, path: tls.crt}
+      - {key: tls.key, path: tls.key}
+      - {key: ca.crt, path: ca.crt}
+{{- end }}
+{{- end }}
+
+{{- define "pdserve.kvTlsVolumeMount" -}}
+{{- if .Values.kvTransfer.tls.enabled -}}
+- name: kv-tls
+  mountPath: {{ include "pdserve.kvTlsDir" . }}
+  readOnly: true
+{{- end }}
 {{- end }}
 
 {{/*
@@ -327,6 +358,24 @@ involved. The Redis URL comes from the env (PDSERVE_REDIS_URL), never from argv.
 {{- with $v.kvTransfer.nixlUcxTls }}
 - --kv-nixl-ucx-tls
 - {{ . | quote }}
+{{- end }}
+{{- with $v.kvTransfer.tls }}
+{{- if .enabled }}
+{{- $dir := include "pdserve.kvTlsDir" $ }}
+- --kv-tls-cert
+- {{ printf "%s/tls.crt" $dir | quote }}
+- --kv-tls-key
+- {{ printf "%s/tls.key" $dir | quote }}
+- --kv-tls-ca
+- {{ printf "%s/ca.crt" $dir | quote }}
+{{- if not .requireClientCert }}
+- --no-kv-tls-client-auth
+{{- end }}
+{{- with .serverName }}
+- --kv-tls-server-name
+- {{ . | quote }}
+{{- end }}
+{{- end }}
 {{- end }}
 - --ttft-slo-ms
 - {{ $v.router.ttftSloMs | toString | quote }}

@@ -1,0 +1,58 @@
+"""config.json of published model shapes, for config-only model directories (`pdserve
+make-model DIR --config-only --preset llama-3.1-8b`): what a sim worker needs of a model.
+
+Sizes are those of Meta's Llama 3.1 releases; the special token ids are those of pdserve's
+built-in tokenizer (BOS 0, EOS 1, PAD 2), which the directory is written with.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_LLAMA_3_1: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "mlp_bias": False,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "rope_scaling": {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
+    "max_position_embeddings": 131072,
+    "vocab_size": 128256,
+    "head_dim": 128,
+    "num_key_value_heads": 8,
+    "tie_word_embeddings": False,
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+    "pad_token_id": 2,
+    "torch_dtype": "bfloat16",
+}
+
+SHAPES: dict[str, dict[str, Any]] = {
+    "llama-3.1-8b": {
+        **_LLAMA_3_1,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+    },
+    "llama-3.1-70b": {
+        **_LLAMA_3_1,
+        "hidden_size": 8192,
+        "intermediate_size": 28672,
+        "num_hidden_layers": 80,
+        "num_attention_heads": 64,
+    },
+}
+
+
+def shape_config(name: str) -> dict[str, Any]:
+    """A fresh copy of the named shape's config.json content; KeyError if unknown."""
+    return dict(SHAPES[name])
