@@ -16,7 +16,7 @@ from kv_transfer import wire
 from kv_transfer.base import KVSender, KVTransferError, TransferRequest, TransferResult
 from kv_transfer.collective_group import PairGroup, backend_for, form_group, local_ip_towards
 from kv_transfer.grpc_common import rpc_error_text
-from kv_transfer.grpc_sender import ControlClient, commit_request, layer_ranges
+from kv_transfer.grpc_sender import ControlClient, layer_ranges
 from kv_transfer.rendezvous import RemoteStore
 from pdserve.config import KVTransferConfig
 from pdserve.pb import kv_transfer_pb2 as pb
@@ -46,11 +46,7 @@ class CollectiveKVSender(KVSender):
                 first = request.read_kv(request.src_block_ids, 0, 1)
                 pair = self._pair(request.endpoint, backend_for(str(first.device)), deadline)
                 chunks, nbytes = self._push(request, first, pair, deadline)
-            stub.commit(
-                commit_request(request),
-                timeout=max(0.001, deadline - time.perf_counter()),
-                metadata=self._client.metadata,
-            )
+            self._client.commit(stub, request, deadline)
         except grpc.RpcError as exc:
             raise KVTransferError(rpc_error_text(request.endpoint, exc)) from None
         except RuntimeError as exc:  # torch.distributed: peer gone or timed out

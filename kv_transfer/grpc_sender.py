@@ -112,6 +112,14 @@ class ControlClient:
                 self._stubs[endpoint] = ControlStub.dial(endpoint, self.config)
             return self._stubs[endpoint]
 
+    def commit(self, stub: ControlStub, request: TransferRequest, deadline: float) -> None:
+        """Tells the receiver the transfer is complete, within what is left of `deadline`."""
+        stub.commit(
+            commit_request(request),
+            timeout=max(0.001, deadline - time.perf_counter()),
+            metadata=self.metadata,
+        )
+
     def abort(self, endpoint: str, transfer_id: str) -> None:
         # An unreachable receiver is fine: its reaper frees the blocks at the deadline.
         with contextlib.suppress(grpc.RpcError):
@@ -147,11 +155,7 @@ class GrpcKVSender(KVSender):
                 stub.push(
                     chunks, timeout=deadline - time.perf_counter(), metadata=self._client.metadata
                 )
-            stub.commit(
-                commit_request(request),
-                timeout=max(0.001, deadline - time.perf_counter()),
-                metadata=self._client.metadata,
-            )
+            self._client.commit(stub, request, deadline)
         except grpc.RpcError as exc:
             if failure:  # read_kv raised inside gRPC's thread: report that, not CANCELLED
                 raise KVTransferError(f"reading KV failed: {failure[0]!r}") from failure[0]

@@ -41,14 +41,6 @@ def nixl_module() -> Any:
     raise ImportError("the nixl KV transport needs NIXL: pip install 'pdserve[nixl]' (nixl-cu12)")
 
 
-def nixl_available() -> bool:
-    try:
-        nixl_module()
-    except ImportError:
-        return False
-    return True
-
-
 _ENV_LOCK = threading.Lock()
 
 

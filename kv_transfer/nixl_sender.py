@@ -20,7 +20,7 @@ import grpc
 from kv_transfer import wire
 from kv_transfer.base import KVSender, KVTransferError, TransferRequest, TransferResult
 from kv_transfer.grpc_common import SERVICE, rpc_error_text
-from kv_transfer.grpc_sender import ControlClient, commit_request, layer_ranges
+from kv_transfer.grpc_sender import ControlClient, layer_ranges
 from kv_transfer.nixl_agent import drive, make_agent, memory_type, nixl_module
 from kv_transfer.nixl_staging import StagingBuffer, StagingPool
 from pdserve.config import KVTransferConfig
@@ -47,11 +47,7 @@ class NixlKVSender(KVSender):
         try:
             if request.src_block_ids:
                 nbytes = self._offer(request, stub.channel, deadline)
-            stub.commit(
-                commit_request(request),
-                timeout=max(0.001, deadline - time.perf_counter()),
-                metadata=self._client.metadata,
-            )
+            self._client.commit(stub, request, deadline)
         except grpc.RpcError as exc:
             raise KVTransferError(rpc_error_text(request.endpoint, exc)) from None
         return TransferResult(nbytes, 1 if nbytes else 0, time.perf_counter() - start)

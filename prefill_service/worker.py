@@ -106,7 +106,6 @@ class PrefillWorker(WorkerActor):
             worker_id=self.worker_id,
             first_token_id=output.new_token_ids[0],
             first_logprob=output.new_logprobs[0] if output.new_logprobs else None,
-            text=output.text_delta,
             finished=output.finish_reason != "prefill",
             finish_reason=None if output.finish_reason == "prefill" else output.finish_reason,
             num_prompt_tokens=output.num_prompt_tokens,

@@ -13,7 +13,10 @@
   a served system on this machine with pinned workers.
 - `compare_bench.py` — `bench compare`: disaggregated vs colocated on the same cores.
 - `router_bench.py` — `bench router`: the cost policy vs round-robin.
-- `engine_bench.py` — `bench engine`: decode tokens/s vs transformers.
+- `engine_bench.py` — `bench engine`: decode tokens/s vs transformers; `--profile-out` fits
+  a sim timing profile.
+- `step_recorder.py` — records an engine's steps (work, seconds) and fits them into a
+  `--sim-profile` file.
 - `transfer_bench.py` — `bench transfer`: KV transfer GB/s vs raw TCP.
 - `tracing_bench.py`, `span_receiver.py` — `bench tracing`: latency with tracing on vs off.
 - `api_bench.py` — `bench api`: OpenAI HTTP vs gRPC streaming TTFT and ITL, one system.

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-from pathlib import Path
 
 from pdserve.bench.local_system import (
-    add_model_arguments,
-    eos_ids,
-    load_model,
-    serve_locally,
+    add_paired_arguments,
+    finish_paired,
+    paired_workload,
+    ratio_table,
+    serve_pair,
     start_ray,
 )
 
@@ -29,41 +28,23 @@ TOLERANCE = 0.05  # the target: p50 TTFT and ITL over HTTP within 5% of gRPC's
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_model_arguments(p, preset="tiny")
-    p.add_argument("--num-requests", type=int, default=64, help="requests per API and round")
-    p.add_argument("--max-concurrency", type=int, default=4, help="requests in flight")
-    p.add_argument("--input-len", type=int, default=128)
-    p.add_argument("--output-len", type=int, default=32)
-    p.add_argument("--rounds", type=int, default=2, help="grpc/http pairs, order alternating")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", help="write both summaries to this file")
+    add_paired_arguments(p, "API", rounds=2, rounds_help="grpc/http pairs, order alternating")
 
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from pdserve.bench.datasets import DatasetConfig, generate_requests
     from pdserve.bench.load_generator import run_load
     from pdserve.bench.metrics import run_duration, summarize
     from pdserve.bench.openai_load import run_openai_load
 
-    if args.num_requests < 1 or args.max_concurrency < 1 or args.rounds < 1:
-        raise SystemExit("--num-requests, --max-concurrency and --rounds must be >= 1")
-    model_dir, model_config = load_model(args)
-    dataset = DatasetConfig(
-        name="random", random_input_len=args.input_len, random_output_len=args.output_len
-    )
-    requests = generate_requests(
-        dataset, args.num_requests, args.seed, model_config["vocab_size"], eos_ids(model_config)
-    )
+    model_dir, requests = paired_workload(args)
     console = Console()
     start_ray(prefill_workers=1, decode_workers=1)
     records: dict[str, list] = {api: [] for api in APIS}
     seconds = dict.fromkeys(APIS, 0.0)
     load = {"max_concurrency": args.max_concurrency, "seed": args.seed}
-    with serve_locally(
-        model_dir, prefill_workers=1, decode_workers=1, router={"disaggregate": "always"}
-    ) as app:
+    with serve_pair(model_dir) as app:
         target, base_url = f"127.0.0.1:{app.port}", f"http://127.0.0.1:{app.http_port}/v1"
 
         def drive(api: str, batch: list) -> list:
@@ -92,23 +73,15 @@ def run(args: argparse.Namespace) -> int:
         if a
     )
     console.print(f"p50 TTFT and ITL within {TOLERANCE:.0%}: {'yes' if within else 'no'}")
-    if args.json:
-        Path(args.json).write_text(
-            json.dumps({api: s.to_dict() for api, s in summaries.items()}, indent=2)
-        )
-    return 0 if all(s.failed == 0 for s in summaries.values()) else 1
+    return finish_paired(summaries, args.json)
 
 
 def _table(summaries: dict, args: argparse.Namespace):
-    from rich.table import Table
-
     grpc, http = summaries["grpc"], summaries["http"]
-    table = Table(
-        title=f"OpenAI HTTP vs gRPC streaming: {grpc.num_requests} requests per API, "
+    title = (
+        f"OpenAI HTTP vs gRPC streaming: {grpc.num_requests} requests per API, "
         f"prompt {args.input_len}, output {args.output_len}, concurrency {args.max_concurrency}"
     )
-    for column in ("metric", "grpc", "http", "http/grpc"):
-        table.add_column(column, justify="right")
     rows = [
         ("p50 TTFT ms", grpc.ttft.p50, http.ttft.p50),
         ("p50 ITL ms", grpc.itl.p50, http.itl.p50),
@@ -117,6 +90,4 @@ def _table(summaries: dict, args: argparse.Namespace):
         ("p99 TTFT ms", grpc.ttft.p99, http.ttft.p99),
         ("output tok/s", grpc.output_throughput, http.output_throughput),
     ]
-    for name, a, b in rows:
-        table.add_row(name, f"{a:.2f}", f"{b:.2f}", f"{b / a:.3f}" if a else "-")
-    return table
+    return ratio_table(title, APIS, rows)

@@ -6,6 +6,11 @@ throughput is batch * (N - 1) / (time from the first new token to the N-th), tim
 in both (transformers through a stopping criterion called at the end of every step); best of
 --repeats runs. Fresh prompts for every run keep the engine's prefix cache from shortening a
 measured prefill.
+
+`--profile-out FILE` also records every measured step of the engine (prefill tokens, decode
+sequences, context tokens and seconds, through `StepRecorder`), fits them with
+`pdserve.sim.fit.fit_linear` and writes the `--sim-profile` file of that device (issue 14
+point 2b).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import time
+from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,6 +44,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="weights and activations of both engines (default: float32)",
     )
     parser.add_argument(
+        "--device", default="cpu", help="cpu, cuda or cuda:N for both engines (default: cpu)"
+    )
+    parser.add_argument(
+        "--profile-out",
+        default=None,
+        metavar="FILE",
+        help="fit the engine's per-step costs and write them as a --sim-profile JSON file",
+    )
+    parser.add_argument(
         "--threads",
         type=int,
         default=None,
@@ -49,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
     import transformers
 
+    from pdserve.bench.step_recorder import StepRecorder, write_profile
     from pdserve.config import EngineConfig
     from pdserve.core.sampling_params import SamplingParams
     from pdserve.engine.engine import LLMEngine
@@ -58,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     if args.steps < 2:
         raise SystemExit("--steps must be at least 2")
+    if args.profile_out and not Path(args.profile_out).parent.is_dir():
+        raise SystemExit(f"--profile-out {args.profile_out}: no such directory")
     model_dir = args.model or str(builtin_model_dir(args.preset))
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     max_batch = max(batch_sizes)
@@ -71,11 +89,17 @@ def run(args: argparse.Namespace) -> int:
             max_num_seqs=max_batch,
             max_num_batched_tokens=max(1024, max_batch * args.prompt_len),
             dtype=args.dtype,
+            device=args.device,
         )
     )
-    hf = transformers.AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype=getattr(torch, args.dtype)
-    ).eval()
+    recorder = engine.executor = StepRecorder(engine.executor)
+    hf = (
+        transformers.AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=getattr(torch, args.dtype)
+        )
+        .to(args.device)
+        .eval()
+    )
     vocab = engine.model.config.vocab_size
     gen = torch.Generator().manual_seed(0)
     request_ids = itertools.count()
@@ -99,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
 
     def theirs(batch: int, new_tokens: int) -> float:
         """The same span in transformers: a stopping criterion sees each step's end."""
-        ids = torch.tensor(prompts(batch))
+        ids = torch.tensor(prompts(batch), device=args.device)
         stamps: list[float] = []
 
         def stamp(input_ids, scores, **kwargs):
@@ -130,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
     )
     for measure in (ours, theirs):  # warm-up: first calls pay for allocation and dispatch
         measure(2, 4)
+    recorder.samples.clear()
     print(f"{'batch':>5} {'pdserve tok/s':>14} {'transformers tok/s':>19} {'ratio':>7}")
     for batch in batch_sizes:
         rate_ours, rate_theirs = decode_rate(ours, batch), decode_rate(theirs, batch)
@@ -137,4 +162,23 @@ def run(args: argparse.Namespace) -> int:
             f"{batch:>5} {rate_ours:>14.1f} {rate_theirs:>19.1f} {rate_ours / rate_theirs:>6.2f}x",
             flush=True,
         )
+    if args.profile_out:
+        # Mixed steps besides the table's uniform ones: prompts of varied lengths arriving
+        # one per step share steps with the earlier ones' decodes, so the fit can tell the
+        # per-token, per-sequence and per-context costs apart. Each runs --repeats times, as
+        # the table does: the fit keeps the fastest of the same steps.
+        params = SamplingParams(max_tokens=args.steps, ignore_eos=True)
+        for batch in batch_sizes:
+            lengths = torch.randint(1, args.prompt_len + 1, (batch,), generator=gen).tolist()
+            for _ in range(args.repeats):
+                for prompt, length in zip(prompts(batch), lengths, strict=True):
+                    engine.add_request(f"calibrate-{next(request_ids)}", prompt[:length], params)
+                    engine.step()
+                while engine.has_unfinished():
+                    engine.step()
+        notes = {"device": args.device, "model": model_dir, "dtype": args.dtype}
+        try:
+            print(write_profile(recorder.samples, args.profile_out, **notes))
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"--profile-out {args.profile_out}: {e}") from None
     return 0

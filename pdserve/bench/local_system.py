@@ -99,3 +99,65 @@ def serve_locally(
         pin_cpus=True,
     )
     return BackgroundApp(config)
+
+
+def add_paired_arguments(
+    parser: argparse.ArgumentParser, unit: str, rounds: int, rounds_help: str
+) -> None:
+    """The flags of a benchmark that serves one random closed-loop workload two ways (one
+    `unit` each) and compares them."""
+    add_model_arguments(parser, preset="tiny")
+    parser.add_argument(
+        "--num-requests", type=int, default=64, help=f"requests per {unit} and round"
+    )
+    parser.add_argument("--max-concurrency", type=int, default=4, help="requests in flight")
+    parser.add_argument("--input-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=rounds, help=rounds_help)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", help="write both summaries to this file")
+
+
+def paired_workload(args: argparse.Namespace) -> tuple[Path, list]:
+    """The model directory and the random requests of a paired benchmark's flags."""
+    from pdserve.bench.datasets import DatasetConfig, generate_requests
+
+    if args.num_requests < 1 or args.max_concurrency < 1 or args.rounds < 1:
+        raise SystemExit("--num-requests, --max-concurrency and --rounds must be >= 1")
+    model_dir, model_config = load_model(args)
+    dataset = DatasetConfig(
+        name="random", random_input_len=args.input_len, random_output_len=args.output_len
+    )
+    requests = generate_requests(
+        dataset, args.num_requests, args.seed, model_config["vocab_size"], eos_ids(model_config)
+    )
+    return model_dir, requests
+
+
+def serve_pair(model_dir: Path):
+    """The system of a paired benchmark: 1 prefill + 1 decode worker, every prompt prefilled
+    remotely."""
+    return serve_locally(
+        model_dir, prefill_workers=1, decode_workers=1, router={"disaggregate": "always"}
+    )
+
+
+def ratio_table(title: str, names: tuple[str, str], rows: list[tuple[str, float, float]]):
+    """A rich table of one metric a row, measured both ways, with the second over the first."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for column in ("metric", *names, f"{names[1]}/{names[0]}"):
+        table.add_column(column, justify="right")
+    for name, a, b in rows:
+        table.add_row(name, f"{a:.2f}", f"{b:.2f}", f"{b / a:.3f}" if a else "-")
+    return table
+
+
+def finish_paired(summaries: dict, json_path: str | None) -> int:
+    """Writes the summaries to --json if given; the exit status: 0 when no request failed."""
+    if json_path:
+        Path(json_path).write_text(
+            json.dumps({name: s.to_dict() for name, s in summaries.items()}, indent=2)
+        )
+    return 0 if all(s.failed == 0 for s in summaries.values()) else 1

@@ -111,25 +111,8 @@ def run(args: argparse.Namespace) -> int:
             "and will likely fail with INVALID_ARGUMENT",
             markup=False,
         )
-    err.print(
-        f"{info.name} at {args.target}: {len(requests)} {args.dataset} requests, "
-        f"rate {args.request_rate} req/s, burstiness {args.burstiness}, "
-        f"max concurrency {args.max_concurrency or 'unlimited'}, seed {args.seed}",
-        markup=False,
-    )
-    records = asyncio.run(
-        run_load(
-            args.target,
-            requests,
-            request_rate=args.request_rate,
-            burstiness=args.burstiness,
-            max_concurrency=args.max_concurrency,
-            seed=args.seed,
-            progress=not args.no_progress,
-            api_key=args.api_key,
-            timeout=args.timeout,
-        )
-    )
+    _announce(err, f"{info.name} at {args.target}", len(requests), args)
+    records = asyncio.run(run_load(args.target, requests, **_load_options(args)))
     return _report(args, records, info.name, err)
 
 
@@ -179,27 +162,34 @@ def _run_openai(args: argparse.Namespace, config: datasets.DatasetConfig, err: C
     except httpx.HTTPError as error:
         err.print(f"error: {args.base_url}: {error}", markup=False)
         return 1
+    _announce(err, f"{card.name} at {args.base_url} (openai)", len(requests), args)
+    records = asyncio.run(
+        run_openai_load(args.base_url, card.name, requests, **_load_options(args))
+    )
+    return _report(args, records, card.name, err)
+
+
+def _load_options(args: argparse.Namespace) -> dict:
+    """The load flags as the keyword arguments of run_load and run_openai_load."""
+    return {
+        "request_rate": args.request_rate,
+        "burstiness": args.burstiness,
+        "max_concurrency": args.max_concurrency,
+        "seed": args.seed,
+        "progress": not args.no_progress,
+        "api_key": args.api_key,
+        "timeout": args.timeout,
+    }
+
+
+def _announce(err: Console, server: str, num_requests: int, args: argparse.Namespace) -> None:
+    """One line on stderr: what is about to be sent, to which server."""
     err.print(
-        f"{card.name} at {args.base_url} (openai): {len(requests)} {args.dataset} requests, "
+        f"{server}: {num_requests} {args.dataset} requests, "
         f"rate {args.request_rate} req/s, burstiness {args.burstiness}, "
         f"max concurrency {args.max_concurrency or 'unlimited'}, seed {args.seed}",
         markup=False,
     )
-    records = asyncio.run(
-        run_openai_load(
-            args.base_url,
-            card.name,
-            requests,
-            request_rate=args.request_rate,
-            burstiness=args.burstiness,
-            max_concurrency=args.max_concurrency,
-            seed=args.seed,
-            progress=not args.no_progress,
-            api_key=args.api_key,
-            timeout=args.timeout,
-        )
-    )
-    return _report(args, records, card.name, err)
 
 
 def _check_load_args(args: argparse.Namespace) -> None:

@@ -15,17 +15,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 from pdserve.bench.local_system import (
-    add_model_arguments,
-    eos_ids,
-    load_model,
-    serve_locally,
+    add_paired_arguments,
+    finish_paired,
+    paired_workload,
+    ratio_table,
+    serve_pair,
     start_ray,
 )
 
@@ -33,32 +32,16 @@ MODES = ("off", "on")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_model_arguments(p, preset="tiny")
-    p.add_argument("--num-requests", type=int, default=64, help="requests per mode and round")
-    p.add_argument("--max-concurrency", type=int, default=4, help="requests in flight")
-    p.add_argument("--input-len", type=int, default=128)
-    p.add_argument("--output-len", type=int, default=32)
-    p.add_argument("--rounds", type=int, default=1, help="off/on pairs to run")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", help="write both summaries to this file")
+    add_paired_arguments(p, "mode", rounds=1, rounds_help="off/on pairs to run")
 
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from pdserve.bench.datasets import DatasetConfig, generate_requests
     from pdserve.bench.load_generator import run_load
     from pdserve.bench.metrics import run_duration, summarize
 
-    if args.num_requests < 1 or args.max_concurrency < 1 or args.rounds < 1:
-        raise SystemExit("--num-requests, --max-concurrency and --rounds must be >= 1")
-    model_dir, model_config = load_model(args)
-    dataset = DatasetConfig(
-        name="random", random_input_len=args.input_len, random_output_len=args.output_len
-    )
-    requests = generate_requests(
-        dataset, args.num_requests, args.seed, model_config["vocab_size"], eos_ids(model_config)
-    )
+    model_dir, requests = paired_workload(args)
     console = Console()
     start_ray(prefill_workers=1, decode_workers=1)
     records: dict[str, list] = {mode: [] for mode in MODES}
@@ -67,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     for round_ in range(args.rounds):
         for mode in MODES:
             console.print(f"[bold]round {round_ + 1}, tracing {mode}[/bold]: starting the system")
-            with _tracing(mode) as receiver, _serve(model_dir) as app:
+            with _tracing(mode) as receiver, serve_pair(model_dir) as app:
                 target = f"127.0.0.1:{app.port}"
                 asyncio.run(run_load(target, requests[:2], max_concurrency=1))  # warm-up
                 got = asyncio.run(
@@ -86,11 +69,7 @@ def run(args: argparse.Namespace) -> int:
     console.print(_table(summaries, args))
     per_request = spans / (args.rounds * (args.num_requests + 2))
     console.print(f"spans exported with tracing on: {spans} ({per_request:.1f} per request)")
-    if args.json:
-        Path(args.json).write_text(
-            json.dumps({mode: s.to_dict() for mode, s in summaries.items()}, indent=2)
-        )
-    return 0 if all(s.failed == 0 for s in summaries.values()) else 1
+    return finish_paired(summaries, args.json)
 
 
 @contextlib.contextmanager
@@ -133,22 +112,12 @@ def _drain(receiver) -> int:
     return receiver.count
 
 
-def _serve(model_dir: Path):
-    return serve_locally(
-        model_dir, prefill_workers=1, decode_workers=1, router={"disaggregate": "always"}
-    )
-
-
 def _table(summaries: dict, args: argparse.Namespace):
-    from rich.table import Table
-
     off, on = summaries["off"], summaries["on"]
-    table = Table(
-        title=f"Tracing on vs off: {off.num_requests} requests per mode, "
+    title = (
+        f"Tracing on vs off: {off.num_requests} requests per mode, "
         f"prompt {args.input_len}, output {args.output_len}, concurrency {args.max_concurrency}"
     )
-    for column in ("metric", "off", "on", "on/off"):
-        table.add_column(column, justify="right")
     rows = [
         ("p50 TTFT ms", off.ttft.p50, on.ttft.p50),
         ("p50 TPOT ms", off.tpot.p50, on.tpot.p50),
@@ -157,6 +126,4 @@ def _table(summaries: dict, args: argparse.Namespace):
         ("p99 E2E ms", off.e2e.p99, on.e2e.p99),
         ("output tok/s", off.output_throughput, on.output_throughput),
     ]
-    for name, a, b in rows:
-        table.add_row(name, f"{a:.2f}", f"{b:.2f}", f"{b / a:.3f}" if a else "-")
-    return table
+    return ratio_table(title, MODES, rows)

@@ -41,7 +41,6 @@ class PrefillResult:
     worker_id: str
     first_token_id: int
     first_logprob: float | None
-    text: str  # text delta of the first token
     finished: bool  # the first token already ended the request (stop token, max_tokens=1)
     finish_reason: str | None
     num_prompt_tokens: int

@@ -117,11 +117,7 @@ class PrefixIndexPublisher:
             if self.needs_resync:
                 return self.resync()
             result = self.link.call(lambda client: self._beat_once(client), None)
-            if result is None:
-                self.needs_resync = True
-                return False
-            if result == -1:
-                self._fence()
+            if self._failed(result):
                 return False
             if result == 0 or self.needs_resync:  # our heartbeat key was gone: entries may be too
                 self.needs_resync = True
@@ -138,11 +134,7 @@ class PrefixIndexPublisher:
                 return False
             hashes = sorted(self._held)
             result = self.link.call(lambda client: self._rewrite(client, hashes), None)
-            if result is None:
-                self.needs_resync = True
-                return False
-            if result == -1:
-                self._fence()
+            if self._failed(result):
                 return False
             self.needs_resync = False
             return True
@@ -212,6 +204,15 @@ class PrefixIndexPublisher:
 
     def _lost_sync(self) -> None:
         self.needs_resync = True  # events published during the outage never reached Redis
+
+    def _failed(self, result: int | None) -> bool:
+        """Whether a script run failed: Redis unreachable (None; resynchronise later) or this
+        epoch superseded by a newer one (-1; stop publishing)."""
+        if result is None:
+            self.needs_resync = True
+        elif result == -1:
+            self._fence()
+        return result is None or result == -1
 
     def _fence(self) -> None:
         self.fenced = True

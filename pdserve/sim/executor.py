@@ -37,6 +37,14 @@ def read_model_config(model_dir: Path) -> dict[str, Any]:
     return config
 
 
+def scheduled_chunk(seq: Any, num_tokens: int) -> Chunk:
+    """The step work of `num_tokens` scheduled for `seq` (not yet counted as computed): one
+    token past the prompt is a decode, anything else a prompt chunk."""
+    start = seq.num_computed_tokens
+    decode = num_tokens == 1 and start >= seq.num_prompt_tokens
+    return Chunk(start, num_tokens, decode=decode)
+
+
 class SimExecutor:
     def __init__(
         self,
@@ -83,9 +91,8 @@ class SimExecutor:
         ScheduledBatch whose chunks are not counted as computed yet."""
         chunks, sample_idx, tokens, logprobs = [], [], [], []
         for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_tokens, strict=True)):
-            start = seq.num_computed_tokens
-            chunks.append(Chunk(start, n, decode=n == 1 and start >= seq.num_prompt_tokens))
-            if start + n == seq.num_tokens:
+            chunks.append(scheduled_chunk(seq, n))
+            if seq.num_computed_tokens + n == seq.num_tokens:
                 token, logprob = sim_token(seq.token_ids, self._space, self._salt(seq))
                 sample_idx.append(i)
                 tokens.append(token)

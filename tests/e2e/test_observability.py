@@ -10,12 +10,10 @@ import secrets
 import time
 import urllib.request
 
-import grpc
 import pytest
 
 from pdserve import telemetry
 from pdserve.bench.span_receiver import ReceivedSpan, SpanReceiver
-from pdserve.pb import generate_pb2_grpc
 from tests.e2e.conftest import serve_config
 from tests.e2e.test_disaggregated_serving import VOCAB_LOW, collect, request
 
@@ -63,12 +61,6 @@ def served(ray_cluster, receiver):
             else:
                 os.environ[key] = value
         telemetry.setup_tracing("pdserve-router")  # this process exports as before again
-
-
-@pytest.fixture()
-def stub(served):
-    with grpc.insecure_channel(f"127.0.0.1:{served.port}") as channel:
-        yield generate_pb2_grpc.GenerationStub(channel)
 
 
 def _parents(span: ReceivedSpan, by_id: dict[str, ReceivedSpan]) -> list[str]:

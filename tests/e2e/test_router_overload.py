@@ -10,7 +10,6 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from pdserve.pb import generate_pb2_grpc
 from tests.e2e.test_disaggregated_serving import VOCAB_LOW, collect, reference_outputs, request
 
 PROGRESS_TIMEOUT_S = 2.0
@@ -26,12 +25,6 @@ def served(ray_cluster):
     config.router.progress_timeout_s = PROGRESS_TIMEOUT_S
     with BackgroundApp(config) as app:
         yield app
-
-
-@pytest.fixture()
-def stub(served):
-    with grpc.insecure_channel(f"127.0.0.1:{served.port}") as channel:
-        yield generate_pb2_grpc.GenerationStub(channel)
 
 
 def used_blocks(served) -> dict[str, int]:

@@ -11,11 +11,9 @@ import random
 import time
 from collections.abc import Callable, Iterator
 
-import grpc
 import pytest
 
 from pdserve.core.block_hash import prompt_block_hashes
-from pdserve.pb import generate_pb2_grpc
 from tests.e2e.conftest import ENGINE, serve_config
 from tests.e2e.test_disaggregated_serving import (
     VOCAB_HIGH,
@@ -39,12 +37,6 @@ def served(ray_cluster) -> Iterator:
     config.worker.prefix_heartbeat_ttl_s = HEARTBEAT_TTL_S
     with BackgroundApp(config) as app:
         yield app
-
-
-@pytest.fixture()
-def stub(served):
-    with grpc.insecure_channel(f"127.0.0.1:{served.port}") as channel:
-        yield generate_pb2_grpc.GenerationStub(channel)
 
 
 def eventually(check: Callable[[], object], timeout_s: float = 10.0):

@@ -28,7 +28,7 @@ def routing(decode_caches_received_kv: bool = True, **config) -> Routing:
 def done(route, prompt: list[int], cached: int = 0) -> PrefillResult:
     return PrefillResult(
         request_id="r", worker_id=route.prefill_worker, first_token_id=1, first_logprob=None,
-        text="", finished=False, finish_reason=None, num_prompt_tokens=len(prompt),
+        finished=False, finish_reason=None, num_prompt_tokens=len(prompt),
         num_cached_tokens=cached, queue_s=0.0, prefill_s=0.05,
     )  # fmt: skip
 

@@ -194,7 +194,7 @@ class ToyDecodeWorker(ToyWorker):
         """The prefill worker's push arrived with the first token (KVSink.on_commit)."""
         request = self.requests[transfer_id]
         request.ids.append(first_token)
-        request.detokenizer.add([first_token])  # its text went out with the prefill result
+        request.detokenizer.add([first_token])  # the deltas that follow continue its text
         request.produced = 1
         request.committed.set()
 
@@ -252,7 +252,7 @@ class ToyPrefillWorker(ToyWorker):
         if request is None:
             raise RuntimeError("toy workers do not queue prefills")
         try:
-            token, text = await self._step(request)
+            token, _ = await self._step(request)
             if request.finish_reason is None:
                 receiver = self.decode_workers[reservation.endpoint]
                 await receiver._alive()  # the push is written into the decode worker's process
@@ -261,7 +261,7 @@ class ToyPrefillWorker(ToyWorker):
             self.requests.pop(work.request_id, None)  # released to its prefix cache
         return PrefillResult(
             request_id=work.request_id, worker_id=self.worker_id, first_token_id=token,
-            first_logprob=None, text=text, finished=request.finish_reason is not None,
+            first_logprob=None, finished=request.finish_reason is not None,
             finish_reason=request.finish_reason, num_prompt_tokens=len(work.prompt_token_ids),
             num_cached_tokens=len(work.prompt_token_ids) // BLOCK_SIZE * BLOCK_SIZE,
             queue_s=0.0, prefill_s=0.0,
