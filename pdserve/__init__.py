@@ -9,6 +9,7 @@ worker actors share), `prefix_index` (Redis), `commands` (the CLI), `bench`, `pb
 Modules:
 - `app.py` — `ServingApp` / `BackgroundApp`: everything `pdserve serve` starts and stops.
 - `config.py` — every setting as a dataclass; CLI flags map onto them.
+- `config_fields.py` — `setting()`: a field's default, help, flag and bounds; `check_fields`.
 - `cli.py` — the `pdserve` command; subcommands are imported only when run.
 - `client.py` — `GenerationClient` / `AsyncGenerationClient` for the Generation API.
 - `tokenizer.py` — `Tokenizer`, `IncrementalDetokenizer` (text deltas, stop strings).

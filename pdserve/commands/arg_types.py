@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from pdserve.config import bound_violation
+from pdserve.config_fields import bound_violation
 
 INT32_MAX = (1 << 31) - 1
 UINT32_MAX = (1 << 32) - 1
