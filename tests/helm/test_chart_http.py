@@ -11,6 +11,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 import pdserve.metrics  # noqa: F401 (registers the metrics)
+from tests.helm.chart_views import container, head_pod, raycluster_of
 from tests.helm.render import (
     CHART_DIR,
     FULLNAME,
@@ -23,12 +24,11 @@ TLS = {"enabled": True, "secretName": "api-tls"}
 
 
 def head(values: dict) -> dict:
-    cluster = render(values).get("RayCluster", FULLNAME)
-    return cluster["spec"]["headGroupSpec"]["template"]
+    return raycluster_of(render(values))["spec"]["headGroupSpec"]["template"]
 
 
 def router(values: dict) -> dict:
-    return next(c for c in head(values)["spec"]["containers"] if c["name"] == "router")
+    return container(head_pod(render(values)), "router")
 
 
 def test_the_http_port_is_served_and_exposed() -> None:

@@ -10,14 +10,12 @@ import pytest
 
 from pdserve.commands import serve
 from pdserve.config import ServeConfig
-from tests.helm.render import CHART_DIR, FULLNAME, render
+from tests.helm.chart_views import router_argv
+from tests.helm.render import CHART_DIR, render
 
 
 def serve_argv(values: dict) -> list[str]:
-    cluster = render(values).get("RayCluster", FULLNAME)
-    pod = cluster["spec"]["headGroupSpec"]["template"]["spec"]
-    router = next(c for c in pod["containers"] if c["name"] == "router")
-    return router["args"][2:]
+    return router_argv(render(values))
 
 
 def parsed(argv: list[str]) -> ServeConfig:
