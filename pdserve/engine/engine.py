@@ -88,9 +88,14 @@ class LLMEngine:
         config: EngineConfig,
         kv_event_sink: KVEventSink | None = None,
         executor: Executor | None = None,
+        emit_text: bool = True,
     ) -> None:
+        """`emit_text=False`: outputs carry no text (`text_delta` stays empty) and only requests
+        with stop strings are detokenized, to find them — for workers whose router decodes the
+        client's text itself."""
         model_dir = Path(config.model) if config.model else default_model_dir()
         self.config = config
+        self.emit_text = emit_text
         try:
             self.tokenizer = Tokenizer.from_dir(model_dir)
         except FileNotFoundError as e:
@@ -216,15 +221,16 @@ class LLMEngine:
         stop_token = token in params.stop_token_ids or (
             not params.ignore_eos and token in self.eos_token_ids
         )
-        assert seq.detokenizer is not None
-        text = "" if stop_token else seq.detokenizer.add([token])
-        reason = "stop" if stop_token or seq.detokenizer.stopped is not None else None
+        detokenizer = seq.detokenizer
+        text = "" if stop_token or detokenizer is None else detokenizer.add([token])
+        stop_string = detokenizer is not None and detokenizer.stopped is not None
+        reason = "stop" if stop_token or stop_string else None
         if reason is None and (
             seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len
         ):
             reason = "length"
-        if reason is not None:
-            text += seq.detokenizer.flush()
+        if reason is not None and detokenizer is not None:
+            text += detokenizer.flush()
         elif seq.prefill_only:
             reason = "prefill"
         out = RequestOutput(
@@ -367,7 +373,11 @@ class LLMEngine:
             params=params,
             arrival=next(self._arrivals),
             prefill_only=prefill_only,
-            detokenizer=IncrementalDetokenizer(self.tokenizer, prompt, params.stop),
+            detokenizer=(
+                IncrementalDetokenizer(self.tokenizer, prompt, params.stop)
+                if self.emit_text or params.stop
+                else None
+            ),
         )
 
     def _emit_events(self) -> None:

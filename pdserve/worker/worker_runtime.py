@@ -52,7 +52,8 @@ class WorkerRuntime:
                 heartbeat_ttl_s=spec.worker.prefix_heartbeat_ttl_s,
             )
         sink = self.index_feeder.enqueue if self.index_feeder else None
-        self.engine = LLMEngine(engine_config, kv_event_sink=sink)
+        # The router decodes the client's text over every attempt (router/output_text.py).
+        self.engine = LLMEngine(engine_config, kv_event_sink=sink, emit_text=False)
         self.loop = EngineLoop(self.engine, asyncio.get_running_loop())
         self.loop.step_listeners.append(self._measure_step)
         self._stats = WorkerStats(
@@ -160,7 +161,6 @@ class WorkerRuntime:
                     break
                 batch.token_ids += item.new_token_ids
                 batch.logprobs += item.new_logprobs or []
-                batch.text += item.text_delta
                 batch.num_prompt_tokens = item.num_prompt_tokens
                 batch.num_cached_tokens = item.num_cached_tokens
                 if item.finished:

@@ -98,6 +98,27 @@ def test_stop_string_ends_generation_and_is_not_emitted(make_engine):
     assert got_tokens == tokens[: len(got_tokens)]
 
 
+def test_an_engine_without_text_still_stops_on_stop_strings(make_engine, tiny_dir):
+    from pdserve.config import EngineConfig
+    from pdserve.engine.engine import LLMEngine
+
+    with_text = make_engine()
+    tokens, text, _, _ = run(
+        with_text, {"a": (PROMPTS[1], SamplingParams(max_tokens=24, ignore_eos=True))}
+    )["a"]
+    stop = text[len(text) // 2 : len(text) // 2 + 2]
+    params = SamplingParams(max_tokens=24, stop=[stop], ignore_eos=True)
+    expected, _, _, _ = run(with_text, {"b": (PROMPTS[1], params)})["b"]
+    # What workers run: the router makes the client's text, the engine only finds stops.
+    without = LLMEngine(
+        EngineConfig(model=str(tiny_dir), block_size=4, num_kv_blocks=128), emit_text=False
+    )
+    plain = run(without, {"c": (PROMPTS[1], SamplingParams(max_tokens=24, ignore_eos=True))})
+    assert plain["c"][:3] == (tokens, "", "length")
+    got_tokens, _, reason, _ = run(without, {"d": (PROMPTS[1], params)})["d"]
+    assert (got_tokens, reason) == (expected, "stop")
+
+
 def test_eos_stops_unless_ignored(make_engine):
     engine = make_engine()
     eos = engine.tokenizer.eos_token_ids[0]
