@@ -9,13 +9,14 @@
 - `collective_receiver.py` / `collective_sender.py` — the collective transport (NCCL / Gloo).
 - `rendezvous.py` — the collective transport's rendezvous store, reached only through the
   secret-checked KV endpoint (no open TCPStore).
-- `nixl_agent.py` — NIXL agents (UCX backend, `UCX_TLS` from the config) and the
-  (layer, K|V, block) region descriptors of the nixl transport.
+- `nixl_agent.py` — NIXL agents (UCX backend, `UCX_TLS` from the config), the merged
+  block-run descriptors of the nixl transport and their checksum.
 - `nixl_receiver.py` / `nixl_sender.py` — the nixl transport: the decode worker READs the
-  prefill worker's gathered KV straight into the reserved blocks (NIXL over UCX).
-- `nixl_staging.py` — the nixl sender's registered staging buffers, reused across transfers.
+  missing blocks straight from the prefill worker's KV cache into the reserved blocks (NIXL
+  over UCX).
 - `tls.py` — TLS / mutual TLS credentials of the KV endpoint and of the senders' channels.
-- `factory.py` — `make_receiver(config, sink, layout)`, `make_sender(config)`.
+- `factory.py` — `make_receiver(config, sink, layout, kv_cache)`,
+  `make_sender(config, kv_cache)`.
 
 Group topology of the collective transport: one 2-rank process group per prefill-decode pair,
 formed lazily on the pair's first transfer; see docs/kv_transfer.md for why and what it costs.

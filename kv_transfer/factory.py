@@ -37,8 +37,9 @@ def make_receiver(
     raise ValueError(f"unknown KV transport {config.transport!r}; choose one of {TRANSPORTS}")
 
 
-def make_sender(config: KVTransferConfig) -> KVSender:
-    """Prefill side."""
+def make_sender(config: KVTransferConfig, kv_cache: torch.Tensor | None = None) -> KVSender:
+    """Prefill side. `kv_cache` (the engine's cache) is what the nixl transport registers and
+    lets the decode worker read from."""
     if config.transport == "grpc":
         from kv_transfer.grpc_sender import GrpcKVSender
 
@@ -50,5 +51,5 @@ def make_sender(config: KVTransferConfig) -> KVSender:
     if config.transport == "nixl":
         from kv_transfer.nixl_sender import NixlKVSender
 
-        return NixlKVSender(config)
+        return NixlKVSender(config, kv_cache)
     raise ValueError(f"unknown KV transport {config.transport!r}; choose one of {TRANSPORTS}")

@@ -5,10 +5,10 @@ and is read when the agent's backend starts, so `KVTransferConfig.nixl_ucx_tls` 
 environment just before: `tcp` across hosts, `shm` (plus `tcp` for the connection) on one host,
 `rc` / `cuda_ipc` on InfiniBand / GPUs; unset, UCX picks what the hosts offer.
 
-A transfer moves every layer of n blocks. In a KV cache `[L, 2, num_blocks, block_size, heads,
-head_dim]` one (layer, K|V, block) region is contiguous, so the n reserved blocks are 2 L n
-regions of the cache, and their source — the prefill side's gathered `[L, 2, n, ...]` tensor —
-the same number of consecutive regions (NIXL merges adjacent ones).
+A transfer moves every layer of n blocks between two caches `[L, 2, num_blocks, block_size,
+heads, head_dim]`, each registered once with its worker's agent. One (layer, K|V) plane's
+consecutive blocks are contiguous, so a run of blocks consecutive on both sides is one
+descriptor per plane: 2 L runs descriptors instead of 2 L n (`block_runs`, `run_regions`).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import crc32c
 import numpy as np
 
 if TYPE_CHECKING:
@@ -83,15 +84,57 @@ def memory_type(tensor: torch.Tensor) -> tuple[str, int]:
     return "DRAM", 0
 
 
-def block_regions(
-    base: int, device_id: int, planes: int, plane_blocks: int, blocks: np.ndarray, block_bytes: int
+def block_runs(dest: list[int], src: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(dest starts, src starts, lengths) of the maximal runs of positions where both block id
+    lists go up by one: `dest[i:i+k]` and `src[i:i+k]` are then each one contiguous range."""
+    d, s = np.asarray(dest, dtype=np.int64), np.asarray(src, dtype=np.int64)
+    if d.size == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, empty
+    breaks = np.flatnonzero((np.diff(d) != 1) | (np.diff(s) != 1)) + 1
+    starts = np.concatenate(([0], breaks))
+    lengths = np.diff(np.concatenate((starts, [d.size])))
+    return d[starts], s[starts], lengths
+
+
+def run_regions(
+    base: int,
+    device_id: int,
+    plane_blocks: int,
+    planes: range,
+    starts: np.ndarray,
+    lengths: np.ndarray,
+    block_bytes: int,
 ) -> np.ndarray:
-    """Nx3 (address, length, device) rows of `blocks` in each of `planes` consecutive
-    (layer, K|V) planes of `plane_blocks` blocks, plane-major: the C order of `[planes, n]`."""
-    plane = np.arange(planes, dtype=np.uint64)[:, None] * np.uint64(plane_blocks)
-    offsets = (plane + blocks.astype(np.uint64)[None, :]).reshape(-1) * np.uint64(block_bytes)
-    rows = np.empty((offsets.size, 3), dtype=np.uint64)
-    rows[:, 0] = np.uint64(base) + offsets
-    rows[:, 1] = block_bytes
+    """Nx3 (address, length, device) rows of the block runs (`starts`, `lengths`) in each of
+    `planes` of a cache at `base` whose (layer, K|V) planes hold `plane_blocks` blocks;
+    plane-major, runs in the given order: the bytes of `cache[planes][:, blocks]` in C order."""
+    plane = np.arange(planes.start, planes.stop, dtype=np.uint64)[:, None]
+    first = plane * np.uint64(plane_blocks) + starts.astype(np.uint64)[None, :]
+    rows = np.empty((first.size, 3), dtype=np.uint64)
+    rows[:, 0] = np.uint64(base) + first.reshape(-1) * np.uint64(block_bytes)
+    rows[:, 1] = np.tile(lengths.astype(np.uint64), len(planes)) * np.uint64(block_bytes)
     rows[:, 2] = device_id
     return rows
+
+
+def regions_checksum(cache: torch.Tensor, rows: np.ndarray, value: int = 0) -> int:
+    """Checksum of the regions `rows` of `cache`, in order, continuing from `value`: CRC-32C on
+    CPU (each region read in place, no copy); on CUDA `wire.checksum` of the gathered regions
+    (a position-weighted sum that does not continue: `value` must be 0 there)."""
+    from kv_transfer import wire
+
+    if cache.device.type != "cpu":
+        import torch
+
+        flat = cache.reshape(-1).view(torch.uint8)
+        offsets = (rows[:, 0] - np.uint64(cache.data_ptr())).astype(np.int64).tolist()
+        lengths = rows[:, 1].astype(np.int64).tolist()
+        pieces = [flat[o : o + n] for o, n in zip(offsets, lengths, strict=True)]
+        return wire.checksum(torch.cat(pieces))
+    cache_bytes = wire.tensor_bytes(cache)
+    base = cache.data_ptr()
+    for address, length, _ in rows.tolist():
+        offset = address - base
+        value = crc32c.crc32c(cache_bytes[offset : offset + length], value)
+    return value

@@ -1,12 +1,16 @@
 """Decode side of the nixl transport: KV lands in the reserved blocks by a NIXL READ.
 
-The decode worker registers its whole KV cache with its NIXL agent once. Per transfer, the
-sender's `PullKV` names where its gathered KV lies (its agent metadata, the address, the
-checksum); the receiver validates it against the reservation like a grpc chunk, then, inside
-the ReservationTable's write of the transfer (under the transfer's lock), READs every
-(layer, K|V, block) region straight into the reserved blocks — no staging buffer, no copy —
-waits for it no longer than the reservation's deadline, and checks the CRC-32C of the landed
-bytes. Commit and Abort are the grpc transport's.
+Each worker registers its whole KV cache with its NIXL agent once (the prefill side for reading,
+`nixl_sender.py`). Per transfer, the sender's `PullKV` names its cache (agent metadata, address,
+blocks per plane) and the source block of each reserved block; the receiver validates it against
+the reservation like a grpc chunk, then, inside the ReservationTable's write of the transfer
+(under the transfer's lock), READs straight from the prefill cache's blocks into the reserved
+blocks — no staging buffer, no copy. Blocks consecutive on both sides travel as one descriptor
+per (layer, K|V) plane. The READ goes a layer range at a time (the grpc chunking), two in flight:
+while one lands, the CRC-32C of the one before runs on another thread, so the checksum costs
+little beyond the READ where a core is free. The reply carries the checksum of what landed; the
+sender commits only if it equals its own. Waits end at the reservation's deadline. Commit and
+Abort are the grpc transport's.
 
 Why the decode side reads rather than the prefill side writing: the reader owns the operation
 that touches the reserved blocks, so a fence is real — `abort` (own or remote) cancels the READ
@@ -22,17 +26,24 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-import crc32c
 import grpc
 import numpy as np
 
-from kv_transfer import wire
 from kv_transfer.base import CommitInfo, KVLayout, KVSink
 from kv_transfer.grpc_common import STATUS_OF
 from kv_transfer.grpc_receiver import GrpcKVReceiver, spec_of
-from kv_transfer.nixl_agent import block_regions, drive, make_agent, memory_type
+from kv_transfer.grpc_sender import layer_ranges
+from kv_transfer.nixl_agent import (
+    block_runs,
+    drive,
+    make_agent,
+    memory_type,
+    regions_checksum,
+    run_regions,
+)
 from kv_transfer.reservations import RejectReason, TransferRejected
 from pdserve.config import KVTransferConfig
 from pdserve.pb import kv_transfer_pb2 as pb
@@ -41,6 +52,7 @@ log = logging.getLogger(__name__)
 
 _CANCEL_GRACE_S = 1.0  # how long a cancelled READ may take to stop before we give up on it
 _MEMORY_TYPES = ("DRAM", "VRAM")
+_IN_FLIGHT = 2  # layer ranges being read at once: one lands while the next is on its way
 
 
 class PullFailed(Exception):
@@ -62,48 +74,104 @@ class _Pull:
         self.receiver, self.request, self.deadline = receiver, request, deadline
         self.cancel = cancel  # set by an abort of the transfer
         self.nbytes = 0
+        self.checksum = 0
 
     def run(self, block_ids: list[int]) -> None:
-        receiver, request = self.receiver, self.request
-        agent, cache = receiver.agent, receiver.cache
-        tid = request.header.transfer_id
+        receiver, tid = self.receiver, self.request.header.transfer_id
+        local_rows, remote_rows, per_layer = self._regions(block_ids)
+        layer_bytes = 2 * len(block_ids) * receiver.cache[0, 0, 0].nbytes
+        ranges = layer_ranges(receiver.cache.shape[0], layer_bytes, receiver.config.chunk_bytes)
+        peer = self._peer(tid)
+        posted: list[Any] = []  # READ handles of the layer ranges, in order
+        checksum = _Checksum(receiver)
+        try:
+            for index, (l0, l1) in enumerate(ranges):
+                while len(posted) < min(index + _IN_FLIGHT, len(ranges)):
+                    first, last = ranges[len(posted)]
+                    rows = slice(first * per_layer, last * per_layer)
+                    posted.append(self._post(peer, local_rows[rows], remote_rows[rows], tid))
+                self._wait(posted[index], tid)
+                checksum.add(local_rows[l0 * per_layer : l1 * per_layer])
+        finally:
+            for handle in posted:
+                self._release(handle, tid)
+        self.nbytes = int(local_rows[:, 1].sum())
+        self.checksum = checksum.result()
+
+    def _regions(self, block_ids: list[int]) -> tuple[np.ndarray, np.ndarray, int]:
+        """(local rows, remote rows, rows per layer): the descriptors of every layer, layer-major,
+        one per (plane, run of blocks consecutive on both sides)."""
+        cache, request = self.receiver.cache, self.request
+        src, src_blocks = self._source(len(block_ids))
+        dest_starts, src_starts, lengths = block_runs(block_ids, src)
+        block_bytes, planes = cache[0, 0, 0].nbytes, range(2 * cache.shape[0])
+        local = run_regions(
+            cache.data_ptr(), memory_type(cache)[1], cache.shape[2], planes, dest_starts, lengths,
+            block_bytes,
+        )  # fmt: skip
+        remote = run_regions(
+            request.address, request.device_id, src_blocks, planes, src_starts, lengths,
+            block_bytes,
+        )  # fmt: skip
+        return local, remote, 2 * len(lengths)
+
+    def _source(self, n: int) -> tuple[list[int], int]:
+        """The source block of each reserved block, and the blocks per plane of the source."""
+        request, tid = self.request, self.request.header.transfer_id
         if request.memory not in _MEMORY_TYPES:
             raise PullFailed(
                 RejectReason.INVALID, f"transfer {tid}: memory {request.memory!r} is not DRAM/VRAM"
             )
-        block_bytes = cache[0, 0, 0].nbytes
-        planes, blocks = 2 * cache.shape[0], np.asarray(block_ids, dtype=np.uint64)
-        local_mem, local_dev = memory_type(cache)
-        local_rows = block_regions(
-            cache.data_ptr(), local_dev, planes, cache.shape[2], blocks, block_bytes
-        )
-        source = np.arange(len(block_ids), dtype=np.uint64)
-        remote_rows = block_regions(
-            request.address, request.device_id, planes, len(block_ids), source, block_bytes
-        )
-        try:
-            peer = agent.add_remote_agent(request.agent_metadata)
-            local = agent.get_xfer_descs(local_rows, local_mem)
-            remote = agent.get_xfer_descs(remote_rows, request.memory)
-            handle = agent.initialize_xfer("READ", local, remote, peer)
-        except Exception as exc:  # NIXL refuses metadata or regions it cannot map
+        if not request.src_block_ids:  # one tensor of exactly the reserved blocks
+            return list(range(n)), n
+        src = list(request.src_block_ids)
+        if len(src) != n:
             raise PullFailed(
-                RejectReason.INVALID, f"transfer {tid}: agent_metadata/address unusable: {exc}"
-            ) from None
-        try:
-            self._wait(agent, handle, tid)
-        finally:
-            self._release(handle, tid)
-        self.nbytes = int(local_rows[:, 1].sum())
-        if receiver.landed_checksum(local_rows) != request.header.checksum:
-            raise PullFailed(RejectReason.CORRUPT, f"transfer {tid}: checksum mismatch")
+                RejectReason.INVALID,
+                f"transfer {tid}: src_block_ids names {len(src)} blocks for {n} reserved",
+            )
+        if max(src) >= request.src_num_blocks:
+            raise PullFailed(
+                RejectReason.INVALID,
+                f"transfer {tid}: src_block_ids has block {max(src)}, outside "
+                f"src_num_blocks {request.src_num_blocks}",
+            )
+        return src, request.src_num_blocks
 
-    def _wait(self, agent: Any, handle: Any, tid: str) -> None:
-        state = [agent.transfer(handle)]
+    def _peer(self, tid: str) -> str:
+        try:
+            return self.receiver.agent.add_remote_agent(self.request.agent_metadata)
+        except Exception as exc:  # NIXL refuses metadata it cannot parse
+            raise PullFailed(
+                RejectReason.INVALID, f"transfer {tid}: agent_metadata unusable: {exc}"
+            ) from None
+
+    def _post(self, peer: str, local: np.ndarray, remote: np.ndarray, tid: str) -> Any:
+        agent = self.receiver.agent
+        try:
+            handle = agent.initialize_xfer(
+                "READ",
+                agent.get_xfer_descs(local, memory_type(self.receiver.cache)[0]),
+                agent.get_xfer_descs(remote, self.request.memory),
+                peer,
+            )
+        except Exception as exc:  # regions outside what the peer registered
+            raise PullFailed(
+                RejectReason.INVALID,
+                f"transfer {tid}: agent_metadata/address/src_block_ids unusable: {exc}",
+            ) from None
+        state = agent.transfer(handle)
+        if state not in ("PROC", "DONE"):
+            self._release(handle, tid)
+            raise PullFailed(RejectReason.INVALID, f"transfer {tid}: the READ failed ({state})")
+        return handle
+
+    def _wait(self, handle: Any, tid: str) -> None:
+        agent = self.receiver.agent
+        state = ["PROC"]
 
         def done() -> bool:
-            if state[0] == "PROC":
-                state[0] = agent.check_xfer_state(handle)
+            state[0] = agent.check_xfer_state(handle)
             return state[0] != "PROC"
 
         drive(agent, done, lambda: self.cancel.is_set() or time.monotonic() >= self.deadline)
@@ -127,6 +195,36 @@ class _Pull:
                     log.error("transfer %s: a cancelled NIXL READ did not stop", tid)
                     return
                 time.sleep(0.01)
+
+
+class _Checksum:
+    """The running checksum of landed regions. On CPU each layer range's CRC-32C runs on the
+    receiver's checksum thread (one for all pulls, so ranges are taken in order) while the next
+    range is read; on CUDA the device checksum of all regions is taken at the end."""
+
+    def __init__(self, receiver: NixlKVReceiver) -> None:
+        self.cache = receiver.cache
+        self.pipelined = self.cache.device.type == "cpu"
+        self._executor = receiver.checksum_thread
+        self._value = 0
+        self._last: Future[None] | None = None
+        self._rows: list[np.ndarray] = []
+
+    def add(self, rows: np.ndarray) -> None:
+        if not self.pipelined:
+            self._rows.append(rows)
+            return
+        self._last = self._executor.submit(self._extend, rows)
+
+    def _extend(self, rows: np.ndarray) -> None:
+        self._value = regions_checksum(self.cache, rows, self._value)
+
+    def result(self) -> int:
+        if not self.pipelined:
+            return regions_checksum(self.cache, np.concatenate(self._rows)) if self._rows else 0
+        if self._last is not None:
+            self._last.result()
+        return self._value
 
 
 class _DirectSink:
@@ -168,6 +266,8 @@ class NixlKVReceiver(GrpcKVReceiver):
         super().__init__(config, _DirectSink(sink), layout or KVLayout.of(kv_cache))
         self.cache = kv_cache
         self.agent: Any = None
+        # CRC-32C of landed layer ranges while the next ones are read (crc32c frees the GIL)
+        self.checksum_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nixl-crc")
         self._registration: Any = None
         # transfer id -> "stop its READ", for transfers being pulled or aborted
         self._cancels: dict[str, threading.Event] = {}
@@ -184,30 +284,11 @@ class NixlKVReceiver(GrpcKVReceiver):
             with contextlib.suppress(Exception):  # shutting down: nothing to recover
                 self.agent.deregister_memory(self._registration)
             self._registration = None
+        self.checksum_thread.shutdown(wait=False)
 
     def abort(self, transfer_id: str) -> bool:
         with self._cancelling(transfer_id):
             return super().abort(transfer_id)
-
-    def landed_checksum(self, rows: np.ndarray) -> int:
-        """Checksum of the regions `rows` of the cache, in order: what the sender computed over
-        its contiguous tensor (CRC-32C on CPU, wire's device checksum on CUDA)."""
-        if self.cache.device.type != "cpu":
-            return wire.checksum(self._gather(rows))
-        cache_bytes = wire.tensor_bytes(self.cache)
-        base, value = self.cache.data_ptr(), 0
-        for address, length, _ in rows.tolist():
-            offset = address - base
-            value = crc32c.crc32c(cache_bytes[offset : offset + length], value)
-        return value
-
-    def _gather(self, rows: np.ndarray) -> Any:
-        import torch
-
-        flat = self.cache.reshape(-1).view(torch.uint8)
-        offsets = (rows[:, 0] - np.uint64(self.cache.data_ptr())).astype(np.int64).tolist()
-        length = int(rows[0, 1])
-        return torch.cat([flat[o : o + length] for o in offsets])
 
     # -- RPC handlers -----------------------------------------------------------------------
 
@@ -222,12 +303,14 @@ class NixlKVReceiver(GrpcKVReceiver):
 
     def _pull_kv(self, request: pb.PullKVRequest, context: grpc.ServicerContext) -> Any:
         try:
-            return pb.PullKVResponse(bytes=self._pull(request))
+            pull = self._pull(request)
+            return pb.PullKVResponse(bytes=pull.nbytes, checksum=pull.checksum)
         except TransferRejected as exc:
             context.abort(STATUS_OF[exc.reason], str(exc))
 
-    def _pull(self, request: pb.PullKVRequest) -> int:
-        """READs the transfer's KV into its blocks; returns the bytes read."""
+    def _pull(self, request: pb.PullKVRequest) -> _Pull:
+        """READs the transfer's KV into its blocks; returns the finished pull (bytes read and
+        the checksum of what landed)."""
         tid, spec = request.header.transfer_id, spec_of(request.header)
         self._table.validate(tid, spec)  # transfer open, dtype, shape = the reserved blocks
         if (spec.layer_start, spec.layer_end) != (0, spec.num_layers):
@@ -246,7 +329,7 @@ class NixlKVReceiver(GrpcKVReceiver):
         finally:
             with self._lock:
                 self._cancels.pop(tid, None)
-        return pull.nbytes
+        return pull
 
     def _abort(self, request: pb.AbortRequest, context: grpc.ServicerContext) -> Any:
         with self._cancelling(request.transfer_id):

@@ -1,18 +1,25 @@
-"""Prefill side of the nixl transport: exposes a transfer's KV to the decode worker's READ.
+"""Prefill side of the nixl transport: exposes the prefill KV cache to the decode worker's READ.
 
-Per transfer: gather every layer of the source blocks (`read_kv`, a layer range at a time, as
-the other transports do) into one registered staging buffer (`nixl_staging.py`: kept between
-transfers), take its checksum, and send `PullKV` (agent metadata, address, checksum, trace
-context) to the decode worker, which READs it into the reserved blocks and answers once they
-landed and matched the checksum; meanwhile this side drives its agent's progress (it has no
-progress thread). Then `Commit` over the same gRPC control channel.
+The prefill worker's whole KV cache is registered with this process's NIXL agent once, on the
+first transfer. Per transfer: send `PullKV` (agent metadata, the cache's address and blocks per
+plane, the source block of each reserved block, trace context) to the decode worker, which
+READs the blocks straight from the cache into the reserved ones — no gather, no staging copy —
+and answers with the checksum of what landed. Meanwhile this side takes the checksum of the
+same bytes in place (another thread; crc32c frees the GIL) and drives its agent's progress (it
+has no progress thread; over TCP the READ needs it). `Commit` follows over the same gRPC control
+channel only if the two checksums are equal; otherwise the transfer is aborted (DATA_LOSS).
+The source blocks are held by the caller for the whole `send`, so what is read is what was
+checksummed. `TransferRequest.read_kv` is not used: the blocks are read where they lie.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -20,23 +27,51 @@ import grpc
 from kv_transfer import wire
 from kv_transfer.base import KVSender, KVTransferError, TransferRequest, TransferResult
 from kv_transfer.grpc_common import SERVICE, rpc_error_text
-from kv_transfer.grpc_sender import ControlClient, layer_ranges
-from kv_transfer.nixl_agent import drive, make_agent, memory_type, nixl_module
-from kv_transfer.nixl_staging import StagingBuffer, StagingPool
+from kv_transfer.grpc_sender import ControlClient
+from kv_transfer.nixl_agent import (
+    block_runs,
+    drive,
+    make_agent,
+    memory_type,
+    nixl_module,
+    regions_checksum,
+    run_regions,
+)
 from pdserve.config import KVTransferConfig
 from pdserve.pb import kv_transfer_pb2 as pb
 
 
+@dataclass
+class _Registration:
+    agent: Any
+    handle: Any  # what deregister_memory takes
+    agent_metadata: bytes  # the agent's partial metadata: connection info and the cache
+
+
 class NixlKVSender(KVSender):
-    """`tamper` (tests only) may change the gathered KV after its checksum was taken."""
+    """`kv_cache` is the prefill engine's cache `[layers, 2, blocks, block_size, heads,
+    head_dim]`: the decode worker reads the transfers' blocks from it. `tamper` (tests only)
+    changes a copy of the blocks this side's checksum is then taken over, so the checksums
+    disagree as when KV changes in transit (the cache itself is left alone)."""
 
     def __init__(
-        self, config: KVTransferConfig, *, tamper: Callable[[int, Any], None] | None = None
+        self,
+        config: KVTransferConfig,
+        kv_cache: Any = None,
+        *,
+        tamper: Callable[[int, Any], None] | None = None,
     ) -> None:
+        if kv_cache is None or not kv_cache.is_contiguous() or kv_cache.dim() != 6:
+            raise ValueError(
+                "the nixl transport reads from the KV cache itself: pass kv_cache, the engine's "
+                "contiguous [layers, 2, blocks, block_size, heads, head_dim] tensor"
+            )
         nixl_module()  # fail now, not on the first transfer, if NIXL is not installed
         self._client = ControlClient(config)
-        self._pool: StagingPool | None = None  # with this process's NIXL agent, on first use
+        self.cache = kv_cache
+        self._registration: _Registration | None = None  # on first use
         self._lock = threading.Lock()
+        self._checksums = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nixl-crc")
         self.tamper = tamper
 
     def send(self, request: TransferRequest) -> TransferResult:
@@ -53,39 +88,49 @@ class NixlKVSender(KVSender):
         return TransferResult(nbytes, 1 if nbytes else 0, time.perf_counter() - start)
 
     def _offer(self, request: TransferRequest, channel: grpc.Channel, deadline: float) -> int:
-        """Gathers the KV into a registered buffer and waits until the decode worker read it."""
-        pool = self._pool_or_start()
-        src, num_layers = request.src_block_ids, request.num_layers
-        first = request.read_kv(src, 0, 1)  # one layer tells the bytes per layer (reused below)
-        try:
-            buffer = pool.acquire(first.nbytes * num_layers, first.device)
-        except Exception as exc:  # NIXL cannot register this memory
-            raise KVTransferError(f"registering KV with NIXL failed: {exc}") from exc
-        delivered = False
-        try:
-            data = buffer.view(first.dtype, (num_layers, *first.shape[1:]))
-            ranges = layer_ranges(num_layers, first.nbytes, self._client.config.chunk_bytes)
-            for l0, l1 in ranges:  # chunk by chunk: small gathers stay in warm memory
-                data[l0:l1] = first if (l0, l1) == (0, 1) else request.read_kv(src, l0, l1)
-            header = wire.chunk_header(request, 0, 0, num_layers, data, wire.checksum(data))
-            if self.tamper is not None:
-                self.tamper(0, data)
-            reply = self._pull(channel, pool.agent, buffer, header, data, deadline)
-            delivered = True
-        finally:  # a buffer a late READ might still read is not reused
-            pool.release(buffer, reusable=delivered)
+        """Has the decode worker read the blocks; returns the bytes read once their checksums
+        matched."""
+        cache, src = self.cache, request.src_block_ids
+        if request.num_layers != cache.shape[0]:
+            raise KVTransferError(
+                f"transfer {request.transfer_id}: {request.num_layers} layers asked for, the "
+                f"registered KV cache has {cache.shape[0]}"
+            )
+        registration = self._registered()
+        starts, _, lengths = block_runs(src, src)
+        planes = range(2 * cache.shape[0])
+        rows = run_regions(
+            cache.data_ptr(), memory_type(cache)[1], cache.shape[2], planes, starts, lengths,
+            cache[0, 0, 0].nbytes,
+        )  # fmt: skip
+        if self.tamper is None:
+            expected = self._checksums.submit(regions_checksum, cache, rows)
+        else:
+            copy = cache[:, :, src].contiguous()
+            self.tamper(0, copy)
+            expected = self._checksums.submit(wire.checksum, copy)
+        reply = self._pull(channel, registration, request, deadline)
+        if reply.checksum != expected.result():
+            self._client.abort(request.endpoint, request.transfer_id)
+            raise KVTransferError(
+                f"{request.endpoint}: DATA_LOSS: transfer {request.transfer_id}: checksum "
+                "mismatch: the KV that landed differs from the source"
+            )
         return reply.bytes
 
     def _pull(
         self,
         channel: grpc.Channel,
-        agent: Any,
-        buffer: StagingBuffer,
-        header: pb.ChunkHeader,
-        data: Any,
+        registration: _Registration,
+        request: TransferRequest,
         deadline: float,
     ) -> pb.PullKVResponse:
-        memory, device_id = memory_type(data)
+        cache, src = self.cache, request.src_block_ids
+        memory, device_id = memory_type(cache)
+        # The header's dtype and shape are those of the reserved blocks' KV; a meta tensor
+        # carries them without bytes.
+        shape = (cache.shape[0], 2, len(src), *cache.shape[3:])
+        described = cache.new_empty(shape, device="meta")
         pull = channel.unary_unary(
             f"/{SERVICE}/PullKV",
             request_serializer=pb.PullKVRequest.SerializeToString,
@@ -93,24 +138,34 @@ class NixlKVSender(KVSender):
         )
         call = pull.future(
             pb.PullKVRequest(
-                header=header,
-                agent_metadata=buffer.agent_metadata,
-                address=data.data_ptr(),
+                header=wire.chunk_header(request, 0, 0, request.num_layers, described, 0),
+                agent_metadata=registration.agent_metadata,
+                address=cache.data_ptr(),
                 memory=memory,
                 device_id=device_id,
+                src_block_ids=src,
+                src_num_blocks=cache.shape[2],
             ),
             timeout=max(0.001, deadline - time.perf_counter()),
             metadata=self._client.metadata,
         )
         # Serve the receiver's READ (over TCP it needs this side's progress) until it answers.
-        drive(agent, call.done, lambda: False)
+        drive(registration.agent, call.done, lambda: False)
         return call.result()
 
-    def _pool_or_start(self) -> StagingPool:
+    def _registered(self) -> _Registration:
         with self._lock:
-            if self._pool is None:
-                self._pool = StagingPool(make_agent("prefill", self._client.config.nixl_ucx_tls))
-            return self._pool
+            if self._registration is None:
+                agent = make_agent("prefill", self._client.config.nixl_ucx_tls)
+                try:
+                    handle = agent.register_memory(self.cache)
+                except Exception as exc:  # NIXL cannot register this memory
+                    raise KVTransferError(
+                        f"registering the KV cache with NIXL failed: {exc}"
+                    ) from exc
+                metadata = agent.get_partial_agent_metadata(handle, inc_conn_info=True)
+                self._registration = _Registration(agent, handle, metadata)
+            return self._registration
 
     def abort(self, endpoint: str, transfer_id: str) -> None:
         self._client.abort(endpoint, transfer_id)
@@ -118,6 +173,8 @@ class NixlKVSender(KVSender):
     def close(self) -> None:
         self._client.close()
         with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.close()
+            registration, self._registration = self._registration, None
+        if registration is not None:
+            with contextlib.suppress(Exception):  # shutting down: nothing to recover
+                registration.agent.deregister_memory(registration.handle)
+        self._checksums.shutdown(wait=False)

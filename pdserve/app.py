@@ -58,6 +58,7 @@ def load_model_limits(model_dir: Path, engine: EngineConfig) -> tuple[Tokenizer,
             vocab_size=int(config["vocab_size"]),
             max_model_len=max_model_len(config, engine),
             eos_token_ids=list(tokenizer.eos_token_ids),
+            num_layers=int(config.get("num_hidden_layers", 0)),
         )
     except (OSError, ValueError, KeyError) as e:
         detail = f"missing {e}" if isinstance(e, KeyError) else str(e)
@@ -161,7 +162,11 @@ class ServingApp:
             self._stack.append(("ray", _async(ray.shutdown)))
         prefill, decode = create_workers(config, redis_url)
         self._stack.append(("workers", _async(lambda: _kill(ray, {**prefill, **decode}))))
-        self.pool = WorkerPool.of_ray_actors(prefill, decode)
+        # A stats poll waits for the worker's current engine step: a simulated one lasts its
+        # modelled time x --sim-time-scale, so the poll is given as long as progress is.
+        self.pool = WorkerPool.of_ray_actors(
+            prefill, decode, call_timeout_s=max(5.0, config.router.progress_timeout_s)
+        )
         # Every worker's gauges, as of the latest poll (the router's endpoint shows them all).
         self.pool.stats_listeners.append(lambda w, old, stats: metrics.observe_worker_stats(stats))
         # The served model's load under vLLM's names (vllm:num_requests_running, ...).

@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "make-model": ("pdserve.commands.make_model", "write a random-weight HF model directory"),
     "stats": ("pdserve.commands.stats", "print prefix-cache reuse statistics from Redis"),
     "bench": ("pdserve.commands.bench", "benchmarks: engine, transfer, serve, compare, router"),
+    "plan": ("pdserve.commands.plan", "how many prefill and decode workers, predicted offline"),
 }
 
 

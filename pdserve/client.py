@@ -83,25 +83,63 @@ def _from_pb(cls: type, message: Any) -> Any:
 
 
 @dataclass
-class Completion:
-    """A whole generation, assembled from its stream of `GenerateResponse`s."""
+class Choice:
+    """One choice of a completion (one of the n samples, or one of the best beams)."""
 
-    request_id: str = ""
+    index: int = 0
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str | None = None  # "stop" | "length" | "abort"; None if the stream broke off
-    usage: Usage = field(default_factory=Usage)
-    timings: Timings = field(default_factory=Timings)
+    cumulative_logprob: float | None = None  # with logprobs or beam search
+    score: float | None = None  # beam search: cumulative_logprob / length ** length_penalty
 
     def add(self, response: generate_pb2.GenerateResponse) -> None:
-        """Appends one response; the last response's usage and timings win (they are complete)."""
-        self.request_id = response.request_id or self.request_id
         self.text += response.text
         self.token_ids.extend(response.token_ids)
         self.logprobs.extend(response.logprobs)
         if response.finish_reason:  # an unknown (newer) reason reads as "abort": not a success
             self.finish_reason = _FINISH_REASONS.get(response.finish_reason, "abort")
+        if response.HasField("cumulative_logprob"):
+            self.cumulative_logprob = response.cumulative_logprob
+        if response.HasField("score"):
+            self.score = response.score
+
+
+@dataclass
+class Completion:
+    """A whole generation, assembled from its stream of `GenerateResponse`s. `text`,
+    `token_ids`, `logprobs` and `finish_reason` are those of choice 0; `choices` holds every
+    choice by index (n > 1 or beam search)."""
+
+    request_id: str = ""
+    choices: list[Choice] = field(default_factory=lambda: [Choice()])
+    usage: Usage = field(default_factory=Usage)
+    timings: Timings = field(default_factory=Timings)
+
+    @property
+    def text(self) -> str:
+        return self.choices[0].text
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.choices[0].token_ids
+
+    @property
+    def logprobs(self) -> list[float]:
+        return self.choices[0].logprobs
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.choices[0].finish_reason
+
+    def add(self, response: generate_pb2.GenerateResponse) -> None:
+        """Appends one response to its choice; the last response's usage and timings win (they
+        are complete)."""
+        self.request_id = response.request_id or self.request_id
+        while len(self.choices) <= response.index:
+            self.choices.append(Choice(index=len(self.choices)))
+        self.choices[response.index].add(response)
         if response.HasField("usage"):
             self.usage = _from_pb(Usage, response.usage)
         if response.HasField("timings"):
@@ -115,7 +153,15 @@ class Completion:
         return completion
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Choice 0's fields at the top level (as with n = 1), then every choice."""
+        first = dataclasses.asdict(self.choices[0])
+        return {
+            "request_id": self.request_id,
+            **{k: first[k] for k in ("text", "token_ids", "logprobs", "finish_reason")},
+            "choices": [dataclasses.asdict(c) for c in self.choices],
+            "usage": dataclasses.asdict(self.usage),
+            "timings": dataclasses.asdict(self.timings),
+        }
 
 
 class GenerateParams(TypedDict, total=False):
@@ -131,6 +177,17 @@ class GenerateParams(TypedDict, total=False):
     stop_token_ids: Sequence[int]
     ignore_eos: bool
     logprobs: bool
+    n: int | None  # choices sharing the prompt (seeded choice i = seed + i)
+    beam_width: int | None  # >= 2: beam search (greedy), best n beams returned
+    length_penalty: float | None
+    early_stopping: bool
+    repetition_penalty: float | None
+    dola_layers: str | Sequence[int] | None  # "low", "high" or layer indices
+    sled: bool
+    sled_layers: str | Sequence[int] | None
+    evolution_rate: float | None
+    evolution_scale: int | None
+    evolution_lower_bound: float | None
     request_id: str  # empty = the router assigns one
     model: str  # empty = the served model
 
@@ -149,6 +206,8 @@ def build_request(prompt: Prompt, **params: Unpack[GenerateParams]) -> generate_
             continue
         if name in ("stop", "stop_token_ids"):
             getattr(request.sampling, name).extend(value)
+        elif name in ("dola_layers", "sled_layers"):
+            _set_layers(getattr(request.sampling, name), value)
         else:
             setattr(request.sampling, name, value)
     if isinstance(prompt, str):
@@ -156,6 +215,14 @@ def build_request(prompt: Prompt, **params: Unpack[GenerateParams]) -> generate_
     else:
         request.token_ids.ids.extend(prompt)
     return request
+
+
+def _set_layers(selection: generate_pb2.LayerSelection, layers: str | Sequence[int]) -> None:
+    if isinstance(layers, str):
+        selection.preset = layers
+    else:
+        selection.indices.SetInParent()
+        selection.indices.layers.extend(layers)
 
 
 def channel_credentials(

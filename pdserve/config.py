@@ -211,7 +211,7 @@ class RouterConfig:
     # The OpenAI-compatible HTTP API beside gRPC (router/http/), same requests and API keys.
     http_host: str = setting("0.0.0.0", "address of the OpenAI-compatible HTTP API")
     http_port: int = port_setting(8000, "port of the OpenAI-compatible HTTP API; 0 = any free port")
-    policy: str = setting("cost", "", choices=("cost", "round_robin", "least_loaded"))
+    policy: str = setting("cost", "", choices=("cost", "round_robin", "least_loaded", "prefix"))
     disaggregate: str = setting(
         "auto",
         "prefill on a prefill worker: by cost, always or never",

@@ -45,7 +45,7 @@ class PrefillWorker(WorkerActor):
     def _start_transport(self, runtime: WorkerRuntime) -> None:
         from kv_transfer.factory import make_sender
 
-        self._sender = make_sender(self._kv_config)
+        self._sender = make_sender(self._kv_config, runtime.engine.kv_cache)
 
     async def prefill(self, request: WorkRequest, reservation: KVReservation) -> PrefillResult:
         """Computes the prompt, moves its KV to the reservation's decode worker and commits.

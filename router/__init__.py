@@ -24,6 +24,7 @@ contracts in pyproject.toml); it knows workers only through `router/types.py` an
 - `recent_prefixes.py` — prompt blocks routed in the last seconds, before the index shows them.
 - `policy.py` — `RoutingPolicy`: options, admission control, the choice.
 - `estimates.py` — TTFT, TPOT and stall of each option, and the objective.
+- `option_matrix.py` — the cost policy's pick over every option at once, as numpy arrays.
 - `cost_model.py` — prefill, decode-step and transfer costs, learned online.
 - `observability.py` — the request's spans and latency metrics.
 """

@@ -156,7 +156,7 @@ class CostModel:
 
     # -- estimates ----------------------------------------------------------------------------
 
-    def _prefill_fits(self, local: bool) -> list[LinearFit]:
+    def prefill_fits(self, local: bool) -> list[LinearFit]:
         """A decode worker shares its accelerator with decoding, so a prefill there is never
         taken to be faster than on a prefill worker: estimates use the slower of the two lines.
         They are measured differently (per request with overheads, vs engine step time from
@@ -167,7 +167,7 @@ class CostModel:
         return [self.prefill]
 
     def prefill_seconds(self, tokens: int, *, local: bool = False) -> float:
-        return max(fit.predict(tokens) for fit in self._prefill_fits(local))
+        return max(fit.predict(tokens) for fit in self.prefill_fits(local))
 
     def prefill_queue_seconds(self, tokens: int, requests: int, *, local: bool = False) -> float:
         """Wait behind `requests` queued prompts holding `tokens` uncomputed tokens.
@@ -180,7 +180,7 @@ class CostModel:
         """
         steps = min(requests, tokens // max(1, self.step_tokens))
         waits = []
-        for fit in self._prefill_fits(local):
+        for fit in self.prefill_fits(local):
             a, b = fit.coefficients
             waits.append(a * steps + b * tokens)
         return max(waits)

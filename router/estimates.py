@@ -211,5 +211,8 @@ def objective(
         over = used / decode.num_blocks - w.kv_soft_limit
         terms["kv_pressure"] = w.kv_pressure * max(0.0, over) / (1 - w.kv_soft_limit)
     est.terms = terms
-    est.objective = sum(terms.values())
+    total = 0.0
+    for value in terms.values():  # left to right, as router/option_matrix.py adds its vectors
+        total += value
+    est.objective = total
     return est.objective

@@ -68,11 +68,17 @@ class GenerationService(generate_pb2_grpc.GenerationServicer):
                         token_ids=batch.token_ids,
                         text=batch.text,
                         logprobs=batch.logprobs if sampling.logprobs else [],
+                        index=batch.index,
                     )
                     if batch.finished:
                         response.finish_reason = _FINISH.get(
                             batch.finish_reason, generate_pb2.FINISH_REASON_STOP
                         )
+                        if batch.cumulative_logprob is not None:
+                            response.cumulative_logprob = batch.cumulative_logprob
+                        if batch.score is not None:
+                            response.score = batch.score
+                    if step.last:
                         response.usage.CopyFrom(
                             generate_pb2.Usage(
                                 prompt_tokens=len(prompt_ids),
@@ -80,8 +86,8 @@ class GenerationService(generate_pb2_grpc.GenerationServicer):
                                 cached_prompt_tokens=progress.cached_tokens,
                             )
                         )
-                    if step.first or batch.finished:
-                        response.timings.CopyFrom(_timings(progress, step.at, batch.finished))
+                    if step.first or step.last:
+                        response.timings.CopyFrom(_timings(progress, step.at, step.last))
                     yield response
         except Exception as exc:
             error = exc

@@ -1,4 +1,5 @@
-"""OutputText: a request's text and stop strings, made by the router from every token it sends.
+"""OutputText: a request's text and stop strings, made by the router from every token it sends;
+ChoiceOutputs: one OutputText per choice of a request with n > 1 (or beam search).
 
 The router is the one place that sees all of a request's tokens, whichever attempts produced
 them, so text is decoded here by one IncrementalDetokenizer over the whole output: a character
@@ -47,3 +48,41 @@ class OutputText:
         if batch.finished:
             text += detokenizer.flush()
         return dataclasses.replace(batch, text=text)
+
+
+class ChoiceOutputs:
+    """Every choice of a request (n samples or beams): its OutputText, the tokens sent to the
+    client, its log-probability sum, and whether it finished."""
+
+    def __init__(
+        self, tokenizer: Tokenizer, prompt_ids: Sequence[int], sampling: SamplingParams
+    ) -> None:
+        self._texts = [OutputText(tokenizer, prompt_ids, sampling) for _ in range(sampling.n)]
+        self.emitted: list[list[int]] = [[] for _ in range(sampling.n)]
+        self.finished = [False] * sampling.n
+        self._logprob_sums = [0.0] * sampling.n
+        self._sum_logprobs = sampling.logprobs
+
+    def take(self, batch: TokenBatch) -> TokenBatch:
+        """OutputText.take for the batch's choice (`batch.index` is the request's); a choice's
+        last batch carries its cumulative log-probability when logprobs are on."""
+        i = batch.index
+        if self.finished[i]:
+            raise ValueError(f"choice {i} sent tokens after it finished")
+        batch = self._texts[i].take(batch)
+        self.emitted[i] += batch.token_ids
+        self._logprob_sums[i] += sum(batch.logprobs)
+        if batch.finished:
+            self.finished[i] = True
+            if batch.cumulative_logprob is None and self._sum_logprobs:
+                batch = dataclasses.replace(batch, cumulative_logprob=self._logprob_sums[i])
+        return batch
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens sent over all choices (the usage's completion tokens)."""
+        return sum(map(len, self.emitted))
+
+    @property
+    def all_finished(self) -> bool:
+        return all(self.finished)

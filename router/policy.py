@@ -2,13 +2,15 @@
 
 `decide` enumerates every option (each healthy P with each healthy D, and each D alone),
 estimates it (router/estimates.py), drops the ones that cannot be taken now (admission control)
-and picks one:
+and picks one (the cost policy does the same on arrays, router/option_matrix.py):
   cost         minimum objective; options within `tie_tolerance` of the best are ties, broken
                by the cached prefix (prefill side, then decode side), then by load, then in
                rotation: with a cheap model a cached prefix saves less than the tolerance, but
                reusing it still keeps the other workers' caches and time for other prefixes
   least_loaded the least loaded D, then the P with the shortest prompt queue (baseline)
   round_robin  D and P in rotation (baseline)
+  prefix       the longest cached prefix on the prefilling worker, ties to the least loaded
+               option (baseline: prefix affinity alone, as a prefix-cache scorer)
 `disaggregate`: auto = remote or local, whichever the policy prefers; always = remote (local only
 when no prefill worker is healthy); never = local. When nothing can be taken the decision is a
 rejection that the server answers with RESOURCE_EXHAUSTED (at once when the router is full; after
@@ -25,8 +27,9 @@ from dataclasses import dataclass, field
 from pdserve.config import RouterConfig
 from router.cost_model import CostModel
 from router.estimates import Estimate, RoutingRequest, Weights, WorkerLoad, estimate, objective
+from router.option_matrix import LazyEstimates, Limits, OptionMatrix
 
-POLICIES = ("cost", "round_robin", "least_loaded")
+POLICIES = ("cost", "round_robin", "least_loaded", "prefix")
 MODES = ("auto", "always", "never")
 
 
@@ -41,7 +44,8 @@ class RoutingDecision:
     decode_cached_tokens: int = 0  # prompt tokens the decode worker already holds
     reason: str = ""  # why rejected (the client sees it), or how the choice was made
     chosen: Estimate | None = None
-    estimates: dict[str, Estimate] = field(default_factory=dict)  # every option, for tracing
+    # Every option, for tracing and tests (under the cost policy built on first access).
+    estimates: Mapping[str, Estimate] = field(default_factory=dict)
 
     @property
     def accepted(self) -> bool:
@@ -60,7 +64,10 @@ class RoutingPolicy:
         cost: CostModel | None = None,
         weights: Weights | None = None,
         tie_tolerance: float = 0.005,
+        vectorised: bool = True,
     ) -> None:
+        """`vectorised`: the cost policy decides on router/option_matrix.py's arrays, O(P + D)
+        Python; False enumerates every option as an Estimate (the reference it is tested against)."""
         if config.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {config.policy!r}")
         if config.disaggregate not in MODES:
@@ -71,6 +78,13 @@ class RoutingPolicy:
         self.cost = cost or CostModel()
         self.weights = weights or Weights(tpot=config.tpot_weight)
         self.tie_tolerance = tie_tolerance
+        self.vectorised = vectorised
+        self._limits = Limits(
+            ttft_slo_s=config.ttft_slo_ms / 1e3,
+            tpot_slo_s=config.tpot_slo_ms / 1e3,
+            max_queued_prefill_tokens=config.max_queued_prefill_tokens,
+            weights=self.weights,
+        )
         self._turn = itertools.count()  # rotation among ties, and of decode workers
         self._prefill_turn = itertools.count()  # rotation of prefill workers (round_robin)
 
@@ -93,7 +107,13 @@ class RoutingPolicy:
         prefill = [p for p in prefill_workers if p.healthy]
         if not decode:
             return RoutingDecision.reject("no healthy decode worker", status="unavailable")
-        options = self._options(request, prefill, decode, dict(cached_blocks or {}))
+        cached = dict(cached_blocks or {})
+        if self.vectorised and self.config.policy == "cost":
+            chosen = self._pick_vectorised(request, prefill, decode, cached)
+            if chosen is not None:
+                everything = LazyEstimates(lambda: self._options(request, prefill, decode, cached))
+                return self._accept(request, chosen, everything)
+        options = self._options(request, prefill, decode, cached)
         estimates = {o.name: o for o in options}
         feasible = [o for o in options if o.infeasible is None]
         if not feasible:
@@ -101,7 +121,11 @@ class RoutingPolicy:
             return RoutingDecision.reject(
                 "all workers at capacity: " + "; ".join(reasons), estimates, status="at_capacity"
             )
-        chosen = self._pick(feasible, prefill, decode)
+        return self._accept(request, self._pick(feasible, prefill, decode), estimates)
+
+    def _accept(
+        self, request: RoutingRequest, chosen: Estimate, estimates: Mapping[str, Estimate]
+    ) -> RoutingDecision:
         bs = request.block_size
         return RoutingDecision(
             status="ok",
@@ -121,10 +145,8 @@ class RoutingPolicy:
         decode: list[WorkerLoad],
         cached: dict[str, int],
     ) -> list[Estimate]:
-        mode = self.config.disaggregate
-        remote = mode == "auto" or (mode == "always" and prefill)
-        local = mode == "never" or (mode == "auto" or not prefill)
-        ttft_slo, tpot_slo = self.config.ttft_slo_ms / 1e3, self.config.tpot_slo_ms / 1e3
+        remote, local = self._option_kinds(prefill)
+        ttft_slo, tpot_slo = self._limits.ttft_slo_s, self._limits.tpot_slo_s
         options = []
         for d in decode:
             pairs = [(p, d) for p in prefill] if remote else []
@@ -139,6 +161,37 @@ class RoutingPolicy:
         for est, d in options:
             objective(est, request, d, self.cost, ttft_slo, tpot_slo, self.weights, best_ttft)
         return [est for est, _ in options]
+
+    def _option_kinds(self, prefill: list[WorkerLoad]) -> tuple[bool, bool]:
+        """(remote, local): whether options pair a prefill worker, and whether D alone."""
+        mode = self.config.disaggregate
+        remote = mode == "auto" or (mode == "always" and bool(prefill))
+        local = mode == "never" or (mode == "auto" or not prefill)
+        return remote, local
+
+    def _pick_vectorised(
+        self,
+        request: RoutingRequest,
+        prefill: list[WorkerLoad],
+        decode: list[WorkerLoad],
+        cached: dict[str, int],
+    ) -> Estimate | None:
+        """The cost policy's pick (as `_pick`) over every option's arrays; None when no option
+        can be taken (the enumeration then gives every reason)."""
+        remote, local = self._option_kinds(prefill)
+        limits = self._limits
+        matrix = OptionMatrix.build(
+            request, prefill, decode, cached, self.cost, limits, remote=remote, local=local
+        )
+        if not matrix.feasible.any():
+            return None
+        ties = matrix.cost_ties(self.tie_tolerance)
+        p_at, d_at = matrix.workers(ties[next(self._turn) % len(ties)])
+        p, d = (prefill[p_at] if p_at is not None else None), decode[d_at]
+        chosen = estimate(request, p, d, cached, self.cost)
+        objective(chosen, request, d, self.cost, limits.ttft_slo_s, limits.tpot_slo_s,
+                  self.weights, matrix.best_ttft_s)  # fmt: skip
+        return chosen
 
     def _admission(
         self, request: RoutingRequest, est: Estimate, p: WorkerLoad | None, d: WorkerLoad
@@ -168,6 +221,8 @@ class RoutingPolicy:
             first = min(map(self._tie_key, ties))
             ties = [o for o in ties if self._tie_key(o) == first]
             return ties[next(self._turn) % len(ties)]
+        if policy == "prefix":
+            return min(feasible, key=lambda o: (-o.prefill_cached_blocks, o.load, o.name))
         by_decode: dict[str, list[Estimate]] = {}
         for o in feasible:
             by_decode.setdefault(o.decode_worker, []).append(o)

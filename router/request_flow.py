@@ -31,7 +31,7 @@ from pdserve.core.sampling_params import SamplingParams
 from pdserve.telemetry import carrier_of
 from pdserve.tokenizer import Tokenizer
 from router import observability
-from router.output_text import OutputText
+from router.output_text import ChoiceOutputs
 from router.types import (
     AtCapacity,
     NoWorkerAvailable,
@@ -80,10 +80,14 @@ class RequestFlow:
         trace_context: dict[str, str],
         progress: Progress,
     ) -> AsyncIterator[TokenBatch]:
-        """Yields the request's token batches, the last one finished. `trace_context` is the
-        request's span; each attempt is a child span whose context the workers receive."""
-        text = OutputText(self._tokenizer, prompt_ids, sampling)
-        emitted: list[int] = []
+        """Yields the request's token batches, each of one choice (`index`), until every
+        choice finished. `trace_context` is the request's span; each attempt is a child span
+        whose context the workers receive. A request with n > 1 runs its choices together
+        (one prefill, forked); once some choice has sent tokens, a failed attempt continues
+        each unfinished choice on its own, one after another, each exactly as a single
+        request with its seed (seed + index) would continue."""
+        choices = ChoiceOutputs(self._tokenizer, prompt_ids, sampling)
+        units = [list(range(sampling.n))]  # the choices of each work still to run
         excluded: set[str] = set()
         failures, room_waits = 0, 0
         waiting_for_room_since: float | None = None
@@ -95,7 +99,8 @@ class RequestFlow:
             attempt = progress.attempts
             work_id = f"{request_id}#{attempt - 1}" if attempt > 1 else request_id
             span = observability.start_attempt(trace_context, attempt, work_id)
-            work = _continuation(work_id, prompt_ids, emitted, sampling, carrier_of(span))
+            unit = units[0]
+            work = _continuation(work_id, prompt_ids, choices, unit, sampling, carrier_of(span))
             outcome, error, route = "cancelled", None, None  # unless the attempt ends otherwise
             try:
                 candidates = [w for w in self._pool.workers if w not in excluded]
@@ -107,14 +112,17 @@ class RequestFlow:
                 progress.route = route
                 async with aclosing(self._attempt(work, route, progress, span)) as batches:
                     async for batch in batches:
-                        batch = text.take(batch)
-                        emitted += batch.token_ids
-                        progress.completion_tokens = len(emitted)
+                        batch = choices.take(dataclasses.replace(batch, index=unit[batch.index]))
+                        progress.completion_tokens = choices.num_tokens
                         yield batch
-                        if batch.finished:
-                            outcome = "ok"
-                            return
-                raise _WorkerFailed(route.decode_worker, "stream ended without finishing")
+                        if all(choices.finished[i] for i in unit):
+                            break
+                    else:
+                        raise _WorkerFailed(route.decode_worker, "stream ended without finishing")
+                outcome = "ok"
+                units.pop(0)
+                if not units:
+                    return
             except (_NoRoom, AtCapacity) as exc:  # full workers, not broken ones: wait for room
                 outcome, error = "no_room", exc
                 now = time.monotonic()
@@ -141,6 +149,7 @@ class RequestFlow:
                     raise NoWorkerAvailable(
                         f"request failed after {failures} attempts: {exc}"
                     ) from exc
+                units[0:1] = _remaining(unit, choices, sampling)
             finally:
                 observability.end_attempt(span, outcome, error)
 
@@ -207,18 +216,19 @@ class RequestFlow:
         progress.transfer_s = result.transfer_s
         if self._on_prefill_done:
             self._on_prefill_done(route, result)
-        yield TokenBatch(
-            request_id=work.request_id,
-            token_ids=[result.first_token_id],
-            logprobs=[] if result.first_logprob is None else [result.first_logprob],
-            text="",  # the router decodes the text (OutputText)
-            finished=result.finished,
-            finish_reason=result.finish_reason,
-            num_prompt_tokens=result.num_prompt_tokens,
-            num_cached_tokens=result.num_cached_tokens,
-        )
-        if result.finished:
-            return
+        if not work.sampling.beam_search:  # a beam search starts on the decode worker
+            yield TokenBatch(
+                request_id=work.request_id,
+                token_ids=[result.first_token_id],
+                logprobs=[] if result.first_logprob is None else [result.first_logprob],
+                text="",  # the router decodes the text (OutputText)
+                finished=result.finished,
+                finish_reason=result.finish_reason,
+                num_prompt_tokens=result.num_prompt_tokens,
+                num_cached_tokens=result.num_cached_tokens,
+            )
+            if result.finished:
+                return
         async for batch in self._guarded_stream(
             route.decode_worker, decode.stream(work.request_id)
         ):
@@ -300,23 +310,43 @@ class _NoRoom(RuntimeError):
 def _continuation(
     work_id: str,
     prompt_ids: list[int],
-    emitted: list[int],
+    choices: ChoiceOutputs,
+    unit: list[int],
     sampling: SamplingParams,
     trace_context: dict[str, str],
 ) -> WorkRequest:
-    """The work of one attempt. A retry continues after what the client already has: those
-    tokens join the prompt, which keeps greedy output identical to an uninterrupted run, and
-    the seeded stream resumes at their count, which keeps sampled output identical too."""
+    """The work of one attempt: every choice of `unit` from the start, or one choice after
+    what the client already has of it: those tokens join the prompt, which keeps greedy output
+    identical to an uninterrupted run, and the seeded stream (the choice's: seed + index)
+    resumes at their count, which keeps sampled output identical too."""
+    if len(unit) > 1:
+        return WorkRequest(work_id, list(prompt_ids), sampling, trace_context)
+    (i,) = unit
+    emitted = choices.emitted[i]
     return WorkRequest(
         request_id=work_id,
         prompt_token_ids=prompt_ids + emitted,
         sampling=dataclasses.replace(
             sampling,
+            n=1,
+            seed=None if sampling.seed is None else sampling.seed + i,
             max_tokens=sampling.max_tokens - len(emitted),
             seed_offset=sampling.seed_offset + len(emitted),
         ),
         trace_context=trace_context,
     )
+
+
+def _remaining(
+    unit: list[int], choices: ChoiceOutputs, sampling: SamplingParams
+) -> list[list[int]]:
+    """The works that replace a failed one: itself while none of its choices sent anything,
+    else each unfinished choice alone (beam search cannot resume: its beams are gone)."""
+    if not any(choices.emitted[i] or choices.finished[i] for i in unit):
+        return [unit]
+    if sampling.beam_search:
+        raise NoWorkerAvailable("beam search failed after some beams were sent")
+    return [[i] for i in unit if not choices.finished[i]]
 
 
 def _of_client_prompt(cached_tokens: int, progress: Progress) -> int:

@@ -25,11 +25,12 @@ from router.validation import ValidRequest
 @dataclass(frozen=True)
 class Step:
     """One batch as the client gets it: `at` is its perf_counter time; `first` marks the batch
-    that carries the first token."""
+    that carries the first token, `last` the one that finishes the request's last choice."""
 
     batch: TokenBatch
     at: float
     first: bool
+    last: bool = False
 
 
 def w3c_context(metadata: Mapping[str, str]) -> dict[str, str]:
@@ -45,7 +46,8 @@ async def run_request(
     progress: Progress,
     model: str,
 ) -> AsyncIterator[Step]:
-    """Yields the request's batches, the last one finished; raises what RequestFlow raises.
+    """Yields the request's batches (each of one choice; every choice's last one finished);
+    raises what RequestFlow raises.
     Closing it early (a client that went away) aborts the request on its workers. With an
     observer, the request is counted under `model`'s metrics too (pdserve/metrics.py)."""
     # Each request runs in its own asyncio task (own context copy): the id needs no reset, and
@@ -54,6 +56,7 @@ async def run_request(
     observation = observer.start(valid.request_id, metadata, progress) if observer else None
     trace_context = observation.trace_context if observation else w3c_context(metadata)
     finish_reason, error, last_at = None, None, None
+    open_choices = valid.sampling.n
     try:
         batches = flow.run(valid.work_id, valid.prompt_ids, valid.sampling, trace_context, progress)
         async with aclosing(batches):
@@ -65,8 +68,9 @@ async def run_request(
                 if observation:
                     observation.on_tokens(len(batch.token_ids), now)
                 if batch.finished:
+                    open_choices -= 1
                     finish_reason, last_at = batch.finish_reason, now
-                yield Step(batch, now, first)
+                yield Step(batch, now, first, last=open_choices == 0)
     except BaseException as exc:  # an error, or the client cancelled: recorded either way
         error = exc
         raise

@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from pdserve.core.block_hash import prompt_block_hashes
 from pdserve.core.messages import PrefillResult, TokenBatch, WorkerStats
-from pdserve.prefix_index.lookup import PrefixIndex
 from router.estimates import RoutingRequest, WorkerLoad
 from router.policy import RoutingDecision, RoutingPolicy
 from router.recent_prefixes import RecentPrefixes, merge
 from router.types import AtCapacity, NoWorkerAvailable, Overloaded, Route
 from router.worker_pool import Worker, WorkerPool
+
+if TYPE_CHECKING:  # the Redis client; the offline planner (pdserve/planner) routes without it
+    from pdserve.prefix_index.lookup import PrefixIndex
 
 log = logging.getLogger(__name__)
 

@@ -46,6 +46,7 @@ class ModelLimits:
     max_model_len: int
     eos_token_ids: list[int]
     max_prompt_bytes: int = DEFAULT_MAX_PROMPT_BYTES  # UTF-8 bytes of a text prompt
+    num_layers: int = 0  # decoder layers (bounds DoLa/SLED layer indices); 0 = unknown
 
 
 @dataclass
@@ -156,17 +157,61 @@ def _sampling(params: generate_pb2.SamplingParams | None, limits: ModelLimits) -
     # An unseeded sampled request still gets a fixed seed: the prefill and decode workers, and
     # a retry, must continue one random stream.
     seed = params.seed if params.HasField("seed") else secrets.randbits(63)
-    return SamplingParams(
-        max_tokens=max_tokens,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        seed=seed,
-        stop_token_ids=stop_ids,
-        stop=stop,
-        ignore_eos=params.ignore_eos,
-        logprobs=params.logprobs,
-    )
+    rule = _decoding_rule(params, limits)
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed,
+            stop_token_ids=stop_ids,
+            stop=stop,
+            ignore_eos=params.ignore_eos,
+            logprobs=params.logprobs,
+            **rule,
+        )
+    except ValueError as exc:  # SamplingParams names the field first
+        raise RequestError(f"sampling.{exc}") from exc
+
+
+def _decoding_rule(params: generate_pb2.SamplingParams, limits: ModelLimits) -> dict:
+    """n, beam search, repetition penalty, DoLa and SLED: the fields set, as SamplingParams
+    keywords (unset ones keep SamplingParams' defaults)."""
+    rule: dict = {"early_stopping": params.early_stopping, "sled": params.sled}
+    for name in (
+        "n",
+        "beam_width",
+        "length_penalty",
+        "repetition_penalty",
+        "evolution_rate",
+        "evolution_scale",
+        "evolution_lower_bound",
+    ):
+        if params.HasField(name):
+            rule[name] = getattr(params, name)
+    for name in ("dola_layers", "sled_layers"):
+        if params.HasField(name):
+            rule[name] = _layers(name, getattr(params, name), limits)
+    return rule
+
+
+def _layers(
+    name: str, selection: generate_pb2.LayerSelection, limits: ModelLimits
+) -> str | list[int]:
+    which = selection.WhichOneof("selection")
+    if which is None:
+        raise RequestError(f"sampling.{name}: set preset or indices")
+    if which == "preset":
+        return selection.preset
+    layers = list(selection.indices.layers)
+    too_deep = [i for i in layers if limits.num_layers and i >= limits.num_layers]
+    if too_deep:
+        raise RequestError(
+            f"sampling.{name}: layer {too_deep[0]} is not before the final layer "
+            f"(the model has {limits.num_layers} layers)"
+        )
+    return layers
 
 
 def _stop_strings(params: generate_pb2.SamplingParams) -> list[str]:

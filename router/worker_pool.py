@@ -63,9 +63,11 @@ class WorkerPool:
         self.health_listeners: list[Callable[[], None]] = []  # after every poll of any worker
 
     @classmethod
-    def of_ray_actors(cls, prefill: dict[str, Any], decode: dict[str, Any]) -> WorkerPool:
-        """A pool of worker actors (worker_id -> Ray actor handle)."""
-        return cls(ray_handles(prefill), ray_handles(decode))
+    def of_ray_actors(
+        cls, prefill: dict[str, Any], decode: dict[str, Any], **settings: float
+    ) -> WorkerPool:
+        """A pool of worker actors (worker_id -> Ray actor handle); `settings` as __init__'s."""
+        return cls(ray_handles(prefill), ray_handles(decode), **settings)
 
     async def start(self, ready_timeout_s: float = 300.0) -> None:
         """Waits until every worker has loaded its model, then polls stats in the background."""
@@ -116,11 +118,12 @@ class WorkerPool:
         except Exception as exc:  # RayActorError, timeout: the worker is down or restarting
             self.mark_unhealthy(worker.worker_id, f"{type(exc).__name__}: {exc}")
         else:
-            self._update(worker, stats)
+            self.record_stats(worker, stats)
         for listener in self.health_listeners:
             listener()
 
-    def _update(self, worker: Worker, stats: WorkerStats) -> None:
+    def record_stats(self, worker: Worker, stats: WorkerStats) -> None:
+        """A worker's answer to a stats poll: the new snapshot, health, and the listeners."""
         if worker.epoch and stats.epoch != worker.epoch:
             log.warning(
                 "worker %s restarted (epoch %d -> %d)", worker.worker_id, worker.epoch, stats.epoch

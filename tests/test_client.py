@@ -13,11 +13,13 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from pdserve.client import (
     AsyncGenerationClient,
+    Completion,
     GenerationClient,
     GenerationError,
     build_request,
 )
 from pdserve.commands import generate as generate_command
+from pdserve.pb import generate_pb2
 from tests.bench.echo_server import EchoServer, EchoServicer, word_ids
 
 API_KEY = "s3cret"
@@ -207,3 +209,67 @@ def test_generate_command_json_and_errors(server, capsys):
     assert json.loads(capsys.readouterr().out)["token_ids"] == [98, 98]
     assert _run_cli(["fail", *target]) == 1
     assert capsys.readouterr().err.strip() == "error: INVALID_ARGUMENT: prompt asked to fail"
+
+
+def test_a_completion_gathers_interleaved_choices_by_index():
+    pb = generate_pb2
+    responses = [
+        pb.GenerateResponse(request_id="r", index=1, token_ids=[7], text="b", logprobs=[-0.5]),
+        pb.GenerateResponse(request_id="r", index=0, token_ids=[5], text="a", logprobs=[-0.25]),
+        pb.GenerateResponse(
+            index=1,
+            token_ids=[8],
+            text="c",
+            logprobs=[-1.0],
+            finish_reason=pb.FINISH_REASON_STOP,
+            cumulative_logprob=-1.5,
+            score=-0.75,
+        ),
+        pb.GenerateResponse(
+            index=0,
+            finish_reason=pb.FINISH_REASON_LENGTH,
+            cumulative_logprob=-0.25,
+            usage=pb.Usage(prompt_tokens=3, completion_tokens=3),
+        ),
+    ]
+    completion = Completion.from_responses(responses)
+    first, second = completion.choices
+    assert (completion.text, completion.token_ids, completion.finish_reason) == ("a", [5], "length")
+    assert (second.index, second.text, second.token_ids) == (1, "bc", [7, 8])
+    assert (second.finish_reason, second.cumulative_logprob, second.score) == ("stop", -1.5, -0.75)
+    assert first.cumulative_logprob == -0.25 and first.score is None
+    as_json = completion.to_dict()
+    assert as_json["text"] == "a" and as_json["usage"]["completion_tokens"] == 3
+    assert [c["token_ids"] for c in as_json["choices"]] == [[5], [7, 8]]
+    assert as_json["choices"][1]["finish_reason"] == "stop"
+
+
+def test_build_request_sets_the_decoding_rules():
+    request = build_request(
+        "hi", n=2, beam_width=4, length_penalty=0.5, early_stopping=True, dola_layers=[0, 2]
+    )
+    sampling = request.sampling
+    assert (sampling.n, sampling.beam_width, sampling.early_stopping) == (2, 4, True)
+    assert sampling.length_penalty == 0.5
+    assert list(sampling.dola_layers.indices.layers) == [0, 2]
+    sled = build_request("hi", sled=True, sled_layers="high", evolution_scale=5).sampling
+    assert sled.sled and sled.sled_layers.preset == "high" and sled.evolution_scale == 5
+    assert not build_request("hi").sampling.HasField("dola_layers")
+
+
+def test_generate_command_sends_the_decoding_flags(server, capsys):
+    target = ["--target", server.target, "--api-key", API_KEY]
+    flags = ["--n", "2", "--beam-width", "3", "--length-penalty", "0.5", "--early-stopping"]
+    flags += ["--repetition-penalty", "1.2", "--dola-layers", "0,2", "--sled-layers", "low"]
+    flags += ["--sled", "--evolution-rate", "1.5", "--evolution-scale", "4"]
+    flags += ["--evolution-lower-bound", "-50"]
+    assert _run_cli(["a", "--max-tokens", "1", "--json", *flags, *target]) == 0
+    assert json.loads(capsys.readouterr().out)["choices"][0]["token_ids"] == [98]
+    sampling = server.servicer.requests[0].sampling
+    assert (sampling.n, sampling.beam_width, sampling.early_stopping) == (2, 3, True)
+    assert list(sampling.dola_layers.indices.layers) == [0, 2]
+    assert sampling.sled and sampling.sled_layers.preset == "low"
+    assert (sampling.evolution_scale, sampling.evolution_lower_bound) == (4, -50.0)
+    assert sampling.repetition_penalty == pytest.approx(1.2)
+    with pytest.raises(SystemExit):
+        _run_cli(["a", "--dola-layers", "middle", *target])

@@ -1,4 +1,5 @@
-"""Benchmark request sets: random, shared-prefix, mixed long/short, and ShareGPT.
+"""Benchmark request sets: random, shared-prefix, mixed long/short, chat-rag (ShareGPT-like chat
+among long summarization/RAG prompts), multi-turn chat, and ShareGPT.
 
 Every generator is a pure function of (DatasetConfig, num_requests, seed, vocab_size, and the
 ids to avoid), so a seed names a workload exactly. Synthetic prompts are random token ids
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-DATASETS = ("random", "shared-prefix", "mixed", "sharegpt:FILE")
+DATASETS = ("random", "shared-prefix", "mixed", "chat-rag", "multi-turn", "sharegpt:FILE")
 
 
 @dataclass
@@ -33,7 +34,7 @@ class BenchRequest:
 class DatasetConfig:
     """Shape of a workload; fields mirror the `pdserve bench serve` flags."""
 
-    name: str = "random"  # "random" | "shared-prefix" | "mixed" | "sharegpt:PATH"
+    name: str = "random"  # one of DATASETS, "sharegpt:PATH" for the last
     random_input_len: int = 1024
     random_output_len: int = 128
     random_range_ratio: float = 0.0  # lengths uniform in [len*(1-r), len*(1+r)]
@@ -48,18 +49,51 @@ class DatasetConfig:
     mixed_short_input_len: int = 128
     mixed_short_output_len: int = 256
     sharegpt_max_len: int = 2048  # conversations with prompt + answer longer than this are skipped
+    # chat-rag: chat turns with log-normal lengths (median, sigma of the log), clipped to
+    # [4, chat_max_input_len] and [4, chat_max_output_len], among long prompts uniform in
+    # [rag_min_input_len, rag_max_input_len].
+    chat_input_median: int = 200
+    chat_output_median: int = 150
+    chat_sigma: float = 0.8
+    chat_max_input_len: int = 2048
+    chat_max_output_len: int = 512
+    rag_fraction: float = 0.3
+    rag_min_input_len: int = 2048
+    rag_max_input_len: int = 6144
+    rag_output_len: int = 100
+    # multi-turn: conversations of mt_turns turns, each opening with one of mt_system_prompts
+    # system prompts; a turn's prompt is the previous turn's prompt + its answer + a new user
+    # message (answers as long as the turn's output).
+    mt_conversations: int = 64
+    mt_turns: int = 4
+    mt_system_prompts: int = 8
+    mt_system_prompt_len: int = 1024
+    mt_user_len: int = 128
+    mt_output_len: int = 128
 
     def validate(self) -> None:
         """Raises ValueError naming the first bad setting."""
-        known = self.name in DATASETS[:3] or self.name.startswith("sharegpt:")
+        known = self.name in DATASETS[:-1] or self.name.startswith("sharegpt:")
         if not known:
             raise ValueError(f"unknown dataset {self.name!r}; choose one of {', '.join(DATASETS)}")
         if not 0 <= self.random_range_ratio < 1:
             raise ValueError("--random-range-ratio must be in [0, 1)")
-        if not 0 <= self.mixed_long_fraction <= 1:
-            raise ValueError("--mixed-long-fraction must be in [0, 1]")
+        for name in ("mixed_long_fraction", "rag_fraction"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be in [0, 1]")
+        if self.rag_min_input_len > self.rag_max_input_len:
+            raise ValueError("--rag-min-input-len must be <= --rag-max-input-len")
+        counts = (
+            "_len",
+            "_groups",
+            "_per_group",
+            "_median",
+            "_conversations",
+            "_turns",
+            "_prompts",
+        )
         for name, value in vars(self).items():
-            if name.endswith(("_len", "_groups", "_per_group")) and value < 1:
+            if name.endswith(counts) and value < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
 
 
@@ -67,6 +101,8 @@ def default_num_requests(config: DatasetConfig) -> int:
     """Requests in the workload when --num-requests is not given."""
     if config.name == "shared-prefix":
         return config.gsp_num_groups * config.gsp_prompts_per_group
+    if config.name == "multi-turn":
+        return config.mt_conversations * config.mt_turns
     return 1000
 
 
@@ -92,6 +128,10 @@ def generate_requests(
         return _shared_prefix(config, num_requests, rng, allowed)
     if config.name == "mixed":
         return _mixed(config, num_requests, rng, allowed)
+    if config.name == "chat-rag":
+        return _chat_rag(config, num_requests, rng, allowed)
+    if config.name == "multi-turn":
+        return _multi_turn(config, num_requests, rng, allowed)
     path = Path(config.name.removeprefix("sharegpt:"))
     return _sharegpt(config, num_requests, rng, path, tokenize)
 
@@ -148,6 +188,56 @@ def _mixed(config, n, rng, allowed) -> list[BenchRequest]:
         tag = "long" if long else "short"
         requests.append(BenchRequest(_tokens(rng, allowed, in_len), in_len, out_len, tag))
     return requests
+
+
+def _chat_rag(config, n, rng, allowed) -> list[BenchRequest]:
+    """ShareGPT-like chat turns (log-normal input and output lengths, heavy-tailed as in the
+    ShareGPT traces) and long summarization/RAG prompts with short answers; exactly
+    round(n x rag_fraction) long ones ("rag"), shuffled among the chats ("chat")."""
+    num_rag = round(n * config.rag_fraction)
+    is_rag = np.zeros(n, dtype=bool)
+    is_rag[rng.permutation(n)[:num_rag]] = True
+
+    def lognormal(median: int, longest: int) -> int:
+        value = median * math.exp(config.chat_sigma * rng.standard_normal())
+        return int(min(longest, max(4, round(value))))
+
+    requests = []
+    for rag in is_rag:
+        if rag:
+            in_len = int(rng.integers(config.rag_min_input_len, config.rag_max_input_len + 1))
+            out_len, tag = config.rag_output_len, "rag"
+        else:
+            in_len = lognormal(config.chat_input_median, config.chat_max_input_len)
+            out_len = lognormal(config.chat_output_median, config.chat_max_output_len)
+            tag = "chat"
+        requests.append(BenchRequest(_tokens(rng, allowed, in_len), in_len, out_len, tag))
+    return requests
+
+
+def _multi_turn(config, n, rng, allowed) -> list[BenchRequest]:
+    """Conversations sharing system prompts, in rounds: every conversation's first turn (in a
+    shuffled order), then every second turn, and so on, so a conversation's next turn comes a
+    round after its previous one, as a user's reply follows the answer. Tags are "c<conv>".
+    The first `n` requests are kept (n <= conversations x turns)."""
+    total = config.mt_conversations * config.mt_turns
+    if n > total:
+        raise ValueError(f"multi-turn has {total} requests (conversations x turns), asked for {n}")
+    systems = [
+        _tokens(rng, allowed, config.mt_system_prompt_len) for _ in range(config.mt_system_prompts)
+    ]
+    history = [
+        list(systems[int(rng.integers(config.mt_system_prompts))])
+        for _ in range(config.mt_conversations)
+    ]
+    requests = []
+    for _ in range(config.mt_turns):
+        for conv in rng.permutation(config.mt_conversations):
+            history[conv] += _tokens(rng, allowed, config.mt_user_len)
+            prompt = list(history[conv])
+            requests.append(BenchRequest(prompt, len(prompt), config.mt_output_len, f"c{conv}"))
+            history[conv] += _tokens(rng, allowed, config.mt_output_len)  # its answer
+    return requests[:n]
 
 
 def _sharegpt(config, n, rng, path: Path, tokenize) -> list[BenchRequest]:

@@ -7,6 +7,14 @@ in both (transformers through a stopping criterion called at the end of every st
 --repeats runs. Fresh prompts for every run keep the engine's prefix cache from shortening a
 measured prefill.
 
+`--decoding beam4|n4` (default greedy) measures another decoding rule in both engines, whole
+requests this time (prefill included: a beam search emits nothing before its end): tok/s is
+the tokens the requests return (n4: 4 choices each) over the seconds from adding the batch to
+its end. Each rule is one line of DECODINGS: the SamplingParams fields and the `generate`
+keywords that ask for it. `--decoding dola|sled` contrasts 4 evenly spaced premature layers
+(docs/decoding.md) and compares decode steps with pdserve's own greedy in the same run: the
+ratio is the rule's tok/s over greedy's (target >= 1 / 1.3).
+
 `--profile-out FILE` also records every measured step of the engine (prefill tokens, decode
 sequences, context tokens and seconds, through `StepRecorder`), fits them with
 `pdserve.sim.fit.fit_linear` and writes the `--sim-profile` file of that device (issue 14
@@ -18,7 +26,36 @@ from __future__ import annotations
 import argparse
 import itertools
 import time
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """One decoding rule in both engines: pdserve's SamplingParams fields, transformers'
+    `generate` keywords, and how many sequences each request returns."""
+
+    params: dict = field(default_factory=dict)
+    hf: dict = field(default_factory=dict)
+    returned: int = 1
+    # DoLa/SLED: the SamplingParams field given 4 evenly spaced premature layers of the model.
+    # Measured as decode steps against pdserve's own greedy (transformers 5 keeps DoLa on the
+    # Hub, out of reach offline, and has no SLED).
+    layer_field: str = ""
+
+
+DECODINGS = {
+    "greedy": Decoding(hf={"do_sample": False}),
+    "beam4": Decoding({"beam_width": 4}, {"do_sample": False, "num_beams": 4}),
+    "n4": Decoding(
+        {"n": 4, "temperature": 1.0, "seed": 0},
+        {"do_sample": True, "temperature": 1.0, "top_k": 0, "num_return_sequences": 4},
+        returned=4,
+    ),
+    "dola": Decoding(layer_field="dola_layers"),
+    "sled": Decoding({"sled": True}, layer_field="sled_layers"),
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,6 +90,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="fit the engine's per-step costs and write them as a --sim-profile JSON file",
     )
     parser.add_argument(
+        "--decoding",
+        choices=sorted(DECODINGS),
+        default="greedy",
+        help="decoding rule measured in both engines (default: greedy, decode steps only)",
+    )
+    parser.add_argument(
         "--threads",
         type=int,
         default=None,
@@ -79,14 +122,17 @@ def run(args: argparse.Namespace) -> int:
     model_dir = args.model or str(builtin_model_dir(args.preset))
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     max_batch = max(batch_sizes)
+    decoding = DECODINGS[args.decoding]
+    # Sequences per request: beams or choices (each needs its own blocks past the prompt).
+    width = max(decoding.returned, decoding.params.get("beam_width", 1))
     block_size = 16
     blocks_per_seq = -(-(args.prompt_len + args.steps) // block_size) + 1
     engine = LLMEngine(
         EngineConfig(
             model=model_dir,
             block_size=block_size,
-            num_kv_blocks=2 * max_batch * blocks_per_seq,
-            max_num_seqs=max_batch,
+            num_kv_blocks=2 * max_batch * width * blocks_per_seq,
+            max_num_seqs=max_batch * width,
             max_num_batched_tokens=max(1024, max_batch * args.prompt_len),
             dtype=args.dtype,
             device=args.device,
@@ -107,9 +153,9 @@ def run(args: argparse.Namespace) -> int:
     def prompts(batch: int) -> list[list[int]]:
         return torch.randint(3, vocab, (batch, args.prompt_len), generator=gen).tolist()
 
-    def ours(batch: int, new_tokens: int) -> float:
+    def ours(batch: int, new_tokens: int, rule: dict | None = None) -> float:
         """Seconds from every request having its first token to all having new_tokens."""
-        params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
+        params = SamplingParams(max_tokens=new_tokens, ignore_eos=True, **(rule or {}))
         ids = [f"bench-{next(request_ids)}" for _ in range(batch)]
         for rid, prompt in zip(ids, prompts(batch), strict=True):
             engine.add_request(rid, prompt, params)
@@ -121,6 +167,19 @@ def run(args: argparse.Namespace) -> int:
             engine.step()
         return time.perf_counter() - start
 
+    def hf_generate(ids: torch.Tensor, new_tokens: int, **rule) -> None:
+        """transformers' generate: exactly new_tokens per sequence, `rule` choosing them."""
+        with torch.inference_mode():
+            hf.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                eos_token_id=None,
+                pad_token_id=0,
+                **rule,
+            )
+
     def theirs(batch: int, new_tokens: int) -> float:
         """The same span in transformers: a stopping criterion sees each step's end."""
         ids = torch.tensor(prompts(batch), device=args.device)
@@ -130,36 +189,59 @@ def run(args: argparse.Namespace) -> int:
             stamps.append(time.perf_counter())
             return torch.zeros(input_ids.shape[0], dtype=torch.bool)
 
-        with torch.inference_mode():
-            hf.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                do_sample=False,
-                max_new_tokens=new_tokens,
-                min_new_tokens=new_tokens,
-                eos_token_id=None,
-                pad_token_id=0,
-                stopping_criteria=transformers.StoppingCriteriaList([stamp]),
-            )
+        hf_generate(
+            ids,
+            new_tokens,
+            do_sample=False,
+            stopping_criteria=transformers.StoppingCriteriaList([stamp]),
+        )
         assert len(stamps) == new_tokens
         return stamps[-1] - stamps[0]
 
+    def ours_whole(batch: int, new_tokens: int) -> float:
+        """Seconds from adding the batch to its last request's end."""
+        params = SamplingParams(max_tokens=new_tokens, ignore_eos=True, **decoding.params)
+        start = time.perf_counter()
+        for prompt in prompts(batch):
+            engine.add_request(f"bench-{next(request_ids)}", prompt, params)
+        while engine.has_unfinished():
+            engine.step()
+        return time.perf_counter() - start
+
+    def theirs_whole(batch: int, new_tokens: int) -> float:
+        ids = torch.tensor(prompts(batch), device=args.device)
+        start = time.perf_counter()
+        hf_generate(ids, new_tokens, **decoding.hf)
+        return time.perf_counter() - start
+
+    whole = args.decoding != "greedy" and not decoding.layer_field
+    if decoding.layer_field:
+        layers = list(range(0, engine.num_layers, max(1, engine.num_layers // 4)))[:4]
+        ours, theirs = partial(ours, rule={**decoding.params, decoding.layer_field: layers}), ours
+    elif whole:
+        ours, theirs = ours_whole, theirs_whole
+
     def decode_rate(measure, batch: int) -> float:
         best = min(measure(batch, args.steps) for _ in range(args.repeats))
+        if whole:  # whole requests: every returned token counts
+            return batch * decoding.returned * args.steps / best
         return batch * (args.steps - 1) / best
 
     print(
         f"model {model_dir} | prompt {args.prompt_len} tokens, {args.steps} new tokens, "
-        f"greedy, {args.dtype}, {torch.get_num_threads()} threads"
+        f"{args.decoding}, {args.dtype}, {torch.get_num_threads()} threads"
     )
+    if decoding.layer_field:
+        print(f"{decoding.layer_field} {layers}")
     for measure in (ours, theirs):  # warm-up: first calls pay for allocation and dispatch
         measure(2, 4)
     recorder.samples.clear()
-    print(f"{'batch':>5} {'pdserve tok/s':>14} {'transformers tok/s':>19} {'ratio':>7}")
+    baseline = "pdserve greedy tok/s" if decoding.layer_field else "transformers tok/s"
+    print(f"{'batch':>5} {'pdserve tok/s':>14} {baseline:>20} {'ratio':>7}")
     for batch in batch_sizes:
         rate_ours, rate_theirs = decode_rate(ours, batch), decode_rate(theirs, batch)
         print(
-            f"{batch:>5} {rate_ours:>14.1f} {rate_theirs:>19.1f} {rate_ours / rate_theirs:>6.2f}x",
+            f"{batch:>5} {rate_ours:>14.1f} {rate_theirs:>20.1f} {rate_ours / rate_theirs:>6.2f}x",
             flush=True,
         )
     if args.profile_out:

@@ -7,14 +7,16 @@ Per request (times from `time.perf_counter`, seconds):
 - ITL: gaps between successive token-carrying responses; one entry per response, whatever
   the number of tokens it carries (vLLM's choice: the gap a reader of the stream sees).
 Summary statistics are in milliseconds: mean, std, and percentiles by numpy's default
-linear interpolation (`np.percentile(..., method="linear")`, as vLLM). Goodput (DistServe):
-completed requests meeting every SLO given, divided by the benchmark duration.
+linear interpolation (`np.percentile(..., method="linear")`, as vLLM). Goodput of one run:
+completed requests meeting every SLO given, divided by the benchmark duration. Goodput of a
+rate sweep (DistServe's): the highest request rate whose SLO attainment (`slo_attainment`) is
+at least the target, `goodput_rate`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -196,3 +198,28 @@ def summarize_by_tag(
         tag: summarize([r for r in records if r.tag == tag], duration_s, slo_ttft_ms, slo_tpot_ms)
         for tag in tags
     }
+
+
+def slo_attainment(
+    records: Sequence[RequestRecord], slo_ttft_ms: float | None, slo_tpot_ms: float | None
+) -> float:
+    """The fraction of all requests, failed ones included (as misses), that met the SLOs."""
+    if not records:
+        return 0.0
+    return sum(meets_slo(r, slo_ttft_ms, slo_tpot_ms) for r in records) / len(records)
+
+
+def goodput_rate(attainment: Mapping[float, float], target: float = 0.9) -> float:
+    """DistServe's goodput of a rate sweep: the request rate at which SLO attainment falls
+    below `target`, on the piecewise-linear curve through the swept (rate, attainment) points
+    in rate order, starting from (0, 1). The first crossing counts (a later recovery is noise,
+    not capacity); when no swept rate falls below, the highest swept rate (a lower bound)."""
+    previous_rate, previous = 0.0, 1.0
+    for rate in sorted(attainment):
+        value = attainment[rate]
+        if value < target:
+            if previous <= target:
+                return previous_rate
+            return previous_rate + (rate - previous_rate) * (previous - target) / (previous - value)
+        previous_rate, previous = rate, value
+    return previous_rate

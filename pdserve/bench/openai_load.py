@@ -5,6 +5,10 @@ same requests and are measured by the same client code (`pdserve bench serve --b
 Tokens per chunk: a chunk's `token_ids` when the server returns them (`return_token_ids`, a
 pdserve and vLLM extension), else one per chunk with text; the usage chunk then settles the
 total, so output token counts match the server's.
+
+The client is aiohttp (its HTTP parser is C) reading the stream as raw bytes: a benchmark
+client in Python must cost far less per event than the server it measures, or its own parsing
+shows up as inter-token latency (`pdserve bench api` runs it in the router's process).
 """
 
 from __future__ import annotations
@@ -16,11 +20,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import httpx
+import aiohttp
 
 from pdserve.bench.datasets import BenchRequest
 from pdserve.bench.load_generator import drive
 from pdserve.bench.metrics import RequestRecord
+
+# What a failed request may raise: the connection's errors, a deadline, a malformed event.
+_FAILURES = (TimeoutError, aiohttp.ClientError, ValueError)
 
 
 @dataclass
@@ -29,11 +36,16 @@ class ModelCard:
     max_model_len: int | None  # when the server says (pdserve and vLLM do)
 
 
-def model_card(base_url: str, api_key: str | None, model: str | None = None) -> ModelCard:
-    """The served model (`model`, or the first one `/v1/models` lists)."""
-    response = httpx.get(f"{base_url.rstrip('/')}/models", headers=_headers(api_key), timeout=30)
-    response.raise_for_status()
-    cards = response.json()["data"]
+async def model_card(base_url: str, api_key: str | None, model: str | None = None) -> ModelCard:
+    """The served model (`model`, or the first one `/v1/models` lists); raises
+    aiohttp.ClientError when the server cannot be reached or answers with an error."""
+    async with (
+        aiohttp.ClientSession(
+            headers=_headers(api_key), timeout=aiohttp.ClientTimeout(total=30)
+        ) as session,
+        session.get(f"{base_url.rstrip('/')}/models", raise_for_status=True) as r,
+    ):
+        cards = (await r.json())["data"]
     card = next((c for c in cards if model in (None, c["id"])), None)
     if card is None:
         raise ValueError(
@@ -57,14 +69,17 @@ async def run_openai_load(
 ) -> list[RequestRecord]:
     """Like load_generator.run_load, over HTTP: greedy, `max_tokens` = output_len,
     `ignore_eos`; failures are records with `error_code` "HTTP_<status>" or the exception's."""
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(
-        base_url=base_url.rstrip("/"), headers=_headers(api_key), timeout=timeout, limits=limits
-    ) as client:
+    url = f"{base_url.rstrip('/')}/completions"
+    async with aiohttp.ClientSession(
+        headers=_headers(api_key),
+        # No cap on connections (drive() caps requests in flight) and no deadline but --timeout.
+        connector=aiohttp.TCPConnector(limit=0),
+        timeout=aiohttp.ClientTimeout(total=timeout),
+    ) as session:
 
         async def send(request, record, slots, on_done) -> None:
             async with slots or contextlib.nullcontext():
-                await _send(client, model, request, record)
+                await _send(session, url, model, request, record)
             on_done(record)
 
         return await drive(
@@ -79,7 +94,11 @@ async def run_openai_load(
 
 
 async def _send(
-    client: httpx.AsyncClient, model: str, request: BenchRequest, record: RequestRecord
+    session: aiohttp.ClientSession,
+    url: str,
+    model: str,
+    request: BenchRequest,
+    record: RequestRecord,
 ) -> None:
     body = {
         "model": model,
@@ -94,15 +113,13 @@ async def _send(
     usage = None
     record.send_time = time.perf_counter()
     try:
-        async with client.stream("POST", "/completions", json=body) as response:
-            if response.status_code != 200:
-                text = (await response.aread()).decode(errors="replace")
-                record.error_code, record.error = f"HTTP_{response.status_code}", text[:500]
+        async with session.post(url, json=body) as response:
+            if response.status != 200:
+                text = (await response.read()).decode(errors="replace")
+                record.error_code, record.error = f"HTTP_{response.status}", text[:500]
             else:
-                async for line in response.aiter_lines():
-                    now = time.perf_counter()  # first: parsing is not latency
-                    usage = _take(line, now, record) or usage
-    except (TimeoutError, httpx.HTTPError, ValueError) as error:
+                usage = await _read_events(response.content, record)
+    except _FAILURES as error:
         record.error_code, record.error = type(error).__name__, str(error)
     record.end_time = time.perf_counter()
     if usage:
@@ -114,11 +131,26 @@ async def _send(
             record.error_code, record.error = "INCOMPLETE", "stream ended without finishing"
 
 
-def _take(line: str, now: float, record: RequestRecord) -> dict | None:
-    """Records one server-sent event; returns its usage, if it carries it."""
-    if not line.startswith("data: ") or line == "data: [DONE]":
+async def _read_events(stream: aiohttp.StreamReader, record: RequestRecord) -> dict | None:
+    """Records every server-sent event of the stream as it arrives (all the events of one
+    read at that read's time); returns the usage the stream reported, if any."""
+    usage, pending = None, b""
+    async for data in stream.iter_any():
+        now = time.perf_counter()  # first: parsing is not latency
+        *lines, pending = (pending + data).split(b"\n")
+        for line in lines:
+            usage = _take(line, now, record) or usage
+    return _take(pending, time.perf_counter(), record) or usage
+
+
+def _take(line: bytes, now: float, record: RequestRecord) -> dict | None:
+    """Records one line of the event stream; returns its usage, if it carries it."""
+    if not line.startswith(b"data:"):
+        return None  # blank lines between events, comments, other fields
+    data = line[len(b"data:") :].strip()
+    if data == b"[DONE]":
         return None
-    event = json.loads(line[len("data: ") :])
+    event = json.loads(data)
     if "error" in event:
         error = event["error"]
         record.error_code, record.error = str(error.get("type", "error")), error.get("message", "")

@@ -65,3 +65,30 @@ def plot_cdfs(
         plt.close(fig)
         paths.append(path)
     return paths
+
+
+def plot_attainment(
+    curves: Mapping[str, Mapping[float, float]], path: str | Path, target: float = 0.9
+) -> Path:
+    """Writes one PNG of SLO attainment against request rate, a curve per label, with the
+    goodput target as a horizontal line; returns its path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, by_rate in curves.items():
+        rates = sorted(by_rate)
+        ax.plot(rates, [100 * by_rate[r] for r in rates], marker="o", label=label)
+    ax.axhline(100 * target, color="red", linestyle="--", label=f"target {target:.0%}")
+    ax.set_xlabel("request rate (req/s)")
+    ax.set_ylabel("SLO attainment (%)")
+    ax.set_ylim(0, 102)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return out

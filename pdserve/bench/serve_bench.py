@@ -141,7 +141,7 @@ def _report(args: argparse.Namespace, records: list, model: str, err: Console) -
 
 def _run_openai(args: argparse.Namespace, config: datasets.DatasetConfig, err: Console) -> int:
     """The same run against an OpenAI-compatible server's streaming /v1/completions."""
-    import httpx
+    import aiohttp
 
     from pdserve.bench.openai_load import model_card, run_openai_load
 
@@ -153,13 +153,13 @@ def _run_openai(args: argparse.Namespace, config: datasets.DatasetConfig, err: C
         sharegpt = args.dataset.startswith("sharegpt:")
         if not sharegpt and not args.vocab_size:
             raise ValueError("--backend openai needs --vocab-size for token-id prompts")
-        card = model_card(args.base_url, args.api_key, args.model)
+        card = asyncio.run(model_card(args.base_url, args.api_key, args.model))
         num_requests = args.num_requests or datasets.default_num_requests(config)
         requests = datasets.generate_requests(config, num_requests, args.seed, args.vocab_size or 0)
     except ValueError as error:
         err.print(f"error: {error}", markup=False)
         return 2
-    except httpx.HTTPError as error:
+    except aiohttp.ClientError as error:
         err.print(f"error: {args.base_url}: {error}", markup=False)
         return 1
     _announce(err, f"{card.name} at {args.base_url} (openai)", len(requests), args)

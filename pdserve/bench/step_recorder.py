@@ -49,10 +49,14 @@ def fastest_per_work(samples: list[tuple[StepWork, float]]) -> list[tuple[StepWo
     return list(fastest.items())
 
 
-def write_profile(samples: list[tuple[StepWork, float]], path: str, **notes: str) -> str:
-    """Fits the fastest of `samples` per step work, writes the --sim-profile file at `path`;
-    returns a one-line summary (the coefficients and the fit's median relative error)."""
-    steps = fastest_per_work(samples)
+def write_profile(
+    samples: list[tuple[StepWork, float]], path: str, *, every_sample: bool = False, **notes: str
+) -> str:
+    """Fits the fastest of `samples` per step work (or, with `every_sample`, all of them: steps
+    recorded in a serving worker, where what else the worker does on its core while a step runs
+    is part of the step's cost), writes the --sim-profile file at `path`; returns a one-line
+    summary (the coefficients and the fit's median relative error)."""
+    steps = samples if every_sample else fastest_per_work(samples)
     timing = fit_linear(steps)
     Path(path).write_text(profile_json(timing, **notes) + "\n", encoding="utf-8")
     errors = sorted(abs(timing.step_seconds(w) - s) / s for w, s in steps)

@@ -6,7 +6,10 @@ process) moves the same bytes both ways, interleaved:
 - raw TCP: `sendall` of a same-shaped contiguous tensor, `recv_into` a preallocated buffer,
   one-byte ack — the ceiling for a byte stream on this machine;
 - the transport: a full transfer (read_kv gather, checksums, the bytes landing in the cache —
-  sink.write_kv, or nixl's READ straight into it — commit), timed until the commit returns.
+  sink.write_kv, or nixl's READ straight from the source cache into it — commit), timed until
+  the commit returns;
+- for nixl, also the bare-NIXL ceiling (`nixl_ceiling.py`): one region of the same size READ
+  and WRITTEN by NIXL alone between the same two processes.
 Prints the median GB/s over the repeats for each and its ratio to raw TCP.
 """
 
@@ -90,10 +93,18 @@ def _receiver_main(conn: Any, args: argparse.Namespace, config: Any) -> None:
     conn.send((endpoint, listener.getsockname()[1]))
     tcp, _ = listener.accept()
     tcp.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    buffer = memoryview(torch.empty_like(cache).view(-1).view(torch.uint8).numpy())
+    landing = torch.empty_like(cache).view(-1).view(torch.uint8)
+    buffer = memoryview(landing.numpy())
+    ceiling = None
     while True:
         command = conn.recv()
-        if command == "open":
+        if command == "ceiling":
+            from pdserve.bench.nixl_ceiling import Peer
+
+            ceiling = Peer(conn, config.nixl_ucx_tls, landing)
+        elif command == "progress" and ceiling is not None:
+            ceiling.progress()
+        elif command == "open":
             conn.send(receiver.open(list(range(blocks))))
         elif command == "tcp":
             received = 0
@@ -103,7 +114,17 @@ def _receiver_main(conn: Any, args: argparse.Namespace, config: Any) -> None:
         else:
             break
     tcp.close()
+    if ceiling is not None:
+        ceiling.close()
     receiver.stop()
+
+
+def _reply(conn: Any, proc: Any) -> Any:
+    """The receiver process's next answer; raises if it died instead of answering."""
+    while not conn.poll(1.0):
+        if not proc.is_alive():
+            raise RuntimeError(f"the receiver process exited ({proc.exitcode}) without answering")
+    return conn.recv()
 
 
 def _median_gbps(nbytes: int, seconds: list[float]) -> float:
@@ -121,8 +142,9 @@ def _variants(args: argparse.Namespace) -> list[tuple[str, str, str | None]]:
     return variants
 
 
-def _measure(args: argparse.Namespace, config: Any, src: Any) -> tuple[list[float], list[float]]:
-    """Seconds per raw-TCP send and per transfer, interleaved, against a fresh receiver."""
+def _measure(args: argparse.Namespace, config: Any, src: Any) -> dict[str, list[float]]:
+    """Seconds per raw-TCP send ("tcp"), per transfer ("kv") and, for nixl, per bare READ and
+    WRITE ("READ", "WRITE"), interleaved, against a fresh receiver."""
     import torch
 
     from kv_transfer import CommitInfo, TransferRequest, make_sender
@@ -132,10 +154,10 @@ def _measure(args: argparse.Namespace, config: Any, src: Any) -> tuple[list[floa
     parent, child = ctx.Pipe()
     proc = ctx.Process(target=_receiver_main, args=(child, args, config), daemon=True)
     proc.start()
-    endpoint, tcp_port = parent.recv()
+    endpoint, tcp_port = _reply(parent, proc)
     tcp = socket.create_connection(("127.0.0.1", tcp_port))
     tcp.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sender = make_sender(config)
+    sender = make_sender(config, src)  # nixl: the decode side reads from it
 
     index = torch.tensor(block_ids)
 
@@ -145,7 +167,7 @@ def _measure(args: argparse.Namespace, config: Any, src: Any) -> tuple[list[floa
 
     def one_transfer() -> float:
         parent.send("open")
-        tid = parent.recv()
+        tid = _reply(parent, proc)
         start = time.perf_counter()
         sender.send(
             TransferRequest(endpoint, tid, block_ids, LAYERS, read_kv, CommitInfo(first_token_id=1))
@@ -161,18 +183,29 @@ def _measure(args: argparse.Namespace, config: Any, src: Any) -> tuple[list[floa
         tcp.recv(1)
         return time.perf_counter() - start
 
+    methods = {"tcp": one_tcp, "kv": one_transfer}
+    ceiling = None
     try:
-        one_transfer(), one_tcp()  # warm-up: connections, process group, page faults
-        tcp_s, kv_s = [], []
-        for _ in range(args.repeats):  # interleaved, so drift in the machine hits both alike
-            tcp_s.append(one_tcp())
-            kv_s.append(one_transfer())
+        if config.transport == "nixl":
+            from pdserve.bench.nixl_ceiling import OPERATIONS, Ceiling
+
+            ceiling = Ceiling(parent, config.nixl_ucx_tls, src.view(-1).view(torch.uint8))
+            ceiling.connect(_reply(parent, proc))
+            methods |= {op: lambda op=op: ceiling.seconds(op) for op in OPERATIONS}
+        for method in methods.values():  # warm-up: connections, process group, page faults
+            method()
+        seconds: dict[str, list[float]] = {name: [] for name in methods}
+        for _ in range(args.repeats):  # interleaved, so drift in the machine hits all alike
+            for name, method in methods.items():
+                seconds[name].append(method())
     finally:
+        if ceiling is not None:
+            ceiling.close()
         parent.send("stop")
         sender.close()
         tcp.close()
         proc.join(timeout=10)
-    return tcp_s, kv_s
+    return seconds
 
 
 def run(args: argparse.Namespace) -> int:
@@ -186,13 +219,18 @@ def run(args: argparse.Namespace) -> int:
         f"{BLOCK_SIZE} tokens, {DTYPE}), chunk {args.chunk_mb:g} MiB, median of {args.repeats}"
     )
     for label, transport, ucx_tls in _variants(args):
-        tcp_s, kv_s = _measure(args, _config(args, transport, ucx_tls), src)
-        tcp_gbps, kv_gbps = _median_gbps(nbytes, tcp_s), _median_gbps(nbytes, kv_s)
-        print(
-            f"  {label:<16} : {kv_gbps:6.2f} GB/s   raw TCP {tcp_gbps:6.2f} GB/s   "
-            f"ratio {kv_gbps / tcp_gbps:.2f}",
-            flush=True,
+        seconds = _measure(args, _config(args, transport, ucx_tls), src)
+        gbps = {name: _median_gbps(nbytes, s) for name, s in seconds.items()}
+        line = (
+            f"  {label:<16} : {gbps['kv']:6.2f} GB/s   raw TCP {gbps['tcp']:6.2f} GB/s   "
+            f"ratio {gbps['kv'] / gbps['tcp']:.2f}"
         )
+        if "READ" in gbps:
+            line += (
+                f"   bare NIXL READ {gbps['READ']:.2f} ({gbps['READ'] / gbps['tcp']:.2f}), "
+                f"WRITE {gbps['WRITE']:.2f} ({gbps['WRITE'] / gbps['tcp']:.2f}) GB/s"
+            )
+        print(line, flush=True)
     return 0
 
 

@@ -5,6 +5,7 @@
 - `make_model.py` — `pdserve make-model`: a random-weight Hugging Face model directory.
 - `stats.py` — `pdserve stats`: prefix-cache reuse per worker and model, from Redis.
 - `bench.py` — `pdserve bench ...`: the benchmarks of pdserve/bench.
+- `plan.py` — `pdserve plan`: prefill/decode split for a workload and SLOs, predicted offline.
 - `config_args.py` — CLI flags derived from the config dataclasses, and configs built back.
 - `arg_types.py` — argparse types that check a flag's range (one-line usage errors).
 """

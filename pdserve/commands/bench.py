@@ -14,4 +14,12 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "tracing": ("pdserve.bench.tracing_bench", "request latency with tracing on vs off"),
     "api": ("pdserve.bench.api_bench", "OpenAI HTTP vs gRPC streaming latency"),
     "soak": ("pdserve.bench.soak_bench", "RSS per process and leftovers under long mixed load"),
+    "control-plane": (
+        "pdserve.bench.control_plane_bench",
+        "routing decision latency and Redis index load at 256 workers",
+    ),
+    "fidelity": ("pdserve.bench.fidelity_bench", "sim workers vs the real CPU system they model"),
+    "sim-memory": ("pdserve.bench.sim_memory", "RSS of sim vs torch workers; 64 sim workers"),
+    "sim-disagg": ("pdserve.bench.sim_disagg_bench", "every P:D split vs colocated on 8 sim H100s"),
+    "sim-routing": ("pdserve.bench.sim_routing_bench", "routing policies on 16 and 64 sim workers"),
 }

@@ -42,6 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--stop", action="append", default=[], help="stop string (repeatable)", metavar="TEXT"
     )
     parser.add_argument("--ignore-eos", action="store_true", help="generate past EOS")
+    _add_decoding_arguments(parser)
     parser.add_argument(
         "--api-key",
         default=os.environ.get("PDSERVE_API_KEY"),
@@ -53,7 +54,78 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     tls.add_argument("--tls-ca", metavar="PEM", help="CA that signed the server's certificate")
     tls.add_argument("--tls-cert", metavar="PEM", help="client certificate (mutual TLS)")
     tls.add_argument("--tls-key", metavar="PEM", help="private key of --tls-cert")
-    parser.add_argument("--json", action="store_true", help="print the completion as JSON")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print the completion as JSON (every choice: token_ids, text, finish_reason, "
+        "cumulative_logprob)",
+    )
+
+
+def _add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
+    rules = parser.add_argument_group("decoding rules (checked by the server)")
+    rules.add_argument(
+        "--n", type=bounded(int, minimum=1, maximum=UINT32_MAX), help="choices (default 1)"
+    )
+    rules.add_argument(
+        "--beam-width",
+        type=bounded(int, minimum=0, maximum=UINT32_MAX),
+        help=">= 2: beam search returning the best --n beams (greedy only)",
+    )
+    rules.add_argument("--length-penalty", type=float, help="beam search (default 1)")
+    rules.add_argument(
+        "--early-stopping", action="store_true", help="beam search: stop at beam-width finished"
+    )
+    rules.add_argument(
+        "--repetition-penalty", type=bounded(float, above=0), help="1 = off (default)"
+    )
+    rules.add_argument(
+        "--dola-layers",
+        type=_layers,
+        metavar="low|high|I,J,...",
+        help="DoLa premature layer candidates",
+    )
+    rules.add_argument("--sled", action="store_true", help="SLED decoding")
+    rules.add_argument(
+        "--sled-layers", type=_layers, metavar="low|high|I,J,...", help="SLED layers"
+    )
+    rules.add_argument("--evolution-rate", type=bounded(float, above=0), help="SLED (default 2)")
+    rules.add_argument(
+        "--evolution-scale",
+        type=bounded(int, minimum=1, maximum=UINT32_MAX),
+        help="SLED (default 10)",
+    )
+    rules.add_argument("--evolution-lower-bound", type=float, help="SLED (default -100)")
+
+
+def _layers(text: str) -> str | list[int]:
+    """ "low", "high" or comma-separated layer indices."""
+    if text in ("low", "high"):
+        return text
+    try:
+        layers = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f'"low", "high" or comma-separated layer indices, got {text!r}'
+        ) from None
+    if any(i < 0 for i in layers):
+        raise argparse.ArgumentTypeError(f"layer indices must be >= 0, got {text!r}")
+    return layers
+
+
+_DECODING_FIELDS = (
+    "n",
+    "beam_width",
+    "length_penalty",
+    "early_stopping",
+    "repetition_penalty",
+    "dola_layers",
+    "sled",
+    "sled_layers",
+    "evolution_rate",
+    "evolution_scale",
+    "evolution_lower_bound",
+)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -66,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
         "seed": args.seed,
         "stop": args.stop,
         "ignore_eos": args.ignore_eos,
+        **{name: getattr(args, name) for name in _DECODING_FIELDS},
     }
     try:
         with GenerationClient(
@@ -95,7 +168,11 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(completion.to_dict()))
         return 0
-    print("" if args.stream else completion.text)
+    if len(completion.choices) > 1:
+        for choice in completion.choices:
+            print(f"[choice {choice.index}] {choice.text}")
+    else:
+        print("" if args.stream else completion.text)
     print(describe(completion), file=sys.stderr)
     return 0
 

@@ -15,21 +15,29 @@ from collections.abc import Sequence
 # The parent hash of a sequence's first block. Part of the wire contract with the index.
 ROOT_HASH = 0
 _MASK = (1 << 63) - 1  # keep hashes positive and inside a signed 64-bit integer (Redis, protobuf)
+_PARENT = struct.Struct("<q")
 
 
 def block_hash(parent_hash: int, token_ids: Sequence[int]) -> int:
     """Hash of one full block given its parent's hash (ROOT_HASH for the first block)."""
-    digest = hashlib.blake2b(digest_size=8)
-    digest.update(struct.pack("<q", parent_hash))
-    digest.update(struct.pack(f"<{len(token_ids)}I", *token_ids))
+    return _chain(parent_hash, struct.pack(f"<{len(token_ids)}I", *token_ids))
+
+
+def _chain(parent_hash: int, packed_tokens: bytes | memoryview) -> int:
+    digest = hashlib.blake2b(_PARENT.pack(parent_hash), digest_size=8)
+    digest.update(packed_tokens)
     return int.from_bytes(digest.digest(), "little") & _MASK
 
 
 def prompt_block_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
     """Chained hashes of every *full* block of `token_ids`; a trailing partial block has none."""
+    full = len(token_ids) // block_size * block_size
+    # Every full block's tokens packed at once: the router hashes each prompt it routes.
+    packed = memoryview(struct.pack(f"<{full}I", *token_ids[:full]))
+    step = 4 * block_size
     hashes: list[int] = []
     parent = ROOT_HASH
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = block_hash(parent, token_ids[start : start + block_size])
+    for start in range(0, len(packed), step):
+        parent = _chain(parent, packed[start : start + step])
         hashes.append(parent)
     return hashes

@@ -54,7 +54,8 @@ class PrefillResult:
 
 @dataclass
 class TokenBatch:
-    """Tokens a worker produced since its previous batch for one request (one or more steps)."""
+    """Tokens a worker produced since its previous batch for one choice of a request (one or
+    more steps). `finished` ends the choice; the request ends when all its choices have."""
 
     request_id: str
     token_ids: list[int]
@@ -62,6 +63,10 @@ class TokenBatch:
     text: str
     finished: bool = False
     finish_reason: str | None = None
+    index: int = 0  # the choice (n > 1 or beam search; 0 = the best beam)
+    score: float | None = None  # beam search, on the choice's last batch: the beam's score
+    # Beam search, on the choice's last batch: the sum of its tokens' log-probabilities.
+    cumulative_logprob: float | None = None
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     # Set on a local prefill's first batch: how long the prompt waited and computed.

@@ -8,6 +8,13 @@ Every block is in exactly one state:
 A full block is registered under `block_hash(parent, tokens)` once its K/V are computed; a hit
 is also checked against the stored token ids, so a hash collision can never serve wrong KV.
 Stores and evictions are queued as KVEvents; the engine drains them with `take_events()`.
+
+Forks (n samples, beams): `fork(parent, child)` gives the child every block of the parent, one
+more reference each. A block is written only by a sequence that holds it alone:
+`copy_on_write(seq, start, end)`, called before a step writes positions [start, end), swaps
+each shared block there for a private copy and returns the copies for the executor to make.
+Forked sequences write only after their common tokens, so only a partly filled last block is
+ever copied, at most once per fork; full blocks are never copied.
 """
 
 from __future__ import annotations
@@ -82,6 +89,33 @@ class BlockManager:
             return False
         seq.block_table.extend(self._allocate_one() for _ in range(needed))
         return True
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """Shares every block of `parent` with `child` (which has none): references, not
+        copies. The child's computed tokens must be the parent's (or a prefix of them)."""
+        assert not child.block_table, "only a sequence without blocks can be forked into"
+        for block_id in parent.block_table:
+            self._ref[block_id] += 1
+        child.block_table = list(parent.block_table)
+        child.block_hashes = list(parent.block_hashes)
+
+    def copy_on_write(self, seq: Sequence, start: int, end: int) -> list[tuple[int, int]] | None:
+        """Before a step writes the KV of positions [start, end) of `seq`: every block there
+        that another sequence also holds is replaced in `seq`'s table by a fresh block; returns
+        the (source, destination) pairs whose contents the executor must copy before the step.
+        None, changing nothing, when there are not enough free blocks."""
+        table, size = seq.block_table, self.block_size
+        assert end <= len(table) * size, "copy_on_write comes after ensure_blocks"
+        shared = [i for i in range(start // size, -(-end // size)) if self._ref[table[i]] > 1]
+        if len(shared) > self.num_free_blocks:
+            return None
+        copies = []
+        for i in shared:
+            source = table[i]
+            self._ref[source] -= 1  # still held by the other forks
+            table[i] = self._allocate_one()
+            copies.append((source, table[i]))
+        return copies
 
     def cache_full_blocks(self, seq: Sequence) -> None:
         """Registers the blocks that became full and computed since the last call."""

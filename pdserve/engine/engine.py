@@ -11,13 +11,31 @@ the model, the KV cache tensor, the sampler) or, with `EngineConfig.kind == "sim
 `pdserve.sim.executor.SimExecutor` (a timing model and deterministic tokens, no torch). The
 scheduler, block manager, sequences and prefix cache are the same for both, and this module
 imports torch only through the torch executor.
+
+A request with n > 1 is prefilled once: in the step that computes its last prompt token, its
+sequence forks n - 1 more (choice i seeded with seed + i), which share its KV blocks and
+sample their first tokens from its logits; a block is copied only when a fork writes into a
+partly filled block that another still holds. On the decode side of a handoff the prefill
+worker sampled choice 0's first token only: commit() forks choice 1 with the last prompt
+position uncomputed, recomputes it (into a private copy of its block) and forks the other
+choices from it, so every choice draws its first token as a single request would.
+
+Beam search (beam_width >= 2, pdserve/engine/beam_search.py) runs its beams as forked
+sequences in the same batch: each step every beam's row offers its best candidates instead of
+a sampled token; once all beams of the request computed, the search keeps the best and the
+engine re-forks: a beam continued by several candidates forks (blocks shared, the partial last
+block copied on write), one continued by none is freed, and nothing is emitted until the
+search ends with its best n beams (one output each, `index` 0 = best). The torch executor
+offers candidates; the sim executor does not, and refuses beam requests.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -25,8 +43,10 @@ from pdserve.config import EngineConfig
 from pdserve.core import model_limits
 from pdserve.core.kv_events import KVEvent, KVEventSink
 from pdserve.core.sampling_params import SamplingParams
+from pdserve.engine.beam_search import BeamSearch
 from pdserve.engine.block_manager import BlockManager
 from pdserve.engine.outputs import RequestOutput, Reservation
+from pdserve.engine.premature_layers import request_layers
 from pdserve.engine.scheduler import ScheduledBatch, Scheduler
 from pdserve.engine.sequence import Sequence, SequenceStatus
 from pdserve.models.builtin import default_model_dir
@@ -49,8 +69,14 @@ class Executor(Protocol):
         self, batch: ScheduledBatch, step_started: float
     ) -> tuple[list[int], list[int], list[float | None]]:
         """Computes every scheduled chunk (their sequences' num_computed_tokens not advanced
-        yet); returns the indices in batch.seqs that sample, their tokens and logprobs
-        (None where a request did not ask). `step_started`: perf_counter at the step's start."""
+        yet); returns the sample indices (batch.sampling_seq: batch.seqs, then the forks of
+        batch.fork_samples, which sample from their parent's logits), their tokens and
+        logprobs (None where a request did not ask). `step_started`: perf_counter at the
+        step's start."""
+        ...
+
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copies every (source, destination) block's KV, all sources read before any write."""
         ...
 
     def read_kv(self, block_ids: list[int], layer_start: int, layer_end: int) -> Any: ...
@@ -89,15 +115,17 @@ class LLMEngine:
         kv_event_sink: KVEventSink | None = None,
         executor: Executor | None = None,
         emit_text: bool = True,
+        tokenizer: Tokenizer | None = None,
     ) -> None:
         """`emit_text=False`: outputs carry no text (`text_delta` stays empty) and only requests
         with stop strings are detokenized, to find them — for workers whose router decodes the
-        client's text itself."""
+        client's text itself. `tokenizer`: the model directory's, already loaded (engines of
+        one process may share it; loading a large vocabulary takes about a second)."""
         model_dir = Path(config.model) if config.model else default_model_dir()
         self.config = config
         self.emit_text = emit_text
         try:
-            self.tokenizer = Tokenizer.from_dir(model_dir)
+            self.tokenizer = tokenizer or Tokenizer.from_dir(model_dir)
         except FileNotFoundError as e:
             from pdserve.models.hf_config import ModelLoadError
 
@@ -118,7 +146,10 @@ class LLMEngine:
         )
         self.eos_token_ids = set(self.tokenizer.eos_token_ids)
         self._kv_event_sink = kv_event_sink
-        self._seqs: dict[str, Sequence] = {}
+        self._seqs: dict[str, Sequence] = {}  # by request id: choice 0's sequence
+        self._forks: dict[str, list[Sequence]] = {}  # the other choices' (n > 1)
+        self._open_choices: dict[str, int] = {}  # choices still generating (n > 1)
+        self._beams: dict[str, _BeamRequest] = {}  # beam-search requests by request id
         self._pending: list[RequestOutput] = []  # outputs produced outside step()
         self._arrivals = itertools.count()
         self._counters = dict.fromkeys(("prefill_tokens_computed", "decode_tokens", "steps"), 0)
@@ -148,12 +179,25 @@ class LLMEngine:
         prefill_only: bool = False,
     ) -> None:
         seq = self._new_sequence(request_id, prompt_token_ids, params, prefill_only)
+        if prefill_only:  # a prefill worker computes the prompt (and choice 0's first token)
+            pass
+        elif params.beam_search:
+            self._start_beams(seq)
+        elif params.n > 1:
+            seq.pending_forks = list(range(1, params.n))
         self._seqs[request_id] = seq
+        self._track_choices(request_id, params)
         self.scheduler.add(seq)
 
     def abort(self, request_id: str) -> None:
         """Frees the request's blocks at once, whatever its state. Unknown ids are ignored."""
         seq = self._seqs.pop(request_id, None)
+        self._open_choices.pop(request_id, None)
+        for fork in self._forks.pop(request_id, []):
+            self._finish(fork, "abort")
+        beams = self._beams.pop(request_id, None)
+        for beam in beams.seqs if beams else ():
+            self._finish(beam, "abort")
         if seq is not None:
             self._finish(seq, "abort")
             self._emit_events()
@@ -188,6 +232,9 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         outputs, self._pending = self._pending, []
         if batch.seqs:
+            self._fork_choices(batch)
+            if batch.block_copies:
+                self.executor.copy_blocks(batch.block_copies)
             sampled = self.executor.execute(batch, started)
             outputs += self._postprocess(batch, *sampled)
         self._counters["steps"] += 1
@@ -207,11 +254,18 @@ class LLMEngine:
             self._counters[key] += n
             seq.num_computed_tokens += n
             self.block_manager.cache_full_blocks(seq)
-        sampled = [batch.seqs[i] for i in sample_idx]
-        return [
-            self._append_token(seq, token, logprob)
-            for seq, token, logprob in zip(sampled, tokens, logprobs, strict=True)
-        ]
+        outputs, searched = [], []
+        for i, token, logprob in zip(sample_idx, tokens, logprobs, strict=True):
+            seq = batch.sampling_seq(i)
+            beams = self._beams.get(seq.request_id)
+            if beams is None:
+                outputs.append(self._append_token(seq, token, logprob))
+            else:  # a beam offers candidates; the search steps once every beam offered
+                beams.offers[id(seq)] = batch.beam_candidates[i]
+                searched.append(seq.request_id)
+        for request_id in dict.fromkeys(searched):
+            outputs += self._beam_step(request_id)
+        return outputs
 
     def _append_token(self, seq: Sequence, token: int, logprob: float | None) -> RequestOutput:
         seq.token_ids.append(token)
@@ -233,6 +287,8 @@ class LLMEngine:
             text += detokenizer.flush()
         elif seq.prefill_only:
             reason = "prefill"
+        if seq.prefill_only and (params.n > 1 or params.beam_search):
+            reason = "prefill"  # the decode side judges choice 0's first token and forks
         out = RequestOutput(
             request_id=seq.request_id,
             new_token_ids=[token],
@@ -242,15 +298,152 @@ class LLMEngine:
             finish_reason=reason,
             num_prompt_tokens=seq.num_prompt_tokens,
             num_cached_tokens=seq.num_cached_tokens,
+            index=seq.index,
+            open_choices=self._open_choices.get(seq.request_id, 0),
         )
         if reason == "prefill":
             self.scheduler.remove(seq)
             seq.status = SequenceStatus.HELD
             out.block_ids = list(seq.block_table)
         elif reason is not None:
-            del self._seqs[seq.request_id]
             self._finish(seq, reason)
+            out.open_choices = self._close_choice(seq.request_id)
         return out
+
+    def _track_choices(self, request_id: str, params: SamplingParams) -> None:
+        if params.n > 1 and not params.beam_search:
+            self._open_choices[request_id] = params.n
+            self._forks[request_id] = []
+
+    def _close_choice(self, request_id: str) -> int:
+        """Counts a finished choice; forgets the request after its last. Returns how many
+        choices still generate."""
+        left = self._open_choices.get(request_id, 1) - 1
+        if left > 0:
+            self._open_choices[request_id] = left
+            return left
+        del self._seqs[request_id]
+        self._open_choices.pop(request_id, None)
+        self._forks.pop(request_id, None)
+        return 0
+
+    def _fork_choices(self, batch: ScheduledBatch) -> None:
+        """Forks the pending choices of each sequence whose last prompt token this step
+        computes: after the scheduler's copy-on-write, so the step's writes land in blocks the
+        forks share (the prompt's KV, which they all want)."""
+        for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_tokens, strict=True)):
+            if not seq.pending_forks or seq.num_computed_tokens + n < seq.num_tokens:
+                continue
+            for index in seq.pending_forks:
+                fork = self._fork(seq, index)
+                fork.num_computed_tokens = seq.num_computed_tokens + n
+                batch.fork_samples.append((i, fork))
+            seq.pending_forks = []
+
+    def _fork(self, seq: Sequence, index: int) -> Sequence:
+        """Choice `index` of seq's request, sharing seq's tokens and blocks, running."""
+        params = self._seqs[seq.request_id].params  # the request's: seed + index
+        seed = None if params.seed is None else params.seed + index
+        fork = self._forked(seq, dataclasses.replace(params, n=1, seed=seed), index)
+        self._forks[seq.request_id].append(fork)
+        return fork
+
+    def _forked(self, seq: Sequence, params: SamplingParams, index: int) -> Sequence:
+        """A new sequence with seq's tokens, computed KV (its blocks, shared) and queue: running
+        next to it, or waiting to be recomputed when seq was preempted."""
+        fork = Sequence(
+            request_id=seq.request_id,
+            token_ids=list(seq.token_ids),
+            num_prompt_tokens=seq.num_prompt_tokens,
+            params=params,
+            arrival=next(self._arrivals),
+            index=index,
+            admitted=True,
+            num_cached_tokens=seq.num_cached_tokens,
+            cache_blocks=seq.cache_blocks,
+            detokenizer=self._detokenizer(seq.token_ids, params),
+            beam_top_k=seq.beam_top_k,
+        )
+        if seq.status == SequenceStatus.RUNNING:
+            self.block_manager.fork(seq, fork)
+            fork.num_computed_tokens = seq.num_computed_tokens
+            self.scheduler.add_running(fork)
+        else:
+            self.scheduler.add(fork)
+        return fork
+
+    # ---- beam search --------------------------------------------------------------------
+    def _start_beams(self, seq: Sequence) -> None:
+        """Makes `seq` (the prompt, computed or not) the one running beam of its request."""
+        params = seq.params
+        stop_ids = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            stop_ids |= self.eos_token_ids
+        max_tokens = min(params.max_tokens, self.max_model_len - seq.num_prompt_tokens)
+        search = BeamSearch(params, stop_ids, max_tokens)
+        seq.beam_top_k = search.candidates_per_beam
+        self._beams[seq.request_id] = _BeamRequest(search, [seq])
+
+    def _beam_step(self, request_id: str) -> list[RequestOutput]:
+        """Steps the search once every beam offered; forks, frees and extends the beams; at
+        the end, the best n beams as outputs."""
+        beams = self._beams[request_id]
+        if any(id(seq) not in beams.offers for seq in beams.seqs):
+            return []  # some beam has not computed yet (preempted, or out of budget)
+        offers = [beams.offers[id(seq)] for seq in beams.seqs]
+        beams.offers = {}
+        running = beams.search.step(offers)
+        if beams.search.done:
+            return self._finish_beams(request_id)
+        parents, continued = beams.seqs, set()
+        children = []
+        for beam in running:  # first every fork, from parents without their new token
+            parent = parents[beam.parent]
+            if beam.parent in continued:
+                children.append(self._forked(parent, parent.params, 0))
+            else:
+                continued.add(beam.parent)
+                children.append(parent)
+        for b, parent in enumerate(parents):
+            if b not in continued:
+                self._finish(parent, "abort")
+        for child, beam in zip(children, running, strict=True):
+            child.token_ids.append(beam.token)
+        beams.seqs = children
+        return []
+
+    def _finish_beams(self, request_id: str) -> list[RequestOutput]:
+        beams = self._beams.pop(request_id)
+        for seq in beams.seqs:
+            self._finish(seq, "length")
+        first = self._seqs.pop(request_id)
+        best = beams.search.best()
+        outputs = []
+        for i, hypothesis in enumerate(best):
+            tokens = list(hypothesis.token_ids)
+            detokenizer = self._detokenizer(
+                first.token_ids[: first.num_prompt_tokens], first.params
+            )
+            text = ""
+            if detokenizer is not None:
+                text = detokenizer.add(tokens[:-1] if hypothesis.stopped else tokens)
+                text += detokenizer.flush()
+            outputs.append(
+                RequestOutput(
+                    request_id=request_id,
+                    new_token_ids=tokens,
+                    text_delta=text,
+                    finished=True,
+                    finish_reason="stop" if hypothesis.stopped else "length",
+                    num_prompt_tokens=first.num_prompt_tokens,
+                    num_cached_tokens=first.num_cached_tokens,
+                    index=i,
+                    open_choices=len(best) - 1 - i,
+                    cumulative_logprob=hypothesis.cumulative_logprob,
+                    score=hypothesis.score,
+                )
+            )
+        return outputs
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         self.scheduler.remove(seq)
@@ -276,6 +469,7 @@ class LLMEngine:
         self.scheduler.prefix_hit_tokens += cached
         self.scheduler.prefix_query_tokens += seq.num_prompt_tokens
         self._seqs[request_id] = seq
+        self._track_choices(request_id, params)
         self._emit_events()
         missing = list(range(cached // self.block_size, len(seq.block_table)))
         return Reservation(cached, list(seq.block_table), missing)
@@ -312,6 +506,16 @@ class LLMEngine:
         seq.cache_blocks = cache_blocks
         seq.num_computed_tokens = seq.num_prompt_tokens
         self.block_manager.cache_full_blocks(seq)
+        if seq.params.beam_search:  # the search needs the last prompt position's candidates
+            seq.num_computed_tokens = seq.num_prompt_tokens - 1
+            self._start_beams(seq)
+            self.scheduler.add_running(seq)
+            self._emit_events()
+            return
+        if seq.params.n > 1:  # choice 1 recomputes the last prompt position, then forks
+            second = self._fork(seq, 1)
+            second.num_computed_tokens = seq.num_prompt_tokens - 1
+            second.pending_forks = list(range(2, seq.params.n))
         out = self._append_token(seq, first_token_id, first_logprob)
         if out.finished:  # the first token already ended it; report the end, not the token
             self._pending.append(
@@ -321,6 +525,7 @@ class LLMEngine:
                     finish_reason=out.finish_reason,
                     num_prompt_tokens=seq.num_prompt_tokens,
                     num_cached_tokens=seq.num_cached_tokens,
+                    open_choices=out.open_choices,
                 )
             )
         else:
@@ -366,6 +571,10 @@ class LLMEngine:
             raise ValueError(
                 f"prompt of {len(prompt)} tokens exceeds max_model_len {self.max_model_len}"
             )
+        if params.beam_search and not getattr(self.executor, "offers_beam_candidates", False):
+            raise ValueError("beam_width: beam search needs the torch executor (not sim)")
+        tied = bool(self.model_config.get("tie_word_embeddings", False))
+        request_layers(params, self.num_layers, tied)  # ValueError naming the field
         return Sequence(
             request_id=request_id,
             token_ids=prompt,
@@ -373,14 +582,27 @@ class LLMEngine:
             params=params,
             arrival=next(self._arrivals),
             prefill_only=prefill_only,
-            detokenizer=(
-                IncrementalDetokenizer(self.tokenizer, prompt, params.stop)
-                if self.emit_text or params.stop
-                else None
-            ),
+            detokenizer=self._detokenizer(prompt, params),
         )
+
+    def _detokenizer(
+        self, prompt: list[int], params: SamplingParams
+    ) -> IncrementalDetokenizer | None:
+        if self.emit_text or params.stop:
+            return IncrementalDetokenizer(self.tokenizer, prompt, params.stop)
+        return None
 
     def _emit_events(self) -> None:
         events = self.block_manager.take_events()
         if events and self._kv_event_sink is not None:
             self._kv_event_sink(events)
+
+
+@dataclass
+class _BeamRequest:
+    """A beam-search request: its search, its running beams (aligned with the search's), and
+    the candidates each beam offered this round (by id(), sequences compare by value)."""
+
+    search: BeamSearch
+    seqs: list[Sequence]
+    offers: dict[int, list[tuple[int, float]]] = field(default_factory=dict)

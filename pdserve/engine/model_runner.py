@@ -10,7 +10,8 @@ import torch
 
 from pdserve.config import EngineConfig
 from pdserve.core import model_limits
-from pdserve.engine.sampler import Sampler
+from pdserve.engine.factuality import contrast_layers, plan_exits
+from pdserve.engine.sampler import Sampler, apply_repetition_penalty
 from pdserve.engine.scheduler import ScheduledBatch
 from pdserve.models.attention import AttentionContext
 from pdserve.models.llama import LlamaForCausalLM
@@ -20,6 +21,8 @@ from pdserve.models.loader import DTYPES, load_model
 class TorchExecutor:
     """Runs the model of `model_dir` (engine.Executor): forward pass, sampling, KV reads and
     writes on the cache tensor."""
+
+    offers_beam_candidates = True  # beam rows get their best candidates (batch.beam_candidates)
 
     def __init__(self, config: EngineConfig, model_dir: Path) -> None:
         if config.num_threads:
@@ -45,13 +48,26 @@ class TorchExecutor:
         self, batch: ScheduledBatch, step_started: float
     ) -> tuple[list[int], list[int], list[float | None]]:
         logits, sample_idx = self.runner.run(batch)
+        logits, sample_idx = _with_fork_rows(logits, sample_idx, batch)
         if not sample_idx:
             return [], [], []
-        sampled = [batch.seqs[i] for i in sample_idx]
+        sampled = [batch.sampling_seq(i) for i in sample_idx]
         tokens, logprobs = self.sampler(
-            logits, [s.params for s in sampled], [s.num_output_tokens for s in sampled]
+            logits,
+            [s.params for s in sampled],
+            [s.num_output_tokens for s in sampled],
+            [s.token_ids for s in sampled],
         )
+        if any(seq.beam_top_k for seq in sampled):
+            _offer_beam_candidates(logits, sample_idx, sampled, batch)
         return sample_idx, tokens, logprobs
+
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        device = self.kv_cache.device
+        sources = torch.tensor([c[0] for c in copies], dtype=torch.int64, device=device)
+        destinations = torch.tensor([c[1] for c in copies], dtype=torch.int64, device=device)
+        # The right side is gathered first: a source that is also a destination reads old KV.
+        self.kv_cache[:, :, destinations] = self.kv_cache[:, :, sources]
 
     def write_kv(self, block_ids: list[int], layer_start: int, data: torch.Tensor) -> None:
         index = torch.tensor(block_ids, dtype=torch.int64, device=self.kv_cache.device)
@@ -67,6 +83,38 @@ class TorchExecutor:
         return {}
 
 
+def _offer_beam_candidates(
+    logits: torch.Tensor, sample_idx: list[int], sampled: list, batch: ScheduledBatch
+) -> None:
+    """Each beam row's best `beam_top_k` (token, log-probability) pairs into
+    batch.beam_candidates: log-softmax of the logits, then the repetition penalty applied to
+    it, as transformers' beam search does."""
+    rows = [r for r, seq in enumerate(sampled) if seq.beam_top_k]
+    beams = [sampled[r] for r in rows]
+    logprobs = torch.log_softmax(logits[rows].float().cpu(), dim=-1)
+    logprobs = apply_repetition_penalty(
+        logprobs, [s.params for s in beams], [s.token_ids for s in beams]
+    )
+    k = min(max(s.beam_top_k for s in beams), logprobs.shape[-1])
+    values, tokens = logprobs.topk(k, dim=-1)
+    for r, seq, vs, ts in zip(rows, beams, values.tolist(), tokens.tolist(), strict=True):
+        n = seq.beam_top_k
+        batch.beam_candidates[sample_idx[r]] = list(zip(ts[:n], vs[:n], strict=True))
+
+
+def _with_fork_rows(
+    logits: torch.Tensor, sample_idx: list[int], batch: ScheduledBatch
+) -> tuple[torch.Tensor, list[int]]:
+    """Adds a row per fork that samples from its parent's logits (batch.fork_samples), with
+    the sample index batch.sampling_seq knows it by."""
+    if not batch.fork_samples:
+        return logits, sample_idx
+    row_of = {i: row for row, i in enumerate(sample_idx)}
+    rows = [row_of[parent] for parent, _ in batch.fork_samples]
+    extra = range(len(batch.seqs), len(batch.seqs) + len(rows))
+    return torch.cat([logits, logits[rows]]), sample_idx + list(extra)
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -80,6 +128,7 @@ class ModelRunner:
         self.model = model
         self.block_size = block_size
         self.device = device
+        self.early_exit_steps = 0  # steps that kept early-layer states (DoLa/SLED requests)
         # [num_layers, 2 (K, V), num_blocks, block_size, kv_heads, head_dim]: a layer range of
         # a set of blocks is kv_cache[l0:l1, :, block_ids] (what KV transfer reads and writes).
         self.kv_cache = torch.zeros(
@@ -96,12 +145,28 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[int]]:
         """Computes every scheduled chunk. Returns logits [N, vocab] (float32) for the N
-        sequences whose tokens are now all computed, and their indices in `batch.seqs`."""
+        sequences whose tokens are now all computed, and their indices in `batch.seqs`: the
+        model's, or what DoLa/SLED make of them for requests that ask (factuality.py)."""
         input_ids, positions, ctx, last_rows, sample_idx = self._prepare(batch)
-        hidden = self.model(input_ids, positions, self.kv_cache, ctx)  # [T, hidden]
-        if not sample_idx:
-            return hidden.new_empty(0, self.model.config.vocab_size), sample_idx
-        return self.model.compute_logits(hidden[last_rows]), sample_idx
+        config = self.model.config
+        plan = plan_exits(
+            [batch.seqs[i].params for i in sample_idx],
+            config.num_layers,
+            config.tie_word_embeddings,
+        )
+        if plan is None:
+            hidden = self.model(input_ids, positions, self.kv_cache, ctx)  # [T, hidden]
+            if not sample_idx:
+                return hidden.new_empty(0, config.vocab_size), sample_idx
+            return self.model.compute_logits(hidden[last_rows]), sample_idx
+        self.early_exit_steps += 1
+        exit_rows = last_rows[torch.tensor(plan.rows, device=last_rows.device)]
+        hidden, early = self.model.forward_with_exits(
+            input_ids, positions, self.kv_cache, ctx, exit_rows, plan.layers
+        )
+        return contrast_layers(
+            self.model.compute_logits, hidden[last_rows], early, plan
+        ), sample_idx
 
     def _prepare(self, batch: ScheduledBatch):
         bs = self.block_size

@@ -24,6 +24,16 @@ class RequestOutput:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (or transferred)
     block_ids: list[int] | None = None  # the held block table of a finished prefill_only request
+    index: int = 0  # the choice (n > 1): `finished` ends this choice
+    open_choices: int = 0  # choices of the request still generating after this output
+    # Beam search, on a returned beam: its summed log-probability and its length-penalised score.
+    cumulative_logprob: float | None = None
+    score: float | None = None
+
+    @property
+    def ends_request(self) -> bool:
+        """The request's last output: every choice has finished."""
+        return self.finished and self.open_choices == 0
 
 
 @dataclass

@@ -6,12 +6,18 @@ temperature, then top-k, then top-p, and draw by the exponential race (argmax p 
 E ~ Exp(1)), which equals a categorical draw. A seeded request's n-th token uses noise from
 a generator seeded by (seed, n) alone, so its output does not depend on what else is in the
 batch, and a decode worker continues a prefill worker's stream exactly.
+
+Before choosing, a request with `repetition_penalty` != 1 has the logit of every token it has
+seen (prompt and output) divided by the penalty where positive and multiplied by it where
+negative (transformers' RepetitionPenaltyLogitsProcessor). Logprobs are of the distribution the
+token is chosen from, after that penalty (and DoLa/SLED), before temperature.
 """
 
 from __future__ import annotations
 
 import hashlib
 import struct
+from collections.abc import Sequence
 
 import torch
 
@@ -38,8 +44,9 @@ class Sampler:
         logits: torch.Tensor,  # [N, vocab] float32
         params: list[SamplingParams],
         token_indices: list[int],  # n of each row: how many tokens its request already has
+        token_ids: Sequence[Sequence[int]] = (),  # each row's prompt + output (repetition penalty)
     ) -> tuple[list[int], list[float | None]]:
-        logits = logits.float().cpu()
+        logits = apply_repetition_penalty(logits.float().cpu(), params, token_ids)
         tokens = logits.argmax(dim=-1)
         sampled = [i for i, p in enumerate(params) if not p.greedy]
         if sampled:
@@ -82,3 +89,26 @@ class Sampler:
             noise[i].exponential_(generator=gen)
         choice = (probs / noise).argmax(dim=-1)
         return order.gather(1, choice[:, None]).squeeze(1)
+
+
+def apply_repetition_penalty(
+    logits: torch.Tensor,  # [N, vocab] float32
+    params: list[SamplingParams],
+    token_ids: Sequence[Sequence[int]],
+) -> torch.Tensor:
+    """`logits`, or a copy penalised on the rows whose request sets repetition_penalty."""
+    rows = [i for i, p in enumerate(params) if p.repetition_penalty != 1.0]
+    if not rows:
+        return logits
+    longest = max(len(token_ids[i]) for i in rows)
+    # Rows padded by repeating their first token: a repeated index rewrites the same value.
+    seen = torch.tensor(
+        [list(token_ids[i]) + [token_ids[i][0]] * (longest - len(token_ids[i])) for i in rows]
+    )
+    penalty = torch.tensor([params[i].repetition_penalty for i in rows])[:, None]
+    index = torch.tensor(rows)
+    picked = logits[index].gather(1, seen)
+    picked = torch.where(picked < 0, picked * penalty, picked / penalty)
+    logits = logits.clone()
+    logits[index] = logits[index].scatter(1, seen, picked)
+    return logits

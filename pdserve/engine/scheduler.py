@@ -6,7 +6,8 @@ order while budget, `max_num_seqs` and free blocks last. A long prompt is split 
 (chunked prefill). When a running sequence cannot get a block, the latest-arrived running
 sequence is preempted: its blocks are released (full ones stay in the prefix cache) and it
 goes back to the front of the queue to be recomputed. Reserved and held sequences are in
-neither queue.
+neither queue. Before a running sequence writes into a block another fork shares, the block is
+copied (BlockManager.copy_on_write): the batch lists the copies, made before the step runs.
 """
 
 from __future__ import annotations
@@ -24,10 +25,22 @@ class ScheduledBatch:
     seqs: list[Sequence] = field(default_factory=list)
     num_tokens: list[int] = field(default_factory=list)  # tokens to compute, per sequence
     num_preempted: int = 0
+    # (source, destination) block copies to make before the step (copy-on-write of forks).
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
+    # (index in seqs, fork): forks that sample their first token from that sequence's logits.
+    fork_samples: list[tuple[int, Sequence]] = field(default_factory=list)
+    # Filled by the executor: sample index -> a beam's best (token, log-probability) pairs.
+    beam_candidates: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
 
     def add(self, seq: Sequence, num_tokens: int) -> None:
         self.seqs.append(seq)
         self.num_tokens.append(num_tokens)
+
+    def sampling_seq(self, i: int) -> Sequence:
+        """The sequence of sample index i: seqs[i], or past them the forks of fork_samples."""
+        if i < len(self.seqs):
+            return self.seqs[i]
+        return self.fork_samples[i - len(self.seqs)][1]
 
 
 class Scheduler:
@@ -53,7 +66,8 @@ class Scheduler:
         self.waiting.append(seq)
 
     def add_running(self, seq: Sequence) -> None:
-        """A committed decode handoff joins the batch directly (its prompt is computed)."""
+        """A committed decode handoff joins the running sequences directly (its prompt is
+        computed); it takes a place in a step once fewer than max_num_seqs run before it."""
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
         self.running.sort(key=lambda s: s.arrival)
@@ -72,10 +86,15 @@ class Scheduler:
         batch = ScheduledBatch()
         budget = self.max_num_batched_tokens
         i = 0
-        while i < len(self.running) and budget > 0:
+        # Committed handoffs and forks join `running` directly, so it can hold more than
+        # max_num_seqs: the earliest arrivals run, the rest wait in place with their blocks.
+        while i < len(self.running) and budget > 0 and len(batch.seqs) < self.max_num_seqs:
             seq = self.running[i]
             n = min(seq.num_uncomputed_tokens, budget)
-            while not self.block_manager.ensure_blocks(seq, seq.num_computed_tokens + n):
+            if n == 0:  # a beam whose siblings have not computed yet: it waits for them
+                i += 1
+                continue
+            while not self._make_writable(seq, n, batch):
                 victim = self.running[-1]
                 self._preempt(victim)
                 batch.num_preempted += 1
@@ -107,7 +126,30 @@ class Scheduler:
             budget -= n
             in_flight.update(self._uncomputed_prompt_hashes(seq))
         self.running.sort(key=lambda s: s.arrival)
+        if not batch.seqs and self.waiting:
+            self._evict_idle()
         return batch
+
+    def _evict_idle(self) -> None:
+        """Nothing could run: the running sequences all wait (beams whose siblings are
+        preempted) and hold the blocks the waiting ones need. They go to the back of the queue
+        (their offers stay valid), so the waiting siblings get the room to compute."""
+        for seq in [s for s in self.running if s.num_uncomputed_tokens == 0]:
+            self._preempt(seq)
+            self.waiting.remove(seq)
+            self.waiting.append(seq)
+
+    def _make_writable(self, seq: Sequence, n: int, batch: ScheduledBatch) -> bool:
+        """Blocks for the next n tokens of a running sequence, none shared with another fork
+        (copies go to the batch); False when there is no room."""
+        start = seq.num_computed_tokens
+        if not self.block_manager.ensure_blocks(seq, start + n):
+            return False
+        copies = self.block_manager.copy_on_write(seq, start, start + n)
+        if copies is None:
+            return False
+        batch.block_copies += copies
+        return True
 
     def _uncomputed_prompt_hashes(self, seq: Sequence) -> list[int]:
         """Hashes of the full prompt blocks of `seq` not computed yet (empty when caching is

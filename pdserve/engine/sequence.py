@@ -3,7 +3,8 @@ and the scheduler, through `status`.
 
 token_ids = prompt + generated tokens. The first `num_computed_tokens` of them have their K/V
 in the blocks of `block_table`; a step computes the next chunk and, once all are computed,
-samples one more token.
+samples one more token. A request with n > 1 has one sequence per choice (`index`), forked
+from the first when its prompt is computed: `pending_forks` lists the choices still to fork.
 """
 
 from __future__ import annotations
@@ -46,6 +47,13 @@ class Sequence:
     output_logprobs: list[float] = field(default_factory=list)
     detokenizer: IncrementalDetokenizer | None = None
     finish_reason: str | None = None
+    index: int = 0  # the choice of its request this sequence generates
+    # Choices forked from this sequence in the step that computes its last prompt token: they
+    # share its blocks and sample their first tokens from its logits.
+    pending_forks: list[int] = field(default_factory=list)
+    # A beam of a beam-search request: how many (token, log-probability) candidates its
+    # sampling row offers (0 = not a beam; it samples a token instead).
+    beam_top_k: int = 0
 
     @property
     def num_tokens(self) -> int:

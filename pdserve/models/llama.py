@@ -8,7 +8,7 @@ larger matmuls are faster.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -151,12 +151,32 @@ class LlamaForCausalLM(nn.Module):
         kv_cache: torch.Tensor,  # [num_layers, 2, num_blocks, block_size, KV, D]
         ctx: AttentionContext,
     ) -> torch.Tensor:  # [T, hidden] final hidden states (before the last norm)
+        return self._run(input_ids, positions, kv_cache, ctx, None, ())[0]
+
+    def forward_with_exits(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_cache: torch.Tensor,
+        ctx: AttentionContext,
+        rows: torch.Tensor,  # [R] int64 packed rows whose early states are kept
+        layers: Sequence[int],  # ascending; 0 = the embedding output, i = after decoder layer i
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # [T, hidden], [R, len(layers), hidden]
+        """`forward`, also keeping the hidden states of `rows` after each of `layers` (for
+        early-exit logits: `compute_logits` on them applies the final norm and the LM head)."""
+        hidden, kept = self._run(input_ids, positions, kv_cache, ctx, rows, frozenset(layers))
+        return hidden, torch.stack(kept, dim=1)
+
+    def _run(self, input_ids, positions, kv_cache, ctx, rows, keep: frozenset[int]):
         x = self.embed_tokens(input_ids)
         cos = self.rope_cos[positions].to(x.dtype).unsqueeze(1)
         sin = self.rope_sin[positions].to(x.dtype).unsqueeze(1)
+        kept = [x.index_select(0, rows)] if 0 in keep else []
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, kv_cache[i], ctx)
-        return x
+            if i + 1 in keep:
+                kept.append(x.index_select(0, rows))
+        return x, kept
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab]
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [..., hidden] -> [..., vocab]
         return self.lm_head(self.norm(hidden)).float()

@@ -156,21 +156,27 @@ class RendezvousResponse(_message.Message):
     def __init__(self, value: _Optional[bytes] = ..., count: _Optional[int] = ..., present: _Optional[bool] = ...) -> None: ...
 
 class PullKVRequest(_message.Message):
-    __slots__ = ("header", "agent_metadata", "address", "memory", "device_id")
+    __slots__ = ("header", "agent_metadata", "address", "memory", "device_id", "src_block_ids", "src_num_blocks")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     AGENT_METADATA_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     MEMORY_FIELD_NUMBER: _ClassVar[int]
     DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    SRC_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    SRC_NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     header: ChunkHeader
     agent_metadata: bytes
     address: int
     memory: str
     device_id: int
-    def __init__(self, header: _Optional[_Union[ChunkHeader, _Mapping]] = ..., agent_metadata: _Optional[bytes] = ..., address: _Optional[int] = ..., memory: _Optional[str] = ..., device_id: _Optional[int] = ...) -> None: ...
+    src_block_ids: _containers.RepeatedScalarFieldContainer[int]
+    src_num_blocks: int
+    def __init__(self, header: _Optional[_Union[ChunkHeader, _Mapping]] = ..., agent_metadata: _Optional[bytes] = ..., address: _Optional[int] = ..., memory: _Optional[str] = ..., device_id: _Optional[int] = ..., src_block_ids: _Optional[_Iterable[int]] = ..., src_num_blocks: _Optional[int] = ...) -> None: ...
 
 class PullKVResponse(_message.Message):
-    __slots__ = ("bytes",)
+    __slots__ = ("bytes", "checksum")
     BYTES_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     bytes: int
-    def __init__(self, bytes: _Optional[int] = ...) -> None: ...
+    checksum: int
+    def __init__(self, bytes: _Optional[int] = ..., checksum: _Optional[int] = ...) -> None: ...

@@ -127,9 +127,10 @@ class KVTransferServicer:
 
     def PullKV(self, request, context):
         """nixl transport: the decode worker READs the transfer's KV (every layer of the reserved
-        blocks) straight from the prefill worker's registered memory into the reserved blocks,
-        verifies its checksum and answers when it landed (or failed, at the latest at the
-        reservation's deadline). Commit follows as in the other transports.
+        blocks) straight from the prefill worker's registered KV cache into the reserved blocks
+        and answers, with the checksum of what landed, when it landed (or failed, at the latest at
+        the reservation's deadline). The sender commits, as in the other transports, only if that
+        checksum equals its own.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -17,39 +17,69 @@ from pdserve.prefix_index.schema import IndexKeys
 
 # Walks the prompt's chained block hashes in order and counts, for each worker holding the first
 # block in its live epoch, how many leading blocks it holds. A worker leaves the walk at its
-# first missing block (chained hashes: a later block without the earlier ones is useless).
-# KEYS = block keys in prompt order; ARGV[1] = heartbeat key prefix.
+# first missing block (chained hashes: a later block without the earlier ones is useless), and
+# the walk ends when no worker is left, so a cold prompt costs one HGETALL.
+# The cost is the blocks of a prefix many workers share (a system prompt): each block key holds
+# every such worker. Consecutive blocks of one prefix almost always have the same holders, so
+# each block is first compared whole with the last one read (DUMP: a byte image of the hash,
+# made in C): equal images mean every worker still walking holds this block too, at O(1) in
+# Lua. Only where the image changes are the entries read, with HMGET for a few workers, else
+# HGETALL (Redis keeps hashes of up to 128-512 fields as a ziplist/listpack, where HMGET of F
+# fields scans the list F times). `depth` is the leading blocks the workers still walking hold.
+# KEYS[1] = the first block's key; ARGV[1] = block key prefix, ARGV[2] = heartbeat key prefix,
+# ARGV[3] = the hashes of the following blocks, space-separated. Their keys are built here:
+# the names of 256 keys cost the router more to send than the lookup costs Redis, and they
+# share KEYS[1]'s hash tag, so they live in its Redis Cluster slot (schema.py).
 # Returns {worker, count, worker, count, ...}.
 LOOKUP_LUA = """
-local names, epochs, counts, active = {}, {}, {}, {}
 local first = redis.call('HGETALL', KEYS[1])
+if #first == 0 then return {} end
+local names, beats = {}, {}
 for j = 1, #first, 2 do
-  local worker, epoch = first[j], first[j + 1]
-  if redis.call('GET', ARGV[1] .. worker) == epoch then
-    names[#names + 1] = worker
-    epochs[#names] = epoch
-    counts[#names] = 1
-    active[#active + 1] = #names
-  end
+  names[#names + 1] = first[j]
+  beats[#beats + 1] = ARGV[2] .. first[j]
 end
-for k = 2, #KEYS do
-  if #active == 0 then break end
-  local fields = {}
-  for i, idx in ipairs(active) do fields[i] = names[idx] end
-  local values = redis.call('HMGET', KEYS[k], unpack(fields))
-  local still = {}
-  for i, idx in ipairs(active) do
-    if values[i] == epochs[idx] then
-      counts[idx] = counts[idx] + 1
-      still[#still + 1] = idx
-    end
-  end
-  active = still
-end
-local out = {}
+local live = redis.call('MGET', unpack(beats))
+local epoch, active = {}, {}
 for i = 1, #names do
-  out[#out + 1] = names[i]
-  out[#out + 1] = counts[i]
+  if live[i] == first[2 * i] then
+    epoch[names[i]] = live[i]
+    active[#active + 1] = names[i]
+  end
+end
+local n, depth, count = #active, 1, {}
+local previous = n > 0 and redis.call('DUMP', KEYS[1])
+for h in string.gmatch(ARGV[3], '%d+') do
+  if n == 0 then break end
+  local key = ARGV[1] .. h
+  local image = redis.call('DUMP', key)
+  if image ~= previous then
+    local held = {}
+    if image and n <= 8 then
+      local values = redis.call('HMGET', key, unpack(active))
+      for i = 1, n do held[active[i]] = values[i] end
+    elseif image then
+      local flat = redis.call('HGETALL', key)
+      for j = 1, #flat, 2 do held[flat[j]] = flat[j + 1] end
+    end
+    local still = {}
+    for i = 1, n do
+      local worker = active[i]
+      if held[worker] == epoch[worker] then
+        still[#still + 1] = worker
+      else
+        count[worker] = depth
+      end
+    end
+    active, n, previous = still, #still, image
+  end
+  if n > 0 then depth = depth + 1 end
+end
+for i = 1, n do count[active[i]] = depth end
+local out = {}
+for worker, c in pairs(count) do
+  out[#out + 1] = worker
+  out[#out + 1] = c
 end
 return out
 """
@@ -83,8 +113,9 @@ class PrefixIndex:
         are absent). `block_hashes` are chained (pdserve.core.block_hash.prompt_block_hashes)."""
         if not block_hashes:
             return {}
-        keys = [self.keys.block(h) for h in block_hashes]
-        args = [self.keys.heartbeat_prefix]
+        keys = [self.keys.block(block_hashes[0])]
+        rest = " ".join(map(str, block_hashes[1:]))
+        args = [self.keys.block_prefix, self.keys.heartbeat_prefix, rest]
         flat = self.link.call(lambda client: self._lookup(keys=keys, args=args, client=client), [])
         return {str(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
 

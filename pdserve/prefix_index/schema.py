@@ -1,7 +1,8 @@
 """The prefix index's layout in Redis: the contract between workers (writers) and the router.
 
 All keys of one model share the hash tag `{model}`, so they live in one Redis Cluster slot and
-the Lua scripts may touch any of them. With namespace "pdserve" and model "m":
+the Lua scripts may touch any of them (the lookup builds a prompt's block keys from its hashes
+and declares only the first). With namespace "pdserve" and model "m":
 
   pdserve:{m}:blk:<hash>      HASH  worker_id -> epoch        who holds the block with that hash
   pdserve:{m}:wblk:<worker>   SET   block hashes               what one worker published (cleanup)

@@ -78,6 +78,7 @@ class SimExecutor:
             "sim_modelled_seconds": 0.0,
             "sim_measured_seconds": 0.0,
             "sim_overrun_steps": 0,
+            "sim_block_copies": 0,
         }
 
     @property
@@ -89,14 +90,19 @@ class SimExecutor:
     ) -> tuple[list[int], list[int], list[float | None]]:
         """(indices in batch.seqs that sample, their tokens, their log-probabilities) of a
         ScheduledBatch whose chunks are not counted as computed yet."""
-        chunks, sample_idx, tokens, logprobs = [], [], [], []
+        chunks, sample_idx = [], []
         for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_tokens, strict=True)):
             chunks.append(scheduled_chunk(seq, n))
             if seq.num_computed_tokens + n == seq.num_tokens:
-                token, logprob = sim_token(seq.token_ids, self._space, self._salt(seq))
                 sample_idx.append(i)
-                tokens.append(token)
-                logprobs.append(logprob if seq.params.logprobs else None)
+        # Forks of n > 1 requests sample from their parent's position, each with its own seed.
+        sample_idx += range(len(batch.seqs), len(batch.seqs) + len(batch.fork_samples))
+        tokens, logprobs = [], []
+        for i in sample_idx:
+            seq = batch.sampling_seq(i)
+            token, logprob = sim_token(seq.token_ids, self._space, self._salt(seq))
+            tokens.append(token)
+            logprobs.append(logprob if seq.params.logprobs else None)
         modelled = self.timing.step_seconds(StepWork.of(chunks, len(sample_idx)))
         self._pace(step_started, modelled)
         return sample_idx, tokens, logprobs
@@ -129,6 +135,10 @@ class SimExecutor:
 
     def write_kv(self, block_ids: list[int], layer_start: int, data: Any) -> None:
         """Received KV has nowhere to go: the simulated model never reads it."""
+
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """No bytes to copy; counted (copy-on-write of forks)."""
+        self._stats["sim_block_copies"] += len(copies)
 
     def stats(self) -> dict[str, float]:
         return dict(self._stats)

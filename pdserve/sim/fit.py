@@ -4,6 +4,7 @@ per-step costs become a `--sim-profile` JSON file).
 Least squares of step seconds on (1, prefill tokens, decode sequences, context tokens), kept
 non-negative: a feature whose coefficient comes out negative is dropped (its coefficient is 0)
 and the rest refitted, until all are non-negative (an active-set NNLS, enough for 4 features).
+`fit_transfer` fits KV pushes: a fixed cost and a cost per byte.
 """
 
 from __future__ import annotations
@@ -25,17 +26,52 @@ def fit_linear(samples: Iterable[tuple[StepWork, float]]) -> LinearTiming:
     """The non-negative linear step-cost model closest (least squares) to the samples of
     (step work, measured seconds). ValueError when the samples cannot determine it."""
     rows = [(features(work), seconds) for work, seconds in samples]
-    active = list(range(len(FEATURES)))
+    return LinearTiming(**_non_negative_fit(rows, FEATURES))
+
+
+def fit_transfer(samples: Iterable[tuple[int, float]]) -> tuple[float, float]:
+    """(fixed seconds, seconds per byte) of KV pushes from samples of (bytes, measured
+    seconds): the per-byte part is what a sim link of 1 / (seconds per byte) models; the fixed
+    part (RPCs, commit) a sim push pays for real. A Theil-Sen line (the median of the slopes
+    between every two samples, then the median intercept), not least squares: on a shared
+    machine a few pushes stall for milliseconds whatever their size, and one such push among
+    small ones would otherwise decide the slope. The slope is kept non-negative."""
+    points = sorted(samples)
+    if len(points) < 2:
+        raise ValueError(f"{len(points)} pushes cannot fit a fixed and a per-byte cost")
+    slopes = [
+        (s2 - s1) / (b2 - b1)
+        for i, (b1, s1) in enumerate(points)
+        for b2, s2 in points[i + 1 :]
+        if b2 != b1
+    ]
+    byte_s = max(0.0, _median(slopes)) if slopes else 0.0
+    fixed_s = max(0.0, _median([s - byte_s * b for b, s in points]))
+    return fixed_s, byte_s
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    if len(ordered) % 2:
+        return ordered[middle]
+    return (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def _non_negative_fit(rows: list[tuple[list[float], float]], names: tuple[str, ...]) -> dict:
+    """{name: coefficient}: least squares over the features of `rows`; a feature whose
+    coefficient comes out negative is dropped (0) and the rest refitted."""
+    active = list(range(len(names)))
     while True:
-        solution = _least_squares(rows, active)
+        solution = _least_squares(rows, active, names)
         negative = [i for i, value in zip(active, solution, strict=True) if value < 0]
         if not negative:
             break
         active = [i for i in active if i not in negative]
-    coefficients = dict.fromkeys(FEATURES, 0.0)
+    coefficients = dict.fromkeys(names, 0.0)
     for i, value in zip(active, solution, strict=True):
-        coefficients[FEATURES[i]] = value
-    return LinearTiming(**coefficients)
+        coefficients[names[i]] = value
+    return coefficients
 
 
 def profile_json(timing: LinearTiming, **notes: str) -> str:
@@ -43,7 +79,9 @@ def profile_json(timing: LinearTiming, **notes: str) -> str:
     return json.dumps({"kind": "linear", **asdict(timing), **notes}, indent=2)
 
 
-def _least_squares(rows: list[tuple[list[float], float]], active: list[int]) -> list[float]:
+def _least_squares(
+    rows: list[tuple[list[float], float]], active: list[int], names: tuple[str, ...]
+) -> list[float]:
     """Solves the normal equations over the `active` features by Gaussian elimination."""
     if not active:
         return []
@@ -55,8 +93,8 @@ def _least_squares(rows: list[tuple[list[float], float]], active: list[int]) -> 
     for col in range(n):
         pivot = max(range(col, n), key=lambda r: abs(a[r][col]))
         if abs(a[pivot][col]) < 1e-12 * max(1.0, abs(a[col][col])):
-            names = ", ".join(FEATURES[i] for i in active)
-            raise ValueError(f"the samples do not vary enough to fit {names}")
+            fitted = ", ".join(names[i] for i in active)
+            raise ValueError(f"the samples do not vary enough to fit {fitted}")
         a[col], a[pivot], b[col], b[pivot] = a[pivot], a[col], b[pivot], b[col]
         for r in range(n):
             if r != col:

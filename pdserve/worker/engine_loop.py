@@ -123,5 +123,5 @@ class EngineLoop:
             if stream is None:
                 continue
             stream.put_nowait(output)
-            if output.finished:
+            if output.ends_request:  # every choice finished (n > 1 has several)
                 self._streams.pop(output.request_id, None)

@@ -148,25 +148,38 @@ class WorkerRuntime:
         self.loop.close_stream(request_id)
 
     async def batches(self, request_id: str, stream: asyncio.Queue) -> AsyncIterator[TokenBatch]:
-        """Yields TokenBatches from a request's output queue; everything queued is one batch."""
+        """Yields TokenBatches from a request's output queue: everything queued is one batch
+        per choice (n > 1 interleaves choices; `index` tells them apart)."""
         while True:
             items = [await stream.get()]
             while not stream.empty():
                 items.append(stream.get_nowait())
-            batch = TokenBatch(request_id=request_id, token_ids=[], logprobs=[], text="")
+            by_choice: dict[int, TokenBatch] = {}
             ended = False
             for item in items:
                 if item is END_OF_STREAM:
-                    batch.finished, batch.finish_reason, ended = True, "abort", True
+                    aborted = TokenBatch(
+                        request_id, [], [], "", finished=True, finish_reason="abort"
+                    )
+                    by_choice[-1], ended = aborted, True
                     break
+                batch = by_choice.get(item.index)
+                if batch is None:
+                    batch = by_choice[item.index] = TokenBatch(
+                        request_id=request_id, token_ids=[], logprobs=[], text="", index=item.index
+                    )
                 batch.token_ids += item.new_token_ids
                 batch.logprobs += item.new_logprobs or []
                 batch.num_prompt_tokens = item.num_prompt_tokens
                 batch.num_cached_tokens = item.num_cached_tokens
                 if item.finished:
-                    batch.finished, batch.finish_reason, ended = True, item.finish_reason, True
+                    batch.finished, batch.finish_reason = True, item.finish_reason
+                    batch.cumulative_logprob, batch.score = item.cumulative_logprob, item.score
+                if item.ends_request:
+                    ended = True
                     break
-            yield batch
+            for batch in by_choice.values():
+                yield batch
             if ended:
                 return
 

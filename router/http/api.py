@@ -11,11 +11,10 @@ request, which aborts it on its workers.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Any, TypeVar
 
@@ -27,7 +26,7 @@ from starlette.exceptions import HTTPException
 
 from router.auth import ApiKeyInterceptor
 from router.http.body_limit import BodyLimit
-from router.http.choices import Choice, ResponseShape
+from router.http.choices import Choice, ResponseShape, to_json, usage
 from router.http.errors import error_body, error_response, status_and_body
 from router.http.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from router.http.service import OpenAIService
@@ -156,8 +155,11 @@ async def _respond(
             raise
     except ClientGone:
         return Response(status_code=499)  # nobody reads it; the request was aborted
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    events = _events(shape, choices, first, steps, include_usage)
+    options = body.stream_options
+    include_usage = bool(options and options.include_usage)
+    # vLLM's extension (guidellm asks for it): every chunk also carries the usage so far.
+    continuous_usage = include_usage and bool(options and options.continuous_usage_stats)
+    events = _events(shape, choices, first, steps, include_usage, continuous_usage)
     return StreamingResponse(events, media_type="text/event-stream")
 
 
@@ -167,14 +169,17 @@ async def _events(
     first: tuple[Choice, Step],
     steps: AsyncIterator[tuple[Choice, Step]],
     include_usage: bool,
-) -> AsyncIterator[str]:
-    """Server-sent events: one chunk per step, usage if asked, then `[DONE]`. An error after
-    the first chunk is an error event. Cancelled (the client left), it closes `steps`, which
-    aborts the requests."""
+    continuous_usage: bool,
+) -> AsyncIterator[bytes]:
+    """Server-sent events: one chunk per step (with the usage so far if `continuous_usage`),
+    the usage if asked, then `[DONE]`. An error after the first chunk is an error event.
+    Cancelled (the client left), it closes `steps`, which aborts the requests."""
     started: set[int] = set()
 
-    def event(choice: Choice, step: Step) -> str:
-        chunk = shape.chunk(choice, step.batch, first=choice.index not in started)
+    def event(choice: Choice, step: Step) -> bytes:
+        so_far = usage(choices) if continuous_usage else None
+        first_of_choice = choice.index not in started
+        chunk = shape.chunk(choice, step.batch, first_of_choice, usage_so_far=so_far)
         started.add(choice.index)
         return _sse(chunk)
 
@@ -186,12 +191,13 @@ async def _events(
             if include_usage:
                 yield _sse(shape.usage_chunk(choices))
         except Exception as exc:
-            yield _sse(status_and_body(exc)[1])
-    yield "data: [DONE]\n\n"
+            yield _sse(to_json(status_and_body(exc)[1]))
+    yield b"data: [DONE]\n\n"
 
 
-def _sse(data: Mapping[str, Any]) -> str:
-    return f"data: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n"
+def _sse(data_json: str) -> bytes:
+    """One server-sent event carrying `data_json`."""
+    return f"data: {data_json}\n\n".encode()
 
 
 async def _until_disconnect(request: Request, work: Awaitable[T]) -> T:

@@ -6,8 +6,11 @@ finish reason); the same batches make either one response at the end or one chun
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
+from json.encoder import encode_basestring
 from typing import Any
 
 from pdserve.core.messages import TokenBatch
@@ -17,6 +20,12 @@ from router.types import Progress
 COMPLETION = "text_completion"
 CHAT = "chat.completion"
 CHAT_CHUNK = "chat.completion.chunk"
+# Compact JSON, non-ASCII as is (as OpenAI's own responses).
+_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
+def to_json(data: Any) -> str:
+    return _JSON.encode(data)
 
 
 @dataclass
@@ -56,31 +65,52 @@ class ResponseShape:
             "usage": usage(choices),
         }
 
-    def chunk(self, choice: Choice, batch: TokenBatch, first: bool) -> dict:
-        """One stream chunk: `batch` of `choice` (which has already taken it)."""
-        out: dict[str, Any] = {"index": choice.index}
-        text_before = len(choice.text) - len(batch.text)
-        logprobs = self._logprobs(batch.token_ids, batch.logprobs, text_before)
-        if self.chat:
-            out["delta"] = (
-                {"role": "assistant", "content": batch.text} if first else {"content": batch.text}
-            )
+    def chunk(
+        self, choice: Choice, batch: TokenBatch, first: bool, usage_so_far: dict | None = None
+    ) -> str:
+        """One stream chunk's JSON: `batch` of `choice` (which has already taken it), and the
+        usage when given. Written into the envelope rendered once per request, its strings
+        escaped as json.dumps does, rather than built as a dict and dumped: a stream sends one
+        chunk per token, and the dict way costs ~5x more per chunk."""
+        text = encode_basestring(batch.text)
+        if not self.chat:
+            body = f'"text":{text}'
+        elif first:
+            body = f'"delta":{{"role":"assistant","content":{text}}}'
         else:
-            out["text"] = batch.text
-        out["logprobs"] = logprobs
-        out["finish_reason"] = batch.finish_reason if batch.finished else None
+            body = f'"delta":{{"content":{text}}}'
+        logprobs = "null"
+        if self.logprobs:
+            text_before = len(choice.text) - len(batch.text)
+            logprobs = to_json(self._logprobs(batch.token_ids, batch.logprobs, text_before))
+        finished = batch.finished and batch.finish_reason is not None
+        finish_reason = encode_basestring(batch.finish_reason) if finished else "null"
+        ids = ""
         if self.return_token_ids:
-            out["token_ids"] = batch.token_ids
+            ids = f',"token_ids":[{_ints(batch.token_ids)}]'
             if first:
-                out["prompt_token_ids"] = choice.prompt_ids
-        return {**self._envelope(CHAT_CHUNK if self.chat else COMPLETION), "choices": [out]}
+                ids += f',"prompt_token_ids":[{_ints(choice.prompt_ids)}]'
+        after = "" if usage_so_far is None else f',"usage":{to_json(usage_so_far)}'
+        return (
+            f'{self._chunk_head}{{"index":{choice.index:d},{body},"logprobs":{logprobs},'
+            f'"finish_reason":{finish_reason}{ids}}}]{after}}}'
+        )
 
-    def usage_chunk(self, choices: list[Choice]) -> dict[str, Any]:
-        return {
-            **self._envelope(CHAT_CHUNK if self.chat else COMPLETION),
-            "choices": [],
-            "usage": usage(choices),
-        }
+    def usage_chunk(self, choices: list[Choice]) -> str:
+        """The stream's last chunk's JSON: no choice, the usage of all."""
+        return to_json(
+            {
+                **self._envelope(CHAT_CHUNK if self.chat else COMPLETION),
+                "choices": [],
+                "usage": usage(choices),
+            }
+        )
+
+    @cached_property
+    def _chunk_head(self) -> str:
+        """Every chunk's JSON up to its choice: `{"id":…,"model":…,"choices":[`."""
+        envelope = to_json(self._envelope(CHAT_CHUNK if self.chat else COMPLETION))
+        return envelope[:-1] + ',"choices":['
 
     def _envelope(self, kind: str) -> dict[str, Any]:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
@@ -129,10 +159,16 @@ class ResponseShape:
         }
 
 
+def _ints(values: list[int]) -> str:
+    return ",".join(map(str, values))
+
+
 def usage(choices: list[Choice]) -> dict[str, Any]:
-    prompt = sum(c.progress.prompt_tokens for c in choices)
-    completion = sum(c.progress.completion_tokens for c in choices)
-    cached = sum(c.progress.cached_tokens for c in choices)
+    """Each prompt counted once (its n choices share its Progress)."""
+    progresses = list({id(c.progress): c.progress for c in choices}.values())
+    prompt = sum(p.prompt_tokens for p in progresses)
+    completion = sum(p.completion_tokens for p in progresses)
+    cached = sum(p.cached_tokens for p in progresses)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,

@@ -2,8 +2,10 @@
 
 Fields pdserve does not implement are declared anyway, so that setting one to anything but its
 neutral value is a 400 naming it (router/http/translate.py) rather than silently ignored.
-pdserve's own options (`top_k`, `ignore_eos`, `stop_token_ids`, `return_token_ids`) are extra
-body fields, under vLLM's names; other unknown fields are ignored, as vLLM does.
+pdserve's own options (`top_k`, `ignore_eos`, `stop_token_ids`, `return_token_ids`, and the
+decoding rules: `beam_width`, `length_penalty`, `early_stopping`, `repetition_penalty`,
+`dola_layers`, `sled`, `sled_layers`, `evolution_*`) are extra body fields, under vLLM's names
+where vLLM has them; other unknown fields are ignored, as vLLM does.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 class StreamOptions(BaseModel):
     include_usage: bool = False
-    continuous_usage_stats: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: with include_usage, usage in every chunk
 
 
 class SamplingFields(BaseModel):
@@ -41,6 +43,18 @@ class SamplingFields(BaseModel):
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
     return_token_ids: bool = False  # each choice carries its token ids (and the prompt's)
+    # Decoding rules (pdserve.v1.SamplingParams documents each): beam search returns the best
+    # n beams; DoLa / SLED layers are "low", "high" or layer indices.
+    beam_width: int | None = None
+    length_penalty: float | None = None
+    early_stopping: bool = False
+    repetition_penalty: float | None = None
+    dola_layers: str | list[int] | None = None
+    sled: bool = False
+    sled_layers: str | list[int] | None = None
+    evolution_rate: float | None = None
+    evolution_scale: int | None = None
+    evolution_lower_bound: float | None = None
 
 
 class CompletionRequest(SamplingFields):

@@ -46,6 +46,8 @@ class HttpServer:
             host=host,
             port=port,
             lifespan="off",
+            # httptools (C) parses and frames HTTP for less CPU per stream event than h11.
+            http="httptools",
             log_config=None,  # the process's logging setup applies
             access_log=False,
             server_header=False,

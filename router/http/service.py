@@ -1,8 +1,8 @@
 """The OpenAI endpoints' work: a request body → validated requests → RequestFlow → choices.
 
 Each prompt of a request is one pdserve request (own id, trace, workers), driven exactly as the
-gRPC servicer drives it (router/request_run.py); a request's choices run concurrently, and one
-failing cancels the others.
+gRPC servicer drives it (router/request_run.py), with the body's n choices (OpenAI's choice
+index: prompt * n + choice); the prompts run concurrently, and one failing cancels the others.
 """
 
 from __future__ import annotations
@@ -97,26 +97,29 @@ class OpenAIService:
             raise RequestError(f"messages: the model's chat template refused them: {e}") from None
 
     def choices(self, valid: list[ValidRequest]) -> list[Choice]:
+        """n choices per prompt, in OpenAI's order; a prompt's choices share its Progress."""
         received = time.perf_counter()
-        return [
-            Choice(i, v.prompt_ids, Progress(received=received, prompt_tokens=len(v.prompt_ids)))
-            for i, v in enumerate(valid)
-        ]
+        choices = []
+        for v in valid:
+            progress = Progress(received=received, prompt_tokens=len(v.prompt_ids))
+            for _ in range(v.sampling.n):
+                choices.append(Choice(len(choices), v.prompt_ids, progress))
+        return choices
 
     async def collect(
         self, valid: list[ValidRequest], choices: list[Choice], metadata: Mapping[str, str]
     ) -> None:
         """Runs every choice to its end."""
 
-        async def one(request: ValidRequest, choice: Choice) -> None:
-            async with aclosing(self._steps(request, choice, metadata)) as steps:
+        async def one(request: ValidRequest, own: list[Choice]) -> None:
+            async with aclosing(self._steps(request, own, metadata)) as steps:
                 async for _ in steps:
                     pass
 
         try:
             async with asyncio.TaskGroup() as group:
-                for request, choice in zip(valid, choices, strict=True):
-                    group.create_task(one(request, choice))
+                for request, own in _by_request(valid, choices):
+                    group.create_task(one(request, own))
         except BaseExceptionGroup as failed:
             raise failed.exceptions[0] from None
 
@@ -125,23 +128,23 @@ class OpenAIService:
     ) -> AsyncIterator[tuple[Choice, Step]]:
         """Every choice's steps as they come; closing it aborts what still runs."""
         if len(valid) == 1:
-            async with aclosing(self._steps(valid[0], choices[0], metadata)) as steps:
-                async for step in steps:
-                    yield choices[0], step
+            async with aclosing(self._steps(valid[0], choices, metadata)) as steps:
+                async for choice, step in steps:
+                    yield choice, step
             return
         queue: asyncio.Queue = asyncio.Queue()
 
-        async def pump(request: ValidRequest, choice: Choice) -> None:
+        async def pump(request: ValidRequest, own: list[Choice]) -> None:
             try:
-                async with aclosing(self._steps(request, choice, metadata)) as steps:
-                    async for step in steps:
+                async with aclosing(self._steps(request, own, metadata)) as steps:
+                    async for choice, step in steps:
                         queue.put_nowait((choice, step, None))
             except Exception as e:
-                queue.put_nowait((choice, None, e))
+                queue.put_nowait((own[0], None, e))
 
-        tasks = [asyncio.create_task(pump(r, c)) for r, c in zip(valid, choices, strict=True)]
+        tasks = [asyncio.create_task(pump(r, own)) for r, own in _by_request(valid, choices)]
         try:
-            running = len(tasks)
+            running = len(choices)
             while running:
                 choice, step, error = await queue.get()
                 if error is not None:
@@ -154,12 +157,25 @@ class OpenAIService:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _steps(
-        self, request: ValidRequest, choice: Choice, metadata: Mapping[str, str]
-    ) -> AsyncIterator[Step]:
+        self, request: ValidRequest, own: list[Choice], metadata: Mapping[str, str]
+    ) -> AsyncIterator[tuple[Choice, Step]]:
+        """The request's steps, each with the choice (of `own`, its n choices) it carries."""
         steps = run_request(
-            self.flow, self.observer, request, metadata, choice.progress, self.limits.name
+            self.flow, self.observer, request, metadata, own[0].progress, self.limits.name
         )
         async with aclosing(steps):
             async for step in steps:
+                choice = own[step.batch.index]
                 choice.add(step.batch)
-                yield step
+                yield choice, step
+
+
+def _by_request(
+    valid: list[ValidRequest], choices: list[Choice]
+) -> list[tuple[ValidRequest, list[Choice]]]:
+    """Each request with its n choices (OpenAI's order: prompt by prompt)."""
+    out, start = [], 0
+    for request in valid:
+        out.append((request, choices[start : start + request.sampling.n]))
+        start += request.sampling.n
+    return out

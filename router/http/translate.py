@@ -23,10 +23,6 @@ Prompt = str | list[int]
 
 def check_supported(body: SamplingFields) -> None:
     """Refuses, by name, the OpenAI options pdserve does not implement (neutral values pass)."""
-    if body.n != 1:
-        raise RequestError(
-            f"n: must be 1, got {body.n}; more choices per prompt are not supported yet"
-        )
     for name in ("presence_penalty", "frequency_penalty"):
         if getattr(body, name) not in (None, 0):
             raise RequestError(f"{name}: not supported; leave it unset or 0")
@@ -140,7 +136,34 @@ def generate_request(body: SamplingFields, prompt: Prompt) -> generate_pb2.Gener
         sampling.stop_token_ids.extend(body.stop_token_ids)
     sampling.ignore_eos = body.ignore_eos
     sampling.logprobs = wants_logprobs(body)
+    _decoding_rule(body, sampling)
     return request
+
+
+def _decoding_rule(body: SamplingFields, sampling: generate_pb2.SamplingParams) -> None:
+    """n, beam search, repetition penalty, DoLa and SLED: copied as given (validation checks
+    them and names the field)."""
+    for name in ("n", "beam_width", "evolution_scale"):
+        value = getattr(body, name)
+        if value is not None:
+            if not 0 <= value < _UINT32:
+                raise RequestError(f"{name}: must be in [0, 2^32), got {value}")
+            setattr(sampling, name, value)
+    for name in ("length_penalty", "repetition_penalty", "evolution_rate", "evolution_lower_bound"):
+        value = getattr(body, name)
+        if value is not None:
+            setattr(sampling, name, value)
+    sampling.early_stopping = body.early_stopping
+    sampling.sled = body.sled
+    for name in ("dola_layers", "sled_layers"):
+        layers = getattr(body, name)
+        if isinstance(layers, str):
+            getattr(sampling, name).preset = layers
+        elif layers is not None:
+            if any(not 0 <= i < _UINT32 for i in layers):
+                raise RequestError(f"{name}: layer indices must be >= 0")
+            getattr(sampling, name).indices.layers.extend(layers)
+            getattr(sampling, name).indices.SetInParent()
 
 
 def wants_logprobs(body: SamplingFields) -> bool:

@@ -20,3 +20,14 @@ def test_engine_bench_prints_both_rates_and_their_ratio(dtype, capsys):
     for _, ours, theirs, ratio in rows:
         # Rates print with one decimal and the ratio with two, from the unrounded rates.
         assert float(ratio) == pytest.approx(float(ours) / float(theirs), rel=0.02, abs=0.006)
+
+
+@pytest.mark.parametrize("decoding", ["beam4", "n4"])
+def test_engine_bench_measures_a_decoding_rule_in_both_engines(decoding, capsys):
+    argv = ["bench", "engine", "--preset", "tiny", "--batch-sizes", "2", "--steps", "3"]
+    assert main([*argv, "--repeats", "1", "--decoding", decoding]) == 0
+    out = capsys.readouterr().out
+    assert f"{decoding}, float32" in out
+    rows = re.findall(r"^\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)x$", out, re.MULTILINE)
+    assert [int(batch) for batch, *_ in rows] == [2]
+    assert all(float(ours) > 0 and float(theirs) > 0 for _, ours, theirs, _ in rows)

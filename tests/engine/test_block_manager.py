@@ -122,3 +122,127 @@ def test_blocks_are_never_both_free_and_used(ops, num_blocks):
     bm.check_invariants()
     assert bm.num_free_blocks == num_blocks
     bm.take_events()
+
+
+def test_a_fork_shares_every_block_and_copies_only_the_partial_last_one():
+    bm = BlockManager(8, BS)
+    parent = seq(list(range(10)))  # blocks: 4 + 4 full, 2 tokens in the last
+    assert compute(bm, parent)
+    child = seq(list(range(10)), 1)
+    bm.fork(parent, child)
+    child.num_computed_tokens = parent.num_computed_tokens
+    assert child.block_table == parent.block_table
+    assert [bm.ref_count(b) for b in parent.block_table] == [2, 2, 2]
+    child.token_ids.append(7)
+    assert bm.ensure_blocks(child, 11)
+    copies = bm.copy_on_write(child, 10, 11)
+    assert copies == [(parent.block_table[2], child.block_table[2])]
+    assert child.block_table[:2] == parent.block_table[:2]  # full blocks stay shared
+    parent.token_ids.append(8)
+    assert bm.copy_on_write(parent, 10, 11) == []  # the last holder writes in place
+    assert bm.num_used_blocks == 4
+    bm.release(parent)
+    assert [bm.ref_count(b) for b in child.block_table] == [1, 1, 1]
+    bm.release(child)
+    bm.check_invariants()
+    assert bm.num_free_blocks == 8
+
+
+def test_a_fork_at_a_block_boundary_copies_nothing():
+    bm = BlockManager(8, BS)
+    parent = seq(list(range(8)))
+    assert compute(bm, parent)
+    child = seq(list(range(8)), 1)
+    bm.fork(parent, child)
+    for s, token in ((parent, 1), (child, 2)):
+        s.token_ids.append(token)
+        assert bm.ensure_blocks(s, 9)
+        assert bm.copy_on_write(s, 8, 9) == []
+    assert parent.block_table[:2] == child.block_table[:2]
+    assert parent.block_table[2] != child.block_table[2]
+
+
+def test_copy_on_write_is_all_or_nothing():
+    bm = BlockManager(3, BS)
+    parent = seq([1, 2, 3, 4, 5, 6])
+    assert compute(bm, parent)
+    child = seq([1, 2, 3, 4, 5, 6], 1)
+    bm.fork(parent, child)
+    assert bm.ensure_blocks(child, 7)
+    bm.ensure_blocks(seq([9], 2), 4)  # takes the last free block
+    table = list(child.block_table)
+    assert bm.copy_on_write(child, 0, 7) is None  # needs two copies, none is free
+    assert child.block_table == table
+    bm.check_invariants()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["add", "grow", "grow", "fork", "abort"]),
+            st.integers(0, 5),  # which live sequence (modulo how many there are)
+            st.lists(st.integers(0, 3), min_size=1, max_size=9),  # tokens (few values: hits)
+        ),
+        min_size=4,
+        max_size=50,
+    ),
+    num_blocks=st.integers(1, 16),
+)
+def test_forks_copy_on_write_and_aborts_never_leak_or_double_free(ops, num_blocks):
+    """Every sequence reads back exactly the tokens it wrote, through shared, copied and
+    prefix-cached blocks: a write into a shared block would show up in another fork."""
+    bm = BlockManager(num_blocks, BS)
+    content: dict[int, dict[int, int]] = {}  # block -> slot -> token whose KV is there
+    live: list[Sequence] = []
+
+    def write(s: Sequence, start: int) -> bool:
+        """A step over positions [start, num_tokens): blocks, copies, then the writes."""
+        if not bm.ensure_blocks(s, s.num_tokens):
+            return False
+        copies = bm.copy_on_write(s, start, s.num_tokens)
+        if copies is None:
+            return False
+        for src, dst in copies:
+            content[dst] = dict(content.get(src, {}))
+        for p in range(start, s.num_tokens):
+            content.setdefault(s.block_table[p // BS], {})[p % BS] = s.token_ids[p]
+        s.num_computed_tokens = s.num_tokens
+        bm.cache_full_blocks(s)
+        return True
+
+    for step, (op, which, tokens) in enumerate(ops):
+        s = live[which % len(live)] if live else None
+        if op == "add" or s is None:
+            s = seq(tokens, step)
+            s.num_computed_tokens = bm.acquire_prefix(s, s.num_tokens - 1)
+            if write(s, s.num_computed_tokens):
+                live.append(s)
+            else:
+                bm.release(s)
+        elif op == "grow":
+            start = s.num_tokens
+            s.token_ids += tokens
+            if not write(s, start):
+                bm.release(s)  # preempted
+                live.remove(s)
+        elif op == "fork":
+            child = seq(list(s.token_ids), step)
+            bm.fork(s, child)
+            child.num_computed_tokens = s.num_computed_tokens
+            live.append(child)
+        else:  # abort
+            bm.release(s)
+            live.remove(s)
+        bm.check_invariants()
+        used = {b for x in live for b in x.block_table}
+        assert bm.num_used_blocks == len(used)
+        for x in live:
+            for b in set(x.block_table):
+                assert bm.ref_count(b) == sum(y.block_table.count(b) for y in live)
+            for p in range(x.num_computed_tokens):
+                assert content[x.block_table[p // BS]][p % BS] == x.token_ids[p], (x, p)
+    for s in live:
+        bm.release(s)
+    bm.check_invariants()
+    assert bm.num_free_blocks == num_blocks

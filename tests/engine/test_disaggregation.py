@@ -143,3 +143,44 @@ def test_abort_in_every_state_frees_blocks_at_once(make_engine):
     assert stats["num_waiting"] == stats["num_running"] == stats["num_held"] == 0
     assert not engine.has_unfinished()
     assert engine.stats()["prefix_query_tokens"] > 0 and stats["steps"] > 0
+
+
+def test_committed_handoffs_beyond_max_num_seqs_wait_their_turn(make_engine):
+    """Commits join the running sequences without admission, so a step must cap them itself:
+    no step runs more than max_num_seqs, and every handoff still finishes with its tokens."""
+    prompts = random_prompts([9, 10, 11, 12], seed=11)
+    single = make_engine()
+    expected = {}
+    for k, prompt in enumerate(prompts):
+        single.add_request(f"r{k}", prompt, GREEDY)
+        expected[f"r{k}"], _ = collect(single, f"r{k}")
+
+    prefill, decode = make_engine(), make_engine(max_num_seqs=2)
+    firsts = {}
+    for k, prompt in enumerate(prompts):
+        rid = f"r{k}"
+        prefill.add_request(rid, prompt, GREEDY, prefill_only=True)
+        first = prefill.step()[0]
+        reservation = decode.reserve(rid, prompt, GREEDY)
+        src = [first.block_ids[i] for i in reservation.missing_block_indices]
+        dst = [reservation.block_ids[i] for i in reservation.missing_block_indices]
+        decode.write_kv(dst, 0, prefill.read_kv(src, 0, prefill.num_layers))
+        prefill.release(rid)
+        decode.commit(rid, first.new_token_ids[0], first.new_logprobs[0])
+        firsts[rid] = first.new_token_ids
+    got = {rid: list(tokens) for rid, tokens in firsts.items()}
+    scheduled = decode.scheduler.schedule
+    sizes = []
+
+    def recording_schedule():
+        batch = scheduled()
+        sizes.append(len(batch.seqs))
+        return batch
+
+    decode.scheduler.schedule = recording_schedule
+    while decode.has_unfinished():
+        for out in decode.step():
+            got[out.request_id] += out.new_token_ids
+    assert max(sizes) == 2
+    assert got == expected
+    assert decode.stats()["num_used_blocks"] == 0

@@ -1,8 +1,9 @@
-"""Whatever requests arrive, finish or are aborted in whatever order, the engine ends with
-every block free and no block both free and in use along the way."""
+"""Whatever requests arrive (n > 1 and beam search ones fork their blocks), finish or are aborted in whatever
+order, the engine ends with every block free and no block both free and in use along the way."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -36,6 +37,12 @@ action = st.one_of(
     st.tuples(
         st.just("reserve"), st.lists(st.integers(3, 8), min_size=1, max_size=20), st.integers(1, 4)
     ),
+    st.tuples(
+        st.just("add_n"), st.lists(st.integers(3, 8), min_size=1, max_size=14), st.integers(1, 8)
+    ),
+    st.tuples(
+        st.just("add_beam"), st.lists(st.integers(3, 8), min_size=1, max_size=14), st.integers(1, 6)
+    ),
     st.tuples(st.just("abort"), st.integers(0, 20), st.just(0)),
     st.tuples(st.just("step"), st.just(0), st.just(0)),
 )
@@ -53,6 +60,15 @@ def test_all_blocks_free_after_everything_finishes(engine, actions):
         if kind in ("add", "prefill_only"):
             ids.append(f"r{next(_ids)}")
             engine.add_request(ids[-1], arg, params, prefill_only=kind == "prefill_only")
+        elif kind == "add_n":  # n choices forked from one prefill (copy-on-write blocks)
+            ids.append(f"r{next(_ids)}")
+            n = 2 + len(arg) % 3
+            sampled = SamplingParams(max_tokens=max_tokens, n=n, temperature=1.0, seed=len(arg))
+            engine.add_request(ids[-1], arg, dataclasses.replace(sampled, ignore_eos=True))
+        elif kind == "add_beam":  # beams fork, are freed and re-forked every step
+            ids.append(f"r{next(_ids)}")
+            beam = SamplingParams(max_tokens=max_tokens, beam_width=2 + len(arg) % 2, n=1)
+            engine.add_request(ids[-1], arg, dataclasses.replace(beam, ignore_eos=True))
         elif kind == "reserve":
             ids.append(f"r{next(_ids)}")
             reserved.append(ids[-1])

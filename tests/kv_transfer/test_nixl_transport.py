@@ -1,4 +1,5 @@
-"""The nixl transport on CPU over UCX: the other transports' contract, KV moved by a NIXL READ.
+"""The nixl transport on CPU over UCX: the other transports' contract, KV moved by a NIXL READ
+straight from the prefill cache's blocks into the reserved ones.
 
 The receiver and most senders share this process (two NIXL agents talking over UCX); one test
 runs the sender in a child process, and the frozen-peer tests freeze a child process that holds
@@ -49,8 +50,8 @@ def nixl_receiver(nixl_config, sink):
 
 
 @pytest.fixture
-def nixl_sender(nixl_config):
-    sender = NixlKVSender(nixl_config)
+def nixl_sender(nixl_config, src_cache):
+    sender = NixlKVSender(nixl_config, src_cache)
     yield sender
     sender.close()
 
@@ -71,20 +72,14 @@ def pull_call(endpoint: str):
     return stub, call
 
 
-def test_blocks_arrive_bit_exact_and_commit_carries_first_token(nixl_receiver, nixl_sender, sink):
-    src_cache = make_cache(1)
+def test_blocks_arrive_bit_exact_and_commit_carries_first_token(
+    nixl_receiver, nixl_sender, sink, src_cache
+):
     for _ in range(2):  # the second transfer reuses both agents and the connection
         tid = nixl_receiver.open(DEST, deadline_s=10)
-        read_kv = reader(src_cache)
-        result = nixl_sender.send(
-            TransferRequest(
-                nixl_receiver.endpoint, tid, SRC, NUM_LAYERS, read_kv, CommitInfo(42, -0.5, 11),
-                TRACE,
-            )
-        )  # fmt: skip
+        result = nixl_sender.send(request(nixl_receiver.endpoint, src_cache, tid))
         assert sink.commits[tid].first_token_id == 42
         assert sink.commits[tid].trace_context == TRACE
-        assert read_kv.reads and all(r == SRC for r in read_kv.reads)  # only missing blocks
         assert nixl_receiver.state(tid) is TransferState.COMMITTED
     assert torch.equal(sink.cache[:, :, DEST], src_cache[:, :, SRC])
     others = [b for b in range(NUM_BLOCKS) if b not in DEST]
@@ -98,8 +93,8 @@ def test_bfloat16_cache_and_shared_memory_transport(nixl_config):
     sink = TensorSink(make_cache(None, torch.bfloat16))
     receiver = make_receiver(config, sink, KVLayout.of(sink.cache), kv_cache=sink.cache)
     receiver.start()
-    sender = NixlKVSender(config)
     src_cache, src, dest = make_cache(3, torch.bfloat16), [0, 15, 4, 8], [12, 0, 6, 5]
+    sender = NixlKVSender(config, src_cache)
     try:
         tid = receiver.open(dest, deadline_s=10)
         sender.send(request(receiver.endpoint, src_cache, tid, src))
@@ -108,6 +103,17 @@ def test_bfloat16_cache_and_shared_memory_transport(nixl_config):
         receiver.stop()
     assert tid in sink.commits
     assert torch.equal(sink.cache[:, :, dest], src_cache[:, :, src])
+
+
+def test_runs_of_blocks_partly_consecutive_arrive_bit_exact(nixl_receiver, nixl_sender, sink):
+    """Source and reserved blocks consecutive only in parts (runs [2-4]->[5-7], 9->8, 10->12):
+    each run is one descriptor per plane, and nothing outside the reserved blocks changes."""
+    src_cache, src, dest = make_cache(1), [2, 3, 4, 9, 10], [5, 6, 7, 8, 12]
+    tid = nixl_receiver.open(dest, deadline_s=10)
+    result = nixl_sender.send(request(nixl_receiver.endpoint, src_cache, tid, src))
+    assert tid in sink.commits and result.bytes == src_cache[:, :, src].nbytes
+    assert torch.equal(sink.cache[:, :, dest], src_cache[:, :, src])
+    assert not sink.cache[:, :, [b for b in range(NUM_BLOCKS) if b not in dest]].any()
 
 
 @pytest.mark.parametrize("fate", ["unknown", "aborted", "expired"])
@@ -139,21 +145,29 @@ def test_deadline_expiry_frees_the_blocks(nixl_receiver, sink):
     assert sink.expired == [tid] and nixl_receiver.open_transfer_ids() == []
 
 
-def test_corrupted_kv_fails_the_transfer(nixl_receiver, nixl_config, sink):
+def test_corrupted_kv_is_never_committed(nixl_receiver, nixl_config, sink, src_cache):
+    """KV that differs from what the sender checksummed (as KV changed in transit would) fails
+    the comparison with the landed checksum: the sender aborts instead of committing, and the
+    blocks are freed; the source cache itself is untouched."""
+    original = src_cache.clone()
+
     def flip(seq: int, data: torch.Tensor) -> None:
         data.view(-1)[7] += 1.0
 
-    sender = NixlKVSender(nixl_config, tamper=flip)
+    sender = NixlKVSender(nixl_config, src_cache, tamper=flip)
     tid = nixl_receiver.open(DEST, deadline_s=10)
-    with pytest.raises(KVTransferError, match="DATA_LOSS.*checksum mismatch"):
-        sender.send(request(nixl_receiver.endpoint, make_cache(1), tid))
-    sender.close()
+    try:
+        with pytest.raises(KVTransferError, match="DATA_LOSS.*checksum mismatch"):
+            sender.send(request(nixl_receiver.endpoint, src_cache, tid))
+    finally:
+        sender.close()
     assert sink.commits == {} and sink.expired == [tid]
-    assert nixl_receiver.state(tid) is TransferState.FAILED
+    assert nixl_receiver.state(tid) is TransferState.ABORTED
+    assert torch.equal(src_cache, original)
 
 
 def test_wrong_secret_is_refused(nixl_receiver, nixl_config, sink):
-    sender = NixlKVSender(dataclasses.replace(nixl_config, secret="wrong"))
+    sender = NixlKVSender(dataclasses.replace(nixl_config, secret="wrong"), make_cache(1))
     tid = nixl_receiver.open(DEST, deadline_s=10)
     with pytest.raises(KVTransferError, match="UNAUTHENTICATED"):
         sender.send(request(nixl_receiver.endpoint, make_cache(1), tid))
@@ -174,6 +188,7 @@ def test_bad_pull_requests_name_the_field_and_the_receiver_keeps_serving(
     cases = {
         "agent_metadata": dict(agent_metadata=b"garbage", address=src.data_ptr(), memory="DRAM"),
         "memory": dict(agent_metadata=b"x", address=src.data_ptr(), memory="DISK"),
+        "src_block_ids": dict(memory="DRAM", src_block_ids=[0, 1, 99], src_num_blocks=16),
     }
     try:
         for field_name, fields in cases.items():
@@ -184,6 +199,18 @@ def test_bad_pull_requests_name_the_field_and_the_receiver_keeps_serving(
             assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
             assert field_name in info.value.details()
             assert nixl_receiver.state(tid) is TransferState.FAILED and tid in sink.expired
+        tid = nixl_receiver.open(DEST, deadline_s=10)  # three blocks reserved, two named
+        header.transfer_id = tid
+        with pytest.raises(grpc.RpcError) as info:
+            call(
+                pb.PullKVRequest(
+                    header=header, memory="DRAM", src_block_ids=[0, 1], src_num_blocks=16
+                ),
+                metadata=metadata,
+                timeout=10,
+            )
+        assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert "src_block_ids names 2 blocks for 3 reserved" in info.value.details()
         tid = nixl_receiver.open(DEST[:2], deadline_s=10)  # two blocks reserved, three offered
         header.transfer_id = tid
         with pytest.raises(grpc.RpcError) as info:
@@ -205,7 +232,7 @@ def test_receiver_needs_the_kv_cache(nixl_config, sink):
 
 def _send_from_child(endpoint: str, config, transfer_id: str, conn) -> None:
     """Child process: a prefill side of its own, sending the blocks of seed-1 cache."""
-    sender = NixlKVSender(config)
+    sender = NixlKVSender(config, make_cache(1))
     try:
         result = sender.send(request(endpoint, make_cache(1), transfer_id))
         conn.send(("ok", result.bytes))
@@ -293,7 +320,12 @@ def test_frozen_sender_cannot_hold_the_receiver_past_the_deadline(
     assert tid2 in sink.commits
 
 
-def test_abort_stops_an_in_flight_read(nixl_receiver, nixl_config, sink, frozen_peer):
+@pytest.mark.parametrize("by", ["decode worker", "remote sender"])
+def test_abort_stops_an_in_flight_read(
+    nixl_receiver, nixl_config, nixl_sender, sink, frozen_peer, by
+):
+    """Either abort fences the READ: it returns once the READ stopped; a remote abort also
+    frees the blocks (on_expired), the decode worker's own frees them itself."""
     tid = nixl_receiver.open(DEST, deadline_s=30)
     failure: list[grpc.RpcError] = []
 
@@ -307,9 +339,14 @@ def test_abort_stops_an_in_flight_read(nixl_receiver, nixl_config, sink, frozen_
     puller.start()
     time.sleep(0.5)  # the READ is posted and cannot finish
     started = time.monotonic()
-    assert nixl_receiver.abort(tid) is True
+    if by == "decode worker":
+        assert nixl_receiver.abort(tid) is True
+    else:
+        nixl_sender.abort(nixl_receiver.endpoint, tid)
     assert time.monotonic() - started < 2.0  # returns once the READ stopped
     puller.join(timeout=10)
     assert failure and failure[0].code() is grpc.StatusCode.FAILED_PRECONDITION
     assert "aborted" in failure[0].details()
-    assert sink.expired == [] and nixl_receiver.state(tid) is TransferState.ABORTED
+    assert sink.expired == ([] if by == "decode worker" else [tid])
+    assert nixl_receiver.state(tid) is TransferState.ABORTED
+    assert not sink.cache.any()  # a frozen source never delivered a byte

@@ -91,13 +91,14 @@ FAMILIES = {
 }
 
 
-def make_hf_model(directory, family: str):
+def make_hf_model(directory, family: str, **overrides):
     """A random transformers model saved with save_pretrained, plus our tokenizer files.
+    `overrides`: config fields replacing the common ones (e.g. num_hidden_layers).
 
     Weights are re-drawn at unit-preserving scale (transformers' std 0.02 leaves attention
     nearly a no-op, which would hide attention bugs)."""
     config_cls, model_cls, extra = FAMILIES[family]
-    config = getattr(transformers, config_cls)(**COMMON, **extra)
+    config = getattr(transformers, config_cls)(**{**COMMON, **extra, **overrides})
     torch.manual_seed(0)
     model = getattr(transformers, model_cls)(config).eval()
     with torch.no_grad():

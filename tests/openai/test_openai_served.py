@@ -119,6 +119,26 @@ def test_a_streamed_completion_reassembles_to_the_whole_one(client, model):
     assert all(c.usage is None for c in content)
 
 
+def test_continuous_usage_stats_put_the_usage_so_far_in_every_chunk(client, model):
+    chunks = list(
+        client.completions.create(
+            model=model,
+            prompt=list(range(LOW + 150, LOW + 170)),
+            max_tokens=8,
+            stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True},
+            **greedy(),
+        )
+    )
+    *content, last = chunks
+    tokens = 0
+    for chunk in content:
+        tokens += len(chunk.choices[0].token_ids)
+        assert chunk.usage.completion_tokens == tokens
+        assert chunk.usage.total_tokens == chunk.usage.prompt_tokens + tokens == 20 + tokens
+    assert tokens == 8 and last.choices == [] and last.usage.completion_tokens == 8
+
+
 def test_several_prompts_are_choices_by_index(client, model):
     prompts = [list(range(LOW + 200, LOW + 210)), list(range(LOW + 300, LOW + 318))]
     whole = client.completions.create(model=model, prompt=prompts, max_tokens=6, **greedy())
@@ -209,8 +229,8 @@ def test_async_chat_streams_reassemble_to_whole_responses(served, model):
 
 
 def test_errors_have_the_documented_statuses(served, client, model):
-    with pytest.raises(openai.BadRequestError, match="n: must be 1"):
-        client.completions.create(model=model, prompt="x", n=2)
+    with pytest.raises(openai.BadRequestError, match=r"n: must be in \[1, 64\]"):
+        client.completions.create(model=model, prompt="x", n=0)
     with pytest.raises(openai.BadRequestError, match="temperature"):
         client.chat.completions.create(
             model=model, messages=[{"role": "user", "content": "x"}], temperature=-1

@@ -80,6 +80,44 @@ def test_lookup_is_one_round_trip(redis_url: str) -> None:
     assert calls == ["EVALSHA"]
 
 
+def test_lookup_sends_one_key_whatever_the_prompt_length(redis_url: str) -> None:
+    """The other blocks' keys are built inside the script: a 4k-token prompt's 256 key names
+    cost the router more to encode and send than the lookup costs Redis."""
+    long_prompt = list(range(100, 100 + 64 * BS))
+    hashes = prompt_block_hashes(long_prompt, BS)
+    publisher(redis_url, "a").publish([stored(hashes[:40])])
+    index = PrefixIndex(redis_url, "m", BS)
+    index.lookup(hashes)  # loads the script
+    sent = []
+    real = index.link.client.execute_command
+    index.link.client.execute_command = lambda *a, **k: sent.append(a) or real(*a, **k)
+    assert index.lookup(hashes) == {"a": 40}
+    ((command, _sha, numkeys, *rest),) = sent
+    assert command == "EVALSHA" and numkeys == 1 and len(rest) == 4
+
+
+def test_prefix_shared_by_many_workers_counts_each_exactly(redis_url: str) -> None:
+    """A system prompt held by many workers: blocks whose holders equal the previous block's
+    take the fast path, and every difference (a gap, a stale epoch, another insertion order, a
+    dead worker) is still seen per worker."""
+    long_prompt = list(range(100, 100 + 48 * BS))
+    hashes = prompt_block_hashes(long_prompt, BS)
+    workers = {f"w{i}": publisher(redis_url, f"w{i}") for i in range(20)}
+    for pub in workers.values():
+        pub.publish([stored(hashes[:32])])
+    workers["w3"].publish([removed(hashes[10:11])])  # a gap: blocks after it do not count
+    workers["w4"].publish([stored(hashes[32:])])  # the whole prompt
+    workers["w5"].publish([removed(hashes[20:21]), stored(hashes[20:21])])  # moved to the end
+    client = redis.Redis.from_url(redis_url)
+    client.hset(workers["w6"].keys.block(hashes[25]), "w6", str(workers["w6"].epoch - 1))
+    index = PrefixIndex(redis_url, "m", BS)
+    expected = {w: 32 for w in workers} | {"w3": 10, "w4": 48, "w6": 25}
+    assert index.lookup(hashes) == expected
+    client.delete(workers["w7"].keys.heartbeat("w7"))  # as when its heartbeat lapses
+    del expected["w7"]
+    assert index.lookup(hashes) == expected
+
+
 def test_restarted_worker_entries_are_gone(redis_url: str) -> None:
     old = publisher(redis_url, "a")
     old.publish([stored(HASHES)])

@@ -117,3 +117,60 @@ def test_the_receive_limit_fits_the_largest_valid_request() -> None:
     )
     for request in (largest, token_prompt):
         assert request.ByteSize() <= max_request_bytes(LIMITS)
+
+
+def test_decoding_rule_fields_reach_sampling_params() -> None:
+    beam = run(text_request(n=2, beam_width=4, length_penalty=0.5, early_stopping=True)).sampling
+    assert (beam.n, beam.beam_width, beam.length_penalty, beam.early_stopping) == (2, 4, 0.5, True)
+    dola = text_request(
+        repetition_penalty=1.2,
+        dola_layers=generate_pb2.LayerSelection(indices=generate_pb2.LayerIndices(layers=[0, 2])),
+    )
+    assert run(dola).sampling.dola_layers == [0, 2]
+    assert run(dola).sampling.repetition_penalty == pytest.approx(1.2)
+    sled = run(
+        text_request(
+            sled=True,
+            sled_layers=generate_pb2.LayerSelection(preset="high"),
+            evolution_rate=1.5,
+            evolution_scale=5,
+            evolution_lower_bound=-50.0,
+        )
+    ).sampling
+    assert (sled.sled, sled.sled_layers, sled.evolution_scale) == (True, "high", 5)
+    assert (sled.evolution_rate, sled.evolution_lower_bound) == (1.5, -50.0)
+    plain = run(text_request()).sampling
+    assert (plain.n, plain.beam_width, plain.dola_layers, plain.sled) == (1, 0, None, False)
+
+
+@pytest.mark.parametrize(
+    ("sampling", "prefix"),
+    [
+        ({"n": 0}, "sampling.n:"),
+        ({"n": 65}, "sampling.n:"),
+        ({"beam_width": 2, "n": 3}, "sampling.n:"),
+        ({"beam_width": 2, "temperature": 1.0}, "sampling.beam_width:"),
+        ({"beam_width": 2, "stop": ["x"]}, "sampling.stop:"),
+        ({"repetition_penalty": -1.0}, "sampling.repetition_penalty:"),
+        ({"length_penalty": float("inf")}, "sampling.length_penalty:"),
+        ({"dola_layers": generate_pb2.LayerSelection(preset="mid")}, "sampling.dola_layers:"),
+        (
+            {"dola_layers": generate_pb2.LayerSelection(preset="low"), "sled": True},
+            "sampling.dola_layers:",
+        ),
+        ({"sled_layers": generate_pb2.LayerSelection(preset="low")}, "sampling.sled_layers:"),
+        ({"sled": True, "evolution_scale": 0}, "sampling.evolution_scale:"),
+        ({"sled": True, "evolution_rate": 0.0}, "sampling.evolution_rate:"),
+    ],
+)
+def test_bad_decoding_rules_name_the_field(sampling: dict, prefix: str) -> None:
+    assert error_of(text_request(**sampling)).startswith(prefix)
+
+
+def test_layer_indices_must_precede_the_final_layer() -> None:
+    limits = ModelLimits("tiny", 512, 2048, [1], num_layers=4)
+    deep = text_request(
+        dola_layers=generate_pb2.LayerSelection(indices=generate_pb2.LayerIndices(layers=[1, 4]))
+    )
+    with pytest.raises(RequestError, match=r"^sampling.dola_layers: layer 4"):
+        asyncio.run(validate(deep, limits, CountingTokenizer()))

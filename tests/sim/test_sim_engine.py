@@ -3,10 +3,13 @@ on the torch path, tokens are a function of the context and steps last what the 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
 import time
+
+import pytest
 
 from pdserve.config import SimConfig
 from pdserve.core.sampling_params import SamplingParams
@@ -132,3 +135,24 @@ print("torch" in sys.modules)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
+
+
+def test_n_choices_fork_on_sim_and_beam_search_is_refused(make_sim_engine):
+    """n samples fork as on the torch path (copies counted, no bytes); beam search needs
+    candidates the simulated model does not have: refused, naming the field."""
+    engine = make_sim_engine()
+    sampled = SamplingParams(max_tokens=5, temperature=0.9, seed=7)
+    engine.add_request("r", PROMPTS[2], dataclasses.replace(sampled, n=3))
+    got: dict[int, list[int]] = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            got.setdefault(out.index, []).extend(out.new_token_ids)
+    for i in range(3):
+        alone = make_sim_engine().generate([PROMPTS[2]], dataclasses.replace(sampled, seed=7 + i))[
+            0
+        ]
+        assert got[i] == alone
+    assert engine.stats()["sim_block_copies"] == 2  # the partial last prompt block, per fork
+    assert engine.stats()["num_free_blocks"] == engine.stats()["num_blocks"]
+    with pytest.raises(ValueError, match="^beam_width: "):
+        engine.add_request("b", PROMPTS[2], SamplingParams(beam_width=2))

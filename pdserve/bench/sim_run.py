@@ -1,0 +1,463 @@
+"""A workload on a served system of simulated workers, reported in simulated time, and refused
+when the CPU rather than the timing model set the pace (issue 14 point 4).
+
+`serve_sim(model_dir, cluster)` starts the real router, Ray actors and Redis index with both
+pools `engine="sim"`; every modelled duration lasts `time_scale` times as long in wall time, so
+the router's SLO targets and timeouts are stretched by the same factor. `run_sim_load` offers
+the workload at its simulated rate (wall rate = rate / scale) and returns records whose times
+are simulated seconds (wall / scale). `SaturationCheck` reads every sim worker's counters before
+and after a run; `verdict()` lists what was saturated:
+  - a worker whose steps took longer than modelled (measured / modelled - 1 > max_excess):
+    the step's Python work, or a late wake-up on a busy CPU, stretched simulated time;
+  - a worker with steps whose Python work alone outlasted the scaled model (overrun steps),
+    more than `max_overrun_fraction` of its decode steps (a rare late step is a busy
+    neighbour on a shared machine, and the excess above already counts the time it lost);
+  - this process (router, Redis client and load generator share its GIL) busy for more than
+    `max_router_busy` of one core: token delivery, not the model, then paces the streams;
+  - requests that failed other than by admission control (RESOURCE_EXHAUSTED): sim workers
+    never fail on their own, so such a failure is a worker that missed its stats polls or
+    progress deadline on a starved CPU (`note_failures`).
+`check` raises `Saturated` with one line naming them and a `--sim-time-scale` to try.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import resource
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from pdserve.bench.datasets import BenchRequest
+from pdserve.bench.metrics import RequestRecord
+
+DEFAULT_PRESET = "llama-3.1-8b"
+
+
+class Saturated(Exception):
+    """The figures of a run describe the CPU, not the model: the bench must not report them."""
+
+
+@dataclass
+class SimCluster:
+    """A served system of sim workers; latency targets are in simulated milliseconds."""
+
+    prefill_workers: int
+    decode_workers: int
+    profile: str = "analytical:h100"
+    time_scale: float = 10.0
+    dtype: str = "bfloat16"
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # None: what the profile's GPU holds after the weights
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    policy: str = "cost"
+    disaggregate: str = "auto"
+    ttft_slo_ms: float = 400.0
+    tpot_slo_ms: float = 40.0
+
+
+def add_cluster_arguments(
+    parser: argparse.ArgumentParser, time_scale: float, step_tokens: int = 8192
+) -> None:
+    """Flags every sim benchmark shares: the model shape, profile, time scale and KV pool.
+    The step token budget defaults to vLLM's for its API server on 80 GB-class GPUs (8192,
+    `vllm/engine/arg_utils.py`)."""
+    parser.add_argument(
+        "--model",
+        help="config-only model directory (default: the llama-3.1-8b shape, written on first use)",
+    )
+    parser.add_argument("--sim-profile", default="analytical:h100")
+    parser.add_argument(
+        "--sim-time-scale",
+        type=float,
+        default=time_scale,
+        help="wall seconds per simulated second; raise it when the run is refused as saturated",
+    )
+    parser.add_argument(
+        "--num-kv-blocks",
+        type=int,
+        help="KV pool per worker (default: the profile GPU's memory after the weights)",
+    )
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument(
+        "--max-num-batched-tokens", type=int, default=step_tokens, help="token budget of one step"
+    )
+    parser.add_argument(
+        "--max-excess",
+        type=float,
+        default=0.05,
+        help="refuse when a worker's measured step time exceeds the modelled by more than this",
+    )
+    parser.add_argument(
+        "--retries",
+        type=int,
+        default=1,
+        help="run a refused (saturated) measurement again this many times before giving up",
+    )
+    parser.add_argument(
+        "--max-overrun-fraction",
+        type=float,
+        default=0.01,
+        help="refuse when more of a worker's decode steps than this overran the scaled model",
+    )
+
+
+def saturation_check(app, args: argparse.Namespace) -> SaturationCheck:
+    """The SaturationCheck of the shared flags."""
+    return SaturationCheck(
+        app,
+        args.sim_time_scale,
+        max_excess=args.max_excess,
+        max_overrun_fraction=args.max_overrun_fraction,
+    )
+
+
+def checked_run(
+    app,
+    args: argparse.Namespace,
+    run_once: Callable[[int], list[RequestRecord]],
+    label: str,
+) -> tuple[list[RequestRecord], SaturationCheck]:
+    """`run_once(attempt)` (it sends the load; its records are returned) under a saturation
+    check that also waits for the workers to go idle. A saturated attempt is discarded and run
+    again with the next attempt number (for fresh prompts: a burst from a neighbour on a shared
+    machine passes), at most `args.retries` times; then Saturated names `label`."""
+    line = ""
+    for attempt in range(args.retries + 1):
+        with saturation_check(app, args) as check:
+            records = run_once(attempt)
+            wait_idle(app)
+        check.note_failures(records)
+        line = check.verdict()
+        if line is None:
+            return records, check
+        print(f"  {label}: attempt {attempt + 1} discarded: {line}", flush=True)
+    raise Saturated(f"{label}: {line}")
+
+
+def ensure_ray(prefill_workers: int, decode_workers: int) -> None:
+    """A local Ray with both pools, unless this process already runs one (tests)."""
+    import ray
+
+    if not ray.is_initialized():
+        from pdserve.bench.local_system import start_ray
+
+        start_ray(prefill_workers, decode_workers)
+
+
+def cluster_from_args(args: argparse.Namespace, **fields) -> SimCluster:
+    return SimCluster(
+        profile=args.sim_profile,
+        time_scale=args.sim_time_scale,
+        block_size=args.block_size,
+        num_kv_blocks=args.num_kv_blocks,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        **fields,
+    )
+
+
+def config_only_model(preset: str = DEFAULT_PRESET, directory: Path | None = None) -> Path:
+    """A config-only model directory of `preset` under the cache directory, written on first use
+    as `pdserve make-model --config-only` writes it (the shape's config.json and pdserve's
+    tokenizer at its vocabulary size)."""
+    import json
+
+    from pdserve.config import default_cache_dir
+    from pdserve.models.tokenizer_builder import write_tokenizer
+    from pdserve.sim.shapes import shape_config
+
+    directory = directory or default_cache_dir() / "sim-models" / preset
+    if not (directory / "tokenizer.json").exists():
+        config = shape_config(preset)
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+        write_tokenizer(directory, config["vocab_size"])
+    return directory
+
+
+def bench_error(line: str, exit_code: int) -> int:
+    """Prints a bench's one-line error as the CLI prints a CommandError and returns the exit
+    status (pdserve.commands is not imported here: it leads to the planner, which imports the
+    benchmarks)."""
+    print(f"pdserve bench: error: {line}", file=sys.stderr, flush=True)
+    return exit_code
+
+
+def gpu_kv_blocks(model_config: dict, cluster: SimCluster) -> int:
+    """KV blocks of one worker: the profile GPU's memory (x tensor parallel degree) less one
+    copy of the weights, in blocks of `cluster.block_size` tokens."""
+    from pdserve.sim.gpus import gpu_spec
+    from pdserve.sim.model_shape import ModelShape
+    from pdserve.sim.profiles import AnalyticalProfile, parse_profile
+
+    profile = parse_profile(cluster.profile)
+    if not isinstance(profile, AnalyticalProfile):
+        raise ValueError(f"{cluster.profile}: no GPU to size the KV pool by; give --num-kv-blocks")
+    shape = ModelShape.from_config(model_config, cluster.dtype)
+    memory = gpu_spec(profile.gpu).memory_bytes * profile.tp
+    free = memory - shape.weight_bytes
+    return max(1, free // (shape.kv_bytes_per_token * cluster.block_size))
+
+
+def serve_sim(model_dir: Path, cluster: SimCluster, model_config: dict | None = None):
+    """A BackgroundApp of sim workers (not pinned: many share the cores). Ray must already run
+    with enough `prefill_pool` and `decode_pool` (local_system.start_ray)."""
+    import json
+
+    from pdserve.app import BackgroundApp
+    from pdserve.config import (
+        EngineConfig,
+        KVTransferConfig,
+        RouterConfig,
+        ServeConfig,
+        SimConfig,
+    )
+
+    config_json = model_config or json.loads((Path(model_dir) / "config.json").read_text())
+    blocks = cluster.num_kv_blocks or gpu_kv_blocks(config_json, cluster)
+    scale = cluster.time_scale
+    engine = EngineConfig(
+        model=str(model_dir),
+        kind="sim",
+        dtype=cluster.dtype,
+        block_size=cluster.block_size,
+        num_kv_blocks=blocks,
+        max_num_seqs=cluster.max_num_seqs,
+        max_num_batched_tokens=cluster.max_num_batched_tokens,
+        sim=SimConfig(profile=cluster.profile, time_scale=scale),
+    )
+    config = ServeConfig(
+        engine=engine,
+        kv=KVTransferConfig(
+            bind_host="127.0.0.1",
+            advertise_host="127.0.0.1",
+            trust_peer_cache=True,
+            reservation_timeout_s=30.0 * scale,
+        ),
+        # The router sees wall time: its targets and patience stretch with the model.
+        router=RouterConfig(
+            host="127.0.0.1",
+            port=0,
+            http_port=0,
+            policy=cluster.policy,
+            disaggregate=cluster.disaggregate,
+            ttft_slo_ms=cluster.ttft_slo_ms * scale,
+            tpot_slo_ms=cluster.tpot_slo_ms * scale,
+            max_pending_requests=4096,
+            progress_timeout_s=5.0 * max(1.0, scale),
+        ),
+        prefill_workers=cluster.prefill_workers,
+        decode_workers=cluster.decode_workers,
+        prefill_engine="sim",
+        decode_engine="sim",
+    )
+    return BackgroundApp(config)
+
+
+def set_routing(app, policy: str, disaggregate: str | None = None) -> None:
+    """Swaps the served router's policy (and disaggregate mode) in place, keeping its learned
+    costs: several policies measured on one started system. Call it between runs, when idle."""
+    from router.policy import RoutingPolicy
+
+    routing = app.app.routing
+    old = routing.policy
+    config = replace(
+        old.config, policy=policy, disaggregate=disaggregate or old.config.disaggregate
+    )
+    routing.policy = RoutingPolicy(config, cost=old.cost, weights=old.weights)
+
+
+def run_sim_load(
+    app,
+    requests: Sequence[BenchRequest],
+    rate: float,
+    time_scale: float,
+    seed: int = 0,
+) -> list[RequestRecord]:
+    """Offers `requests` at `rate` simulated requests/s; the records' times are simulated
+    seconds (wall / time_scale), so every latency and duration derived from them is too."""
+    from pdserve.bench.load_generator import run_load
+
+    wall_rate = rate / time_scale if math.isfinite(rate) else rate
+    records = asyncio.run(
+        run_load(f"127.0.0.1:{app.port}", requests, request_rate=wall_rate, seed=seed)
+    )
+    return [to_sim_time(r, time_scale) for r in records]
+
+
+def local_prefill_fraction(records: Sequence[RequestRecord]) -> float:
+    """The fraction of completed requests whose prompt their decode worker computed (the
+    server's timings name the same worker for both)."""
+    done = [r for r in records if r.ok]
+    local = sum(
+        bool(r.server_timings.get("prefill_worker"))
+        and r.server_timings.get("prefill_worker") == r.server_timings.get("decode_worker")
+        for r in done
+    )
+    return local / max(1, len(done))
+
+
+def to_sim_time(record: RequestRecord, time_scale: float) -> RequestRecord:
+    return replace(
+        record,
+        send_time=record.send_time / time_scale,
+        chunk_times=[t / time_scale for t in record.chunk_times],
+        end_time=None if record.end_time is None else record.end_time / time_scale,
+    )
+
+
+def sim_workers(app) -> dict:
+    """worker id -> WorkerStats of every worker of the app."""
+    import ray
+
+    workers = list(app.app.pool.workers.values())
+    stats = ray.get([w.actor.stats.remote() for w in workers])
+    return {w.worker_id: s for w, s in zip(workers, stats, strict=True)}
+
+
+def wait_idle(app, timeout_s: float = 120.0) -> None:
+    """Until no worker has queued, running, reserved or held work."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        stats = sim_workers(app).values()
+        if not any(s.num_waiting or s.num_running or s.num_reserved or s.num_held for s in stats):
+            return
+        time.sleep(0.2)
+
+
+@dataclass
+class WorkerPace:
+    """One sim worker's counters over a run, in simulated seconds."""
+
+    worker_id: str
+    modelled_s: float
+    measured_s: float
+    overrun_steps: int
+    decode_steps: int = 0
+
+    @property
+    def excess(self) -> float:
+        """How much longer its steps took than modelled (0.1 = 10 % longer)."""
+        return self.measured_s / self.modelled_s - 1 if self.modelled_s > 0 else 0.0
+
+
+class SaturationCheck:
+    """`with SaturationCheck(app, time_scale) as check: ...run...`; then `check.verdict()`."""
+
+    def __init__(
+        self,
+        app,
+        time_scale: float,
+        max_excess: float = 0.05,
+        max_router_busy: float = 0.8,
+        max_overrun_fraction: float = 0.01,
+    ) -> None:
+        self.app = app
+        self.time_scale = time_scale
+        self.max_excess = max_excess
+        self.max_overrun_fraction = max_overrun_fraction
+        self.max_router_busy = max_router_busy
+        self.workers: list[WorkerPace] = []
+        self.router_busy = 0.0  # this process's CPU seconds per wall second over the run
+        self.failures: dict[str, int] = {}  # status -> requests, admission control excluded
+
+    def __enter__(self) -> SaturationCheck:
+        self._before = sim_workers(self.app)
+        self._cpu, self._wall = _process_cpu_seconds(), time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        wall = time.perf_counter() - self._wall
+        self.router_busy = (_process_cpu_seconds() - self._cpu) / wall if wall > 0 else 0.0
+        after = sim_workers(self.app)
+        self.workers = [
+            WorkerPace(
+                worker_id,
+                s.sim_modelled_seconds - self._before[worker_id].sim_modelled_seconds,
+                s.sim_measured_seconds - self._before[worker_id].sim_measured_seconds,
+                s.sim_overrun_steps - self._before[worker_id].sim_overrun_steps,
+                s.decode_steps - self._before[worker_id].decode_steps,
+            )
+            for worker_id, s in sorted(after.items())
+            if worker_id in self._before
+        ]
+
+    def note_failures(self, records: Sequence[RequestRecord]) -> None:
+        """Counts the run's failed requests that admission control does not explain."""
+        for r in records:
+            if not r.ok and r.error_code != "RESOURCE_EXHAUSTED":
+                code = r.error_code or "UNKNOWN"
+                self.failures[code] = self.failures.get(code, 0) + 1
+
+    def problems(self) -> list[str]:
+        """What was saturated, one phrase each; empty when the run's figures stand."""
+        found = [
+            f"{w.worker_id} steps {w.excess:+.0%} over modelled"
+            + (f", {w.overrun_steps} overrun steps" if w.overrun_steps else "")
+            for w in self.workers
+            if w.excess > self.max_excess or self._overran(w)
+        ]
+        if self.router_busy > self.max_router_busy:
+            found.append(f"router process {self.router_busy:.0%} of a core busy")
+        if self.failures:
+            failed = ", ".join(f"{n} {code}" for code, n in sorted(self.failures.items()))
+            found.append(f"requests failed ({failed})")
+        return found
+
+    def _overran(self, w: WorkerPace) -> bool:
+        return w.overrun_steps > self.max_overrun_fraction * w.decode_steps
+
+    def suggested_scale(self) -> float:
+        """A time scale that should leave the CPU room: the current one stretched by the worst
+        excess (at least doubled), rounded up to a round number."""
+        worst = max([w.excess for w in self.workers] + [0.0])
+        busy = self.router_busy / self.max_router_busy if self.max_router_busy else 1.0
+        factor = max(2.0, 1.0 + worst, busy * 1.5)
+        return _round_up(self.time_scale * factor)
+
+    def verdict(self) -> str | None:
+        """None when the figures stand, else the one-line refusal."""
+        found = self.problems()
+        if not found:
+            return None
+        return (
+            f"refusing to report: saturated at --sim-time-scale {self.time_scale:g} "
+            f"({'; '.join(found)}); try --sim-time-scale {self.suggested_scale():g}"
+        )
+
+    def check(self) -> None:
+        """Raises Saturated with the verdict's line if the run was saturated."""
+        line = self.verdict()
+        if line:
+            raise Saturated(line)
+
+    def summary(self) -> dict:
+        return {
+            "time_scale": self.time_scale,
+            "router_busy": self.router_busy,
+            "max_excess": max([w.excess for w in self.workers] + [0.0]),
+            "overrun_steps": sum(w.overrun_steps for w in self.workers),
+            "modelled_s": sum(w.modelled_s for w in self.workers),
+        }
+
+
+def _process_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _round_up(value: float) -> float:
+    """The next of 1, 2, 5 x 10^k at or above `value`."""
+    exponent = math.floor(math.log10(value))
+    for step in (1, 2, 5, 10):
+        candidate = step * 10.0**exponent
+        if candidate >= value * (1 - 1e-9):
+            return candidate
+    return 10.0 ** (exponent + 1)

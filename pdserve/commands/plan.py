@@ -1,0 +1,204 @@
+"""`pdserve plan`: how many prefill and decode workers (or colocated) serve a workload best
+within TTFT/TPOT targets, predicted offline on a virtual clock (pdserve/planner, docs/planner.md).
+
+Every split of the GPUs is searched for its goodput: the highest request rate at which at
+least 90% of the requests meet both targets. The best few are printed with their predicted
+latencies and GPU utilisation, and the recommendation is "colocated" when disaggregating gains
+no more than the search's precision.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from pdserve.commands import CommandError
+from pdserve.commands.arg_types import bounded
+
+GPUS = ("a100", "h100", "h200", "l40s")  # pdserve/sim/gpus.py (not imported: --help stays fast)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        required=True,
+        metavar="CONFIG",
+        help="model directory (config.json + tokenizer; weights not needed) or a shape: "
+        "llama-3.1-8b, llama-3.1-70b",
+    )
+    parser.add_argument(
+        "--gpu", default="h100", help=f"GPU of the analytical profile ({', '.join(GPUS)})"
+    )
+    parser.add_argument("--gpus", type=bounded(int, minimum=1), required=True, help="GPUs to split")
+    parser.add_argument(
+        "--tp", type=bounded(int, minimum=1), default=1, help="tensor parallel GPUs per worker"
+    )
+    parser.add_argument(
+        "--workload",
+        required=True,
+        metavar="FILE|PRESET",
+        help="chat, rag, mixed, or a JSONL file of [prompt_len, output_len(, arrival_s)]",
+    )
+    parser.add_argument("--ttft-slo-ms", type=bounded(float, above=0), required=True)
+    parser.add_argument("--tpot-slo-ms", type=bounded(float, above=0), required=True)
+    parser.add_argument(
+        "--profile",
+        metavar="FILE",
+        help="timing profile (--sim-profile syntax; default analytical:GPU:tpN)",
+    )
+    parser.add_argument(
+        "--requests",
+        type=bounded(int, minimum=1),
+        default=10_000,
+        help="requests of a preset workload (default: 10000)",
+    )
+    parser.add_argument(
+        "--requests-per-worker",
+        type=bounded(int, minimum=10),
+        default=500,
+        help="requests a rate probe offers per simulated worker (default: 500; at most the "
+        "workload)",
+    )
+    parser.add_argument(
+        "--attainment",
+        type=bounded(float, above=0, maximum=1),
+        default=0.9,
+        help="fraction of requests that must meet both SLOs (default: 0.9)",
+    )
+    parser.add_argument(
+        "--precision",
+        type=bounded(float, above=0),
+        default=0.05,
+        help="bisection stops when the goodput is known within this fraction (default: 0.05)",
+    )
+    parser.add_argument("--top", type=bounded(int, minimum=1), default=3, help="splits to print")
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    parser.add_argument("--max-num-seqs", type=bounded(int, minimum=1), default=256)
+    # vLLM's step budget on 80 GB-class GPUs, as the sim benchmarks use (pdserve/bench/sim_run.py).
+    parser.add_argument("--max-num-batched-tokens", type=bounded(int, minimum=1), default=8192)
+    parser.add_argument(
+        "--link-gbps",
+        type=bounded(float, above=0),
+        default=400.0,
+        help="prefill-to-decode KV link per worker, Gbit/s (default: 400)",
+    )
+    parser.add_argument("--policy", default="cost", choices=("cost", "round_robin", "least_loaded"))
+    parser.add_argument("--disaggregate", default="auto", choices=("auto", "always", "never"))
+    parser.add_argument("--seed", type=int, default=0, help="workload and probe sample seed")
+    parser.add_argument("--json", metavar="FILE", help="also write every split's result here")
+    parser.add_argument("--time", action="store_true", help="print the search's wall time")
+    parser.add_argument("--verbose", action="store_true", help="print every probe")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pdserve.planner.report import plan_json, plan_table
+
+    started = time.perf_counter()
+    plan, context = _plan(args)
+    print(plan_table(plan, context, args.top))
+    if args.time:
+        print(
+            f"time: {time.perf_counter() - started:.1f} s in all, search {plan.seconds:.1f} s, "
+            f"{plan.probes} probes"
+        )
+    if args.json:
+        try:
+            Path(args.json).write_text(json.dumps(plan_json(plan, context), indent=2) + "\n")
+        except OSError as e:
+            raise CommandError(f"--json {args.json}: {e.strerror or e}") from e
+    return 0
+
+
+def _plan(args: argparse.Namespace):
+    from pdserve.config import RouterConfig
+    from pdserve.planner.deployment import Deployment
+    from pdserve.planner.probe import SLO
+    from pdserve.planner.search import Search, all_splits
+    from pdserve.planner.workload import load_workload, probe_sample
+    from pdserve.sim.profiles import ProfileError
+
+    if args.gpu.lower() not in GPUS:
+        raise CommandError(f"--gpu: unknown GPU {args.gpu!r} (known: {', '.join(GPUS)})")
+    if args.gpus % args.tp:
+        raise CommandError(f"--gpus {args.gpus} is not a multiple of --tp {args.tp}")
+    workers = args.gpus // args.tp
+    if workers < 1:
+        raise CommandError(f"--gpus {args.gpus} holds no worker of --tp {args.tp}")
+    try:
+        deployment = Deployment(
+            args.model,
+            gpu=args.gpu,
+            tp=args.tp,
+            profile=args.profile,
+            dtype=args.dtype,
+            link_gbps=args.link_gbps,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+        )
+    except ProfileError as e:
+        raise CommandError(f"--profile: {_one_line(e)}") from None
+    except (ValueError, KeyError, OSError) as e:
+        raise CommandError(_one_line(e)) from None
+    try:
+        workload = load_workload(args.workload, args.requests, args.seed)
+    except ValueError as e:
+        raise CommandError(_one_line(e)) from None
+    too_long = [r for r in workload if r.prompt_len + r.output_len > deployment.max_model_len]
+    if too_long:
+        raise CommandError(
+            f"--workload: {len(too_long)} requests exceed the context of {deployment.max_model_len} "
+            f"tokens (the first: prompt {too_long[0].prompt_len} + output {too_long[0].output_len})"
+        )
+    sample = probe_sample(
+        workload, min(args.requests_per_worker * workers, len(workload)), args.seed
+    )
+    slo = SLO(args.ttft_slo_ms, args.tpot_slo_ms, args.attainment)
+    router = RouterConfig(
+        policy=args.policy,
+        disaggregate=args.disaggregate,
+        ttft_slo_ms=args.ttft_slo_ms,
+        tpot_slo_ms=args.tpot_slo_ms,
+        max_pending_requests=max(RouterConfig().max_pending_requests, len(sample)),
+    )
+    on_probe = _print_probe if args.verbose else None
+    search = Search(
+        deployment,
+        sample,
+        slo,
+        router,
+        precision=args.precision,
+        top=args.top,
+        requests_per_worker=args.requests_per_worker,
+        on_probe=on_probe,
+    )
+    plan = search.run(all_splits(workers))
+    context = {
+        "model": args.model,
+        "gpu": deployment.gpu,
+        "gpus": args.gpus,
+        "tp": args.tp,
+        "profile": deployment.profile,
+        "workload": args.workload,
+        "requests": len(workload),
+        "requests_per_worker": args.requests_per_worker,
+        "ttft_slo_ms": args.ttft_slo_ms,
+        "tpot_slo_ms": args.tpot_slo_ms,
+        "attainment": args.attainment,
+    }
+    return plan, context
+
+
+def _print_probe(probe) -> None:
+    verdict = "pass" if probe.passed else "fail"
+    print(
+        f"  probe {probe.split.name:>14} at {probe.rate:9.2f} req/s: {verdict} "
+        f"({probe.good} met, {probe.missed} missed of {probe.requests})",
+        flush=True,
+    )
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error.args[0]) if isinstance(error, KeyError) and error.args else str(error)
+    return " ".join(text.split())

@@ -1,0 +1,14 @@
+"""The offline planner (`pdserve plan`, docs/planner.md): how many prefill and decode workers,
+or colocated, for a workload and TTFT/TPOT targets, found by simulating pdserve's own engines
+and router on a virtual clock (no Ray, no sleeping).
+
+- `events.py` — `EventLoop`: the virtual clock, a heap of timed callbacks.
+- `workload.py` — presets and JSONL workloads; the sample of requests a probe offers.
+- `deployment.py` — `Deployment`: model, GPU and engine settings; sim engines that never sleep.
+- `virtual_worker.py` — `VirtualWorker`: one worker's engine stepping on the virtual clock.
+- `virtual_request.py` — `VirtualRequest`: one request's route, handoff and tokens.
+- `cluster.py` — `VirtualCluster`: the workers behind the router's own `Routing`.
+- `probe.py` — `run_probe`: one split at one rate, and whether enough requests met the SLOs.
+- `search.py` — `Search`: goodput of every split by bisection over the rate.
+- `report.py` — the plan as a table and as JSON.
+"""

@@ -1,0 +1,107 @@
+"""VirtualCluster: P prefill and D decode simulated workers behind the router's own routing
+(`router.routing.Routing` with its `RoutingPolicy` and online `CostModel`), on one virtual clock.
+
+The router's `WorkerPool` holds the workers' snapshots, filled every poll interval from each
+worker's `stats()` as the real pool's polls fill it, so the policy sees the same lagging
+snapshots plus its own in-flight counts. No prefix index (Redis) takes part: the router knows
+cached prefixes only from what it routed itself. P = 0 is colocated serving: every request is
+prefilled on its decode worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pdserve.config import RouterConfig
+from pdserve.engine.engine import RequestOutput
+from pdserve.planner.deployment import Deployment
+from pdserve.planner.events import EventLoop
+from pdserve.planner.virtual_worker import VirtualWorker
+from router.policy import RoutingPolicy
+from router.routing import Routing
+from router.worker_pool import WorkerPool
+
+# (worker, one of a request's outputs) -> None
+Listener = Callable[[VirtualWorker, RequestOutput], None]
+
+
+@dataclass(frozen=True)
+class RouterTiming:
+    """The router's pace in simulated seconds (a live sim cluster at time scale S runs these
+    wall-clock intervals, i.e. these divided by S in simulated time)."""
+
+    poll_interval_s: float = 0.25  # WorkerPool's stats polls
+    room_wait_s: float = 2.0  # RequestFlow's patience for room
+    room_backoff_s: tuple[float, ...] = (0.02, 0.05, 0.1, 0.2)  # its pauses between tries
+
+    def scaled(self, factor: float) -> RouterTiming:
+        return RouterTiming(
+            self.poll_interval_s * factor,
+            self.room_wait_s * factor,
+            tuple(s * factor for s in self.room_backoff_s),
+        )
+
+
+class VirtualCluster:
+    def __init__(
+        self,
+        deployment: Deployment,
+        prefill_workers: int,
+        decode_workers: int,
+        router_config: RouterConfig,
+        timing: RouterTiming = RouterTiming(),
+        keep_tokens: bool = False,
+    ) -> None:
+        self.deployment = deployment
+        self.timing = timing
+        self.keep_tokens = keep_tokens
+        self.loop = EventLoop()
+        self.workers: dict[str, VirtualWorker] = {}
+        self._listeners: dict[str, dict[str, Listener]] = {}
+        roles = [("prefill", i) for i in range(prefill_workers)]
+        roles += [("decode", i) for i in range(decode_workers)]
+        for role, i in roles:
+            engine, meter = deployment.new_engine()
+            worker_id = f"{role}-{i}"
+            self.workers[worker_id] = VirtualWorker(
+                worker_id, role, engine, meter, self.loop, self._dispatch
+            )
+            self._listeners[worker_id] = {}
+        by_role = {
+            role: {w.worker_id: w for w in self.workers.values() if w.role == role}
+            for role in ("prefill", "decode")
+        }
+        # The pool only holds snapshots here: it is never started, its handles never called.
+        self.pool = WorkerPool(by_role["prefill"], by_role["decode"])
+        policy = RoutingPolicy(router_config)
+        policy.cost.step_tokens = deployment.engine_config.max_num_batched_tokens
+        self.routing = Routing(self.pool, policy, deployment.engine_config.block_size)
+        self._poll()
+
+    def listen(self, worker: VirtualWorker, request_id: str, listener: Listener) -> None:
+        """`listener(worker, output)` gets the request's outputs on `worker` until it finishes."""
+        self._listeners[worker.worker_id][request_id] = listener
+
+    def utilisation(self, role: str, elapsed_s: float) -> float:
+        """Mean fraction of `elapsed_s` the workers of `role` spent in steps (0 without any)."""
+        busy = [w.busy_seconds for w in self.workers.values() if w.role == role]
+        if not busy or elapsed_s <= 0:
+            return 0.0
+        return min(1.0, sum(busy) / len(busy) / elapsed_s)
+
+    def _dispatch(self, worker: VirtualWorker, outputs: list[RequestOutput]) -> None:
+        listeners = self._listeners[worker.worker_id]
+        for out in outputs:
+            if out.finished:
+                listener = listeners.pop(out.request_id, None)
+            else:
+                listener = listeners.get(out.request_id)
+            if listener is not None:
+                listener(worker, out)
+
+    def _poll(self) -> None:
+        """Every worker answers a stats poll; the next poll is one interval later."""
+        for worker_id, worker in self.workers.items():
+            self.pool.record_stats(self.pool.workers[worker_id], worker.stats())
+        self.loop.after(self.timing.poll_interval_s, self._poll)

@@ -1,0 +1,134 @@
+"""Deployment: the model, GPU and engine settings every simulated worker of a plan shares, and
+the sim engines made from them.
+
+An engine is pdserve's own `LLMEngine` with the sim executor (pdserve/sim): the scheduler,
+block manager and prefix cache run unchanged, the timing profile gives each step's duration,
+and the executor's sleep is a no-op: the planner's event loop advances its virtual clock by
+the step time instead (`StepMeter` reads it off the timing model as the executor asks for it).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pdserve.config import EngineConfig, SimConfig, default_cache_dir
+from pdserve.core import model_limits
+from pdserve.engine.engine import LLMEngine
+from pdserve.sim.executor import SimExecutor, read_model_config
+from pdserve.sim.gpus import gpu_spec
+from pdserve.sim.model_shape import ModelShape
+from pdserve.sim.profiles import parse_profile
+from pdserve.sim.shapes import SHAPES, shape_config
+from pdserve.sim.timing import StepTiming, StepWork
+from pdserve.tokenizer import Tokenizer
+
+
+class StepMeter:
+    """The sim executor's timing model, counting what it was asked: the modelled seconds and
+    the prompt tokens of every step so far."""
+
+    def __init__(self, timing: StepTiming) -> None:
+        self.timing = timing
+        self.seconds = 0.0
+        self.prefill_tokens = 0
+
+    def step_seconds(self, work: StepWork) -> float:
+        seconds = self.timing.step_seconds(work)
+        self.seconds += seconds
+        if any(not chunk.decode for chunk in work.chunks):
+            self.prefill_tokens += work.prefill_tokens
+        return seconds
+
+
+def resolve_model(spec: str) -> Path:
+    """A model directory (config.json and tokenizer), or a published shape by name written as a
+    config-only directory under the cache (as `pdserve make-model --config-only` does)."""
+    path = Path(spec)
+    if path.is_dir():
+        return path
+    if spec not in SHAPES:
+        known = ", ".join(SHAPES)
+        raise ValueError(f"--model {spec!r}: neither a model directory nor a known shape ({known})")
+    directory = default_cache_dir() / "sim-models" / spec
+    if not (directory / "tokenizer.json").is_file():
+        from pdserve.models.tokenizer_builder import write_tokenizer
+
+        config = shape_config(spec)
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+        write_tokenizer(directory, config["vocab_size"])
+    return directory
+
+
+def gpu_kv_blocks(model_config: dict, gpu: str, tp: int, dtype: str, block_size: int) -> int:
+    """KV blocks of one worker: the memory of its `tp` GPUs less one copy of the weights."""
+    shape = ModelShape.from_config(model_config, dtype)
+    free = gpu_spec(gpu).memory_bytes * tp - shape.weight_bytes
+    if free <= 0:
+        raise ValueError(
+            f"--gpu {gpu} --tp {tp}: the weights ({shape.weight_bytes / 1e9:.0f} GB) do not fit"
+        )
+    return free // (shape.kv_bytes_per_token * block_size)
+
+
+class Deployment:
+    def __init__(
+        self,
+        model: str,
+        *,
+        gpu: str = "h100",
+        tp: int = 1,
+        profile: str | None = None,
+        dtype: str = "bfloat16",
+        link_gbps: float = 400.0,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 8192,
+        block_size: int = 16,
+        num_kv_blocks: int | None = None,
+    ) -> None:
+        """ValueError (ProfileError, ConfigError, KeyError for the GPU) names what is wrong."""
+        gpu_spec(gpu)
+        self.model_dir = resolve_model(model)
+        self.model_config = read_model_config(self.model_dir)
+        self.gpu, self.tp = gpu.lower(), tp
+        self.profile = profile or f"analytical:{self.gpu}:tp{tp}"
+        parse_profile(self.profile)
+        blocks = num_kv_blocks or gpu_kv_blocks(self.model_config, gpu, tp, dtype, block_size)
+        self.engine_config = EngineConfig(
+            model=str(self.model_dir),
+            kind="sim",
+            dtype=dtype,
+            block_size=block_size,
+            num_kv_blocks=blocks,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            sim=SimConfig(profile=self.profile, link_gbps=link_gbps),
+        )
+        self.tokenizer = Tokenizer.from_dir(self.model_dir)
+        self.link_bytes_per_s = link_gbps * 1e9 / 8
+        # Longest prompt + output a worker serves.
+        self.max_model_len = model_limits.max_model_len(self.model_config, self.engine_config)
+
+    def new_engine(self) -> tuple[LLMEngine, StepMeter]:
+        """A fresh sim engine that never sleeps, and the meter of its modelled steps."""
+        config, tokenizer = self.engine_config, self.tokenizer
+        special = {*tokenizer.eos_token_ids, tokenizer.bos_token_id} - {None}
+        executor = SimExecutor(
+            self.model_config,
+            num_blocks=model_limits.kv_pool_blocks(self.model_config, config),
+            block_size=config.block_size,
+            dtype=config.dtype,
+            profile=config.sim.profile,
+            avoid_token_ids=special,
+            link_gbps=config.sim.link_gbps,
+            sleep=_no_sleep,
+        )
+        meter = StepMeter(executor.timing)
+        executor.timing = meter
+        engine = LLMEngine(config, executor=executor, emit_text=False, tokenizer=tokenizer)
+        return engine, meter
+
+
+def _no_sleep(seconds: float) -> None:
+    """The virtual clock moves by the modelled step time, not by waiting."""

@@ -1,0 +1,158 @@
+"""One rate probe: a sample of the workload offered to one split at one request rate, on the
+virtual clock, and whether at least `attainment` of its requests met both SLOs.
+
+Goodput is counted as `pdserve bench` counts it (`bench.metrics.meets_slo`: TTFT and TPOT
+within the targets, a refused request never). A probe stops as soon as its verdict is certain:
+when more requests have missed than the attainment allows (a request that has no first token
+by its TTFT target, or is still decoding when even its remaining tokens cannot bring its TPOT
+within target, has missed), or when enough have met both targets.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from pdserve.bench.metrics import LatencyStats, meets_slo
+from pdserve.config import RouterConfig
+from pdserve.planner.cluster import RouterTiming, VirtualCluster
+from pdserve.planner.deployment import Deployment
+from pdserve.planner.virtual_request import VirtualRequest
+from pdserve.planner.workload import ProbeRequest
+
+_LATE = 1e-9  # a miss is certain just after its deadline (meeting it exactly counts)
+
+
+@dataclass(frozen=True)
+class SLO:
+    ttft_ms: float
+    tpot_ms: float
+    attainment: float = 0.9  # fraction of requests that must meet both targets
+
+
+@dataclass(frozen=True)
+class Split:
+    """Prefill and decode workers; prefill = 0 is colocated serving."""
+
+    prefill: int
+    decode: int
+
+    @property
+    def name(self) -> str:
+        return (
+            f"colocated {self.decode}" if self.prefill == 0 else f"{self.prefill}P:{self.decode}D"
+        )
+
+
+@dataclass
+class ProbeResult:
+    split: Split
+    rate: float  # requests/s offered
+    requests: int
+    good: int
+    missed: int
+    passed: bool
+    complete: bool  # every request ended (not stopped at a certain verdict)
+    elapsed_s: float  # simulated
+    ttft: LatencyStats  # of the requests that completed, in ms
+    tpot: LatencyStats
+    prefill_utilisation: float
+    decode_utilisation: float
+
+
+class _Verdict:
+    """Counts requests that met both targets and ones that missed, each once."""
+
+    def __init__(self, cluster: VirtualCluster, slo: SLO, total: int) -> None:
+        self.cluster, self.slo = cluster, slo
+        self.needed = math.ceil(slo.attainment * total - 1e-9)
+        self.allowed_misses = total - self.needed
+        self.good = self.missed = self.finished = 0
+        self._judged: set[int] = set()
+
+    @property
+    def certain(self) -> bool:
+        return self.missed > self.allowed_misses or self.good >= self.needed
+
+    def arrived(self, request: VirtualRequest) -> None:
+        deadline = self.slo.ttft_ms / 1e3 * (1 + _LATE) + _LATE
+        self.cluster.loop.after(deadline, lambda: self._check_first_token(request))
+
+    def first_token(self, request: VirtualRequest) -> None:
+        remaining = request.probe.output_len - 1
+        if remaining > 0:
+            deadline = self.slo.tpot_ms / 1e3 * remaining * (1 + _LATE) + _LATE
+            self.cluster.loop.after(deadline, lambda: self._check_done(request))
+
+    def ended(self, request: VirtualRequest) -> None:
+        self.finished += 1
+        if meets_slo(request.record, self.slo.ttft_ms, self.slo.tpot_ms):
+            self._judge(request, good=True)
+        else:
+            self._judge(request, good=False)
+
+    def _check_first_token(self, request: VirtualRequest) -> None:
+        if not request.record.chunk_times:
+            self._judge(request, good=False)
+
+    def _check_done(self, request: VirtualRequest) -> None:
+        if not request.ended:
+            self._judge(request, good=False)
+
+    def _judge(self, request: VirtualRequest, good: bool) -> None:
+        if request.probe.index in self._judged:
+            return
+        self._judged.add(request.probe.index)
+        if good:
+            self.good += 1
+        else:
+            self.missed += 1
+
+
+def run_probe(
+    deployment: Deployment,
+    split: Split,
+    requests: list[ProbeRequest],
+    rate: float,
+    slo: SLO,
+    router_config: RouterConfig,
+    timing: RouterTiming = RouterTiming(),
+    stop_when_certain: bool = True,
+    keep_tokens: bool = False,
+) -> tuple[ProbeResult, list[VirtualRequest]]:
+    """Offers `requests` at `rate` requests/s (arrival k at unit_arrival / rate)."""
+    cluster = VirtualCluster(
+        deployment, split.prefill, split.decode, router_config, timing, keep_tokens
+    )
+    verdict = _Verdict(cluster, slo, len(requests))
+    runs = [VirtualRequest(cluster, r, verdict) for r in requests]
+
+    def arrive(run: VirtualRequest) -> None:
+        verdict.arrived(run)
+        run.start()
+
+    start = min(r.unit_arrival for r in requests) / rate
+    for run in runs:
+        cluster.loop.at(run.probe.unit_arrival / rate, lambda run=run: arrive(run))
+    total = len(runs)
+    if stop_when_certain:
+        cluster.loop.run(lambda: verdict.finished == total or verdict.certain)
+    else:
+        cluster.loop.run(lambda: verdict.finished == total)
+    elapsed = cluster.loop.now - start
+    done = [r.record for r in runs if r.record.ok]
+    result = ProbeResult(
+        split=split,
+        rate=rate,
+        requests=total,
+        good=verdict.good,
+        missed=verdict.missed,
+        passed=verdict.good >= verdict.needed,
+        complete=verdict.finished == total,
+        elapsed_s=elapsed,
+        ttft=LatencyStats.of([r.ttft for r in done]),
+        tpot=LatencyStats.of([r.tpot for r in done if r.tpot is not None]),
+        prefill_utilisation=cluster.utilisation("prefill", elapsed),
+        decode_utilisation=cluster.utilisation("decode", elapsed),
+    )
+    return result, runs

@@ -1,0 +1,191 @@
+"""VirtualRequest: one request's life in the simulated cluster, as router/request_flow.py runs
+it: the router's `Routing.choose` picks the route; a local prefill is `add_request` on the
+decode worker; a disaggregated one is `reserve` on the decode worker, a prefill-only run on the
+prefill worker, the push of the blocks the decode worker lacks (bytes / link bandwidth), then
+`commit` on the decode worker and `release` on the prefill worker. The first token reaches the
+client at the commit, the others at the end of the decode steps that made them. Workers at
+capacity (the policy finds every option full, or a reservation without room) make the request
+wait for room with RequestFlow's backoff, up to `room_wait_s`, then it is refused.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Protocol
+
+from pdserve.bench.metrics import RequestRecord
+from pdserve.core.messages import PrefillResult
+from pdserve.core.sampling_params import SamplingParams
+from pdserve.engine.engine import RequestOutput, Reservation
+from pdserve.planner.workload import ProbeRequest
+from router.types import AtCapacity, NoWorkerAvailable, Overloaded, Route
+
+if TYPE_CHECKING:
+    from pdserve.planner.cluster import VirtualCluster
+    from pdserve.planner.virtual_worker import VirtualWorker
+
+
+class RequestObserver(Protocol):
+    def first_token(self, request: VirtualRequest) -> None: ...
+
+    def ended(self, request: VirtualRequest) -> None: ...
+
+
+class VirtualRequest:
+    def __init__(
+        self, cluster: VirtualCluster, probe: ProbeRequest, observer: RequestObserver
+    ) -> None:
+        self.cluster = cluster
+        self.probe = probe
+        self.observer = observer
+        self.record = RequestRecord(
+            index=probe.index,
+            request_id=f"r{probe.index}",
+            prompt_len=len(probe.prompt),
+            max_tokens=probe.output_len,
+            tag=probe.tag,
+        )
+        self.params = SamplingParams(max_tokens=probe.output_len, ignore_eos=True)
+        self.tokens: list[int] = []  # kept when the cluster keeps tokens (tests)
+        self.route: Route | None = None
+        self._attempts = 0
+        self._waiting_since: float | None = None
+        self._occupied: AbstractContextManager | None = None
+
+    @property
+    def ended(self) -> bool:
+        return self.record.end_time is not None
+
+    def start(self) -> None:
+        self.record.send_time = self.cluster.loop.now
+        self._attempt()
+
+    # ---- routing ----------------------------------------------------------------------------
+    def _attempt(self) -> None:
+        self._attempts += 1
+        prompt = self.probe.prompt
+        try:
+            self.route = route = self.cluster.routing.choose(prompt, self.probe.output_len, set())
+        except AtCapacity as exc:
+            self._wait_for_room(str(exc))
+            return
+        except (Overloaded, NoWorkerAvailable) as exc:
+            self._end(ok=False, error=f"{type(exc).__name__}: {exc}")
+            return
+        workers = [w for w in (route.decode_worker, route.prefill_worker) if w]
+        self._occupied = self.cluster.pool.occupied(workers)
+        self._occupied.__enter__()
+        self.work_id = f"{self.record.request_id}#{self._attempts}"
+        decode = self.cluster.workers[route.decode_worker]
+        if route.prefill_worker is None:
+            self.cluster.listen(decode, self.work_id, self._on_decode_output)
+            decode.call(lambda: decode.engine.add_request(self.work_id, prompt, self.params))
+        else:
+            decode.call(
+                lambda: decode.engine.reserve(self.work_id, prompt, self.params), self._reserved
+            )
+
+    def _wait_for_room(self, reason: str) -> None:
+        now = self.cluster.loop.now
+        if self._waiting_since is None:
+            self._waiting_since = now
+        waited = now - self._waiting_since
+        timing = self.cluster.timing
+        if waited >= timing.room_wait_s:
+            self._end(ok=False, error=f"RESOURCE_EXHAUSTED: {reason}")
+            return
+        tries = self._attempts - 1
+        pause = timing.room_backoff_s[min(tries, len(timing.room_backoff_s) - 1)]
+        self.cluster.loop.after(pause, self._attempt)
+
+    def _leave_workers(self) -> None:
+        if self._occupied is not None:
+            self._occupied.__exit__(None, None, None)
+            self._occupied = None
+
+    # ---- disaggregated: reserve, prefill, push, commit ---------------------------------------
+    def _reserved(self, reservation: Reservation | None) -> None:
+        if reservation is None:
+            self._leave_workers()
+            self._wait_for_room(f"decode worker {self.route.decode_worker} has no free KV blocks")
+            return
+        self.reservation = reservation
+        prefill = self.cluster.workers[self.route.prefill_worker]
+        self.cluster.listen(prefill, self.work_id, self._on_prefill_output)
+        self._prefill_sent = self.cluster.loop.now
+
+        def add() -> None:
+            prefill.engine.add_request(
+                self.work_id, self.probe.prompt, self.params, prefill_only=True
+            )
+            prefill.track_queue(self.work_id)
+
+        prefill.call(add)
+
+    def _on_prefill_output(self, worker: VirtualWorker, out: RequestOutput) -> None:
+        loop, rid = self.cluster.loop, self.work_id
+        queue_s = worker.queue_waits.pop(rid, 0.0)
+        result = PrefillResult(
+            request_id=rid,
+            worker_id=worker.worker_id,
+            first_token_id=out.new_token_ids[0],
+            first_logprob=None,
+            finished=out.finish_reason != "prefill",
+            finish_reason=None if out.finish_reason == "prefill" else out.finish_reason,
+            num_prompt_tokens=out.num_prompt_tokens,
+            num_cached_tokens=out.num_cached_tokens,
+            queue_s=queue_s,
+            prefill_s=loop.now - self._prefill_sent - queue_s,
+        )
+        decode = self.cluster.workers[self.route.decode_worker]
+        if result.finished:  # the first token ended it: the reservation is not needed
+            decode.call(lambda: decode.engine.abort(rid))
+            self.cluster.routing.on_prefill_done(self.route, result)
+            self._token(out.new_token_ids)
+            self._end(ok=True)
+            return
+        blocks = [out.block_ids[i] for i in self.reservation.missing_block_indices]
+        num_bytes = len(blocks) * worker.engine.bytes_per_block
+        seconds = num_bytes / self.cluster.deployment.link_bytes_per_s
+        loop.after(seconds, lambda: self._pushed(worker, result, num_bytes, seconds))
+
+    def _pushed(
+        self, prefill: VirtualWorker, result: PrefillResult, num_bytes: int, seconds: float
+    ) -> None:
+        rid = self.work_id
+        prefill.record_transfer(num_bytes, seconds)
+        result.transfer_s, result.transfer_bytes = seconds, num_bytes
+        decode = self.cluster.workers[self.route.decode_worker]
+        self.cluster.listen(decode, rid, self._on_decode_output)
+
+        def committed(_: None) -> None:
+            self.cluster.routing.on_prefill_done(self.route, result)
+            self._token([result.first_token_id])
+
+        decode.call(lambda: decode.engine.commit(rid, result.first_token_id, None), committed)
+        prefill.call(lambda: prefill.engine.release(rid))
+
+    # ---- tokens -----------------------------------------------------------------------------
+    def _on_decode_output(self, worker: VirtualWorker, out: RequestOutput) -> None:
+        if out.new_token_ids:
+            self._token(out.new_token_ids)
+        if out.finished:
+            self._end(ok=True)
+
+    def _token(self, token_ids: list[int]) -> None:
+        record = self.record
+        first = not record.chunk_times
+        record.chunk_times.append(self.cluster.loop.now)
+        record.chunk_tokens.append(len(token_ids))
+        if self.cluster.keep_tokens:
+            self.tokens += token_ids
+        if first:
+            self.observer.first_token(self)
+
+    def _end(self, *, ok: bool, error: str = "") -> None:
+        self._leave_workers()
+        record = self.record
+        record.ok, record.error = ok, error
+        record.error_code = None if ok else error.split(":")[0]
+        record.end_time = self.cluster.loop.now
+        self.observer.ended(self)

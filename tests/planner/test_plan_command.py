@@ -1,0 +1,95 @@
+"""`pdserve plan`: a small plan end to end, and every mistake as one line naming the flag."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pdserve.cli import main
+
+SLOS = ["--ttft-slo-ms", "400", "--tpot-slo-ms", "40"]
+
+
+def _plan(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(["plan", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_a_small_plan_prints_the_best_splits_and_writes_every_one(
+    planner_model_dir, tmp_path, capsys
+):
+    workload = tmp_path / "w.jsonl"
+    workload.write_text("".join(f"[{40 + i % 30}, {4 + i % 5}]\n" for i in range(40)))
+    out_json = tmp_path / "plan.json"
+    code, out, err = _plan(
+        capsys,
+        "--model", str(planner_model_dir), "--gpus", "2", "--workload", str(workload),
+        *SLOS, "--requests-per-worker", "20", "--precision", "0.2", "--top", "2",
+        "--json", str(out_json), "--time",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "recommended: " in out and "time: " in out
+    plan = json.loads(out_json.read_text())
+    assert {s["split"] for s in plan["splits"]} == {"colocated 2", "1P:1D"}
+    assert plan["recommended"] in {"colocated 2", "1P:1D"}
+    best = plan["splits"][0]
+    assert best["goodput"] > 0 and best["ttft_ms"]["p90"] <= 400
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--gpu", "b200"], "--gpu: unknown GPU 'b200' (known: a100, h100, h200, l40s)"),
+        (["--gpus", "3", "--tp", "2"], "--gpus 3 is not a multiple of --tp 2"),
+        (
+            ["--workload", "nope"],
+            "--workload 'nope': neither a preset (chat, rag, mixed) nor a file",
+        ),
+        (
+            ["--model", "llama-9b"],
+            "--model 'llama-9b': neither a model directory nor a known shape",
+        ),
+        (["--profile", "analytical:b200"], "--profile: analytical:b200: unknown GPU 'b200'"),
+    ],
+)
+def test_mistakes_are_one_line_errors_naming_the_flag(planner_model_dir, capsys, args, message):
+    base = {"--model": str(planner_model_dir), "--gpus": "4", "--workload": "chat"}
+    for flag, value in zip(args[::2], args[1::2], strict=True):
+        base[flag] = value
+    code, _, err = _plan(capsys, *[x for kv in base.items() for x in kv], *SLOS)
+    assert code == 2
+    assert err.count("\n") == 1 and message in err, err
+
+
+def test_a_bad_workload_line_names_the_file_and_line(planner_model_dir, tmp_path, capsys):
+    workload = tmp_path / "w.jsonl"
+    workload.write_text('[100, 10]\n{"prompt_len": 5, "output_len": 0}\n')
+    code, _, err = _plan(
+        capsys, "--model", str(planner_model_dir), "--gpus", "2", "--workload", str(workload),
+        *SLOS,
+    )  # fmt: skip
+    assert code == 2
+    assert err.count("\n") == 1
+    assert f"{workload}:2: output_len must be an integer >= 1, got 0" in err
+
+
+def test_a_request_longer_than_the_context_is_refused(planner_model_dir, tmp_path, capsys):
+    workload = tmp_path / "w.jsonl"
+    workload.write_text("[9000, 10]\n")  # the model's context is 8192 tokens
+    code, _, err = _plan(
+        capsys, "--model", str(planner_model_dir), "--gpus", "2", "--workload", str(workload),
+        *SLOS,
+    )  # fmt: skip
+    assert code == 2 and err.count("\n") == 1
+    assert "1 requests exceed the context of 8192 tokens" in err
+
+
+def test_a_slo_must_be_positive(planner_model_dir, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["plan", "--model", str(planner_model_dir), "--gpus", "2", "--workload", "chat",
+              "--ttft-slo-ms", "0", "--tpot-slo-ms", "40"])  # fmt: skip
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--ttft-slo-ms" in err
