@@ -1,6 +1,7 @@
-"""n choices over a served system (real Ray workers, gRPC and the OpenAI HTTP API), colocated
-and disaggregated: the prompt is prefilled once, the decode worker forks the choices, the
-router reassembles them by index, and seeded choice i equals a single request with seed + i."""
+"""n choices and beam search over a served system (real Ray workers, gRPC and the OpenAI HTTP
+API), colocated and disaggregated over each KV transport: the prompt is prefilled once, the
+decode worker forks the choices, the router reassembles them by index, and seeded choice i
+equals a single request with seed + i."""
 
 from __future__ import annotations
 
@@ -16,13 +17,23 @@ PROMPT = [5, 17, 99, 23, 42, 7, 61, 88, 130]  # 2 full blocks of 4 + a partial o
 SAMPLED = {"max_tokens": 8, "temperature": 1.0, "seed": 1234, "ignore_eos": True}
 
 
-@pytest.fixture(scope="module", params=["always", "never"], ids=["disaggregated", "colocated"])
+# Disaggregated over every KV transport (the decode worker forks after the handoff), and
+# colocated.
+LAYOUTS = [("grpc", "always"), ("collective", "always"), ("nixl", "always"), ("grpc", "never")]
+
+
+@pytest.fixture(
+    scope="module",
+    params=LAYOUTS,
+    ids=["disaggregated-grpc", "disaggregated-collective", "disaggregated-nixl", "colocated"],
+)
 def served(request, ray_cluster):
     from pdserve.app import BackgroundApp
     from tests.e2e.conftest import serve_config
 
-    config = serve_config("grpc", prefill_workers=1, decode_workers=1)
-    config.router.disaggregate = request.param
+    transport, disaggregate = request.param
+    config = serve_config(transport, prefill_workers=1, decode_workers=1)
+    config.router.disaggregate = disaggregate
     with BackgroundApp(config) as app:
         yield app
 
