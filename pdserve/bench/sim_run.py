@@ -193,17 +193,18 @@ def bench_error(line: str, exit_code: int) -> int:
 def gpu_kv_blocks(model_config: dict, cluster: SimCluster) -> int:
     """KV blocks of one worker: the profile GPU's memory (x tensor parallel degree) less one
     copy of the weights, in blocks of `cluster.block_size` tokens."""
-    from pdserve.sim.gpus import gpu_spec
-    from pdserve.sim.model_shape import ModelShape
+    from pdserve.sim import model_shape
     from pdserve.sim.profiles import AnalyticalProfile, parse_profile
 
     profile = parse_profile(cluster.profile)
     if not isinstance(profile, AnalyticalProfile):
         raise ValueError(f"{cluster.profile}: no GPU to size the KV pool by; give --num-kv-blocks")
-    shape = ModelShape.from_config(model_config, cluster.dtype)
-    memory = gpu_spec(profile.gpu).memory_bytes * profile.tp
-    free = memory - shape.weight_bytes
-    return max(1, free // (shape.kv_bytes_per_token * cluster.block_size))
+    return max(
+        1,
+        model_shape.gpu_kv_blocks(
+            model_config, profile.gpu, profile.tp, cluster.dtype, cluster.block_size
+        ),
+    )
 
 
 def serve_sim(model_dir: Path, cluster: SimCluster, model_config: dict | None = None):

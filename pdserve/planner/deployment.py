@@ -17,7 +17,7 @@ from pdserve.core import model_limits
 from pdserve.engine.engine import LLMEngine
 from pdserve.sim.executor import SimExecutor, read_model_config
 from pdserve.sim.gpus import gpu_spec
-from pdserve.sim.model_shape import ModelShape
+from pdserve.sim.model_shape import gpu_kv_blocks
 from pdserve.sim.profiles import parse_profile
 from pdserve.sim.shapes import SHAPES, shape_config
 from pdserve.sim.timing import StepTiming, StepWork
@@ -59,17 +59,6 @@ def resolve_model(spec: str) -> Path:
         (directory / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
         write_tokenizer(directory, config["vocab_size"])
     return directory
-
-
-def gpu_kv_blocks(model_config: dict, gpu: str, tp: int, dtype: str, block_size: int) -> int:
-    """KV blocks of one worker: the memory of its `tp` GPUs less one copy of the weights."""
-    shape = ModelShape.from_config(model_config, dtype)
-    free = gpu_spec(gpu).memory_bytes * tp - shape.weight_bytes
-    if free <= 0:
-        raise ValueError(
-            f"--gpu {gpu} --tp {tp}: the weights ({shape.weight_bytes / 1e9:.0f} GB) do not fit"
-        )
-    return free // (shape.kv_bytes_per_token * block_size)
 
 
 class Deployment:

@@ -82,3 +82,19 @@ class ModelShape:
     @property
     def kv_bytes_per_token(self) -> int:
         return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
+
+
+def gpu_kv_blocks(
+    model_config: dict[str, Any], gpu: str, tp: int, dtype: str, block_size: int
+) -> int:
+    """KV blocks of one worker: the memory of its `tp` GPUs (pdserve/sim/gpus.py) less one copy
+    of the weights, in blocks of `block_size` tokens. ValueError when the weights do not fit."""
+    from pdserve.sim.gpus import gpu_spec
+
+    shape = ModelShape.from_config(model_config, dtype)
+    free = gpu_spec(gpu).memory_bytes * tp - shape.weight_bytes
+    if free <= 0:
+        raise ValueError(
+            f"--gpu {gpu} --tp {tp}: the weights ({shape.weight_bytes / 1e9:.0f} GB) do not fit"
+        )
+    return free // (shape.kv_bytes_per_token * block_size)
