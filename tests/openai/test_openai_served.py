@@ -157,6 +157,33 @@ def test_several_prompts_are_choices_by_index(client, model):
     assert [streamed[0], streamed[1]] == [c.token_ids for c in singles]
 
 
+def test_n_choices_with_the_sdk_equal_single_requests_with_their_seeds(client, model):
+    """n > 1 through the official SDK, whole and streamed: choice i of a seeded request is the
+    single request seeded with seed + i, and the prompt counts once in the usage."""
+    prompt = list(range(LOW + 400, LOW + 413))
+    sampled = {
+        "max_tokens": 6,
+        "temperature": 1.0,
+        "extra_body": {"ignore_eos": True, "return_token_ids": True},
+    }
+    whole = client.completions.create(model=model, prompt=prompt, n=3, seed=77, **sampled)
+    singles = [
+        client.completions.create(model=model, prompt=prompt, seed=77 + i, **sampled).choices[0]
+        for i in range(3)
+    ]
+    assert [c.index for c in whole.choices] == [0, 1, 2]
+    assert [c.token_ids for c in whole.choices] == [c.token_ids for c in singles]
+    assert whole.usage.prompt_tokens == len(prompt)
+    assert whole.usage.completion_tokens == 18
+    streamed: dict[int, list[int]] = {0: [], 1: [], 2: []}
+    for chunk in client.completions.create(
+        model=model, prompt=prompt, n=3, seed=77, stream=True, **sampled
+    ):
+        for choice in chunk.choices:
+            streamed[choice.index] += choice.token_ids or []
+    assert [streamed[i] for i in range(3)] == [c.token_ids for c in singles]
+
+
 def test_logprobs_are_the_grpc_ones(client, grpc_client, model):
     prompt = list(range(LOW + 60, LOW + 80))
     expected = grpc_client.generate(prompt, max_tokens=5, ignore_eos=True, logprobs=True)
