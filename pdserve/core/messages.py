@@ -74,6 +74,22 @@ class TokenBatch:
     prefill_s: float | None = None
 
 
+# WorkerStats fields that are the engine's own counts (LLMEngine.stats() keys of one name).
+ENGINE_COUNT_FIELDS = (
+    "num_waiting",
+    "num_running",
+    "num_reserved",
+    "num_held",
+    "waiting_prompt_tokens",
+    "num_blocks",
+    "num_free_blocks",
+    "num_used_blocks",
+    "num_cached_blocks",
+    "prefix_hit_tokens",
+    "prefix_query_tokens",
+)
+
+
 @dataclass
 class WorkerStats:
     """A worker's load and its measured costs; the router polls it for routing."""

@@ -14,26 +14,13 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from pdserve.core.messages import WorkerStats
+from pdserve.core.messages import ENGINE_COUNT_FIELDS, WorkerStats
 from pdserve.engine.engine import LLMEngine, RequestOutput
 from pdserve.planner.deployment import StepMeter
 from pdserve.planner.events import EventLoop
 
 # (worker, outputs of one step) -> None
 OutputSink = Callable[["VirtualWorker", list[RequestOutput]], None]
-_ENGINE_COUNTS = (
-    "num_waiting",
-    "num_running",
-    "num_reserved",
-    "num_held",
-    "num_blocks",
-    "num_free_blocks",
-    "num_used_blocks",
-    "num_cached_blocks",
-    "waiting_prompt_tokens",
-    "prefix_hit_tokens",
-    "prefix_query_tokens",
-)
 
 
 class VirtualWorker:
@@ -87,7 +74,7 @@ class VirtualWorker:
     def stats(self) -> WorkerStats:
         """What the worker answers a stats poll now."""
         engine_stats = self.engine.stats()
-        counts = {name: int(engine_stats[name]) for name in _ENGINE_COUNTS}
+        counts = {name: int(engine_stats[name]) for name in ENGINE_COUNT_FIELDS}
         return dataclasses.replace(self._stats, **counts)
 
     def _kick(self) -> None:

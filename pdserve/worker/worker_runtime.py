@@ -19,7 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from pdserve import metrics
-from pdserve.core.messages import TokenBatch, WorkerStats
+from pdserve.core.messages import ENGINE_COUNT_FIELDS, TokenBatch, WorkerStats
 from pdserve.engine.engine import LLMEngine, RequestOutput
 from pdserve.models.builtin import default_model_dir
 from pdserve.worker.engine_loop import END_OF_STREAM, EngineLoop
@@ -109,20 +109,8 @@ class WorkerRuntime:
     async def stats(self) -> WorkerStats:
         engine_stats = await self.loop.acall(self.engine.stats)
         stats = self._stats
-        for name in (
-            "num_waiting",
-            "num_running",
-            "num_reserved",
-            "num_held",
-            "num_blocks",
-            "num_free_blocks",
-            "num_used_blocks",
-            "num_cached_blocks",
-            "prefix_hit_tokens",
-            "prefix_query_tokens",
-        ):
+        for name in ENGINE_COUNT_FIELDS:
             setattr(stats, name, int(engine_stats.get(name, 0)))
-        stats.waiting_prompt_tokens = int(engine_stats.get("waiting_prompt_tokens", 0))
         stats.sim_overrun_steps = int(engine_stats.get("sim_overrun_steps", 0))
         stats.sim_modelled_seconds = float(engine_stats.get("sim_modelled_seconds", 0.0))
         stats.sim_measured_seconds = float(engine_stats.get("sim_measured_seconds", 0.0))
