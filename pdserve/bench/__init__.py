@@ -14,7 +14,9 @@
 - `compare_bench.py` — `bench compare`: disaggregated vs colocated on the same cores.
 - `router_bench.py` — `bench router`: the cost policy vs round-robin.
 - `sim_run.py` — a served system of sim workers: workloads at simulated rates, figures in
-  simulated time, and the saturation check that refuses them when the CPU set the pace.
+  simulated time.
+- `sim_saturation.py` — the saturation check that refuses a sim run's figures when the CPU,
+  not the timing model, set the pace.
 - `sim_disagg_bench.py` — `bench sim-disagg`: every P:D split vs colocated on 8 sim H100s,
   goodput at TTFT/TPOT SLOs (issue 14 5a).
 - `sim_routing_bench.py` — `bench sim-routing`: routing policies on 16 and 64 sim workers,

@@ -19,7 +19,7 @@ TTFT <= --slo-ttft-ms and TPOT <= --slo-tpot-ms (simulated time; TPOT = (E2E - T
 tokens - 1), a one-token request meets any TPOT). Goodput (DistServe): the rate at which
 attainment falls below --attainment (0.9), interpolated linearly between the swept rates
 (`metrics.goodput_rate`); a layout that never falls below gets the highest rate swept, marked
-">=". Every run passes the saturation check (`sim_run.SaturationCheck`) or the bench stops with
+">=". Every run passes the saturation check (`sim_saturation.SaturationCheck`) or the bench stops with
 its refusal. The report: attainment per rate and goodput per layout, the best split's goodput over
 colocated's, and for the auto layouts the fraction of requests they prefilled locally.
 """
@@ -32,16 +32,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from pdserve.bench.sim_run import (
-    Saturated,
     SimCluster,
     add_cluster_arguments,
-    checked_run,
     cluster_from_args,
     local_prefill_fraction,
     run_sim_load,
     serve_sim,
     wait_idle,
 )
+from pdserve.bench.sim_saturation import Saturated, checked_run
 
 NUM_WORKERS = 8
 WORKLOADS = ("chat-rag", "short")

@@ -28,9 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from pdserve.bench.sim_run import (
-    Saturated,
     add_cluster_arguments,
-    checked_run,
     cluster_from_args,
     local_prefill_fraction,
     run_sim_load,
@@ -39,6 +37,7 @@ from pdserve.bench.sim_run import (
     sim_workers,
     wait_idle,
 )
+from pdserve.bench.sim_saturation import Saturated, checked_run
 
 POLICIES = ("round_robin", "least_loaded", "prefix", "cost")
 

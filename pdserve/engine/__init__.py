@@ -5,10 +5,13 @@ types in `pdserve.core`. This package imports none of ray, grpc or redis.
 
 - `engine.py` — `LLMEngine`: add_request / step / abort, and the disaggregation hooks; n
   choices and beam search as forked sequences.
+- `executor.py` — the executor seam (`Executor`, `make_executor`): torch or sim, imported on
+  use.
 - `scheduler.py` — continuous batching, chunked prefill, preemption by recompute.
 - `block_manager.py` — blocks, reference counts, prefix cache (LRU), KV events, forks with
   copy-on-write.
-- `beam_search.py` — `BeamSearch`: one beam-search request's state, transformers' rule.
+- `beam_search.py` — `BeamSearch`: one beam-search request's state, transformers' rule;
+  `BeamRequest`: its running beams and their offers.
 - `model_runner.py` — `TorchExecutor` (the torch side of the executor seam) and `ModelRunner`:
   the paged KV cache tensor; batch -> tensors -> logits.
 - `sampler.py` — repetition penalty; greedy / temperature / top-k / top-p / seeded sampling,

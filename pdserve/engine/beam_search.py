@@ -21,9 +21,13 @@ decides which beams live on and which end.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from pdserve.core.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from pdserve.engine.sequence import Sequence as EngineSequence
 
 # transformers' score of "no hypothesis here": below any real total.
 _NO_SCORE = -1.0e9
@@ -133,3 +137,13 @@ class BeamSearch:
         best_running = self.totals[0] if self.totals else _NO_SCORE
         best_possible = best_running / (self.num_generated**self.length_penalty)
         self.improvable = best_possible > self.finished[-1].score
+
+
+@dataclass
+class BeamRequest:
+    """A beam-search request: its search, its running beams (aligned with the search's), and
+    the candidates each beam offered this round (by id(), sequences compare by value)."""
+
+    search: BeamSearch
+    seqs: list[EngineSequence]
+    offers: dict[int, list[tuple[int, float]]] = field(default_factory=dict)

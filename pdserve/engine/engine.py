@@ -35,16 +35,16 @@ import dataclasses
 import itertools
 import time
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from pdserve.config import EngineConfig
 from pdserve.core import model_limits
 from pdserve.core.kv_events import KVEvent, KVEventSink
 from pdserve.core.sampling_params import SamplingParams
-from pdserve.engine.beam_search import BeamSearch
+from pdserve.engine.beam_search import BeamRequest, BeamSearch
 from pdserve.engine.block_manager import BlockManager
+from pdserve.engine.executor import Executor, make_executor
 from pdserve.engine.outputs import RequestOutput, Reservation
 from pdserve.engine.premature_layers import request_layers
 from pdserve.engine.scheduler import ScheduledBatch, Scheduler
@@ -53,59 +53,6 @@ from pdserve.models.builtin import default_model_dir
 from pdserve.tokenizer import IncrementalDetokenizer, Tokenizer
 
 __all__ = ["Executor", "LLMEngine", "RequestOutput", "Reservation", "SamplingParams", "KVEvent"]
-
-
-class Executor(Protocol):
-    """What runs the model for the engine: computes a step's chunks and samples its tokens,
-    and owns the KV cache (a tensor, or for the sim executor a shape without bytes)."""
-
-    model_config: dict[str, Any]  # the HF config.json
-    vocab_size: int
-    num_layers: int
-    kv_cache: Any  # [num_layers, 2, num_blocks, block_size, kv_heads, head_dim]
-    bytes_per_block: int
-
-    def execute(
-        self, batch: ScheduledBatch, step_started: float
-    ) -> tuple[list[int], list[int], list[float | None]]:
-        """Computes every scheduled chunk (their sequences' num_computed_tokens not advanced
-        yet); returns the sample indices (batch.sampling_seq: batch.seqs, then the forks of
-        batch.fork_samples, which sample from their parent's logits), their tokens and
-        logprobs (None where a request did not ask). `step_started`: perf_counter at the
-        step's start."""
-        ...
-
-    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
-        """Copies every (source, destination) block's KV, all sources read before any write."""
-        ...
-
-    def read_kv(self, block_ids: list[int], layer_start: int, layer_end: int) -> Any: ...
-
-    def write_kv(self, block_ids: list[int], layer_start: int, data: Any) -> None: ...
-
-    def stats(self) -> dict[str, float]: ...
-
-
-def make_executor(config: EngineConfig, model_dir: Path, tokenizer: Tokenizer) -> Executor:
-    """The executor `config.kind` names; only the torch one imports torch."""
-    if config.kind == "sim":
-        from pdserve.sim.executor import SimExecutor, read_model_config
-
-        model_config = read_model_config(model_dir)
-        special = {*tokenizer.eos_token_ids, tokenizer.bos_token_id}
-        return SimExecutor(
-            model_config,
-            num_blocks=model_limits.kv_pool_blocks(model_config, config),
-            block_size=config.block_size,
-            dtype=config.dtype,
-            profile=config.sim.profile,
-            avoid_token_ids={t for t in special if t is not None},
-            time_scale=config.sim.time_scale,
-            link_gbps=config.sim.link_gbps,
-        )
-    from pdserve.engine.model_runner import TorchExecutor
-
-    return TorchExecutor(config, model_dir)
 
 
 class LLMEngine:
@@ -149,7 +96,7 @@ class LLMEngine:
         self._seqs: dict[str, Sequence] = {}  # by request id: choice 0's sequence
         self._forks: dict[str, list[Sequence]] = {}  # the other choices' (n > 1)
         self._open_choices: dict[str, int] = {}  # choices still generating (n > 1)
-        self._beams: dict[str, _BeamRequest] = {}  # beam-search requests by request id
+        self._beams: dict[str, BeamRequest] = {}  # beam-search requests by request id
         self._pending: list[RequestOutput] = []  # outputs produced outside step()
         self._arrivals = itertools.count()
         self._counters = dict.fromkeys(("prefill_tokens_computed", "decode_tokens", "steps"), 0)
@@ -382,7 +329,7 @@ class LLMEngine:
         max_tokens = min(params.max_tokens, self.max_model_len - seq.num_prompt_tokens)
         search = BeamSearch(params, stop_ids, max_tokens)
         seq.beam_top_k = search.candidates_per_beam
-        self._beams[seq.request_id] = _BeamRequest(search, [seq])
+        self._beams[seq.request_id] = BeamRequest(search, [seq])
 
     def _beam_step(self, request_id: str) -> list[RequestOutput]:
         """Steps the search once every beam offered; forks, frees and extends the beams; at
@@ -596,13 +543,3 @@ class LLMEngine:
         events = self.block_manager.take_events()
         if events and self._kv_event_sink is not None:
             self._kv_event_sink(events)
-
-
-@dataclass
-class _BeamRequest:
-    """A beam-search request: its search, its running beams (aligned with the search's), and
-    the candidates each beam offered this round (by id(), sequences compare by value)."""
-
-    search: BeamSearch
-    seqs: list[Sequence]
-    offers: dict[int, list[tuple[int, float]]] = field(default_factory=dict)

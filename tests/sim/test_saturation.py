@@ -11,15 +11,12 @@ import pytest
 from pdserve.bench.datasets import BenchRequest
 from pdserve.bench.metrics import RequestRecord
 from pdserve.bench.sim_run import (
-    Saturated,
-    SaturationCheck,
     SimCluster,
-    WorkerPace,
-    checked_run,
     run_sim_load,
     serve_sim,
     wait_idle,
 )
+from pdserve.bench.sim_saturation import Saturated, SaturationCheck, WorkerPace, checked_run
 
 
 def _requests(count: int, prompt_len: int, output_len: int) -> list[BenchRequest]:
