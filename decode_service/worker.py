@@ -165,17 +165,25 @@ class DecodeWorker(WorkerActor):
             attributes={"pdserve.request_id": request_id, "pdserve.worker_id": self.worker_id},
         )
         first, tokens, finish_reason = True, 0, None
+        drafted = accepted = 0  # speculative decoding's draft tokens verified, and accepted
         try:
             async for batch in runtime.batches(request_id, stream):
                 if first:
                     batch.prefill_s, first = time.perf_counter() - started, False
                     span.add_event("pdserve.first_token")
                 tokens += len(batch.token_ids)
+                drafted += batch.num_draft_tokens
+                accepted += batch.num_accepted_tokens
                 finish_reason = batch.finish_reason
                 yield batch
         finally:
             span.set_attributes(
-                {"pdserve.completion_tokens": tokens, "pdserve.finish_reason": finish_reason or ""}
+                {
+                    "pdserve.completion_tokens": tokens,
+                    "pdserve.finish_reason": finish_reason or "",
+                    "pdserve.spec.draft_tokens": drafted,
+                    "pdserve.spec.accepted_tokens": accepted,
+                }
             )
             span.end()
 

@@ -8,6 +8,7 @@ Subpackages: `core` (plain shared types), `engine` and `models` (torch), `worker
 worker actors share), `prefix_index` (Redis), `commands` (the CLI), `bench`, `pb` (generated).
 Modules:
 - `app.py` — `ServingApp` / `BackgroundApp`: everything `pdserve serve` starts and stops.
+- `startup_checks.py` — what `pdserve serve` checks before it starts anything (`StartupError`).
 - `config.py` — every setting as a dataclass; CLI flags map onto them.
 - `config_fields.py` — `setting()`: a field's default, help, flag and bounds; `check_fields`.
 - `cli.py` — the `pdserve` command; subcommands are imported only when run.

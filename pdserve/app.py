@@ -7,21 +7,25 @@ own event loop thread, for tests and benchmarks that drive it with ordinary gRPC
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
-import socket
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import jinja2
-
 from pdserve import metrics, telemetry
-from pdserve.config import EngineConfig, RouterConfig, ServeConfig
-from pdserve.core.model_limits import max_model_len
+from pdserve.config import RouterConfig, ServeConfig
 from pdserve.prefix_index.lookup import PrefixIndex
 from pdserve.prefix_index.maintenance import IndexMaintenance
+from pdserve.prefix_index.spec_stats import record_speculation
+from pdserve.startup_checks import (
+    StartupError,
+    check_port_free,
+    check_ray_reachable,
+    check_speculation,
+    load_chat_template,
+    load_model_limits,
+)
 from pdserve.tokenizer import Tokenizer
 from router.generation_service import GenerationService
 from router.http.chat_template import ChatTemplate
@@ -36,74 +40,6 @@ from router.validation import ModelLimits, max_request_bytes
 from router.worker_pool import WorkerPool
 
 log = logging.getLogger(__name__)
-
-RAY_CONNECT_TIMEOUT_S = 5.0
-
-
-class StartupError(RuntimeError):
-    """A setting that cannot work, found before anything was started; a one-line message."""
-
-
-def load_model_limits(model_dir: Path, engine: EngineConfig) -> tuple[Tokenizer, ModelLimits]:
-    """The tokenizer and the limits the router validates against, from the model directory;
-    `max_model_len` is the one the engine computes (pdserve.core.model_limits)."""
-    config_path = model_dir / "config.json"
-    if not model_dir.is_dir():
-        raise StartupError(f"--model: directory {model_dir} does not exist")
-    try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-        tokenizer = Tokenizer.from_dir(model_dir)
-        return tokenizer, ModelLimits(
-            name=model_dir.name,
-            vocab_size=int(config["vocab_size"]),
-            max_model_len=max_model_len(config, engine),
-            eos_token_ids=list(tokenizer.eos_token_ids),
-            num_layers=int(config.get("num_hidden_layers", 0)),
-        )
-    except (OSError, ValueError, KeyError) as e:
-        detail = f"missing {e}" if isinstance(e, KeyError) else str(e)
-        raise StartupError(f"--model {model_dir}: {detail}") from e
-
-
-def load_chat_template(model_dir: Path) -> ChatTemplate | None:
-    """The model's chat template (None without one); StartupError when it does not compile."""
-    try:
-        return ChatTemplate.from_dir(model_dir)
-    except (OSError, ValueError, jinja2.TemplateError) as e:
-        raise StartupError(f"--model {model_dir}: chat_template: {e}") from e
-
-
-def check_port_free(host: str, port: int, flag: str = "--port") -> None:
-    """Raises StartupError when another process listens on host:port. gRPC would otherwise
-    share the port with it (SO_REUSEPORT) or fail only after Ray and the workers started."""
-    if port == 0:
-        return
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError as e:
-            raise StartupError(
-                f"{flag} {port}: cannot listen on {host}:{port}: {e.strerror}"
-            ) from e
-
-
-def check_ray_reachable(address: str | None) -> None:
-    """Raises StartupError when a Ray address given as host:port does not accept connections
-    within RAY_CONNECT_TIMEOUT_S (ray.init would wait for it forever)."""
-    if not address or address in ("auto", "local"):
-        return
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    if not host or not port.isdigit():
-        raise StartupError(
-            f"--ray-address {address}: expected host:port, 'auto' or ray://host:port"
-        )
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), RAY_CONNECT_TIMEOUT_S).close()
-    except OSError as e:
-        reason = "timed out" if isinstance(e, TimeoutError) else e.strerror or str(e)
-        raise StartupError(f"--ray-address {address}: cannot connect: {reason}") from e
 
 
 def _init_ray(config: ServeConfig) -> None:
@@ -123,6 +59,7 @@ class ServingApp:
     metrics_port: int | None = None  # the bound Prometheus port, when config.metrics_port is set
     http_port: int = 0  # the bound port of the OpenAI-compatible HTTP API
     advertise_redis_url: bool = False  # write the private Redis URL for `pdserve stats`
+    planner: object | None = None  # router.online_plan.OnlinePlanner with --plan-interval
     _ready: bool = True
     _stack: list = field(default_factory=list)  # (description, async stop callable), LIFO
 
@@ -148,6 +85,7 @@ class ServingApp:
         model_dir = Path(config.engine.model or default_model_dir())
         # Mistakes in the settings surface here, in seconds, before Ray and the workers start.
         tokenizer, limits = load_model_limits(model_dir, config.engine)
+        check_speculation(config, limits.vocab_size)
         check_port_free(config.router.host, config.router.port)
         check_port_free(config.router.http_host, config.router.http_port, "--http-port")
         chat_template = load_chat_template(model_dir)
@@ -168,7 +106,10 @@ class ServingApp:
             prefill, decode, call_timeout_s=max(5.0, config.router.progress_timeout_s)
         )
         # Every worker's gauges, as of the latest poll (the router's endpoint shows them all).
-        self.pool.stats_listeners.append(lambda w, old, stats: metrics.observe_worker_stats(stats))
+        self.pool.stats_listeners.append(
+            lambda w, old, stats: metrics.observe_worker_stats(stats, old)
+        )
+        self._observe_speculation(model_dir.name)
         # The served model's load under vLLM's names (vllm:num_requests_running, ...).
         self.pool.stats_listeners.append(
             lambda w, old, stats: metrics.observe_model_load(
@@ -179,10 +120,17 @@ class ServingApp:
         self._stack.append(("pool", self.pool.stop))
 
         index = PrefixIndex(redis_url, model_dir.name, config.engine.block_size)
+        # `pdserve stats` reads the speculation counts from the index's Redis.
+        self.pool.stats_listeners.append(
+            lambda w, old, stats: record_speculation(
+                index.link, index.keys, w.worker_id, metrics.speculation_delta(old, stats)
+            )
+        )
         self._stack.append(("index maintenance", _async(IndexMaintenance(index).start().stop)))
         policy = RoutingPolicy(config.router)
         # Waiting prompts are packed into engine steps of this many tokens (queue estimates).
         policy.cost.step_tokens = config.engine.max_num_batched_tokens
+        self._start_planner(model_dir, policy, index)
         self.routing = Routing(
             self.pool,
             policy,
@@ -228,6 +176,32 @@ class ServingApp:
         self.pool.health_listeners.append(self._track_readiness)
         await self._start_http(flow, tokenizer, limits, chat_template)
 
+    def _start_planner(self, model_dir: Path, policy: RoutingPolicy, index: PrefixIndex) -> None:
+        """--plan-interval: the online planner over this router's traffic and measured costs."""
+        router = self.config.router
+        if not router.plan_interval_s:
+            return
+        from router.online_plan import OnlinePlanner, PlanSettings
+
+        engine = self.config.engine_for("decode")
+        settings = PlanSettings(
+            model_dir=str(model_dir),
+            block_size=engine.block_size,
+            max_num_seqs=engine.max_num_seqs,
+            max_num_batched_tokens=engine.max_num_batched_tokens,
+            dtype=engine.dtype,
+            ttft_slo_ms=router.ttft_slo_ms,
+            tpot_slo_ms=router.tpot_slo_ms,
+        )
+        self.planner = OnlinePlanner(
+            router.plan_interval_s,
+            settings,
+            policy.cost,
+            lambda: [w.stats for w in self.pool.workers.values() if w.stats],
+            publish=index.publish_plan,
+        ).start()
+        self._stack.append(("online planner", self.planner.stop))
+
     async def _start_http(
         self,
         flow: RequestFlow,
@@ -262,6 +236,16 @@ class ServingApp:
             ("http server", lambda: _stop_http(http, service, router.shutdown_grace_s))
         )
         self.http_port = http.port
+
+    def _observe_speculation(self, model: str) -> None:
+        """The served model's speculative decoding counters under vLLM's names; they exist (at
+        0) from the start when the decode pool speculates, as vLLM's do."""
+        if self.config.engine_for("decode").speculative.enabled:
+            for counter in metrics.MODEL_SPEC_COUNTERS:
+                counter.labels(model)
+        self.pool.stats_listeners.append(
+            lambda w, old, stats: metrics.observe_model_speculation(model, old, stats)
+        )
 
     def _track_readiness(self) -> None:
         ready = bool(self.pool.of_role("decode"))

@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "stats": ("pdserve.commands.stats", "print prefix-cache reuse statistics from Redis"),
     "bench": ("pdserve.commands.bench", "benchmarks: engine, transfer, serve, compare, router"),
     "plan": ("pdserve.commands.plan", "how many prefill and decode workers, predicted offline"),
+    "selftest": ("pdserve.commands.selftest", "parity, KV transfer and decode speed on a device"),
 }
 
 

@@ -188,6 +188,7 @@ class GenerateParams(TypedDict, total=False):
     evolution_rate: float | None
     evolution_scale: int | None
     evolution_lower_bound: float | None
+    disable_speculation: bool  # opt out of the server's speculative decoding
     request_id: str  # empty = the router assigns one
     model: str  # empty = the served model
 

@@ -62,6 +62,72 @@ class SimConfig:
             raise ConfigError("SimConfig", "profile", str(e)) from None
 
 
+SPECULATIVE_METHODS = ("", "ngram", "draft")
+
+
+@dataclass
+class SpeculativeConfig:
+    """Speculative decoding in the torch engine (docs/decoding.md, "Speculative decoding"):
+    each step a proposer guesses up to `num_speculative_tokens` next tokens of each running
+    decode sequence and one target forward verifies them all. Not with --engine sim.
+
+    The engine switches proposing off by itself while the acceptance rate (accepted / drafted
+    tokens) over the last `acceptance_window` drafted tokens stays below `min_acceptance`, and
+    probes again (proposes for one step) after `probe_interval` steps, waiting twice as long
+    after each probe that fails (at most 16 times as long)."""
+
+    cli_group: ClassVar[str] = "speculative decoding"
+
+    method: str = setting(
+        "",
+        "propose tokens to verify in one forward: ngram (prompt lookup) or draft (a smaller "
+        "model, --draft-model); empty = off",
+        flag="--speculative",
+        choices=SPECULATIVE_METHODS,
+    )
+    draft_model: str | None = setting(
+        None, "Hugging Face directory of the draft model (same tokenizer as the target)"
+    )
+    num_speculative_tokens: int = setting(
+        4, "most tokens proposed per sequence and step", minimum=1, maximum=16
+    )
+    ngram_max: int = setting(
+        3, "longest suffix n-gram prompt lookup matches", flag="--spec-ngram-max", minimum=1
+    )
+    ngram_min: int = setting(
+        1, "shortest suffix n-gram prompt lookup matches", flag="--spec-ngram-min", minimum=1
+    )
+    min_acceptance: float = setting(
+        0.4,
+        "below this acceptance rate (accepted / drafted) speculation pauses itself",
+        flag="--spec-min-acceptance",
+        minimum=0,
+        maximum=1,
+    )
+    acceptance_window: int = setting(
+        16, "drafted tokens the acceptance rate is measured over", flag="--spec-window", minimum=1
+    )
+    probe_interval: int = setting(
+        32,
+        "steps a paused speculation waits before proposing again",
+        minimum=1,
+        flag="--spec-probe-interval",
+    )
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if self.method == "draft" and not self.draft_model:
+            raise ConfigError(
+                "SpeculativeConfig", "draft_model", "--speculative draft needs --draft-model DIR"
+            )
+        if self.ngram_min > self.ngram_max:
+            raise ConfigError("SpeculativeConfig", "ngram_min", "must be at most ngram_max")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.method)
+
+
 @dataclass
 class EngineConfig:
     """One engine (any role): which model, how big the paged KV cache is, how a step is batched."""
@@ -99,6 +165,18 @@ class EngineConfig:
     num_threads: int | None = setting(
         None, "torch intra-op threads per worker on CPU (default: torch's)", minimum=1
     )
+    compile: bool | None = setting(
+        None,
+        "run decode-only steps as a compiled static-shape graph (torch.compile; CUDA graphs "
+        "on CUDA); default: on for CUDA, off on CPU",
+    )
+    gpu_memory_utilization: float = setting(
+        0.9,
+        "share of the GPU's memory the worker may use; on CUDA the KV pool gets what weights "
+        "and a profiled forward pass leave (--num-kv-blocks overrides); CPU uses --kv-cache-mb",
+        above=0,
+        maximum=1,
+    )
     kind: str = setting(
         "torch",
         "what runs the model: torch, or sim (a timing model, no torch; docs/simulation.md)",
@@ -106,6 +184,7 @@ class EngineConfig:
         choices=ENGINE_KINDS,
     )
     sim: SimConfig = field(default_factory=SimConfig)
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -249,6 +328,13 @@ class RouterConfig:
     shutdown_grace_s: float = setting(
         30.0,
         "on SIGTERM, running requests get this long to finish (new ones are refused)",
+        minimum=0,
+    )
+    plan_interval_s: float = setting(
+        0.0,
+        "every this many seconds, plan the prefill/decode split for the last window's traffic "
+        "from measured costs (docs/planner.md); 0 = off",
+        flag="--plan-interval",
         minimum=0,
     )
 

@@ -82,6 +82,12 @@ QUEUE_LENGTH = Gauge(
 KV_BLOCKS = Gauge(
     "pdserve_kv_blocks", "KV cache blocks of a worker by state: used, free.", ["worker", "state"]
 )
+WORKER_PEAK_MEMORY = Gauge(
+    "pdserve_worker_peak_memory_bytes",
+    "Peak memory of a worker process since it started, by kind: rss (resident set), gpu (CUDA "
+    "allocator; 0 on CPU).",
+    ["worker", "kind"],
+)
 PREFIX_HIT_RATIO = Gauge(
     "pdserve_prefix_hit_ratio",
     "Share of a worker's prompt tokens found in its prefix cache since it started.",
@@ -90,6 +96,40 @@ PREFIX_HIT_RATIO = Gauge(
 REDIS_UP = Gauge(
     "pdserve_redis_up",
     "1 if the prefix index's Redis answered its last call (the router pings it every second).",
+)
+
+# --- speculative decoding (decode workers; series exist once a worker has speculated) -----
+SPEC_DRAFT_TOKENS = Counter(
+    "pdserve_spec_draft_tokens",
+    "Draft tokens a worker's target model verified (speculative decoding).",
+    ["worker"],
+)
+SPEC_ACCEPTED_TOKENS = Counter(
+    "pdserve_spec_accepted_tokens",
+    "Draft tokens the target model accepted; acceptance rate = accepted / draft tokens.",
+    ["worker"],
+)
+SPEC_VERIFY_STEPS = Counter(
+    "pdserve_spec_verify_steps",
+    "Verify steps: one per sequence per engine step that verified draft tokens; mean accepted "
+    "tokens per step = accepted / verify steps.",
+    ["worker"],
+)
+SPEC_ACCEPTANCE_RATIO = Gauge(
+    "pdserve_spec_acceptance_ratio",
+    "Share of a worker's draft tokens accepted since it started.",
+    ["worker"],
+)
+SPEC_MEAN_ACCEPTED = Gauge(
+    "pdserve_spec_mean_accepted_tokens",
+    "Draft tokens accepted per verify step since the worker started (each step also adds the "
+    "target's own token).",
+    ["worker"],
+)
+SPEC_PAUSED = Gauge(
+    "pdserve_spec_paused",
+    "1 while a worker's speculation has switched itself off (its acceptance did not pay).",
+    ["worker"],
 )
 
 # --- the served model, under vLLM's names (router) -----------------------------------------
@@ -149,6 +189,20 @@ MODEL_KV_USAGE = Gauge(
     "Share of all workers' KV cache blocks in use by requests (0 to 1).",
     ["model_name"],
 )
+MODEL_SPEC_DRAFTS = Counter(
+    "vllm:spec_decode_num_drafts",
+    "Speculation rounds: one per sequence per step that verified draft tokens.",
+    ["model_name"],
+)
+MODEL_SPEC_DRAFT_TOKENS = Counter(
+    "vllm:spec_decode_num_draft_tokens", "Draft tokens verified by the target.", ["model_name"]
+)
+MODEL_SPEC_ACCEPTED_TOKENS = Counter(
+    "vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted by the target.", ["model_name"]
+)
+MODEL_SPEC_COUNTERS = (MODEL_SPEC_DRAFT_TOKENS, MODEL_SPEC_ACCEPTED_TOKENS, MODEL_SPEC_DRAFTS)
+# The WorkerStats counts behind each speculative decoding counter, in the same order.
+SPEC_COUNT_FIELDS = ("spec_draft_tokens", "spec_accepted_tokens", "spec_verify_steps")
 
 
 def observe_request(
@@ -186,15 +240,49 @@ def observe_model_load(model: str, stats: list[Any]) -> None:
     MODEL_KV_USAGE.labels(model).set(used / blocks if blocks else 0.0)
 
 
-def observe_worker_stats(stats: Any) -> None:
-    """Sets the gauges of one worker from its `WorkerStats` (cheap: a few dict lookups)."""
+def observe_worker_stats(stats: Any, previous: Any | None = None) -> None:
+    """Sets the gauges of one worker from its `WorkerStats` (cheap: a few dict lookups), and
+    adds to its counters what happened since `previous`, its snapshot before this one."""
     worker = stats.worker_id
     QUEUE_LENGTH.labels(worker=worker).set(stats.num_waiting)
     KV_BLOCKS.labels(worker=worker, state="used").set(stats.num_used_blocks)
     KV_BLOCKS.labels(worker=worker, state="free").set(stats.num_free_blocks)
+    WORKER_PEAK_MEMORY.labels(worker=worker, kind="rss").set(stats.peak_rss_bytes)
+    WORKER_PEAK_MEMORY.labels(worker=worker, kind="gpu").set(stats.peak_gpu_bytes)
     if stats.prefix_query_tokens:
         ratio = stats.prefix_hit_tokens / stats.prefix_query_tokens
         PREFIX_HIT_RATIO.labels(worker=worker).set(ratio)
+    if stats.spec_verify_steps:
+        counters = (SPEC_DRAFT_TOKENS, SPEC_ACCEPTED_TOKENS, SPEC_VERIFY_STEPS)
+        for counter, amount in zip(counters, speculation_delta(previous, stats), strict=True):
+            counter.labels(worker=worker).inc(amount)
+        SPEC_ACCEPTANCE_RATIO.labels(worker=worker).set(
+            stats.spec_accepted_tokens / max(stats.spec_draft_tokens, 1)
+        )
+        SPEC_MEAN_ACCEPTED.labels(worker=worker).set(
+            stats.spec_accepted_tokens / stats.spec_verify_steps
+        )
+        SPEC_PAUSED.labels(worker=worker).set(stats.spec_paused)
+
+
+def observe_model_speculation(model: str, previous: Any | None, stats: Any) -> None:
+    """Adds one worker's speculative decoding since `previous` to the served model's counters."""
+    for counter, amount in zip(
+        MODEL_SPEC_COUNTERS, speculation_delta(previous, stats), strict=True
+    ):
+        if amount:
+            counter.labels(model).inc(amount)
+
+
+def speculation_delta(previous: Any | None, stats: Any) -> tuple[int, ...]:
+    """A worker's draft tokens, accepted tokens and verify steps between two snapshots of its
+    `WorkerStats` (SPEC_COUNT_FIELDS); all of them when there is no earlier snapshot of the same
+    epoch (the worker started, or restarted, since)."""
+    fresh = previous is None or previous.epoch != stats.epoch
+    return tuple(
+        max(0, getattr(stats, name) - (0 if fresh else getattr(previous, name)))
+        for name in SPEC_COUNT_FIELDS
+    )
 
 
 # gRPC status names (as KV-transfer errors spell them) -> KV_TRANSFER_FAILURES reason.
@@ -221,6 +309,36 @@ def transfer_failure_reason(error: BaseException | str) -> str:
 
 
 _servers: dict[int, Any] = {}  # bound port -> its HTTP server, for stop_metrics_server
+
+
+# --- online planner (router, --plan-interval; router/online_plan.py) --------------------------
+PLANNER_WORKERS = Gauge(
+    "pdserve_planner_workers",
+    "Workers of each role in the split the online planner chose for the last window "
+    "(role: prefill, decode; prefill 0 = colocated).",
+    ["role"],
+)
+PLANNER_GOODPUT_RPS = Gauge(
+    "pdserve_planner_goodput_rps",
+    "Predicted goodput (requests/s meeting both SLOs) of the chosen split on the last window.",
+)
+PLANNER_OBSERVED_RPS = Gauge(
+    "pdserve_planner_observed_rps", "Requests/s the router served in the last window."
+)
+PLANNER_WORKERS_NEEDED = Gauge(
+    "pdserve_planner_workers_needed",
+    "Workers the observed rate needs if goodput scales with the worker count (an estimate).",
+)
+
+
+def observe_plan(plan: dict[str, Any]) -> None:
+    """Exports one online plan (pdserve/planner/online.py's answer)."""
+    PLANNER_WORKERS.labels("prefill").set(plan["prefill_workers"])
+    PLANNER_WORKERS.labels("decode").set(plan["decode_workers"])
+    PLANNER_GOODPUT_RPS.set(plan["goodput_rps"])
+    PLANNER_OBSERVED_RPS.set(plan["observed_rps"])
+    if plan.get("workers_for_observed") is not None:
+        PLANNER_WORKERS_NEEDED.set(plan["workers_for_observed"])
 
 
 def start_metrics_server(port: int = 0, addr: str = "0.0.0.0") -> int:

@@ -14,8 +14,10 @@ and from the KV chunk headers and commit (the transfer):
         │ └ pdserve.kv_transfer      prefill worker, CLIENT (bytes, chunks, transport, outcome)
         │   └ pdserve.kv_receive     decode worker, from the commit's trace context
         │     └ pdserve.decode.admit decode worker: the request joins the running batch
-        └ pdserve.decode             decode worker: the token stream (first_token event);
-                                     a local prefill's pdserve.decode.admit is a sibling
+        └ pdserve.decode             decode worker: the token stream (first_token event;
+                                     pdserve.spec.draft_tokens / .accepted_tokens: speculative
+                                     decoding's verified and accepted drafts); a local
+                                     prefill's pdserve.decode.admit is a sibling
 
 Attributes are set only on recording spans, so with tracing off a request costs a few
 non-recording span objects plus its metric updates.

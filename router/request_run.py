@@ -18,6 +18,7 @@ from pdserve.core.messages import TokenBatch
 from pdserve.logging_setup import request_id_var
 from router.observability import RequestObserver
 from router.request_flow import RequestFlow
+from router.traffic_window import SERVED
 from router.types import Progress
 from router.validation import ValidRequest
 
@@ -92,3 +93,5 @@ def _count(model: str, p: Progress, finish_reason: str | None, last_at: float | 
         ttft_s=None if first is None else first - p.received,
         e2e_s=None if last_at is None else last_at - p.received,
     )
+    if first is not None:
+        SERVED.record(p.prompt_tokens, p.completion_tokens, p.received)

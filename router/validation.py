@@ -176,9 +176,14 @@ def _sampling(params: generate_pb2.SamplingParams | None, limits: ModelLimits) -
 
 
 def _decoding_rule(params: generate_pb2.SamplingParams, limits: ModelLimits) -> dict:
-    """n, beam search, repetition penalty, DoLa and SLED: the fields set, as SamplingParams
-    keywords (unset ones keep SamplingParams' defaults)."""
-    rule: dict = {"early_stopping": params.early_stopping, "sled": params.sled}
+    """n, beam search, repetition penalty, DoLa, SLED and the speculation opt-out: the fields
+    set, as SamplingParams keywords (unset ones keep SamplingParams' defaults). The opt-out
+    combines with everything: the engine itself never speculates on the rules it cannot."""
+    rule: dict = {
+        "early_stopping": params.early_stopping,
+        "sled": params.sled,
+        "speculative": not params.disable_speculation,
+    }
     for name in (
         "n",
         "beam_width",

@@ -257,6 +257,18 @@ def test_build_request_sets_the_decoding_rules():
     assert not build_request("hi").sampling.HasField("dola_layers")
 
 
+def test_the_speculation_opt_out_reaches_the_server(server, capsys):
+    assert not build_request("hi").sampling.disable_speculation
+    with GenerationClient(server.target, api_key=API_KEY) as client:
+        client.generate("a", max_tokens=1, disable_speculation=True)
+    target = ["--target", server.target, "--api-key", API_KEY]
+    assert _run_cli(["a", "--max-tokens", "1", "--no-speculation", *target]) == 0
+    assert _run_cli(["a", "--max-tokens", "1", *target]) == 0
+    capsys.readouterr()
+    sent = [r.sampling.disable_speculation for r in server.servicer.requests]
+    assert sent == [True, True, False]
+
+
 def test_generate_command_sends_the_decoding_flags(server, capsys):
     target = ["--target", server.target, "--api-key", API_KEY]
     flags = ["--n", "2", "--beam-width", "3", "--length-penalty", "0.5", "--early-stopping"]

@@ -21,12 +21,14 @@ from pdserve.config import (
     RouterConfig,
     ServeConfig,
     SimConfig,
+    SpeculativeConfig,
     WorkerConfig,
 )
 
 SETTINGS = (
     EngineConfig,
     SimConfig,
+    SpeculativeConfig,
     KVTransferConfig,
     RouterConfig,
     WorkerConfig,

@@ -23,6 +23,14 @@
   multi-turn chat (issue 14 5b).
 - `engine_bench.py` — `bench engine`: decode tokens/s vs transformers; `--profile-out` fits
   a sim timing profile.
+- `mixed_engine_bench.py` — `bench engine-mixed`: requests/s on ShareGPT-like mixed lengths,
+  continuous batching vs transformers' `generate` in static batches.
+- `spec_bench.py` — `bench spec`: decode tokens/s without speculation, with ngram and with a
+  draft model, acceptance, cost ratio and the analytical limit; `spec_workloads.py` (prompts
+  whose output repeats the context, and novel ones), `spec_prompt_kv.py` (`--prompt-kv`: the
+  draft's prompt KV computed on the decode worker vs sent by the prefill worker).
+- `op_profile.py` — torch.profiler self time per op as shares of a step's wall time, and the
+  share outside weight matmuls (`bench engine --op-profile`).
 - `step_recorder.py` — records an engine's steps (work, seconds) and fits them into a
   `--sim-profile` file.
 - `transfer_bench.py` — `bench transfer`: KV transfer GB/s vs raw TCP; `nixl_ceiling.py`

@@ -5,9 +5,15 @@ closed-loop load twice per round: through the gRPC API (load_generator.py) and t
 OpenAI HTTP API's streaming /v1/completions (openai_load.py); the order alternates between
 rounds so drift falls on both. The report gives p50 TTFT, ITL, TPOT and E2E of both and their
 ratios (http / grpc); the target is TTFT and ITL p50 within 5%. It also gives the CPU time
-each API took per output token, on the client's thread, on the router's event-loop thread and
-in the whole process (the client runs in the router's process): wall-clock latencies on a busy
-machine vary between rounds, CPU time much less.
+each API took per output token: in the client's process, on the router's event-loop thread and
+in the whole router process: wall-clock latencies on a busy machine vary between rounds, CPU
+time much less.
+
+Both clients run in one child process, as real clients run outside the router. A gRPC client
+inside the router's process would share its grpc.aio completion poller (one per process, whose
+events wake every loop using gRPC there, the loop that takes them handing the others' on with
+`call_soon_threadsafe`), and the client's poller and gRPC core threads would be counted as the
+router's CPU: costs real clients never put on the router and the HTTP client never pays.
 
     pdserve bench api --num-requests 64 --max-concurrency 4 --rounds 2
 """
@@ -16,8 +22,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing
 import threading
 import time
+from concurrent.futures import ProcessPoolExecutor
 
 from pdserve.bench.local_system import (
     add_paired_arguments,
@@ -32,15 +40,35 @@ APIS = ("grpc", "http")
 TOLERANCE = 0.05  # the target: p50 TTFT and ITL over HTTP within 5% of gRPC's
 
 
-# Where CPU time is counted: the client's thread (the caller's), the router's event-loop
-# thread, and the whole process (with gRPC's and Ray's own threads).
+# Where CPU time is counted: the client's process (every thread of it), the router's
+# event-loop thread, and the whole router process (with gRPC's and Ray's own threads).
 CPU_PARTS = ("client", "router", "process")
 
 
-def cpu_now(router_clock: int) -> tuple[float, ...]:
-    """CPU seconds used so far by each of CPU_PARTS; `router_clock` is the router thread's
-    CPU clock id."""
-    return (time.thread_time(), time.clock_gettime(router_clock), time.process_time())
+def router_cpu_now(router_clock: int) -> tuple[float, float]:
+    """CPU seconds used so far by the router's thread (`router_clock` is its CPU clock id)
+    and by this, the router's, process."""
+    return time.clock_gettime(router_clock), time.process_time()
+
+
+def client_process() -> ProcessPoolExecutor:
+    """The one process the benchmark's clients run in (spawned: no Ray, no router state)."""
+    return ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+
+
+def run_client(api: str, address: str, model: str, batch: list, load: dict) -> tuple[list, float]:
+    """In the client process: one closed-loop run of `batch` through `api` at `address` (a
+    gRPC target, or the HTTP API's base URL); its records and the CPU seconds the process
+    spent on it."""
+    from pdserve.bench.load_generator import run_load
+    from pdserve.bench.openai_load import run_openai_load
+
+    before = time.process_time()
+    if api == "grpc":
+        records = asyncio.run(run_load(address, batch, **load))
+    else:
+        records = asyncio.run(run_openai_load(address, model, batch, **load))
+    return records, time.process_time() - before
 
 
 async def _thread_id() -> int:
@@ -54,9 +82,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from pdserve.bench.load_generator import run_load
     from pdserve.bench.metrics import run_duration, summarize
-    from pdserve.bench.openai_load import run_openai_load
 
     model_dir, requests = paired_workload(args)
     console = Console()
@@ -65,22 +91,26 @@ def run(args: argparse.Namespace) -> int:
     seconds = dict.fromkeys(APIS, 0.0)
     cpu = {api: [0.0] * len(CPU_PARTS) for api in APIS}
     load = {"max_concurrency": args.max_concurrency, "seed": args.seed}
-    with serve_pair(model_dir) as app:
-        target, base_url = f"127.0.0.1:{app.port}", f"http://127.0.0.1:{app.http_port}/v1"
+    with serve_pair(model_dir) as app, client_process() as clients:
+        address = {
+            "grpc": f"127.0.0.1:{app.port}",
+            "http": f"http://127.0.0.1:{app.http_port}/v1",
+        }
         router_clock = time.pthread_getcpuclockid(app.run(_thread_id()))
 
-        def drive(api: str, batch: list) -> list:
-            if api == "grpc":
-                return asyncio.run(run_load(target, batch, **load))
-            return asyncio.run(run_openai_load(base_url, model_dir.name, batch, **load))
+        def drive(api: str, batch: list) -> tuple[list, float]:
+            job = clients.submit(run_client, api, address[api], model_dir.name, batch, load)
+            return job.result()
 
-        for api in APIS:  # warm-up: connections, caches of both paths
+        for api in APIS:  # warm-up: the client process, connections, caches of both paths
             drive(api, requests[:2])
         for round_ in range(args.rounds):
             for api in APIS if round_ % 2 == 0 else reversed(APIS):
-                before = cpu_now(router_clock)
-                got = drive(api, requests)
-                spent = zip(cpu[api], cpu_now(router_clock), before, strict=True)
+                before = router_cpu_now(router_clock)
+                got, client_s = drive(api, requests)
+                spent = zip(
+                    cpu[api], (client_s, *router_cpu_now(router_clock)), (0, *before), strict=True
+                )
                 cpu[api] = [total + now - then for total, now, then in spent]
                 records[api] += got
                 seconds[api] += run_duration(got)

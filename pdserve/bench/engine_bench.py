@@ -15,6 +15,9 @@ keywords that ask for it. `--decoding dola|sled` contrasts 4 evenly spaced prema
 (docs/decoding.md) and compares decode steps with pdserve's own greedy in the same run: the
 ratio is the rule's tok/s over greedy's (target >= 1 / 1.3).
 
+`--op-profile` profiles pdserve's decode steps at the largest batch (op_profile.py): time per
+op and the share of a step outside the weight matmuls (issue 19 point 1).
+
 `--profile-out FILE` also records every measured step of the engine (prefill tokens, decode
 sequences, context tokens and seconds, through `StepRecorder`), fits them with
 `pdserve.sim.fit.fit_linear` and writes the `--sim-profile` file of that device (issue 14
@@ -96,6 +99,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="decoding rule measured in both engines (default: greedy, decode steps only)",
     )
     parser.add_argument(
+        "--op-profile",
+        action="store_true",
+        help="also profile pdserve's decode steps at the largest batch: time per op, and the "
+        "share of the step outside weight matmuls",
+    )
+    parser.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="pdserve's decode steps as a compiled graph (EngineConfig.compile; default: on "
+        "CUDA only)",
+    )
+    parser.add_argument(
         "--threads",
         type=int,
         default=None,
@@ -110,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
     from pdserve.bench.step_recorder import StepRecorder, write_profile
     from pdserve.config import EngineConfig
     from pdserve.core.sampling_params import SamplingParams
+    from pdserve.engine.compiled_decode import use_compile
     from pdserve.engine.engine import LLMEngine
     from pdserve.models.builtin import builtin_model_dir
 
@@ -136,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
             max_num_batched_tokens=max(1024, max_batch * args.prompt_len),
             dtype=args.dtype,
             device=args.device,
+            compile=args.compile,
         )
     )
     recorder = engine.executor = StepRecorder(engine.executor)
@@ -153,8 +171,8 @@ def run(args: argparse.Namespace) -> int:
     def prompts(batch: int) -> list[list[int]]:
         return torch.randint(3, vocab, (batch, args.prompt_len), generator=gen).tolist()
 
-    def ours(batch: int, new_tokens: int, rule: dict | None = None) -> float:
-        """Seconds from every request having its first token to all having new_tokens."""
+    def prefill(batch: int, new_tokens: int, rule: dict | None = None) -> None:
+        """Adds `batch` requests and steps until every one has its first token."""
         params = SamplingParams(max_tokens=new_tokens, ignore_eos=True, **(rule or {}))
         ids = [f"bench-{next(request_ids)}" for _ in range(batch)]
         for rid, prompt in zip(ids, prompts(batch), strict=True):
@@ -162,9 +180,16 @@ def run(args: argparse.Namespace) -> int:
         started: set[str] = set()
         while len(started) < batch:
             started.update(out.request_id for out in engine.step())
-        start = time.perf_counter()
+
+    def decode() -> None:
         while engine.has_unfinished():
             engine.step()
+
+    def ours(batch: int, new_tokens: int, rule: dict | None = None) -> float:
+        """Seconds from every request having its first token to all having new_tokens."""
+        prefill(batch, new_tokens, rule)
+        start = time.perf_counter()
+        decode()
         return time.perf_counter() - start
 
     def hf_generate(ids: torch.Tensor, new_tokens: int, **rule) -> None:
@@ -229,7 +254,8 @@ def run(args: argparse.Namespace) -> int:
 
     print(
         f"model {model_dir} | prompt {args.prompt_len} tokens, {args.steps} new tokens, "
-        f"{args.decoding}, {args.dtype}, {torch.get_num_threads()} threads"
+        f"{args.decoding}, {args.dtype}, {torch.get_num_threads()} threads, "
+        f"compiled decode {'on' if use_compile(args.compile, args.device) else 'off'}"
     )
     if decoding.layer_field:
         print(f"{decoding.layer_field} {layers}")
@@ -244,6 +270,13 @@ def run(args: argparse.Namespace) -> int:
             f"{batch:>5} {rate_ours:>14.1f} {rate_theirs:>20.1f} {rate_ours / rate_theirs:>6.2f}x",
             flush=True,
         )
+    if args.op_profile:
+        from pdserve.bench.op_profile import format_profile, profile_ops
+
+        prefill(max_batch, args.steps)
+        profile = profile_ops(decode)
+        print(f"\npdserve decode steps at batch {max_batch}, by self CPU time (torch.profiler):")
+        print(format_profile(profile, args.steps - 1))
     if args.profile_out:
         # Mixed steps besides the table's uniform ones: prompts of varied lengths arriving
         # one per step share steps with the earlier ones' decodes, so the fit can tell the

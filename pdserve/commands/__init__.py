@@ -6,6 +6,7 @@
 - `stats.py` — `pdserve stats`: prefix-cache reuse per worker and model, from Redis.
 - `bench.py` — `pdserve bench ...`: the benchmarks of pdserve/bench.
 - `plan.py` — `pdserve plan`: prefill/decode split for a workload and SLOs, predicted offline.
+- `selftest.py` — `pdserve selftest`: parity, compiled decode, KV transfer, decode tok/s.
 - `config_args.py` — CLI flags derived from the config dataclasses, and configs built back.
 - `arg_types.py` — argparse types that check a flag's range (one-line usage errors).
 """

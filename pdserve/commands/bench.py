@@ -7,6 +7,10 @@ from __future__ import annotations
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "engine": ("pdserve.bench.engine_bench", "decode tokens/s of the engine vs transformers"),
+    "engine-mixed": (
+        "pdserve.bench.mixed_engine_bench",
+        "requests/s on mixed lengths: continuous batching vs transformers' static batches",
+    ),
     "transfer": ("pdserve.bench.transfer_bench", "KV transfer GB/s vs raw TCP on loopback"),
     "serve": ("pdserve.bench.serve_bench", "load generator against a running server"),
     "compare": ("pdserve.bench.compare_bench", "disaggregated vs colocated under mixed load"),
@@ -22,4 +26,5 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sim-memory": ("pdserve.bench.sim_memory", "RSS of sim vs torch workers; 64 sim workers"),
     "sim-disagg": ("pdserve.bench.sim_disagg_bench", "every P:D split vs colocated on 8 sim H100s"),
     "sim-routing": ("pdserve.bench.sim_routing_bench", "routing policies on 16 and 64 sim workers"),
+    "spec": ("pdserve.bench.spec_bench", "decode tok/s with speculative decoding (ngram, draft)"),
 }

@@ -96,6 +96,12 @@ def _add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
         help="SLED (default 10)",
     )
     rules.add_argument("--evolution-lower-bound", type=float, help="SLED (default -100)")
+    rules.add_argument(
+        "--no-speculation",
+        dest="disable_speculation",
+        action="store_true",
+        help="opt out of the server's speculative decoding (same output, one token per step)",
+    )
 
 
 def _layers(text: str) -> str | list[int]:
@@ -125,6 +131,7 @@ _DECODING_FIELDS = (
     "evolution_rate",
     "evolution_scale",
     "evolution_lower_bound",
+    "disable_speculation",
 )
 
 

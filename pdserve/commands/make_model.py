@@ -3,8 +3,9 @@
 The directory (config.json, generation_config.json, model.safetensors, tokenizer.json) loads
 in pdserve and in transformers alike. With `--config-only`, only config.json and the tokenizer
 are written: enough for sim workers (docs/simulation.md), and the only form of the published
-shapes (`llama-3.1-8b`, `llama-3.1-70b`). No torch import at module level: `pdserve --help`
-stays fast.
+shapes (`llama-3.1-8b`, `llama-3.1-70b`). With `--draft-of TARGET`, DIR gets a
+self-speculative draft of TARGET instead (its first layers, embedding, final norm and LM head:
+pdserve/models/draft_of.py). No torch import at module level: `pdserve --help` stays fast.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 from pathlib import Path
 
 from pdserve.commands import CommandError
+from pdserve.commands.arg_types import bounded
 
 WEIGHT_PRESETS = ("tiny", "small")
 SHAPE_PRESETS = ("llama-3.1-8b", "llama-3.1-70b")
@@ -24,28 +26,63 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--preset",
         choices=WEIGHT_PRESETS + SHAPE_PRESETS,
-        default="tiny",
         help="tiny: the default/test model; small: for benchmarks; llama-3.1-8b/70b: shapes "
         "for sim workers, with --config-only (default: tiny)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="weight seed (default: 0)")
+    parser.add_argument("--seed", type=int, help="weight seed (default: 0)")
     parser.add_argument(
         "--config-only",
         action="store_true",
         help="write config.json and the tokenizer, no weights (for --engine sim)",
     )
+    parser.add_argument(
+        "--draft-of",
+        metavar="TARGET_DIR",
+        help="write a self-speculative draft of this model instead: its embedding, first "
+        "--draft-layers layers, final norm and LM head, tokenizer copied",
+    )
+    parser.add_argument(
+        "--draft-layers",
+        type=bounded(int, minimum=1),
+        metavar="N",
+        help="layers the draft keeps, with --draft-of (default: a quarter, at least 1)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.draft_of is not None:
+        return _write_draft(args)
+    if args.draft_layers is not None:
+        raise CommandError("--draft-layers needs --draft-of TARGET_DIR")
+    preset = args.preset or "tiny"
+    seed = args.seed or 0
     if args.config_only:
-        return _write_config_only(Path(args.directory), args.preset)
-    if args.preset in SHAPE_PRESETS:
-        raise CommandError(f"--preset {args.preset} has no weights: add --config-only")
+        return _write_config_only(Path(args.directory), preset)
+    if preset in SHAPE_PRESETS:
+        raise CommandError(f"--preset {preset} has no weights: add --config-only")
     from pdserve.models.builtin import make_model
     from pdserve.models.presets import preset_config
 
-    out = make_model(args.directory, args.preset, args.seed)
-    _report(args.preset, out, preset_config(args.preset), f"(seed {args.seed})")
+    out = make_model(args.directory, preset, seed)
+    _report(preset, out, preset_config(preset), f"(seed {seed})")
+    return 0
+
+
+def _write_draft(args: argparse.Namespace) -> int:
+    if args.config_only or args.preset is not None or args.seed is not None:
+        raise CommandError(
+            "--draft-of copies its target's weights: drop --preset, --seed and --config-only"
+        )
+    from pdserve.models.draft_of import write_draft_of
+    from pdserve.models.hf_config import ModelLoadError
+
+    try:
+        out, layers = write_draft_of(args.draft_of, args.directory, args.draft_layers)
+    except ModelLoadError as e:
+        raise CommandError(f"--draft-of: {e}") from e
+    except OSError as e:
+        raise CommandError(f"{args.directory}: {e.strerror or e}") from e
+    print(f"wrote a {layers}-layer draft of {args.draft_of} to {out}")
     return 0
 
 

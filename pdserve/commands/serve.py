@@ -71,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(config: ServeConfig) -> int:
-    from pdserve.app import ServingApp, StartupError
+    from pdserve.app import ServingApp
+    from pdserve.startup_checks import StartupError
 
     app = ServingApp(config, advertise_redis_url=True)
     stop = asyncio.Event()
@@ -86,11 +87,19 @@ async def _serve(config: ServeConfig) -> int:
             loop.add_signal_handler(sig, stop.set)
         print(
             f"pdserve serving on port {app.port} "
-            f"({config.prefill_workers} prefill, {config.decode_workers} decode workers); "
-            f"Ctrl-C to stop",
+            f"({config.prefill_workers} prefill, {config.decode_workers} decode workers"
+            f"{speculation_note(config)}); Ctrl-C to stop",
             flush=True,
         )
         await stop.wait()
     finally:
         await app.stop()
     return 0
+
+
+def speculation_note(config: ServeConfig) -> str:
+    """ ", decode workers speculate: ngram, k=4" when they do (prefill workers never do)."""
+    spec = config.engine.speculative
+    if not spec.enabled:
+        return ""
+    return f", decode workers speculate: {spec.method}, k={spec.num_speculative_tokens}"

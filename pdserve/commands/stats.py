@@ -1,9 +1,11 @@
-"""`pdserve stats`: prefix-cache reuse (hit and miss prompt tokens) per worker and model.
+"""`pdserve stats`: prefix-cache reuse (hit and miss prompt tokens) per worker and model, and
+speculative decoding's acceptance (draft tokens accepted, accepted tokens per verify step),
+and the online planner's latest split (`pdserve serve --plan-interval`).
 
-The numbers live in the prefix-index Redis; the router adds to them as it routes. Without
---redis-url it reads $PDSERVE_REDIS_URL, else the private server a local `pdserve serve` noted
-in ~/.cache/pdserve/redis-urls/ (the one on router port --port, or the only one running), else
-redis://127.0.0.1:6379/0.
+The numbers live in the prefix-index Redis; the router adds to them as it routes and as it
+polls the workers. Without --redis-url it reads $PDSERVE_REDIS_URL, else the private server a
+local `pdserve serve` noted in ~/.cache/pdserve/redis-urls/ (the one on router port --port, or
+the only one running), else redis://127.0.0.1:6379/0.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from urllib.parse import urlsplit, urlunsplit
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
@@ -56,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
 
     from pdserve.prefix_index.redis_link import connect
     from pdserve.prefix_index.reuse_stats import read_reuse_stats
+    from pdserve.prefix_index.spec_stats import read_speculation_stats
 
     try:
         url = resolve_url(args.redis_url, args.port)
@@ -63,7 +67,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
-        stats = read_reuse_stats(connect(url, socket_timeout_s=2.0), args.namespace, args.model)
+        client = connect(url, socket_timeout_s=2.0)
+        stats = read_reuse_stats(client, args.namespace, args.model)
+        speculation = read_speculation_stats(client, list(stats), args.namespace)
+        plans = _read_plans(client, list(stats), args.namespace)
     except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
         print(f"error: cannot reach Redis at {redact(url)}: {exc}", file=sys.stderr)
         print("hint: pass the server's address with --redis-url", file=sys.stderr)
@@ -72,35 +79,84 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps({m: s.as_dict() for m, s in stats.items()}, indent=2))
+        report = {m: s.as_dict() for m, s in stats.items()}
+        for model, spec in speculation.items():
+            report[model]["speculation"] = spec.as_dict()
+        for model, plan in plans.items():
+            report[model]["plan"] = plan
+        print(json.dumps(report, indent=2))
         return 0
     if not stats:
         print(f"no reuse statistics yet in {redact(url)}")
         return 0
-    _print_tables(stats)
+    _print_tables(stats, speculation, plans)
     return 0
 
 
-def _print_tables(stats) -> None:
+def _read_plans(client, models: list[str], namespace: str) -> dict[str, dict]:
+    """The online planner's latest plan of each model that has one (`--plan-interval`)."""
+    from pdserve.prefix_index.schema import IndexKeys
+
+    plans = {}
+    for model in models:
+        text = client.get(IndexKeys(model, namespace).plan)
+        if text:
+            plans[model] = json.loads(text)
+    return plans
+
+
+def plan_line(plan: dict) -> str:
+    """One line of `pdserve stats` for an online plan (pdserve/planner/online.py's answer)."""
+    if "error" in plan:
+        return f"online plan: none ({plan['error']})"
+    age = time.time() - plan["planned_at"] if "planned_at" in plan else None
+    when = "" if age is None else f", {age:.0f} s ago"
+    needed = plan.get("workers_for_observed")
+    return (
+        f"online plan: {plan['recommended']} for {plan['workers']} workers; goodput "
+        f"{plan['goodput_rps']:.2f} req/s vs observed {plan['observed_rps']:.2f} req/s"
+        f"{'' if needed is None else f' (~{needed} workers for the observed rate)'}{when}"
+    )
+
+
+# (column, cell of one row's counts) of each table.
+REUSE_COLUMNS = (
+    ("requests", lambda c: f"{c.requests:,}"),
+    ("hit tokens", lambda c: f"{c.hit_tokens:,}"),
+    ("miss tokens", lambda c: f"{c.miss_tokens:,}"),
+    ("hit rate", lambda c: f"{c.hit_rate:.1%}"),
+)
+SPECULATION_COLUMNS = (
+    ("draft tokens", lambda c: f"{c.draft_tokens:,}"),
+    ("accepted", lambda c: f"{c.accepted_tokens:,}"),
+    ("acceptance", lambda c: f"{c.acceptance_rate:.1%}"),
+    ("accepted per step", lambda c: f"{c.mean_accepted:.2f}"),
+)
+
+
+def _print_tables(stats, speculation, plans) -> None:
     from rich.console import Console
-    from rich.table import Table
 
     console = Console()
     for model, reuse in stats.items():
-        table = Table(title=f"prefix reuse: {model}", title_justify="left")
-        for column in ("worker", "requests", "hit tokens", "miss tokens", "hit rate"):
-            table.add_column(column, justify="left" if column == "worker" else "right")
-        for name, counts in sorted(reuse.workers.items()):
-            table.add_row(name, *_cells(counts))
-        table.add_section()
-        table.add_row("all workers", *_cells(reuse.total))
-        console.print(table)
+        console.print(_table(f"prefix reuse: {model}", REUSE_COLUMNS, reuse))
+        if model in speculation:
+            title = f"speculative decoding: {model}"
+            console.print(_table(title, SPECULATION_COLUMNS, speculation[model]))
+        if model in plans:
+            console.print(plan_line(plans[model]))
 
 
-def _cells(counts) -> list[str]:
-    return [
-        f"{counts.requests:,}",
-        f"{counts.hit_tokens:,}",
-        f"{counts.miss_tokens:,}",
-        f"{counts.hit_rate:.1%}",
-    ]
+def _table(title: str, columns, counts):
+    """One row per worker, then the model's total (`counts.workers`, `counts.total`)."""
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    table.add_column("worker", justify="left")
+    for column, _ in columns:
+        table.add_column(column, justify="right")
+    for name, worker_counts in sorted(counts.workers.items()):
+        table.add_row(name, *(cell(worker_counts) for _, cell in columns))
+    table.add_section()
+    table.add_row("all workers", *(cell(counts.total) for _, cell in columns))
+    return table

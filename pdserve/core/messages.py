@@ -72,6 +72,9 @@ class TokenBatch:
     # Set on a local prefill's first batch: how long the prompt waited and computed.
     queue_s: float | None = None
     prefill_s: float | None = None
+    # Speculative decoding over the batch's steps: draft tokens verified, and accepted.
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
 
 
 # WorkerStats fields that are the engine's own counts (LLMEngine.stats() keys of one name).
@@ -87,6 +90,10 @@ ENGINE_COUNT_FIELDS = (
     "num_cached_blocks",
     "prefix_hit_tokens",
     "prefix_query_tokens",
+    "spec_draft_tokens",
+    "spec_accepted_tokens",
+    "spec_verify_steps",
+    "spec_paused",
 )
 
 
@@ -119,8 +126,18 @@ class WorkerStats:
     transfer_bytes: int = 0  # KV bytes sent (prefill) or received (decode)
     transfer_seconds: float = 0.0
     transfer_failures: int = 0
+    # Speculative decoding since the worker started: draft tokens verified, draft tokens
+    # accepted, and verify steps (one per sequence per step that verified drafts).
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_verify_steps: int = 0
+    spec_paused: int = 0  # 1 while the worker's speculation has switched itself off
     # Sim workers (docs/simulation.md), in simulated seconds: the timing model's step time, the
     # steps' wall time divided by the time scale, and steps whose Python work alone overran.
     sim_modelled_seconds: float = 0.0
     sim_measured_seconds: float = 0.0
     sim_overrun_steps: int = 0
+    # Peak memory of the worker process since it started: resident set size, and bytes the
+    # CUDA allocator held (0 on CPU). Budget: weights + KV pool + allowance (docs/design.md).
+    peak_rss_bytes: int = 0
+    peak_gpu_bytes: int = 0

@@ -37,10 +37,33 @@ def kv_bytes_per_block(hf_config: dict[str, Any], block_size: int, dtype: str) -
 
 
 def kv_pool_blocks(hf_config: dict[str, Any], engine: EngineConfig) -> int:
-    """The KV pool size in blocks: `num_kv_blocks`, else as many as `kv_cache_bytes` holds."""
+    """The KV pool size in blocks: `num_kv_blocks`, else as many as `kv_cache_bytes` holds.
+    (A CUDA worker without num_kv_blocks sizes its pool from measured memory instead:
+    gpu_kv_pool_blocks, pdserve/engine/memory_profile.py.)"""
     if engine.num_kv_blocks:
         return engine.num_kv_blocks
     return engine.kv_cache_bytes // kv_bytes_per_block(hf_config, engine.block_size, engine.dtype)
+
+
+def gpu_kv_pool_blocks(
+    total_bytes: int,
+    utilization: float,
+    weights_bytes: int,
+    activation_peak_bytes: int,
+    bytes_per_block: int,
+) -> int:
+    """KV pool blocks on a GPU, as vLLM sizes it: the share `utilization` of the device's
+    memory, less the model weights and the activation peak of a profiling forward pass of a
+    full step (max_num_batched_tokens); what is left is KV cache. Raises ValueError when
+    nothing is left."""
+    free = int(total_bytes * utilization) - weights_bytes - activation_peak_bytes
+    if free < bytes_per_block:
+        raise ValueError(
+            f"gpu_memory_utilization {utilization} of {total_bytes / 2**30:.1f} GiB leaves "
+            f"{max(free, 0) / 2**20:.0f} MiB after the weights ({weights_bytes / 2**20:.0f} MiB) "
+            f"and activations ({activation_peak_bytes / 2**20:.0f} MiB): no room for a KV block"
+        )
+    return free // bytes_per_block
 
 
 def max_model_len(hf_config: dict[str, Any], engine: EngineConfig) -> int:

@@ -72,6 +72,9 @@ class SamplingParams:
     evolution_rate: float = 2.0
     evolution_scale: int = 10
     evolution_lower_bound: float = -100.0
+    # Whether the engine may speculate on this request (when it runs --speculative); False =
+    # every token from its own forward. Speculation never changes the output distribution.
+    speculative: bool = True
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:

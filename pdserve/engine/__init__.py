@@ -3,8 +3,9 @@ the modules themselves.
 Serving plumbing (Ray actors, the engine thread) lives in `pdserve.worker`; the plain request
 types in `pdserve.core`. This package imports none of ray, grpc or redis.
 
-- `engine.py` — `LLMEngine`: add_request / step / abort, and the disaggregation hooks; n
-  choices and beam search as forked sequences.
+- `engine.py` — `LLMEngine`: add_request / step / abort, and the disaggregation hooks.
+- `forked_choices.py` — `ForkedChoices`, the engine's steps for n choices and beam search as
+  forked sequences sharing KV blocks.
 - `executor.py` — the executor seam (`Executor`, `make_executor`): torch or sim, imported on
   use.
 - `scheduler.py` — continuous batching, chunked prefill, preemption by recompute.
@@ -14,10 +15,22 @@ types in `pdserve.core`. This package imports none of ray, grpc or redis.
   `BeamRequest`: its running beams and their offers.
 - `model_runner.py` — `TorchExecutor` (the torch side of the executor seam) and `ModelRunner`:
   the paged KV cache tensor; batch -> tensors -> logits.
+- `attention_batch.py` — a step's `AttentionContext` (built once, used by every layer), with
+  its sequences in attention groups when their lengths differ widely.
+- `compiled_decode.py` — `CompiledDecode`: decode-only steps as compiled static-shape graphs
+  (`--compile`; CUDA graphs on CUDA), batch and block tables padded to buckets.
+- `memory_profile.py` — the KV pool on CUDA from `--gpu-memory-utilization`: a profiled step.
 - `sampler.py` — repetition penalty; greedy / temperature / top-k / top-p / seeded sampling,
   logprobs.
 - `factuality.py` — DoLa and SLED: contrast the final layer's logits with earlier layers'.
 - `premature_layers.py` — which earlier layers a DoLa/SLED request contrasts with (no torch).
 - `sequence.py` — one request's state (`Sequence`, `SequenceStatus`).
+- `speculative.py` — speculative decoding's proposers: the `Proposer` contract,
+  `NgramProposer` (prompt lookup), `make_proposer`.
+- `draft_proposer.py` — `DraftProposer`: a draft model's proposals, its paged KV cache under the
+  target's block ids (torch).
+- `speculation.py` — the engine's side of speculative decoding: drafts in and out of the
+  batch, rollback of rejected ones, counters, the self switch-off (no torch).
+- `spec_verify.py` — verification of drafts: greedy acceptance and rejection sampling.
 - `outputs.py` — `RequestOutput`, `Reservation`: plain data (no torch).
 """

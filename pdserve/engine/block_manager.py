@@ -136,17 +136,20 @@ class BlockManager:
                 self._tokens[block_id] = tokens
                 self._events.append(("stored", h))
 
+    def truncate(self, seq: Sequence, num_tokens: int) -> None:
+        """Drops the sequence's blocks past the first `num_tokens` tokens (rejected speculative
+        drafts): never a block holding one of them, nor a registered full block."""
+        keep = -(-num_tokens // self.block_size)
+        assert keep >= len(seq.block_hashes), "truncate keeps every registered block"
+        for block_id in reversed(seq.block_table[keep:]):
+            self._drop(block_id)
+        del seq.block_table[keep:]
+
     def release(self, seq: Sequence) -> None:
         """Drops the sequence's references. Blocks are released tail first, so under LRU the
         end of a prefix is evicted before its beginning (which more requests share)."""
         for block_id in reversed(seq.block_table):
-            self._ref[block_id] -= 1
-            assert self._ref[block_id] >= 0, f"block {block_id} freed twice"
-            if self._ref[block_id] == 0:
-                if self._hash[block_id] is not None:
-                    self._evictable[block_id] = None
-                else:
-                    self._free.append(block_id)
+            self._drop(block_id)
         seq.block_table = []
         seq.block_hashes = []
 
@@ -170,6 +173,16 @@ class BlockManager:
         if self._ref[block_id] == 0:
             del self._evictable[block_id]
         self._ref[block_id] += 1
+
+    def _drop(self, block_id: int) -> None:
+        """One reference less; an unreferenced block becomes evictable (registered) or free."""
+        self._ref[block_id] -= 1
+        assert self._ref[block_id] >= 0, f"block {block_id} freed twice"
+        if self._ref[block_id] == 0:
+            if self._hash[block_id] is not None:
+                self._evictable[block_id] = None
+            else:
+                self._free.append(block_id)
 
     def _allocate_one(self) -> int:
         if self._free:

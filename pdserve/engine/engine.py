@@ -12,26 +12,12 @@ the model, the KV cache tensor, the sampler) or, with `EngineConfig.kind == "sim
 scheduler, block manager, sequences and prefix cache are the same for both, and this module
 imports torch only through the torch executor.
 
-A request with n > 1 is prefilled once: in the step that computes its last prompt token, its
-sequence forks n - 1 more (choice i seeded with seed + i), which share its KV blocks and
-sample their first tokens from its logits; a block is copied only when a fork writes into a
-partly filled block that another still holds. On the decode side of a handoff the prefill
-worker sampled choice 0's first token only: commit() forks choice 1 with the last prompt
-position uncomputed, recomputes it (into a private copy of its block) and forks the other
-choices from it, so every choice draws its first token as a single request would.
-
-Beam search (beam_width >= 2, pdserve/engine/beam_search.py) runs its beams as forked
-sequences in the same batch: each step every beam's row offers its best candidates instead of
-a sampled token; once all beams of the request computed, the search keeps the best and the
-engine re-forks: a beam continued by several candidates forks (blocks shared, the partial last
-block copied on write), one continued by none is freed, and nothing is emitted until the
-search ends with its best n beams (one output each, `index` 0 = best). The torch executor
-offers candidates; the sim executor does not, and refuses beam requests.
+Requests with n > 1 and beam search run as forked sequences sharing KV blocks: the
+`ForkedChoices` steps the engine inherits (forked_choices.py).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import time
 from collections.abc import Sequence as Seq
@@ -42,20 +28,22 @@ from pdserve.config import EngineConfig
 from pdserve.core import model_limits
 from pdserve.core.kv_events import KVEvent, KVEventSink
 from pdserve.core.sampling_params import SamplingParams
-from pdserve.engine.beam_search import BeamRequest, BeamSearch
+from pdserve.engine.beam_search import BeamRequest
 from pdserve.engine.block_manager import BlockManager
 from pdserve.engine.executor import Executor, make_executor
+from pdserve.engine.forked_choices import ForkedChoices
 from pdserve.engine.outputs import RequestOutput, Reservation
 from pdserve.engine.premature_layers import request_layers
 from pdserve.engine.scheduler import ScheduledBatch, Scheduler
 from pdserve.engine.sequence import Sequence, SequenceStatus
+from pdserve.engine.speculation import make_speculation, speculation_stats
 from pdserve.models.builtin import default_model_dir
 from pdserve.tokenizer import IncrementalDetokenizer, Tokenizer
 
 __all__ = ["Executor", "LLMEngine", "RequestOutput", "Reservation", "SamplingParams", "KVEvent"]
 
 
-class LLMEngine:
+class LLMEngine(ForkedChoices):
     def __init__(
         self,
         config: EngineConfig,
@@ -92,6 +80,7 @@ class LLMEngine:
             config.enable_chunked_prefill,
         )
         self.eos_token_ids = set(self.tokenizer.eos_token_ids)
+        self._speculation = make_speculation(config, self.block_manager, self.max_model_len)
         self._kv_event_sink = kv_event_sink
         self._seqs: dict[str, Sequence] = {}  # by request id: choice 0's sequence
         self._forks: dict[str, list[Sequence]] = {}  # the other choices' (n > 1)
@@ -176,14 +165,22 @@ class LLMEngine:
     # ---- the step -----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         started = time.perf_counter()
+        spec = self._speculation
+        drafted = spec.propose(self.scheduler.running) if spec else []
         batch = self.scheduler.schedule()
+        if spec:
+            spec.fit(drafted, batch)
         outputs, self._pending = self._pending, []
         if batch.seqs:
             self._fork_choices(batch)
             if batch.block_copies:
                 self.executor.copy_blocks(batch.block_copies)
+                if spec:
+                    spec.copy_blocks(batch.block_copies)
             sampled = self.executor.execute(batch, started)
             outputs += self._postprocess(batch, *sampled)
+        if spec:
+            spec.end_step()
         self._counters["steps"] += 1
         self._emit_events()
         return outputs
@@ -196,17 +193,27 @@ class LLMEngine:
         logprobs: list[float | None],
     ) -> list[RequestOutput]:
         for seq, n in zip(batch.seqs, batch.num_tokens, strict=True):
-            is_decode = n == 1 and seq.num_computed_tokens >= seq.num_prompt_tokens
+            drafts = seq.num_draft_tokens  # counted by the speculation, cached after rollback
+            is_decode = n == 1 + drafts and seq.num_computed_tokens >= seq.num_prompt_tokens
             key = "decode_tokens" if is_decode else "prefill_tokens_computed"
-            self._counters[key] += n
+            self._counters[key] += n - drafts
             seq.num_computed_tokens += n
-            self.block_manager.cache_full_blocks(seq)
+            if not drafts:
+                self.block_manager.cache_full_blocks(seq)
         outputs, searched = [], []
         for i, token, logprob in zip(sample_idx, tokens, logprobs, strict=True):
             seq = batch.sampling_seq(i)
             beams = self._beams.get(seq.request_id)
-            if beams is None:
-                outputs.append(self._append_token(seq, token, logprob))
+            verified = batch.verified.get(i)
+            if verified is not None and self._speculation is not None:
+                drafted = seq.num_draft_tokens
+                self._speculation.roll_back(seq, verified)
+                run_logprobs = verified.logprobs or [None] * len(verified.token_ids)
+                out = self._append_tokens(seq, verified.token_ids, run_logprobs)
+                out.num_draft_tokens, out.num_accepted_tokens = drafted, verified.num_accepted
+                outputs.append(out)
+            elif beams is None:
+                outputs.append(self._append_tokens(seq, [token], [logprob]))
             else:  # a beam offers candidates; the search steps once every beam offered
                 beams.offers[id(seq)] = batch.beam_candidates[i]
                 searched.append(seq.request_id)
@@ -214,22 +221,31 @@ class LLMEngine:
             outputs += self._beam_step(request_id)
         return outputs
 
-    def _append_token(self, seq: Sequence, token: int, logprob: float | None) -> RequestOutput:
-        seq.token_ids.append(token)
-        if seq.params.logprobs:
-            seq.output_logprobs.append(logprob if logprob is not None else 0.0)
-        params = seq.params
-        stop_token = token in params.stop_token_ids or (
-            not params.ignore_eos and token in self.eos_token_ids
-        )
-        detokenizer = seq.detokenizer
-        text = "" if stop_token or detokenizer is None else detokenizer.add([token])
-        stop_string = detokenizer is not None and detokenizer.stopped is not None
-        reason = "stop" if stop_token or stop_string else None
-        if reason is None and (
-            seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len
-        ):
-            reason = "length"
+    def _append_tokens(
+        self, seq: Sequence, tokens: list[int], logprobs: Seq[float | None]
+    ) -> RequestOutput:
+        """Appends the step's tokens (one, or a verified speculative run) up to the first that
+        ends the sequence; one output for all of them."""
+        params, detokenizer = seq.params, seq.detokenizer
+        text, reason, emitted = "", None, 0
+        for token, logprob in zip(tokens, logprobs, strict=True):
+            seq.token_ids.append(token)
+            emitted += 1
+            if params.logprobs:
+                seq.output_logprobs.append(logprob if logprob is not None else 0.0)
+            stop_token = token in params.stop_token_ids or (
+                not params.ignore_eos and token in self.eos_token_ids
+            )
+            if not stop_token and detokenizer is not None:
+                text += detokenizer.add([token])
+            stop_string = detokenizer is not None and detokenizer.stopped is not None
+            reason = "stop" if stop_token or stop_string else None
+            if reason is None and (
+                seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len
+            ):
+                reason = "length"
+            if reason is not None:
+                break
         if reason is not None and detokenizer is not None:
             text += detokenizer.flush()
         elif seq.prefill_only:
@@ -238,8 +254,8 @@ class LLMEngine:
             reason = "prefill"  # the decode side judges choice 0's first token and forks
         out = RequestOutput(
             request_id=seq.request_id,
-            new_token_ids=[token],
-            new_logprobs=[seq.output_logprobs[-1]] if params.logprobs else None,
+            new_token_ids=seq.token_ids[-emitted:],
+            new_logprobs=seq.output_logprobs[-emitted:] if params.logprobs else None,
             text_delta=text,
             finished=reason is not None,
             finish_reason=reason,
@@ -257,142 +273,9 @@ class LLMEngine:
             out.open_choices = self._close_choice(seq.request_id)
         return out
 
-    def _track_choices(self, request_id: str, params: SamplingParams) -> None:
-        if params.n > 1 and not params.beam_search:
-            self._open_choices[request_id] = params.n
-            self._forks[request_id] = []
-
-    def _close_choice(self, request_id: str) -> int:
-        """Counts a finished choice; forgets the request after its last. Returns how many
-        choices still generate."""
-        left = self._open_choices.get(request_id, 1) - 1
-        if left > 0:
-            self._open_choices[request_id] = left
-            return left
-        del self._seqs[request_id]
-        self._open_choices.pop(request_id, None)
-        self._forks.pop(request_id, None)
-        return 0
-
-    def _fork_choices(self, batch: ScheduledBatch) -> None:
-        """Forks the pending choices of each sequence whose last prompt token this step
-        computes: after the scheduler's copy-on-write, so the step's writes land in blocks the
-        forks share (the prompt's KV, which they all want)."""
-        for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_tokens, strict=True)):
-            if not seq.pending_forks or seq.num_computed_tokens + n < seq.num_tokens:
-                continue
-            for index in seq.pending_forks:
-                fork = self._fork(seq, index)
-                fork.num_computed_tokens = seq.num_computed_tokens + n
-                batch.fork_samples.append((i, fork))
-            seq.pending_forks = []
-
-    def _fork(self, seq: Sequence, index: int) -> Sequence:
-        """Choice `index` of seq's request, sharing seq's tokens and blocks, running."""
-        params = self._seqs[seq.request_id].params  # the request's: seed + index
-        seed = None if params.seed is None else params.seed + index
-        fork = self._forked(seq, dataclasses.replace(params, n=1, seed=seed), index)
-        self._forks[seq.request_id].append(fork)
-        return fork
-
-    def _forked(self, seq: Sequence, params: SamplingParams, index: int) -> Sequence:
-        """A new sequence with seq's tokens, computed KV (its blocks, shared) and queue: running
-        next to it, or waiting to be recomputed when seq was preempted."""
-        fork = Sequence(
-            request_id=seq.request_id,
-            token_ids=list(seq.token_ids),
-            num_prompt_tokens=seq.num_prompt_tokens,
-            params=params,
-            arrival=next(self._arrivals),
-            index=index,
-            admitted=True,
-            num_cached_tokens=seq.num_cached_tokens,
-            cache_blocks=seq.cache_blocks,
-            detokenizer=self._detokenizer(seq.token_ids, params),
-            beam_top_k=seq.beam_top_k,
-        )
-        if seq.status == SequenceStatus.RUNNING:
-            self.block_manager.fork(seq, fork)
-            fork.num_computed_tokens = seq.num_computed_tokens
-            self.scheduler.add_running(fork)
-        else:
-            self.scheduler.add(fork)
-        return fork
-
-    # ---- beam search --------------------------------------------------------------------
-    def _start_beams(self, seq: Sequence) -> None:
-        """Makes `seq` (the prompt, computed or not) the one running beam of its request."""
-        params = seq.params
-        stop_ids = set(params.stop_token_ids)
-        if not params.ignore_eos:
-            stop_ids |= self.eos_token_ids
-        max_tokens = min(params.max_tokens, self.max_model_len - seq.num_prompt_tokens)
-        search = BeamSearch(params, stop_ids, max_tokens)
-        seq.beam_top_k = search.candidates_per_beam
-        self._beams[seq.request_id] = BeamRequest(search, [seq])
-
-    def _beam_step(self, request_id: str) -> list[RequestOutput]:
-        """Steps the search once every beam offered; forks, frees and extends the beams; at
-        the end, the best n beams as outputs."""
-        beams = self._beams[request_id]
-        if any(id(seq) not in beams.offers for seq in beams.seqs):
-            return []  # some beam has not computed yet (preempted, or out of budget)
-        offers = [beams.offers[id(seq)] for seq in beams.seqs]
-        beams.offers = {}
-        running = beams.search.step(offers)
-        if beams.search.done:
-            return self._finish_beams(request_id)
-        parents, continued = beams.seqs, set()
-        children = []
-        for beam in running:  # first every fork, from parents without their new token
-            parent = parents[beam.parent]
-            if beam.parent in continued:
-                children.append(self._forked(parent, parent.params, 0))
-            else:
-                continued.add(beam.parent)
-                children.append(parent)
-        for b, parent in enumerate(parents):
-            if b not in continued:
-                self._finish(parent, "abort")
-        for child, beam in zip(children, running, strict=True):
-            child.token_ids.append(beam.token)
-        beams.seqs = children
-        return []
-
-    def _finish_beams(self, request_id: str) -> list[RequestOutput]:
-        beams = self._beams.pop(request_id)
-        for seq in beams.seqs:
-            self._finish(seq, "length")
-        first = self._seqs.pop(request_id)
-        best = beams.search.best()
-        outputs = []
-        for i, hypothesis in enumerate(best):
-            tokens = list(hypothesis.token_ids)
-            detokenizer = self._detokenizer(
-                first.token_ids[: first.num_prompt_tokens], first.params
-            )
-            text = ""
-            if detokenizer is not None:
-                text = detokenizer.add(tokens[:-1] if hypothesis.stopped else tokens)
-                text += detokenizer.flush()
-            outputs.append(
-                RequestOutput(
-                    request_id=request_id,
-                    new_token_ids=tokens,
-                    text_delta=text,
-                    finished=True,
-                    finish_reason="stop" if hypothesis.stopped else "length",
-                    num_prompt_tokens=first.num_prompt_tokens,
-                    num_cached_tokens=first.num_cached_tokens,
-                    index=i,
-                    open_choices=len(best) - 1 - i,
-                    cumulative_logprob=hypothesis.cumulative_logprob,
-                    score=hypothesis.score,
-                )
-            )
-        return outputs
-
     def _finish(self, seq: Sequence, reason: str) -> None:
+        if self._speculation is not None:
+            self._speculation.forget(seq)
         self.scheduler.remove(seq)
         self.block_manager.release(seq)
         seq.status = SequenceStatus.FINISHED
@@ -463,7 +346,7 @@ class LLMEngine:
             second = self._fork(seq, 1)
             second.num_computed_tokens = seq.num_prompt_tokens - 1
             second.pending_forks = list(range(2, seq.params.n))
-        out = self._append_token(seq, first_token_id, first_logprob)
+        out = self._append_tokens(seq, [first_token_id], [first_logprob])
         if out.finished:  # the first token already ended it; report the end, not the token
             self._pending.append(
                 RequestOutput(
@@ -499,6 +382,7 @@ class LLMEngine:
             "prefix_query_tokens": sched.prefix_query_tokens,
             "num_preemptions": sched.num_preemptions,
             **self._counters,
+            **speculation_stats(self._speculation),
             **self.executor.stats(),
         }
 

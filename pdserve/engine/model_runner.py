@@ -9,11 +9,13 @@ from pathlib import Path
 import torch
 
 from pdserve.config import EngineConfig
-from pdserve.core import model_limits
+from pdserve.engine import memory_profile
+from pdserve.engine.attention_batch import attention_context
+from pdserve.engine.compiled_decode import CompiledDecode, use_compile
 from pdserve.engine.factuality import contrast_layers, plan_exits
 from pdserve.engine.sampler import Sampler, apply_repetition_penalty
 from pdserve.engine.scheduler import ScheduledBatch
-from pdserve.models.attention import AttentionContext
+from pdserve.engine.spec_verify import verify
 from pdserve.models.llama import LlamaForCausalLM
 from pdserve.models.loader import DTYPES, load_model
 
@@ -30,14 +32,21 @@ class TorchExecutor:
         self.model, self.model_config = load_model(model_dir, config.dtype, config.device)
         self.vocab_size = self.model.config.vocab_size
         self.num_layers = self.model.config.num_layers
-        self.runner = ModelRunner(
-            self.model,
-            model_limits.kv_pool_blocks(self.model_config, config),
-            config.block_size,
-            DTYPES[config.dtype],
-            torch.device(config.device),
-        )
+
+        def runner(num_blocks: int) -> ModelRunner:
+            dtype, device = DTYPES[config.dtype], torch.device(config.device)
+            return ModelRunner(self.model, num_blocks, config.block_size, dtype, device)
+
+        self.runner = runner(memory_profile.kv_pool_blocks(self.model_config, config, runner))
         self.kv_cache = self.runner.kv_cache
+        if use_compile(config.compile, config.device):
+            self.runner.compiled_decode = CompiledDecode(
+                self.model,
+                self.kv_cache,
+                config.block_size,
+                config.max_num_seqs,
+                torch.device(config.device),
+            )
         self.sampler = Sampler()
 
     @property
@@ -48,6 +57,7 @@ class TorchExecutor:
         self, batch: ScheduledBatch, step_started: float
     ) -> tuple[list[int], list[int], list[float | None]]:
         logits, sample_idx = self.runner.run(batch)
+        logits, draft_logits = logits[: len(sample_idx)], logits[len(sample_idx) :]
         logits, sample_idx = _with_fork_rows(logits, sample_idx, batch)
         if not sample_idx:
             return [], [], []
@@ -60,14 +70,63 @@ class TorchExecutor:
         )
         if any(seq.beam_top_k for seq in sampled):
             _offer_beam_candidates(logits, sample_idx, sampled, batch)
+        if len(draft_logits):
+            self._verify_drafts(logits, draft_logits, sample_idx, sampled, batch)
         return sample_idx, tokens, logprobs
 
+    def _verify_drafts(
+        self,
+        logits: torch.Tensor,
+        draft_logits: torch.Tensor,
+        sample_idx: list[int],
+        sampled: list,
+        batch: ScheduledBatch,
+    ) -> None:
+        """Verifies the sampled sequences' drafts into batch.verified (spec_verify.py), those
+        with as many drafts together: each one's draft rows, then its last row."""
+        groups: dict[int, list[tuple[int, torch.Tensor]]] = {}
+        offset = 0
+        for row, (i, seq) in enumerate(zip(sample_idx, sampled, strict=True)):
+            d = seq.num_draft_tokens
+            if d:
+                rows = torch.cat([draft_logits[offset : offset + d], logits[row : row + 1]])
+                groups.setdefault(d, []).append((i, rows))
+                offset += d
+        for d, members in groups.items():
+            seqs = [batch.seqs[i] for i, _ in members]
+            probs = [s.draft_probs for s in seqs]
+            q = None
+            if any(p is not None for p in probs):  # point masses where a draft has none
+                vocab = logits.shape[-1]
+                q = torch.stack(
+                    [
+                        p.float().cpu()
+                        if p is not None
+                        else torch.nn.functional.one_hot(
+                            torch.tensor(s.token_ids[-d:]), vocab
+                        ).float()
+                        for p, s in zip(probs, seqs, strict=True)
+                    ]
+                )
+            generators = [
+                [
+                    self.sampler.generator_for(s.params, s.num_output_tokens - d + n)
+                    for n in range(d + 1)
+                ]
+                for s in seqs
+            ]
+            results = verify(
+                torch.stack([rows for _, rows in members]).float().cpu(),
+                torch.tensor([s.token_ids[-d:] for s in seqs]),
+                q,
+                [s.params for s in seqs],
+                generators,
+            )
+            for (i, _), result in zip(members, results, strict=True):
+                batch.verified[i] = result
+
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
-        device = self.kv_cache.device
-        sources = torch.tensor([c[0] for c in copies], dtype=torch.int64, device=device)
-        destinations = torch.tensor([c[1] for c in copies], dtype=torch.int64, device=device)
-        # The right side is gathered first: a source that is also a destination reads old KV.
-        self.kv_cache[:, :, destinations] = self.kv_cache[:, :, sources]
+        copy_kv_blocks(self.kv_cache, copies)
 
     def write_kv(self, block_ids: list[int], layer_start: int, data: torch.Tensor) -> None:
         index = torch.tensor(block_ids, dtype=torch.int64, device=self.kv_cache.device)
@@ -80,7 +139,17 @@ class TorchExecutor:
         return self.kv_cache[layer_start:layer_end].index_select(2, index)
 
     def stats(self) -> dict[str, float]:
-        return {}
+        compiled = self.runner.compiled_decode
+        return {"compiled_decode_steps": compiled.steps} if compiled is not None else {}
+
+
+def copy_kv_blocks(kv_cache: torch.Tensor, copies: list[tuple[int, int]]) -> None:
+    """Copies whole blocks (source, destination) in a paged KV cache tensor, every layer."""
+    device = kv_cache.device
+    sources = torch.tensor([c[0] for c in copies], dtype=torch.int64, device=device)
+    destinations = torch.tensor([c[1] for c in copies], dtype=torch.int64, device=device)
+    # The right side is gathered first: a source that is also a destination reads old KV.
+    kv_cache[:, :, destinations] = kv_cache[:, :, sources]
 
 
 def _offer_beam_candidates(
@@ -100,6 +169,15 @@ def _offer_beam_candidates(
     for r, seq, vs, ts in zip(rows, beams, values.tolist(), tokens.tolist(), strict=True):
         n = seq.beam_top_k
         batch.beam_candidates[sample_idx[r]] = list(zip(ts[:n], vs[:n], strict=True))
+
+
+def _draft_rows(batch: ScheduledBatch, sample_idx: list[int], last_rows: list[int]) -> list[int]:
+    """The packed rows whose logits judge the drafts of each sampled sequence (ModelRunner.run)."""
+    rows = []
+    for i, last in zip(sample_idx, last_rows, strict=True):
+        d = batch.seqs[i].num_draft_tokens
+        rows.extend(range(last - d, last))
+    return rows
 
 
 def _with_fork_rows(
@@ -129,6 +207,7 @@ class ModelRunner:
         self.block_size = block_size
         self.device = device
         self.early_exit_steps = 0  # steps that kept early-layer states (DoLa/SLED requests)
+        self.compiled_decode: CompiledDecode | None = None  # the --compile fast path
         # [num_layers, 2 (K, V), num_blocks, block_size, kv_heads, head_dim]: a layer range of
         # a set of blocks is kv_cache[l0:l1, :, block_ids] (what KV transfer reads and writes).
         self.kv_cache = torch.zeros(
@@ -144,9 +223,14 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[int]]:
-        """Computes every scheduled chunk. Returns logits [N, vocab] (float32) for the N
-        sequences whose tokens are now all computed, and their indices in `batch.seqs`: the
-        model's, or what DoLa/SLED make of them for requests that ask (factuality.py)."""
+        """Computes every scheduled chunk. Returns logits [N + D, vocab] (float32) and the
+        indices in `batch.seqs` of the N sequences whose tokens are now all computed. The first
+        N rows are theirs (the last position's): the model's, or what DoLa/SLED make of them
+        for requests that ask (factuality.py). The D rows after them are the draft rows of the
+        sampled sequences with speculative drafts, in sample order: for d drafts, the d
+        positions before the last (the last real token and all drafts but the last)."""
+        if self.compiled_decode is not None and self.compiled_decode.handles(batch):
+            return self.compiled_decode.run(batch), list(range(len(batch.seqs)))
         input_ids, positions, ctx, last_rows, sample_idx = self._prepare(batch)
         config = self.model.config
         plan = plan_exits(
@@ -158,15 +242,19 @@ class ModelRunner:
             hidden = self.model(input_ids, positions, self.kv_cache, ctx)  # [T, hidden]
             if not sample_idx:
                 return hidden.new_empty(0, config.vocab_size), sample_idx
-            return self.model.compute_logits(hidden[last_rows]), sample_idx
-        self.early_exit_steps += 1
-        exit_rows = last_rows[torch.tensor(plan.rows, device=last_rows.device)]
-        hidden, early = self.model.forward_with_exits(
-            input_ids, positions, self.kv_cache, ctx, exit_rows, plan.layers
-        )
-        return contrast_layers(
-            self.model.compute_logits, hidden[last_rows], early, plan
-        ), sample_idx
+            logits = self.model.compute_logits(hidden[last_rows])
+        else:
+            self.early_exit_steps += 1
+            exit_rows = last_rows[torch.tensor(plan.rows, device=last_rows.device)]
+            hidden, early = self.model.forward_with_exits(
+                input_ids, positions, self.kv_cache, ctx, exit_rows, plan.layers
+            )
+            logits = contrast_layers(self.model.compute_logits, hidden[last_rows], early, plan)
+        if not any(batch.seqs[i].num_draft_tokens for i in sample_idx):
+            return logits, sample_idx
+        draft_rows = _draft_rows(batch, sample_idx, last_rows.tolist())
+        rows = torch.tensor(draft_rows, dtype=torch.int64, device=last_rows.device)
+        return torch.cat([logits, self.model.compute_logits(hidden[rows])]), sample_idx
 
     def _prepare(self, batch: ScheduledBatch):
         bs = self.block_size
@@ -188,33 +276,8 @@ class ModelRunner:
             if end == seq.num_tokens:
                 last_rows.append(len(input_ids) - 1)
                 sample_idx.append(i)
-        num_q = max(batch.num_tokens)
-        max_blocks = max(-(-(s + n) // bs) for s, n in zip(starts, batch.num_tokens, strict=True))
-        padded = [t[:max_blocks] + [0] * (max_blocks - len(t[:max_blocks])) for t in tables]
-
         dev = self.device
-        start_t = torch.tensor(starts, dtype=torch.int64)
-        # Query i of sequence b sits at position start_b + i and sees keys 0..that position.
-        q_pos = start_t[:, None] + torch.arange(num_q)[None, :]  # [B, Q]
-        key_pos = torch.arange(max_blocks * bs)
-        mask = (key_pos[None, None, :] <= q_pos[:, :, None]).unsqueeze(1)  # [B, 1, Q, S]
-        query_index = unpad_index = None
-        if num_q > 1:
-            lens = torch.tensor(batch.num_tokens, dtype=torch.int64)
-            first = torch.cumsum(lens, 0) - lens
-            offs = torch.arange(num_q)[None, :]
-            # Padding rows repeat the sequence's last token; their outputs are dropped.
-            query_index = first[:, None] + torch.minimum(offs, lens[:, None] - 1)
-            valid = (offs < lens[:, None]).flatten()
-            unpad_index = torch.nonzero(valid).squeeze(1).to(dev)
-            query_index = query_index.to(dev)
-        ctx = AttentionContext(
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-            block_tables=torch.tensor(padded, dtype=torch.int64, device=dev),
-            attn_mask=mask.to(dev),
-            query_index=query_index,
-            unpad_index=unpad_index,
-        )
+        ctx = attention_context(starts, batch.num_tokens, tables, slots, bs, dev)
         ids = torch.tensor(input_ids, dtype=torch.int64, device=dev)
         pos = torch.tensor(positions, dtype=torch.int64, device=dev)
         rows = torch.tensor(last_rows, dtype=torch.int64, device=dev)

@@ -29,6 +29,10 @@ class RequestOutput:
     # Beam search, on a returned beam: its summed log-probability and its length-penalised score.
     cumulative_logprob: float | None = None
     score: float | None = None
+    # Speculative decoding in this step: draft tokens the target verified for this request and
+    # how many of them it accepted (0 and 0 when it did not speculate).
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
 
     @property
     def ends_request(self) -> bool:

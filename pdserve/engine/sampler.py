@@ -65,30 +65,51 @@ class Sampler:
                 logprobs[i] = value
         return tokens.tolist(), logprobs
 
+    def generator_for(self, params: SamplingParams, n: int) -> torch.Generator:
+        """The generator of a request's n-th token: its own for a seeded request, else the
+        sampler's shared one."""
+        if params.seed is None:
+            return self._generator
+        return torch.Generator().manual_seed(token_seed(params.seed, params.seed_offset + n))
+
     def _sample(
         self, logits: torch.Tensor, params: list[SamplingParams], token_indices: list[int]
     ) -> torch.Tensor:  # [M, vocab] -> [M] token ids
-        temps = torch.tensor([p.temperature for p in params], dtype=torch.float32)
-        logits = logits / temps[:, None]
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        vocab = logits.shape[-1]
-        rank = torch.arange(vocab)[None, :]
-        top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params])
-        sorted_logits = sorted_logits.masked_fill(rank >= top_k[:, None], float("-inf"))
-        probs = torch.softmax(sorted_logits, dim=-1)
-        # top_p == 1 must keep the whole tail even where the cumulative sum rounds to 1.
-        top_p = torch.tensor([p.top_p if p.top_p < 1.0 else 2.0 for p in params])
-        # Drop a token when the tokens ranked above it already reach top_p (the first stays).
-        before = torch.cumsum(probs, dim=-1) - probs
-        probs = probs.masked_fill(before >= top_p[:, None], 0.0)
+        probs, order = sorted_filtered_probs(logits, params)
         noise = torch.empty_like(probs)
         for i, (p, n) in enumerate(zip(params, token_indices, strict=True)):
-            gen = self._generator
-            if p.seed is not None:
-                gen = torch.Generator().manual_seed(token_seed(p.seed, p.seed_offset + n))
-            noise[i].exponential_(generator=gen)
+            noise[i].exponential_(generator=self.generator_for(p, n))
         choice = (probs / noise).argmax(dim=-1)
         return order.gather(1, choice[:, None]).squeeze(1)
+
+
+def sorted_filtered_probs(
+    logits: torch.Tensor, params: list[SamplingParams]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """What a sampled row draws from: temperature, then top-k, then top-p. Returns the
+    probabilities sorted in descending order of logit (filtered ones 0, the rest not
+    renormalised after top-p: a draw by probs / noise does not need it) and that order."""
+    temps = torch.tensor([p.temperature for p in params], dtype=torch.float32)
+    logits = logits / temps[:, None]
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    vocab = logits.shape[-1]
+    rank = torch.arange(vocab)[None, :]
+    top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params])
+    sorted_logits = sorted_logits.masked_fill(rank >= top_k[:, None], float("-inf"))
+    probs = torch.softmax(sorted_logits, dim=-1)
+    # top_p == 1 must keep the whole tail even where the cumulative sum rounds to 1.
+    top_p = torch.tensor([p.top_p if p.top_p < 1.0 else 2.0 for p in params])
+    # Drop a token when the tokens ranked above it already reach top_p (the first stays).
+    before = torch.cumsum(probs, dim=-1) - probs
+    return probs.masked_fill(before >= top_p[:, None], 0.0), order
+
+
+def filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """The distribution each sampled row draws its token from ([N, vocab], vocab order, rows
+    summing to 1): the sampler's temperature / top-k / top-p filtering of `logits`."""
+    probs, order = sorted_filtered_probs(logits.float(), params)
+    probs = probs / probs.sum(dim=-1, keepdim=True)
+    return torch.zeros_like(probs).scatter_(1, order, probs)
 
 
 def apply_repetition_penalty(

@@ -21,16 +21,29 @@ from pdserve.engine.sequence import Sequence, SequenceStatus
 
 
 @dataclass
+class Verified:
+    """One sequence's verified speculative drafts: the tokens to append, the accepted drafts
+    first, then the target's own."""
+
+    token_ids: list[int]
+    logprobs: list[float] | None  # when the request asked for logprobs
+    num_accepted: int  # drafts accepted (len(token_ids) - 1)
+
+
+@dataclass
 class ScheduledBatch:
     seqs: list[Sequence] = field(default_factory=list)
     num_tokens: list[int] = field(default_factory=list)  # tokens to compute, per sequence
-    num_preempted: int = 0
+    preempted: list[Sequence] = field(default_factory=list)  # sent back to be recomputed
     # (source, destination) block copies to make before the step (copy-on-write of forks).
     block_copies: list[tuple[int, int]] = field(default_factory=list)
     # (index in seqs, fork): forks that sample their first token from that sequence's logits.
     fork_samples: list[tuple[int, Sequence]] = field(default_factory=list)
     # Filled by the executor: sample index -> a beam's best (token, log-probability) pairs.
     beam_candidates: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
+    # Filled by the executor: sample index -> the verification of that sequence's speculative
+    # drafts (spec_verify.py), for sequences with num_draft_tokens > 0.
+    verified: dict[int, Verified] = field(default_factory=dict)
 
     def add(self, seq: Sequence, num_tokens: int) -> None:
         self.seqs.append(seq)
@@ -91,13 +104,20 @@ class Scheduler:
         while i < len(self.running) and budget > 0 and len(batch.seqs) < self.max_num_seqs:
             seq = self.running[i]
             n = min(seq.num_uncomputed_tokens, budget)
+            if seq.num_draft_tokens:  # drafts take only budget no later running one needs
+                later = min(len(self.running), self.max_num_seqs) - len(batch.seqs) - 1
+                n = min(n, max(seq.num_uncomputed_tokens - seq.num_draft_tokens, budget - later))
             if n == 0:  # a beam whose siblings have not computed yet: it waits for them
                 i += 1
                 continue
             while not self._make_writable(seq, n, batch):
+                without_drafts = seq.num_uncomputed_tokens - seq.num_draft_tokens
+                if n > without_drafts:  # its drafts go before anyone is preempted
+                    n = without_drafts
+                    continue
                 victim = self.running[-1]
                 self._preempt(victim)
-                batch.num_preempted += 1
+                batch.preempted.append(victim)
                 if victim is seq:
                     break
             if seq.status != SequenceStatus.RUNNING:
@@ -105,7 +125,7 @@ class Scheduler:
             batch.add(seq, n)
             budget -= n
             i += 1
-        if batch.num_preempted:
+        if batch.preempted:
             return batch  # no room for newcomers when running ones were just evicted
         # Full prompt blocks that running sequences are still computing: a newcomer whose next
         # block is among them waits a step and then finds it in the prefix cache, instead of
@@ -127,17 +147,20 @@ class Scheduler:
             in_flight.update(self._uncomputed_prompt_hashes(seq))
         self.running.sort(key=lambda s: s.arrival)
         if not batch.seqs and self.waiting:
-            self._evict_idle()
+            batch.preempted += self._evict_idle()
         return batch
 
-    def _evict_idle(self) -> None:
+    def _evict_idle(self) -> list[Sequence]:
         """Nothing could run: the running sequences all wait (beams whose siblings are
         preempted) and hold the blocks the waiting ones need. They go to the back of the queue
-        (their offers stay valid), so the waiting siblings get the room to compute."""
-        for seq in [s for s in self.running if s.num_uncomputed_tokens == 0]:
+        (their offers stay valid), so the waiting siblings get the room to compute. Returns
+        them."""
+        idle = [s for s in self.running if s.num_uncomputed_tokens == 0]
+        for seq in idle:
             self._preempt(seq)
             self.waiting.remove(seq)
             self.waiting.append(seq)
+        return idle
 
     def _make_writable(self, seq: Sequence, n: int, batch: ScheduledBatch) -> bool:
         """Blocks for the next n tokens of a running sequence, none shared with another fork

@@ -3,7 +3,9 @@ and the scheduler, through `status`.
 
 token_ids = prompt + generated tokens. The first `num_computed_tokens` of them have their K/V
 in the blocks of `block_table`; a step computes the next chunk and, once all are computed,
-samples one more token. A request with n > 1 has one sequence per choice (`index`), forked
+samples one more token. With speculative decoding the last `num_draft_tokens` of token_ids are
+a proposer's guesses, appended for one step to be verified (the step computes them with the
+last real token); the engine keeps those of them the target accepts and drops the rest. A request with n > 1 has one sequence per choice (`index`), forked
 from the first when its prompt is computed: `pending_forks` lists the choices still to fork.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.tokenizer import IncrementalDetokenizer
@@ -54,6 +57,11 @@ class Sequence:
     # A beam of a beam-search request: how many (token, log-probability) candidates its
     # sampling row offers (0 = not a beam; it samples a token instead).
     beam_top_k: int = 0
+    # Speculative decoding: the last num_draft_tokens of token_ids are unverified guesses (only
+    # between the engine's proposing and verifying in one step); draft_probs, when not None,
+    # is the draft's distribution q of each (a [num_draft_tokens, vocab] tensor).
+    num_draft_tokens: int = 0
+    draft_probs: Any = None
 
     @property
     def num_tokens(self) -> int:

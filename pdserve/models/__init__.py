@@ -5,8 +5,11 @@
   honoured exactly or refused by name (`ModelLoadError`).
 - `rope.py` — rotary embedding tables, as transformers computes them for each rope type.
 - `attention.py` — paged attention and its per-step `AttentionContext`.
+- `attention_op.py` — paged attention as one opaque torch op, for compiled decode graphs.
 - `loader.py` — Hugging Face directory (config.json + safetensors) -> model.
 - `presets.py` — sizes of the random-weight models (tiny, small).
 - `builtin.py` — `make_model(dir, preset, seed)`, `default_model_dir()`.
+- `draft_of.py` — `write_draft_of(target, out, layers)`: a self-speculative draft (the target's
+  first layers, embedding, final norm and LM head).
 - `tokenizer_builder.py` — `write_tokenizer(dir, vocab_size)`: the offline BPE tokenizer.
 """

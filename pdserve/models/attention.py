@@ -1,5 +1,10 @@
 """Paged attention in plain torch: write new K/V by slot, read each sequence's blocks by table.
 
+A step whose sequences differ widely attends in groups (`AttentionGroup`): single-token
+(decode) sequences by similar context length (`length_groups`), multi-token ones (prefill
+chunks, drafts) apart, so no sequence is padded to another's query length or to a much longer
+context: the gather copies, and attention reads, about each sequence's own context.
+
 The model sees one `AttentionContext` per forward pass, built by the engine's model runner;
 the model itself never sees sequences, schedulers or block managers.
 """
@@ -10,6 +15,41 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+# Decode sequences are split into groups by context length when a cut spares the
+# gather and attention of at least this many padding blocks (one group per layer costs a few
+# more ops, worth about this many blocks of a small model's KV on CPU).
+MIN_SPARED_BLOCKS = 16
+
+
+@dataclass
+class AttentionGroup:
+    """Sequences of a step attended together, padded to the group's longest query and context
+    instead of the whole batch's: Gq = the group's longest query."""
+
+    query_index: torch.Tensor  # [G, Gq] int64 packed row per (seq, query); padding repeats
+    out_rows: torch.Tensor  # [V] int64 packed row of each valid (seq, query), in [G * Gq] order
+    valid_index: torch.Tensor | None  # [V] int64 valid entries of the [G * Gq] layout; None: all
+    block_tables: torch.Tensor  # [G, group_max_blocks] int64, padded with block 0
+    attn_mask: torch.Tensor  # [G, 1, Gq, group_max_blocks * block_size] bool
+
+
+def length_groups(num_blocks: list[int]) -> list[list[int]]:
+    """Indices of `num_blocks` (blocks each sequence attends over) in groups: sorted longest
+    first, cut before a sequence when padding every sequence from it on to the current group's
+    longest would cost MIN_SPARED_BLOCKS or more and the sequence needs at most 3/4 of those
+    blocks. Uniform lengths stay one group."""
+    order = sorted(range(len(num_blocks)), key=lambda i: -num_blocks[i])
+    groups: list[list[int]] = []
+    longest = 0
+    for rank, i in enumerate(order):
+        n = num_blocks[i]
+        remaining = len(order) - rank
+        if not groups or ((longest - n) * remaining >= MIN_SPARED_BLOCKS and 4 * n <= 3 * longest):
+            groups.append([])
+            longest = n
+        groups[-1].append(i)
+    return groups
 
 
 @dataclass
@@ -25,6 +65,10 @@ class AttentionContext:
     attn_mask: torch.Tensor  # [B, 1, Q, max_blocks * block_size] bool: True = may attend
     query_index: torch.Tensor | None  # [B, Q] int64 packed row per (seq, query); None when Q == 1
     unpad_index: torch.Tensor | None  # [T] int64 row of each packed token in the [B * Q] layout
+    # When set, attention runs group by group instead (the fields above still describe the
+    # whole batch): sequences with one new token by similar context length, those with more
+    # (prefill chunks, drafts) apart, so none is padded to another's query or much longer context.
+    groups: list[AttentionGroup] | None = None
 
 
 def paged_attention(
@@ -35,28 +79,49 @@ def paged_attention(
     ctx: AttentionContext,
 ) -> torch.Tensor:  # [T, H * D]
     num_kv_heads, head_dim = k.shape[1], k.shape[2]
-    group = q.shape[1] // num_kv_heads
     # Store first, so a sequence's new tokens see themselves through the same gather.
     flat = layer_cache.view(2, -1, num_kv_heads, head_dim)
     flat[0].index_copy_(0, ctx.slot_mapping, k)
     flat[1].index_copy_(0, ctx.slot_mapping, v)
 
-    # One gather for the whole batch (index_select copies whole blocks; several times faster
+    if ctx.groups is not None:
+        out = q.new_empty(q.shape[0], q.shape[1] * head_dim)
+        for g in ctx.groups:
+            rows = _attend(q[g.query_index], layer_cache, g.block_tables, g.attn_mask)
+            out.index_copy_(0, g.out_rows, rows if g.valid_index is None else rows[g.valid_index])
+        return out
+    out = _attend(
+        q if ctx.query_index is None else q[ctx.query_index],
+        layer_cache,
+        ctx.block_tables,
+        ctx.attn_mask,
+    )
+    return out if ctx.unpad_index is None else out[ctx.unpad_index]
+
+
+def _attend(
+    qp: torch.Tensor,  # [B, Q, H, D] or, with Q == 1, [B, H, D]
+    layer_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # [B, max_blocks]
+    mask: torch.Tensor,  # [B, 1, Q, max_blocks * block_size]
+) -> torch.Tensor:  # [B * Q, H * D]
+    """Attention of B sequences' queries over their blocks."""
+    num_kv_heads, head_dim = layer_cache.shape[-2], layer_cache.shape[-1]
+    group = qp.shape[-2] // num_kv_heads
+    # One gather for these sequences (index_select copies whole blocks; several times faster
     # than advanced indexing): [2, B * max_blocks, block_size, KV, D].
-    batch = ctx.block_tables.shape[0]
-    kv = layer_cache.index_select(1, ctx.block_tables.view(-1))
+    batch = block_tables.shape[0]
+    kv = layer_cache.index_select(1, block_tables.view(-1))
     kv = kv.view(2, batch, -1, num_kv_heads, head_dim).transpose(2, 3)  # [2, B, KV, S, D]
 
-    qp = q if ctx.query_index is None else q[ctx.query_index]  # [B, Q, H, D] or [T=B, H, D]
     qp = qp.reshape(batch, -1, num_kv_heads, group, head_dim)  # [B, Q, KV, G, D]
     num_q = qp.shape[1]
     # Grouped-query attention without repeating K/V: a KV head's G query heads become G * Q
     # query rows of that head (the mask is repeated to match).
     qp = qp.permute(0, 2, 3, 1, 4).reshape(batch, num_kv_heads, group * num_q, head_dim)
-    mask = ctx.attn_mask  # [B, 1, Q, S]; with Q == 1 it broadcasts over the G rows
+    # mask: [B, 1, Q, S]; with Q == 1 it broadcasts over the G rows
     if group > 1 and num_q > 1:
         mask = mask.repeat(1, 1, group, 1)
     out = F.scaled_dot_product_attention(qp, kv[0], kv[1], attn_mask=mask)
     out = out.view(batch, num_kv_heads, group, num_q, head_dim).permute(0, 3, 1, 2, 4)
-    out = out.reshape(batch * num_q, -1)  # [B * Q, H * D]
-    return out if ctx.unpad_index is None else out[ctx.unpad_index]
+    return out.reshape(batch * num_q, -1)

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pdserve.models.attention import AttentionContext, paged_attention
+from pdserve.models.attention_op import compiled_paged_attention
 from pdserve.models.rope import rope_tables
 
 # config.json `hidden_act` -> the function transformers' ACT2FN maps it to.
@@ -59,16 +60,20 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        # Normalized in float32 and cast before the weight, as transformers does; the fused
+        # op is one kernel where the written-out formula is six.
+        h = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         return self.weight * h.to(x.dtype)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x: [T, heads, D]; cos/sin: [T, 1, D]
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE, x * cos + cat(-x2, x1) * sin, written as x * cos + cat(x2, x1) *
+    sin_signed (sin with its first half negated: the same products, one op fewer).
+    x: [T, heads, D]; cos, sin_signed: [T, 1, D]."""
     half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)
+    out = x * cos
+    return out.add_(swapped.mul_(sin_signed))
 
 
 class Attention(nn.Module):
@@ -85,15 +90,18 @@ class Attention(nn.Module):
         self,
         x: torch.Tensor,  # [T, hidden]
         cos: torch.Tensor,  # [T, 1, D]
-        sin: torch.Tensor,
+        sin: torch.Tensor,  # [T, 1, D], first half negated (apply_rope)
         layer_cache: torch.Tensor,  # [2, num_blocks, block_size, KV, D]
         ctx: AttentionContext,
     ) -> torch.Tensor:  # [T, hidden]
-        q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
-        q = apply_rope(q.view(-1, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rope(k.view(-1, self.num_kv_heads, self.head_dim), cos, sin)
+        qk, v = self.qkv_proj(x).split((self.split[0] + self.split[1], self.split[2]), dim=-1)
+        # q and k heads rotated together: one RoPE over H + KV heads instead of two.
+        qk = apply_rope(qk.view(-1, self.num_heads + self.num_kv_heads, self.head_dim), cos, sin)
+        q, k = qk.split((self.num_heads, self.num_kv_heads), dim=1)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        return self.o_proj(paged_attention(q, k, v, layer_cache, ctx))
+        # Compiled decode graphs attend through one opaque op (attention_op.py).
+        attend = compiled_paged_attention if torch.compiler.is_compiling() else paged_attention
+        return self.o_proj(attend(q, k, v, layer_cache, ctx))
 
 
 class MLP(nn.Module):
@@ -139,10 +147,12 @@ class LlamaForCausalLM(nn.Module):
         use). Called again after the loader materializes a model built on the meta device."""
         c = self.config
         cos, sin = rope_tables(c.head_dim, c.max_position_embeddings, c.rope_parameters)
+        half = c.head_dim // 2
+        sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)  # what apply_rope takes
         if device is not None:
             cos, sin = cos.to(device), sin.to(device)
         self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
+        self.register_buffer("rope_sin_signed", sin, persistent=False)
 
     def forward(
         self,
@@ -170,7 +180,7 @@ class LlamaForCausalLM(nn.Module):
     def _run(self, input_ids, positions, kv_cache, ctx, rows, keep: frozenset[int]):
         x = self.embed_tokens(input_ids)
         cos = self.rope_cos[positions].to(x.dtype).unsqueeze(1)
-        sin = self.rope_sin[positions].to(x.dtype).unsqueeze(1)
+        sin = self.rope_sin_signed[positions].to(x.dtype).unsqueeze(1)
         kept = [x.index_select(0, rows)] if 0 in keep else []
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, kv_cache[i], ctx)

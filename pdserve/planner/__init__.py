@@ -11,4 +11,5 @@ and router on a virtual clock (no Ray, no sleeping).
 - `probe.py` — `run_probe`: one split at one rate, and whether enough requests met the SLOs.
 - `search.py` — `Search`: goodput of every split by bisection over the rate.
 - `report.py` — the plan as a table and as JSON.
+- `online.py` — one window of a live router's traffic and measured costs planned (child process).
 """

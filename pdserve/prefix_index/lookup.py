@@ -9,6 +9,7 @@ themselves on their next heartbeat).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 from pdserve.prefix_index.redis_link import RedisLink
@@ -118,6 +119,11 @@ class PrefixIndex:
         args = [self.keys.block_prefix, self.keys.heartbeat_prefix, rest]
         flat = self.link.call(lambda client: self._lookup(keys=keys, args=args, client=client), [])
         return {str(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+    def publish_plan(self, plan: dict) -> None:
+        """Stores the online planner's latest plan for `pdserve stats` (best effort)."""
+        text = json.dumps(plan)
+        self.link.call(lambda client: client.set(self.keys.plan, text), None)
 
     def record_reuse(self, worker_id: str, hit_tokens: int, miss_tokens: int) -> None:
         """Adds one request's prompt tokens served from cache (hit) and computed (miss)."""

@@ -7,6 +7,7 @@ reads them with `read_reuse_stats`. Layout: see pdserve/prefix_index/schema.py.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis
 
@@ -36,16 +37,23 @@ class ReuseCounts:
 
 
 @dataclass
-class ModelReuse:
+class PerWorkerCounts:
+    """One model's counts (any counts class with `as_dict`): its total and each worker's."""
+
     model: str
-    total: ReuseCounts = field(default_factory=ReuseCounts)
-    workers: dict[str, ReuseCounts] = field(default_factory=dict)
+    total: Any
+    workers: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return {
             **self.total.as_dict(),
             "workers": {w: c.as_dict() for w, c in sorted(self.workers.items())},
         }
+
+
+@dataclass
+class ModelReuse(PerWorkerCounts):
+    total: ReuseCounts = field(default_factory=ReuseCounts)
 
 
 def add_reuse(pipe: redis.client.Pipeline, keys: IndexKeys, worker_id: str, hit: int, miss: int):

@@ -9,6 +9,8 @@ and declares only the first). With namespace "pdserve" and model "m":
   pdserve:{m}:hb:<worker>     STR   epoch, with a TTL          the worker is alive in that epoch
   pdserve:{m}:workers         HASH  worker_id -> epoch        newest epoch ever registered
   pdserve:{m}:reuse           HASH  hit_tokens, miss_tokens, requests, w:<worker>:<counter>
+  pdserve:{m}:spec            HASH  draft_tokens, accepted_tokens, verify_steps, w:<worker>:<counter>
+  pdserve:{m}:plan            STR   JSON: the online planner's latest plan (--plan-interval)
   pdserve:models              SET   model names with reuse statistics
 
 An entry counts only while the worker's heartbeat key exists and holds the entry's epoch, so a
@@ -97,6 +99,11 @@ class IndexKeys:
     @property
     def reuse(self) -> str:
         return self.base + "reuse"
+
+    @property
+    def plan(self) -> str:
+        """The online planner's latest plan (JSON), for `pdserve stats`."""
+        return self.base + "plan"
 
     @property
     def models(self) -> str:

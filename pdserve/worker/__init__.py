@@ -4,6 +4,7 @@ decode_service/).
 - `worker_actor.py` — `WorkerActor`: the actor skeleton (lazy start, `ready`, `stats`).
 - `worker_runtime.py` — `WorkerRuntime`: engine + loop, step costs, stats, KV events to the index.
 - `engine_loop.py` — `EngineLoop`: the engine on its own thread, outputs to asyncio queues.
+- `memory_usage.py` — peak RSS and peak CUDA memory of the worker process (WorkerStats).
 - `worker_spec.py` — `WorkerSpec`: everything an actor is started with (no secrets in env).
 - `worker_spec.py` — `WorkerSpec`: all one actor is started with (its constructor argument).
 - `pools.py` — `create_workers`: the actors on their Ray pools (custom resources, GPUs).

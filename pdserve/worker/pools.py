@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
 import ray
 
 from decode_service.worker import DecodeWorker
-from pdserve.config import ServeConfig
+from pdserve.config import EngineConfig, ServeConfig, SpeculativeConfig
 from pdserve.worker.worker_spec import WorkerSpec
 from prefill_service.worker import PrefillWorker
 
@@ -51,20 +52,30 @@ def create_workers(
 
 def worker_spec(config: ServeConfig, redis_url: str | None, position: int, role: str) -> WorkerSpec:
     """What the worker of `role` at `position` (its index over both pools) is started with:
-    its pool's engine (torch or sim)."""
+    its pool's engine (torch or sim; see engine_for_role)."""
     affinity = None
     if config.pin_cpus:
         # One core per worker, round robin over this node's cores (benchmarks on one machine:
         # keeps a prefill burst from taking the decode worker's core).
         affinity = {position % (os.cpu_count() or 1)}
     return WorkerSpec(
-        engine=config.engine_for(role),
+        engine=engine_for_role(config, role),
         kv=config.kv,
         worker=config.worker,
         log=config.log,
         redis_url=redis_url,
         cpu_affinity=affinity,
     )
+
+
+def engine_for_role(config: ServeConfig, role: str) -> EngineConfig:
+    """The engine config of the workers of `role`. Speculative decoding runs in the decode pool
+    only: a prefill worker samples one token per request, and a decode worker computes the
+    draft model's prompt KV itself, so prefill workers never load a draft model."""
+    engine = config.engine_for(role)
+    if role == "prefill" and engine.speculative.enabled:
+        engine = dataclasses.replace(engine, speculative=SpeculativeConfig())
+    return engine
 
 
 def forwarded_env() -> dict[str, str]:

@@ -22,6 +22,7 @@ from pdserve import metrics
 from pdserve.core.messages import ENGINE_COUNT_FIELDS, TokenBatch, WorkerStats
 from pdserve.engine.engine import LLMEngine, RequestOutput
 from pdserve.models.builtin import default_model_dir
+from pdserve.worker import memory_usage
 from pdserve.worker.engine_loop import END_OF_STREAM, EngineLoop
 from pdserve.worker.worker_spec import WorkerSpec
 
@@ -64,6 +65,7 @@ class WorkerRuntime:
             bytes_per_block=self.engine.bytes_per_block,
         )
         self._last_prefill_tokens = 0
+        self._observed: WorkerStats | None = None  # the previous stats() answer
         # Queue wait of requests that asked for it (track_queue): engine-thread state.
         self._waiting_since: dict[str, float] = {}
         self._queue_waits: dict[str, float] = {}
@@ -114,9 +116,14 @@ class WorkerRuntime:
         stats.sim_overrun_steps = int(engine_stats.get("sim_overrun_steps", 0))
         stats.sim_modelled_seconds = float(engine_stats.get("sim_modelled_seconds", 0.0))
         stats.sim_measured_seconds = float(engine_stats.get("sim_measured_seconds", 0.0))
-        # The router polls stats a few times a second: fresh enough for gauges, free per step.
-        metrics.observe_worker_stats(stats)
-        return WorkerStats(**asdict(stats))
+        stats.peak_rss_bytes = memory_usage.peak_rss_bytes()
+        stats.peak_gpu_bytes = memory_usage.peak_gpu_bytes()
+        snapshot = WorkerStats(**asdict(stats))
+        # The router polls stats a few times a second: fresh enough for gauges, free per step;
+        # counters grow by what happened since the previous poll.
+        metrics.observe_worker_stats(snapshot, self._observed)
+        self._observed = snapshot
+        return snapshot
 
     def record_transfer(
         self, num_bytes: int, seconds: float, failed: bool = False, reason: str = "other"
@@ -160,6 +167,8 @@ class WorkerRuntime:
                 batch.logprobs += item.new_logprobs or []
                 batch.num_prompt_tokens = item.num_prompt_tokens
                 batch.num_cached_tokens = item.num_cached_tokens
+                batch.num_draft_tokens += item.num_draft_tokens
+                batch.num_accepted_tokens += item.num_accepted_tokens
                 if item.finished:
                     batch.finished, batch.finish_reason = True, item.finish_reason
                     batch.cumulative_logprob, batch.score = item.cumulative_logprob, item.score

@@ -4,7 +4,7 @@ Fields pdserve does not implement are declared anyway, so that setting one to an
 neutral value is a 400 naming it (router/http/translate.py) rather than silently ignored.
 pdserve's own options (`top_k`, `ignore_eos`, `stop_token_ids`, `return_token_ids`, and the
 decoding rules: `beam_width`, `length_penalty`, `early_stopping`, `repetition_penalty`,
-`dola_layers`, `sled`, `sled_layers`, `evolution_*`) are extra body fields, under vLLM's names
+`dola_layers`, `sled`, `sled_layers`, `evolution_*`; `disable_speculation`) are extra body fields, under vLLM's names
 where vLLM has them; other unknown fields are ignored, as vLLM does.
 """
 
@@ -55,6 +55,8 @@ class SamplingFields(BaseModel):
     evolution_rate: float | None = None
     evolution_scale: int | None = None
     evolution_lower_bound: float | None = None
+    # Opt out of the server's speculative decoding (pdserve.v1.SamplingParams documents it).
+    disable_speculation: bool = False
 
 
 class CompletionRequest(SamplingFields):

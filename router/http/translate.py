@@ -141,8 +141,8 @@ def generate_request(body: SamplingFields, prompt: Prompt) -> generate_pb2.Gener
 
 
 def _decoding_rule(body: SamplingFields, sampling: generate_pb2.SamplingParams) -> None:
-    """n, beam search, repetition penalty, DoLa and SLED: copied as given (validation checks
-    them and names the field)."""
+    """n, beam search, repetition penalty, DoLa, SLED and the speculation opt-out: copied as
+    given (validation checks them and names the field)."""
     for name in ("n", "beam_width", "evolution_scale"):
         value = getattr(body, name)
         if value is not None:
@@ -155,6 +155,7 @@ def _decoding_rule(body: SamplingFields, sampling: generate_pb2.SamplingParams) 
             setattr(sampling, name, value)
     sampling.early_stopping = body.early_stopping
     sampling.sled = body.sled
+    sampling.disable_speculation = body.disable_speculation
     for name in ("dola_layers", "sled_layers"):
         layers = getattr(body, name)
         if isinstance(layers, str):

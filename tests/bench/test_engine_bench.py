@@ -31,3 +31,13 @@ def test_engine_bench_measures_a_decoding_rule_in_both_engines(decoding, capsys)
     rows = re.findall(r"^\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)x$", out, re.MULTILINE)
     assert [int(batch) for batch, *_ in rows] == [2]
     assert all(float(ours) > 0 and float(theirs) > 0 for _, ours, theirs, _ in rows)
+
+
+def test_op_profile_splits_decode_steps_into_matmuls_and_the_rest(capsys):
+    argv = ["bench", "engine", "--preset", "tiny", "--batch-sizes", "1,4", "--steps", "4"]
+    assert main([*argv, "--repeats", "1", "--op-profile"]) == 0
+    out = capsys.readouterr().out
+    assert "decode steps at batch 4" in out
+    assert re.search(r"^aten::mm\s+([\d.]+)\s", out, re.MULTILINE)
+    matmuls, rest = re.search(r"weight matmuls ([\d.]+)%, everything else ([\d.]+)%", out).groups()
+    assert float(matmuls) > 0 and float(matmuls) + float(rest) == pytest.approx(100, abs=0.11)

@@ -246,3 +246,23 @@ def test_forks_copy_on_write_and_aborts_never_leak_or_double_free(ops, num_block
         bm.release(s)
     bm.check_invariants()
     assert bm.num_free_blocks == num_blocks
+
+
+def test_truncate_frees_the_blocks_past_the_kept_tokens():
+    bm = BlockManager(8, BS)
+    a = seq(list(range(6)))
+    assert compute(bm, a)  # one full cached block, one partial
+    other = seq(list(range(6)), 1)
+    bm.fork(a, other)
+    assert bm.ensure_blocks(a, 15)  # room for drafts: 4 blocks
+    drafted = a.block_table[2:]
+    bm.truncate(a, 7)  # the drafts were rejected: 7 tokens need 2 blocks
+    assert len(a.block_table) == 2
+    assert all(bm.ref_count(b) == 0 for b in drafted)
+    assert bm.num_free_blocks == 8 - 2
+    bm.truncate(a, 9)  # never grows
+    assert len(a.block_table) == 2
+    bm.release(a)
+    bm.release(other)
+    assert bm.num_free_blocks == 8
+    bm.check_invariants()

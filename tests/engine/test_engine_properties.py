@@ -1,5 +1,6 @@
 """Whatever requests arrive (n > 1 and beam search ones fork their blocks), finish or are aborted in whatever
-order, the engine ends with every block free and no block both free and in use along the way."""
+order, the engine ends with every block free and no block both free and in use along the way;
+also with speculative decoding, whose drafts are trimmed and rolled back every step."""
 
 from __future__ import annotations
 
@@ -13,13 +14,22 @@ from hypothesis import strategies as st
 from pdserve.core.sampling_params import SamplingParams
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_dir):
-    from pdserve.config import EngineConfig
+@pytest.fixture(scope="module", params=["", "ngram"], ids=["plain", "speculative"])
+def engine(tiny_dir, request):
+    """With speculation (prompt lookup over these few token ids proposes often), every step also
+    appends drafts, trims them to the budget and rolls rejected ones back."""
+    from pdserve.config import EngineConfig, SpeculativeConfig
     from pdserve.engine.engine import LLMEngine
 
+    spec = SpeculativeConfig(method=request.param, num_speculative_tokens=5, min_acceptance=0.0)
     return LLMEngine(
-        EngineConfig(model=str(tiny_dir), block_size=4, num_kv_blocks=24, max_num_batched_tokens=16)
+        EngineConfig(
+            model=str(tiny_dir),
+            block_size=4,
+            num_kv_blocks=24,
+            max_num_batched_tokens=16,
+            speculative=spec,
+        )
     )
 
 
@@ -97,3 +107,13 @@ def test_all_blocks_free_after_everything_finishes(engine, actions):
     stats = engine.stats()
     assert stats["num_free_blocks"] == stats["num_blocks"]
     assert stats["num_held"] == stats["num_reserved"] == stats["num_running"] == 0
+
+
+def test_speculation_was_exercised(engine):
+    """Runs after the property test on the same engine: its examples drafted, and rejected
+    drafts were rolled back."""
+    stats = engine.stats()
+    if engine.config.speculative.enabled:
+        assert stats["spec_draft_tokens"] > stats["spec_accepted_tokens"], stats
+    else:
+        assert stats["spec_draft_tokens"] == 0

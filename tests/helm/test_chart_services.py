@@ -9,12 +9,15 @@ import pytest
 from tests.helm.chart_views import (
     container,
     env_of,
+    flag,
     merged,
     raycluster,
     rendered,
+    router_argv,
 )
 from tests.helm.render import (
     CASES,
+    CHART_DIR,
     FULLNAME,
     render,
 )
@@ -205,3 +208,11 @@ def test_helm_test_pod_checks_grpc_health_through_the_router_service():
     script = c["args"][0]
     compile(script, "helm-test", "exec")  # the probe script is valid Python
     assert "HealthStub" in script and "SERVING" in script
+
+
+def test_the_online_planner_is_off_by_default_and_its_interval_reaches_the_router():
+    assert "--plan-interval" not in router_argv(render())
+    argv = router_argv(render({"router": {"planIntervalSeconds": 60}}))
+    assert flag(argv, "--plan-interval") == "60"
+    with helm.Chart.load(CHART_DIR) as chart, pytest.raises(helm.HelmValuesError):
+        chart.validate_schema({"router": {"planIntervalSeconds": -1}})

@@ -171,3 +171,25 @@ def test_greedy_batch_matches_transformers_generate(family_model):
     prompts = [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in (2, 9, 16, 25)]
     outputs = engine.generate(prompts, SamplingParams(max_tokens=10, ignore_eos=True))
     assert outputs == hf_greedy(hf, prompts, 10)
+
+
+def test_decode_in_length_groups_matches_transformers_generate(family_model):
+    """Short and long contexts in one decode batch attend in separate length groups."""
+    hf, engine = family_model
+    gen = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in (3, 150, 4, 160)]
+    grouped: list[int] = []
+    prepare = engine.runner._prepare
+
+    def recording(batch):
+        prepared = prepare(batch)
+        groups = prepared[2].groups
+        if groups is not None:
+            grouped.append(len(groups))
+        return prepared
+
+    engine.runner._prepare = recording
+    outputs = engine.generate(prompts, SamplingParams(max_tokens=10, ignore_eos=True))
+    engine.runner._prepare = prepare
+    assert grouped and all(n == 2 for n in grouped)
+    assert outputs == hf_greedy(hf, prompts, 10)

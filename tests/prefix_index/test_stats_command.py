@@ -1,4 +1,5 @@
-"""`pdserve stats` reads the reuse statistics the router keeps in Redis."""
+"""`pdserve stats` reads the reuse and speculative decoding statistics the router keeps in
+Redis."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pdserve.config import RouterConfig, ServeConfig
 from pdserve.prefix_index import local_servers
 from pdserve.prefix_index.lookup import PrefixIndex
 from pdserve.prefix_index.redis_server import RedisServer
+from pdserve.prefix_index.spec_stats import read_speculation_stats, record_speculation
 
 
 def run(argv: list[str]) -> int:
@@ -92,3 +94,50 @@ def test_notes_of_dead_servers_are_ignored(tmp_path, monkeypatch) -> None:
         note = local_servers.advertise(server.url, 50001, pid=pid)
     assert local_servers.find_local_url() is None  # that process is gone
     assert not note.exists()
+
+
+def test_pdserve_stats_prints_acceptance_per_worker(redis_url: str, capsys) -> None:
+    index = PrefixIndex(redis_url, "tiny", 16)
+    index.record_reuse("decode-0", hit_tokens=16, miss_tokens=16)
+    record_speculation(index.link, index.keys, "decode-0", (40, 30, 10))
+    record_speculation(index.link, index.keys, "decode-0", (20, 6, 5))
+    record_speculation(index.link, index.keys, "decode-1", (0, 0, 0))  # nothing: not written
+    record_speculation(index.link, index.keys, "decode-1", (10, 0, 10))
+    assert run(["--redis-url", redis_url, "--json"]) == 0
+    spec = json.loads(capsys.readouterr().out)["tiny"]["speculation"]
+    assert (spec["draft_tokens"], spec["accepted_tokens"], spec["verify_steps"]) == (70, 36, 25)
+    assert spec["workers"]["decode-0"]["acceptance_rate"] == 0.6
+    assert spec["workers"]["decode-0"]["mean_accepted"] == 2.4
+    assert spec["workers"]["decode-1"]["acceptance_rate"] == 0.0
+    assert run(["--redis-url", redis_url]) == 0
+    table = capsys.readouterr().out
+    assert "speculative decoding: tiny" in table
+    assert "60.0%" in table and "2.40" in table and "51.4%" in table
+
+
+def test_models_without_speculation_have_no_speculation_section(redis_url: str, capsys) -> None:
+    index = PrefixIndex(redis_url, "plain", 16)
+    index.record_reuse("decode-0", hit_tokens=1, miss_tokens=1)
+    assert read_speculation_stats(index.link.client, ["plain"]) == {}
+    assert run(["--redis-url", redis_url]) == 0
+    assert "speculative decoding" not in capsys.readouterr().out
+
+
+def test_pdserve_stats_shows_the_online_plan(redis_url: str, capsys) -> None:
+    index = PrefixIndex(redis_url, "planned", 16)
+    index.record_reuse("decode-0", hit_tokens=1, miss_tokens=1)
+    assert run(["--redis-url", redis_url, "--json", "--model", "planned"]) == 0
+    assert "plan" not in json.loads(capsys.readouterr().out)["planned"]
+    plan = {
+        "recommended": "1P:3D",
+        "workers": 4,
+        "goodput_rps": 12.5,
+        "observed_rps": 20.0,
+        "workers_for_observed": 7,
+    }
+    index.publish_plan(plan)
+    assert run(["--redis-url", redis_url, "--json", "--model", "planned"]) == 0
+    assert json.loads(capsys.readouterr().out)["planned"]["plan"] == plan
+    assert run(["--redis-url", redis_url, "--model", "planned"]) == 0
+    out = capsys.readouterr().out
+    assert "online plan: 1P:3D for 4 workers" in out and "~7 workers" in out

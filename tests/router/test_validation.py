@@ -174,3 +174,11 @@ def test_layer_indices_must_precede_the_final_layer() -> None:
     )
     with pytest.raises(RequestError, match=r"^sampling.dola_layers: layer 4"):
         asyncio.run(validate(deep, limits, CountingTokenizer()))
+
+
+def test_the_speculation_opt_out_reaches_sampling_params() -> None:
+    assert run(text_request()).sampling.speculative
+    assert not run(text_request(disable_speculation=True)).sampling.speculative
+    # The engine, not the API, leaves decoding rules it cannot speculate on unspeculated.
+    beam = run(text_request(beam_width=2, disable_speculation=False)).sampling
+    assert beam.speculative and beam.beam_width == 2

@@ -51,7 +51,7 @@ class ToyModel:
 
 @dataclass
 class _Request:
-    """One request's sequence on a toy worker, produced like the engine's `_append_token`."""
+    """One request's sequence on a toy worker, produced like the engine's `_append_tokens`."""
 
     ids: list[int]
     params: SamplingParams
@@ -143,7 +143,7 @@ class ToyWorker:
         return request
 
     async def _step(self, request: _Request) -> tuple[int, str]:
-        """One token (and its text delta) of the request, like the engine's `_append_token`."""
+        """One token (and its text delta) of the request, like the engine's `_append_tokens`."""
         await self._alive()
         await asyncio.sleep(self.step_s)
         token = self.model.next_token(request.ids, request.params, request.produced)

@@ -381,6 +381,10 @@ involved. The Redis URL comes from the env (PDSERVE_REDIS_URL), never from argv.
 - {{ $v.router.ttftSloMs | toString | quote }}
 - --tpot-slo-ms
 - {{ $v.router.tpotSloMs | toString | quote }}
+{{- if $v.router.planIntervalSeconds }}
+- --plan-interval
+- {{ $v.router.planIntervalSeconds | toString | quote }}
+{{- end }}
 - --log-format
 - {{ $v.router.logFormat }}
 {{- with include "pdserve.modelPath" . }}

@@ -1,0 +1,209 @@
+"""`pdserve selftest --device cuda|cpu`: the checks a lent GPU is for, in minutes, as one table.
+
+- parity: pdserve's greedy tokens equal transformers' on the built-in model (and `--model`);
+- compiled: the `--compile` decode fast path (compiled_decode.py) equals the eager engine;
+- kv transfer: a loopback transfer over each transport available here (grpc, collective,
+  nixl when importable) in MB/s, by `pdserve bench transfer`'s measurement (host-memory caches);
+- decode: tok/s of the eager and the compiled engine at batch 1 and 32 (--bench-batches).
+Exits 1 when a parity check fails; `--device cuda` without CUDA is a one-line error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import time
+from typing import Any
+
+from pdserve.commands import CommandError
+
+PROMPT_LENGTHS = (5, 17, 33)
+PARITY_TOKENS = 8
+BENCH_PROMPT_LEN = 32
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", required=True, choices=("cpu", "cuda"), help="where to run")
+    parser.add_argument(
+        "--preset",
+        choices=("tiny", "small"),
+        default="small",
+        help="built-in model for parity and the bench (default: small)",
+    )
+    parser.add_argument("--model", default=None, help="also check parity on this HF model dir")
+    parser.add_argument(
+        "--bench-batches",
+        default="1,32",
+        help="comma-separated batch sizes of the decode bench (default: 1,32)",
+    )
+    parser.add_argument(
+        "--bench-steps", type=int, default=32, help="decode steps per bench run (default: 32)"
+    )
+    parser.add_argument(
+        "--transfer-mb", type=int, default=64, help="KV MiB per transfer (default: 64)"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="transfers per transport (default: 3)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise CommandError(f"--device cuda: torch {torch.__version__} sees no CUDA device")
+    from pdserve.models.builtin import builtin_model_dir
+
+    rows: list[tuple[str, str, str]] = []
+    ok = True
+    builtin = str(builtin_model_dir(args.preset))
+    models = [(args.preset, builtin)] + ([("--model", args.model)] if args.model else [])
+    for label, model_dir in models:
+        expected = _transformers_greedy(model_dir, args.device)
+        eager = _engine_greedy(model_dir, args.device, compiled=False)
+        compiled = _engine_greedy(model_dir, args.device, compiled=True)
+        for check, got in (("parity vs transformers", eager), ("compiled vs eager", compiled)):
+            reference = expected if check.endswith("transformers") else eager
+            same = sum(a == b for a, b in zip(got, reference, strict=True))
+            ok &= same == len(reference)
+            verdict = "ok" if same == len(reference) else "FAIL"
+            detail = f"{same}/{len(reference)} prompts equal, {PARITY_TOKENS} greedy tokens"
+            rows.append((f"{check} ({label})", verdict, detail))
+    for transport, mb_s, tcp_mb_s in _transfer_rates(args):
+        rows.append((f"kv transfer {transport}", f"{mb_s:.0f} MB/s", f"raw TCP {tcp_mb_s:.0f}"))
+    for batch in (int(b) for b in args.bench_batches.split(",")):
+        eager_rate = _decode_rate(builtin, args, batch, compiled=False)
+        compiled_rate = _decode_rate(builtin, args, batch, compiled=True)
+        rows.append(
+            (
+                f"decode batch {batch} ({args.preset})",
+                f"{compiled_rate:.0f} tok/s",
+                f"compiled; eager {eager_rate:.0f} tok/s ({compiled_rate / eager_rate:.2f}x)",
+            )
+        )
+    print(f"pdserve selftest on {_device_name(args.device)}")
+    width = max(len(r[0]) for r in rows)
+    for check, result, detail in rows:
+        print(f"  {check:<{width}}  {result:>12}  {detail}")
+    return 0 if ok else 1
+
+
+def _device_name(device: str) -> str:
+    import torch
+
+    if device == "cuda":
+        return torch.cuda.get_device_name()
+    return f"cpu ({torch.get_num_threads()} threads)"
+
+
+def _prompts(vocab: int) -> list[list[int]]:
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    return [torch.randint(3, vocab, (n,), generator=gen).tolist() for n in PROMPT_LENGTHS]
+
+
+def _engine(model_dir: str, device: str, compiled: bool, max_num_seqs: int = 64) -> Any:
+    import gc
+
+    from pdserve.config import EngineConfig
+    from pdserve.engine.engine import LLMEngine
+
+    gc.collect()  # the previous check's engine and its KV pool
+    config = EngineConfig(
+        model=model_dir,
+        device=device,
+        compile=compiled,
+        max_num_seqs=max_num_seqs,
+        kv_cache_bytes=256 * 2**20,  # CPU
+        gpu_memory_utilization=0.5,  # CUDA: sized by a profiled step (memory_profile.py)
+    )
+    return LLMEngine(config)
+
+
+def _engine_greedy(model_dir: str, device: str, compiled: bool) -> list[list[int]]:
+    from pdserve.core.sampling_params import SamplingParams
+
+    engine = _engine(model_dir, device, compiled)
+    params = SamplingParams(max_tokens=PARITY_TOKENS, ignore_eos=True)
+    return engine.generate(_prompts(engine.model.config.vocab_size), params)
+
+
+def _transformers_greedy(model_dir: str, device: str) -> list[list[int]]:
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = model.to(device).eval()
+    outputs = []
+    for prompt in _prompts(model.config.vocab_size):
+        ids = torch.tensor([prompt], device=device)
+        with torch.inference_mode():
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=PARITY_TOKENS,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
+        outputs.append(out[0, len(prompt) :].tolist())
+    return outputs
+
+
+def _transfer_rates(args: argparse.Namespace) -> list[tuple[str, float, float]]:
+    """(transport, MB/s, raw TCP MB/s) of a loopback transfer over each transport available."""
+    import torch
+
+    from pdserve.bench import transfer_bench
+
+    transports = ["grpc", "collective"]
+    if importlib.util.find_spec("nixl") is not None:
+        transports.append("nixl")
+    bench_args = argparse.Namespace(
+        mb=args.transfer_mb,
+        repeats=args.repeats,
+        chunk_mb=4.0,
+        kv_transport=transports,
+        nixl_ucx_tls=["tcp"],
+    )
+    shape = (transfer_bench.LAYERS, 2, transfer_bench._num_blocks(args.transfer_mb))
+    shape += (transfer_bench.BLOCK_SIZE, transfer_bench.HEADS, transfer_bench.HEAD_DIM)
+    src = torch.randn(shape).to(torch.float16)
+    rates = []
+    for label, transport, tls in transfer_bench._variants(bench_args):
+        config = transfer_bench._config(bench_args, transport, tls)
+        seconds = transfer_bench._measure(bench_args, config, src)
+        mb_s = {
+            name: transfer_bench._median_gbps(src.nbytes, s) * 1e3 for name, s in seconds.items()
+        }
+        rates.append((label, mb_s["kv"], mb_s["tcp"]))
+    return rates
+
+
+def _decode_rate(model_dir: str, args: argparse.Namespace, batch: int, compiled: bool) -> float:
+    """Decode tok/s of `batch` requests: from every one having its first token to all having
+    bench_steps more; the second of two runs (the first compiles and warms up)."""
+    import torch
+
+    from pdserve.core.sampling_params import SamplingParams
+
+    engine = _engine(model_dir, args.device, compiled, max_num_seqs=batch)
+    vocab = engine.model.config.vocab_size
+    gen = torch.Generator().manual_seed(1)
+    params = SamplingParams(max_tokens=args.bench_steps + 1, ignore_eos=True)
+    seconds = 0.0
+    for attempt in range(2):
+        for i in range(batch):
+            prompt = torch.randint(3, vocab, (BENCH_PROMPT_LEN,), generator=gen).tolist()
+            engine.add_request(f"selftest-{attempt}-{i}", prompt, params)
+        started: set[str] = set()
+        while len(started) < batch:
+            started.update(out.request_id for out in engine.step())
+        begin = time.perf_counter()
+        while engine.has_unfinished():
+            engine.step()
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - begin
+    return batch * args.bench_steps / seconds

@@ -1,0 +1,143 @@
+"""The decode fast path (`--compile`): a decode-only step (every sequence computes one token
+and samples, no DoLa/SLED exits, no drafts) runs as a compiled graph with static shapes.
+
+The batch is padded up to a bucket size (1, 2, 4, 8, ... up to max_num_seqs, like vLLM's
+CUDA-graph capture sizes) and the block tables to a power-of-two width (width_bucket), so a
+few graphs serve every step; the paged KV layout is the eager model's. Padding rows repeat row 0 (its token,
+position, slot and block table): they compute and store exactly row 0's K/V, so they never
+touch another block, and their logits are dropped. On CUDA the graph is compiled with
+mode="reduce-overhead" (CUDA graphs) and the KV cache marked as a static address; on CPU with
+inductor's default mode. Attention is one opaque op in the graph (models/attention_op.py),
+so the graph writes the KV cache in place. Mixed and prefill steps stay eager
+(ModelRunner.run).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pdserve.engine.factuality import plan_exits
+from pdserve.engine.scheduler import ScheduledBatch
+from pdserve.models.attention import AttentionContext
+from pdserve.models.llama import LlamaForCausalLM
+
+
+def use_compile(setting: bool | None, device: str) -> bool:
+    """`--compile` as given, else on for CUDA and off for CPU (where inductor does not pay
+    for the tiny decode graphs: BENCHMARKS.md, "Compiled decode")."""
+    return device.startswith("cuda") if setting is None else setting
+
+
+def batch_buckets(max_num_seqs: int) -> list[int]:
+    """Padded batch sizes: powers of two below max_num_seqs, then max_num_seqs itself."""
+    sizes = []
+    size = 1
+    while size < max_num_seqs:
+        sizes.append(size)
+        size *= 2
+    return sizes + [max_num_seqs]
+
+
+def bucket_for(n: int, buckets: list[int]) -> int:
+    """The smallest bucket holding n (buckets ascending, n <= the last)."""
+    return next(b for b in buckets if b >= n)
+
+
+# Block tables are at least this many tokens wide: short contexts share one graph, and
+# attending over a few padded keys costs less than compiling a graph per small width.
+MIN_WIDTH_TOKENS = 128
+
+
+def width_bucket(num_blocks: int, block_size: int) -> int:
+    """Block-table width in blocks: the next power of two, at least MIN_WIDTH_TOKENS wide
+    (a graph per width bucket, not per context length)."""
+    floor = -(-MIN_WIDTH_TOKENS // block_size)
+    return max(1 << max(num_blocks - 1, 0).bit_length(), floor)
+
+
+class CompiledDecode:
+    """Runs decode-only batches through a compiled forward + LM head of `model`."""
+
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        kv_cache: torch.Tensor,
+        block_size: int,
+        max_num_seqs: int,
+        device: torch.device,
+    ) -> None:
+        self.model = model
+        self.kv_cache = kv_cache
+        self.block_size = block_size
+        self.device = device
+        self.buckets = batch_buckets(max_num_seqs)
+        self.steps = 0  # decode steps run compiled
+        self.shapes: set[tuple[int, int]] = set()  # (batch, width) graphs compiled so far
+        # Each (batch, width) pair is one static-shape graph; dynamo's default limit of
+        # recompiles per function is lower than the number of pairs a server meets.
+        width_kinds = max(kv_cache.shape[2], 1).bit_length() + 1
+        limit = len(self.buckets) * width_kinds
+        dynamo = torch._dynamo.config
+        dynamo.recompile_limit = max(dynamo.recompile_limit, limit)
+        dynamo.accumulated_recompile_limit = max(dynamo.accumulated_recompile_limit, 4 * limit)
+        if device.type == "cuda":
+            torch._dynamo.mark_static_address(kv_cache)
+            self._step = torch.compile(self._forward, mode="reduce-overhead", dynamic=False)
+        else:
+            self._step = torch.compile(self._forward, dynamic=False)
+
+    def handles(self, batch: ScheduledBatch) -> bool:
+        """Whether `batch` is decode-only: one new token per sequence, each sampling, no
+        drafts, no early exits, and no more sequences than the largest bucket."""
+        if len(batch.seqs) > self.buckets[-1]:
+            return False
+        for seq, n in zip(batch.seqs, batch.num_tokens, strict=True):
+            if n != 1 or seq.num_computed_tokens + 1 != seq.num_tokens or seq.num_draft_tokens:
+                return False
+        config = self.model.config
+        params = [seq.params for seq in batch.seqs]
+        return plan_exits(params, config.num_layers, config.tie_word_embeddings) is None
+
+    def run(self, batch: ScheduledBatch) -> torch.Tensor:
+        """Logits [B, vocab] (float32) of a batch `handles` accepted, in batch order."""
+        bs = self.block_size
+        real = len(batch.seqs)
+        padded = bucket_for(real, self.buckets)
+        tables = [seq.block_table for seq in batch.seqs]
+        positions = [seq.num_computed_tokens for seq in batch.seqs]
+        width = width_bucket(max(p // bs + 1 for p in positions), bs)
+        rows = list(range(real)) + [0] * (padded - real)
+        table_rows = [tables[r][:width] + [0] * (width - len(tables[r][:width])) for r in rows]
+        dev = self.device
+        ids = torch.tensor([batch.seqs[r].token_ids[-1] for r in rows], device=dev)
+        pos = torch.tensor([positions[r] for r in rows], dtype=torch.int64, device=dev)
+        slots = torch.tensor(
+            [tables[r][positions[r] // bs] * bs + positions[r] % bs for r in rows],
+            dtype=torch.int64,
+            device=dev,
+        )
+        table_t = torch.tensor(table_rows, dtype=torch.int64, device=dev)
+        self.steps += 1
+        self.shapes.add((padded, width))
+        logits = self._step(ids, pos, slots, table_t, self.kv_cache)
+        return logits[:real].clone()  # a CUDA graph's output buffer is reused by the next run
+
+    def _forward(
+        self,
+        input_ids: torch.Tensor,  # [Bp]
+        positions: torch.Tensor,  # [Bp]
+        slot_mapping: torch.Tensor,  # [Bp]
+        block_tables: torch.Tensor,  # [Bp, W]
+        kv_cache: torch.Tensor,
+    ) -> torch.Tensor:  # [Bp, vocab]
+        key_pos = torch.arange(block_tables.shape[1] * self.block_size, device=positions.device)
+        mask = (key_pos[None, :] <= positions[:, None])[:, None, None, :]  # [Bp, 1, 1, S]
+        ctx = AttentionContext(
+            slot_mapping=slot_mapping,
+            block_tables=block_tables,
+            attn_mask=mask,
+            query_index=None,
+            unpad_index=None,
+        )
+        hidden = self.model(input_ids, positions, kv_cache, ctx)
+        return self.model.compute_logits(hidden)

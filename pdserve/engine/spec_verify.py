@@ -1,0 +1,116 @@
+"""Verification of speculative drafts: which of a proposer's tokens the target accepts, and
+the target's own token after them.
+
+A sequence with d drafts x_1..x_d was computed in one forward over its last real token and the
+drafts, giving d + 1 rows of logits: row i (0-based) is the target's distribution of the token
+after x_i (row 0: after the last real token), so row i judges x_{i+1} and row d gives the
+token after the last draft.
+
+- Greedy requests accept drafts while they equal the row's argmax (ties: the lowest id, as the
+  Sampler), then take the argmax of the first row that disagrees, or of row d after all d
+  were accepted. The output is the target's greedy output token for token.
+- Sampled requests use rejection sampling (Leviathan et al. 2023, Chen et al. 2023): with p a
+  row's distribution after temperature / top-k / top-p exactly as the Sampler filters it
+  (`sampler.filtered_probs`) and q the draft's (a point mass on x when the proposer gives
+  none), x is accepted with probability min(1, p(x) / q(x)); at the first rejection the token
+  is drawn from norm(max(0, p - q)) and verification stops; after d acceptances one more token
+  is drawn from row d. Every emitted token is then distributed as the target's own sample.
+  The uniform and then the noise of the token at output index n come from one generator: for
+  a seeded request one seeded by (seed, seed_offset + n), so it is reproducible.
+- Logprobs are as the Sampler's: log-softmax of the row's logits (before temperature).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pdserve.core.sampling_params import SamplingParams
+from pdserve.engine.sampler import filtered_probs
+from pdserve.engine.scheduler import Verified
+
+
+def verify(
+    logits: torch.Tensor,
+    drafts: torch.Tensor,
+    q: torch.Tensor | None,
+    params: list[SamplingParams],
+    generators: list[list[torch.Generator]],
+) -> list[Verified]:
+    """Verifies B sequences with d drafts each. logits: [B, d + 1, vocab] float32 (row i of a
+    sequence judges its draft i + 1; row d gives the token after them); drafts: [B, d] token
+    ids; q: the drafts' [B, d, vocab] distributions, or None (point masses); params: each
+    sequence's; generators[b][i] (i = 0..d): the generator of sequence b's i-th token from its
+    first draft's position on (its uniform, then its noise when it is drawn)."""
+    batch, rows, vocab = logits.shape
+    d = rows - 1
+    next_tokens = logits.argmax(dim=-1)  # greedy: the target's choice at every row
+    agree = (next_tokens[:, :d] == drafts).long()
+    accepted = agree.cumprod(dim=1).sum(dim=1)  # drafts before the first disagreement
+    sampled = [b for b, p in enumerate(params) if not p.greedy]
+    if sampled:
+        index = torch.tensor(sampled)
+        picked = _rejection_sample(
+            logits[index],
+            drafts[index],
+            None if q is None else q[index],
+            [params[b] for b in sampled],
+            [generators[b] for b in sampled],
+        )
+        accepted[index], next_tokens[index, 0] = picked
+    final = torch.where(
+        torch.tensor([p.greedy for p in params]),
+        next_tokens.gather(1, accepted[:, None]).squeeze(1),
+        next_tokens[:, 0],
+    )
+    out = []
+    draft_lists, counts, finals = drafts.tolist(), accepted.tolist(), final.tolist()
+    for b in range(batch):
+        tokens = draft_lists[b][: counts[b]] + [finals[b]]
+        out.append(Verified(tokens, None, counts[b]))
+    want = [b for b, p in enumerate(params) if p.logprobs]
+    if want:
+        logprobs = torch.log_softmax(logits[torch.tensor(want)].float(), dim=-1)
+        for row, b in zip(logprobs, want, strict=True):
+            tokens = torch.tensor(out[b].token_ids)
+            out[b].logprobs = row[: len(tokens)].gather(1, tokens[:, None]).squeeze(1).tolist()
+    return out
+
+
+def _rejection_sample(
+    logits: torch.Tensor,
+    drafts: torch.Tensor,
+    q: torch.Tensor | None,
+    params: list[SamplingParams],
+    generators: list[list[torch.Generator]],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sampled sequences: how many drafts each accepts, and the token each emits after them."""
+    batch, rows, vocab = logits.shape
+    d = rows - 1
+    p = filtered_probs(
+        logits.reshape(batch * rows, vocab), [x for x in params for _ in range(rows)]
+    )
+    p = p.view(batch, rows, vocab)
+    uniform = torch.empty(batch, d)
+    for b, gens in enumerate(generators):
+        for i in range(d):
+            uniform[b, i] = torch.rand((), generator=gens[i])
+    p_x = p[:, :d].gather(2, drafts[..., None]).squeeze(2)
+    q_x = torch.ones_like(p_x) if q is None else q.gather(2, drafts[..., None]).squeeze(2)
+    accepted = (uniform * q_x < p_x).long().cumprod(dim=1).sum(dim=1)  # P = min(1, p/q)
+    # The first rejected row draws from norm(max(0, p - q)); after d acceptances, row d from p.
+    at = accepted.clamp(max=max(d - 1, 0))[:, None, None].expand(batch, 1, vocab)
+    weights = p[:, -1]
+    if d:
+        p_row = p[:, :d].gather(1, at).squeeze(1)
+        if q is None:
+            x = drafts.gather(1, at[:, :, 0]).squeeze(1)
+            residual = p_row.scatter(1, x[:, None], 0.0)
+        else:
+            residual = (p_row - q.gather(1, at).squeeze(1)).clamp(min=0.0)
+        # p <= q everywhere only where p == q, whose draft is always accepted.
+        residual = torch.where(residual.sum(1, keepdim=True) > 0, residual, p_row)
+        weights = torch.where((accepted < d)[:, None], residual, weights)
+    noise = torch.empty(batch, vocab)
+    for b, (gens, n) in enumerate(zip(generators, accepted.tolist(), strict=True)):
+        noise[b].exponential_(generator=gens[n])
+    return accepted, (weights / noise).argmax(dim=1)

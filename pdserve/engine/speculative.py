@@ -1,0 +1,121 @@
+"""Proposers of speculative decoding: who guesses the next tokens the target verifies.
+
+The contract between the engine and a proposer (`Proposer`):
+
+- `propose(seqs, k) -> list[list[int]]` is called once per step, before the step is scheduled,
+  with the running decode sequences that may speculate (`SamplingParams.speculative`, no beam
+  search, no DoLa/SLED, repetition_penalty == 1, not prefill_only). Each has every token but its
+  last computed: `seq.num_computed_tokens == seq.num_tokens - 1` and no draft tokens appended
+  (`seq.num_draft_tokens == 0`); `seq.token_ids` is the prompt + the output so far. It returns,
+  per sequence in order, at most k tokens guessed to follow `seq.token_ids` (may be empty).
+- `draft_probs() -> list[torch.Tensor | None]`: right after `propose`, per sequence of that call
+  the distribution q each draft token was drawn from, a float32 tensor
+  [len(proposal), vocab] (rows sum to 1; the filtering of temperature/top-k/top-p applied, as
+  `sampler.filtered_probs` does), or None when the tokens were picked deterministically (q is
+  then a point mass on each token, as for prompt lookup or a greedy draft). Verification uses q
+  only for sampled (temperature > 0) requests.
+- `copy_blocks(copies)`: the (source, destination) block copies the engine makes in the
+  target's KV cache this step (fork copy-on-write), before the forward; a proposer that keeps
+  KV under the target's block ids makes the same copies in its cache. No-op otherwise.
+- `forget(seq)`: the sequence finished, was aborted or preempted (its blocks are released and
+  a preempted one recomputes from scratch): drop what the proposer keeps for it.
+- `writes_kv`: True for a proposer that writes KV under the target's block ids. The engine
+  then grows each proposed-for sequence's block table to hold `seq.num_tokens + k - 1` tokens
+  before calling `propose` (a sequence it cannot grow is not proposed for), so the positions
+  the draft writes (the last token and the drafts but the last) have blocks. A block there may
+  still be shared with another fork until the scheduler's copy-on-write: what the draft writes
+  there can spoil only the other fork's draft KV, i.e. its acceptance, never its output.
+
+After the step the first `seq.num_computed_tokens` tokens of `seq.token_ids` are what the target
+computed and accepted; positions past them may hold the draft's KV of rejected tokens, so a
+proposer that keeps KV records which tokens its KV holds and recomputes from the first that
+differs. Acceptance never depends on the proposer being right: the target decides every token.
+
+`NgramProposer` is prompt lookup (transformers' `prompt_lookup_num_tokens`, vLLM's ngram): the
+longest suffix of prompt + output, from `ngram_max` down to `ngram_min` tokens, that occurred
+earlier; its earliest occurrence's next k tokens are the guess. The search is a byte-string
+find over the token ids (O(len) per n-gram length, in C). `make_proposer` builds the configured
+one; the draft-model proposer lives in `draft_proposer.py` and is imported only when used.
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import Any, Protocol
+
+from pdserve.config import ConfigError, EngineConfig, SpeculativeConfig
+from pdserve.engine.sequence import Sequence
+
+
+class Proposer(Protocol):
+    """Guesses tokens for the target to verify (the contract is in the module docstring)."""
+
+    writes_kv: bool
+
+    def propose(self, seqs: list[Sequence], k: int) -> list[list[int]]: ...
+
+    def draft_probs(self) -> list[Any | None]: ...
+
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None: ...
+
+    def forget(self, seq: Sequence) -> None: ...
+
+
+class NgramProposer:
+    """Prompt lookup: continues the longest suffix n-gram seen earlier in the sequence."""
+
+    writes_kv = False
+
+    def __init__(self, ngram_max: int = 3, ngram_min: int = 1) -> None:
+        self.ngram_max = ngram_max
+        self.ngram_min = ngram_min
+        self._num_proposed = 0
+
+    def propose(self, seqs: list[Sequence], k: int) -> list[list[int]]:
+        self._num_proposed = len(seqs)
+        return [lookup(seq.token_ids, k, self.ngram_max, self.ngram_min) for seq in seqs]
+
+    def draft_probs(self) -> list[Any | None]:
+        return [None] * self._num_proposed
+
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        pass
+
+    def forget(self, seq: Sequence) -> None:
+        pass
+
+
+def lookup(tokens: list[int], k: int, ngram_max: int, ngram_min: int) -> list[int]:
+    """The k tokens that followed the earliest earlier occurrence of the longest suffix of
+    `tokens` (ngram_max down to ngram_min tokens long); [] when no suffix occurred before."""
+    length = len(tokens)
+    if length < 2:
+        return []
+    data = array("I", tokens).tobytes()  # 4 bytes per token id: a match must start aligned
+    for n in range(min(ngram_max, length - 1), ngram_min - 1, -1):
+        suffix = data[4 * (length - n) :]
+        end = 4 * (length - 1)  # an occurrence must end before the suffix's last token
+        at = data.find(suffix, 0, end)
+        while at != -1 and at % 4:
+            at = data.find(suffix, at + 1, end)
+        if at != -1:
+            start = at // 4 + n
+            return tokens[start : start + k]
+    return []
+
+
+def make_proposer(config: EngineConfig, num_blocks: int) -> Proposer | None:
+    """The proposer `config.speculative` names (None when off). `num_blocks`: the target's KV
+    pool size, for a proposer that keeps KV under the target's block ids."""
+    spec: SpeculativeConfig = config.speculative
+    if spec.method == "ngram":
+        return NgramProposer(spec.ngram_max, spec.ngram_min)
+    if spec.method == "draft":
+        try:
+            from pdserve.engine.draft_proposer import DraftProposer
+        except ImportError as e:
+            raise ConfigError(
+                "SpeculativeConfig", "method", f"the draft proposer is not available: {e}"
+            ) from None
+        return DraftProposer(config, num_blocks)
+    return None

@@ -1,0 +1,24 @@
+"""op_profile: torch.profiler self times as shares of the wall time, matmuls apart."""
+
+from __future__ import annotations
+
+import torch
+
+from pdserve.bench.op_profile import format_profile, profile_ops
+
+
+def test_matmuls_and_other_ops_are_told_apart():
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+
+    def step() -> None:
+        for _ in range(3):
+            torch.mm(a, b).relu_()
+
+    profile = profile_ops(step)
+    by_name = {op.name: op for op in profile.ops}
+    assert by_name["aten::mm"].calls == 3 and by_name["aten::relu_"].calls == 3
+    assert profile.matmul_seconds == by_name["aten::mm"].seconds
+    assert 0 < profile.non_matmul_share < 1
+    table = format_profile(profile, steps=3, top=2)
+    assert table.splitlines()[0].split() == ["op", "calls/step", "ms/step", "of", "step"]
+    assert "aten::mm" in table and table.splitlines()[-1].startswith("step ")

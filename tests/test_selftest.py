@@ -1,0 +1,42 @@
+"""`pdserve selftest`: the whole table at tiny size on CPU, and --device cuda without CUDA as a
+one-line error."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pdserve.cli import main
+
+
+def test_cpu_selftest_prints_one_table(capsys):
+    code = main(
+        ["selftest", "--device", "cpu", "--preset", "tiny", "--bench-steps", "4"]
+        + ["--transfer-mb", "1", "--repeats", "1"]
+    )
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    lines = out.splitlines()
+    assert lines[0].startswith("pdserve selftest on cpu")
+
+    def row(check: str) -> list[str]:
+        line = next(line for line in lines[1:] if line.strip().startswith(check))
+        return line.strip()[len(check) :].split()
+
+    assert row("parity vs transformers (tiny)")[0] == "ok"
+    assert row("compiled vs eager (tiny)")[0] == "ok"
+    for transport in ("grpc", "collective"):
+        rate, unit = row(f"kv transfer {transport}")[:2]
+        assert float(rate) > 0 and unit == "MB/s"
+    for batch in (1, 32):
+        rate, unit = row(f"decode batch {batch} (tiny)")[:2]
+        assert float(rate) > 0 and unit == "tok/s"
+    assert len(lines) == 1 + 2 + 2 + 2  # the header, parity, transfer and decode rows
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error without CUDA")
+def test_cuda_without_cuda_is_a_one_line_error(capsys):
+    code = main(["selftest", "--device", "cuda"])
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert err.strip().count("\n") == 0 and "--device cuda" in err and "no CUDA" in err
