@@ -67,15 +67,19 @@ def add_reuse(pipe: redis.client.Pipeline, keys: IndexKeys, worker_id: str, hit:
 
 def parse_reuse(model: str, fields: dict[str, str]) -> ModelReuse:
     """A `reuse` hash (HGETALL) as counts per model and per worker."""
-    stats = ModelReuse(model)
+    return fill_counts(ModelReuse(model), fields, COUNTERS, ReuseCounts)
+
+
+def fill_counts(stats, fields: dict[str, str], counters: tuple[str, ...], new_counts):
+    """Fills `stats` (a PerWorkerCounts) from a hash of `counter` and `w:<worker>:<counter>`
+    fields (the layout of the reuse and speculation hashes); returns it."""
     for name, value in fields.items():
-        if name in COUNTERS:
+        if name in counters:
             setattr(stats.total, name, int(value))
         elif name.startswith("w:"):
             worker_id, _, counter = name[2:].rpartition(":")
-            if counter in COUNTERS:
-                counts = stats.workers.setdefault(worker_id, ReuseCounts())
-                setattr(counts, counter, int(value))
+            if counter in counters:
+                setattr(stats.workers.setdefault(worker_id, new_counts()), counter, int(value))
     return stats
 
 
@@ -87,13 +91,14 @@ def read_reuse_stats(
     if model is not None:
         models = [model]
     else:
-        models = sorted(_text(m) for m in client.smembers(IndexKeys("_", namespace).models))
+        models = sorted(text_of(m) for m in client.smembers(IndexKeys("_", namespace).models))
     result: dict[str, ModelReuse] = {}
     for name in models:
         fields = client.hgetall(IndexKeys(name, namespace).reuse)
-        result[name] = parse_reuse(name, {_text(k): _text(v) for k, v in fields.items()})
+        result[name] = parse_reuse(name, {text_of(k): text_of(v) for k, v in fields.items()})
     return result
 
 
-def _text(value: str | bytes) -> str:
+def text_of(value: str | bytes) -> str:
+    """A Redis reply as text (clients without decode_responses answer bytes)."""
     return value.decode() if isinstance(value, bytes) else value

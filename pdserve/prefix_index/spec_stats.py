@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import redis
 
 from pdserve.prefix_index.redis_link import RedisLink
-from pdserve.prefix_index.reuse_stats import PerWorkerCounts
+from pdserve.prefix_index.reuse_stats import PerWorkerCounts, fill_counts, text_of
 from pdserve.prefix_index.schema import IndexKeys
 
 COUNTERS = ("draft_tokens", "accepted_tokens", "verify_steps")
@@ -82,21 +82,9 @@ def read_speculation_stats(
     for model in models:
         fields = client.hgetall(speculation_key(IndexKeys(model, namespace)))
         if fields:
-            result[model] = _parse(model, {_text(k): _text(v) for k, v in fields.items()})
+            result[model] = _parse(model, {text_of(k): text_of(v) for k, v in fields.items()})
     return result
 
 
 def _parse(model: str, fields: dict[str, str]) -> ModelSpeculation:
-    stats = ModelSpeculation(model)
-    for name, value in fields.items():
-        if name in COUNTERS:
-            setattr(stats.total, name, int(value))
-        elif name.startswith("w:"):
-            worker_id, _, counter = name[2:].rpartition(":")
-            if counter in COUNTERS:
-                setattr(stats.workers.setdefault(worker_id, SpecCounts()), counter, int(value))
-    return stats
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+    return fill_counts(ModelSpeculation(model), fields, COUNTERS, SpecCounts)
