@@ -9,8 +9,8 @@
 - `collective_receiver.py` / `collective_sender.py` — the collective transport (NCCL / Gloo).
 - `rendezvous.py` — the collective transport's rendezvous store, reached only through the
   secret-checked KV endpoint (no open TCPStore).
-- `nixl_agent.py` — NIXL agents (UCX backend, `UCX_TLS` from the config), the merged
-  block-run descriptors of the nixl transport and their checksum.
+- `nixl_agent.py` — NIXL agents (UCX backend, `UCX_TLS` from the config, 1 MiB TCP
+  segments), the merged block-run descriptors of the nixl transport and their checksum.
 - `nixl_receiver.py` / `nixl_sender.py` — the nixl transport: the decode worker READs the
   missing blocks straight from the prefill worker's KV cache into the reserved blocks (NIXL
   over UCX).

@@ -5,6 +5,12 @@ and is read when the agent's backend starts, so `KVTransferConfig.nixl_ucx_tls` 
 environment just before: `tcp` across hosts, `shm` (plus `tcp` for the connection) on one host,
 `rc` / `cuda_ipc` on InfiniBand / GPUs; unset, UCX picks what the hosts offer.
 
+UCX's tcp transport has no GET: a READ over it is emulated, the source answering with active
+messages of `UCX_TCP_TX_SEG_SIZE` bytes (8 KiB by default), each a copy and a `send` of its own.
+`UCX_TUNING` raises that to 1 MiB, which halves the CPU a READ costs (docs/kv_transfer.md);
+a variable already in the environment wins. The receive segment must hold a whole message, so
+every agent of a deployment needs the same values.
+
 A transfer moves every layer of n blocks between two caches `[L, 2, num_blocks, block_size,
 heads, head_dim]`, each registered once with its worker's agent. One (layer, K|V) plane's
 consecutive blocks are contiguous, so a run of blocks consecutive on both sides is one
@@ -43,6 +49,8 @@ def nixl_module() -> Any:
 
 
 _ENV_LOCK = threading.Lock()
+# UCX defaults the nixl transport sets where the environment does not (see the module docstring)
+UCX_TUNING = {"UCX_TCP_TX_SEG_SIZE": "1m", "UCX_TCP_RX_SEG_SIZE": "1m"}
 
 
 def make_agent(role: str, ucx_tls: str | None) -> Any:
@@ -57,9 +65,11 @@ def make_agent(role: str, ucx_tls: str | None) -> Any:
         backends=["UCX"],
         sync_mode=nixl.nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT,
     )
-    with _ENV_LOCK:  # UCX reads UCX_TLS while the backend starts
+    with _ENV_LOCK:  # UCX reads its variables while the backend starts
         if ucx_tls:
             os.environ["UCX_TLS"] = ucx_tls
+        if not any(name in os.environ for name in UCX_TUNING):  # both or neither: RX >= TX
+            os.environ.update(UCX_TUNING)
         agent = nixl.nixl_agent(f"pdserve-{role}-{secrets.token_hex(6)}", config)
     if "UCX" not in agent.backends:
         raise RuntimeError("NIXL has no UCX backend here: the nixl transport cannot run")

@@ -6,7 +6,7 @@ blocks per plane) and the source block of each reserved block; the receiver vali
 the reservation like a grpc chunk, then, inside the ReservationTable's write of the transfer
 (under the transfer's lock), READs straight from the prefill cache's blocks into the reserved
 blocks — no staging buffer, no copy. Blocks consecutive on both sides travel as one descriptor
-per (layer, K|V) plane. The READ goes a layer range at a time (the grpc chunking), two in flight:
+per (layer, K|V) plane. The READ goes a layer range at a time (the grpc chunking, at least 64 MiB), two in flight:
 while one lands, the CRC-32C of the one before runs on another thread, so the checksum costs
 little beyond the READ where a core is free. The reply carries the checksum of what landed; the
 sender commits only if it equals its own. Waits end at the reservation's deadline. Commit and
@@ -16,7 +16,9 @@ Why the decode side reads rather than the prefill side writing: the reader owns 
 that touches the reserved blocks, so a fence is real — `abort` (own or remote) cancels the READ
 and returns only once it stopped, and the deadline ends it — and the decode worker's cache is
 never writable by a peer. A written-into cache could not stop a peer's late WRITE landing in
-blocks already freed and reused. vLLM's NixlConnector pulls in the same direction.
+blocks already freed and reused: not even deregistering them stops it over UCX TCP or shared
+memory (`tests/kv_transfer/test_nixl_fence.py`). vLLM's NixlConnector pulls in the same
+direction.
 """
 
 from __future__ import annotations
@@ -53,6 +55,11 @@ log = logging.getLogger(__name__)
 _CANCEL_GRACE_S = 1.0  # how long a cancelled READ may take to stop before we give up on it
 _MEMORY_TYPES = ("DRAM", "VRAM")
 _IN_FLIGHT = 2  # layer ranges being read at once: one lands while the next is on its way
+# A READ moves at least this much (whole layers), whatever the grpc chunk size: nothing is
+# staged, so a range costs no memory, and fewer, larger READs cost UCX's emulated GET over TCP
+# less per byte. Measured on 2 cores, 256 MiB, quiet (BENCHMARKS.md, issue 18): nixl/raw TCP
+# 0.68-0.72 with 4 MiB ranges, 0.79 / 0.78-0.80 / 0.81 with 32 / 64 / 128 MiB.
+_MIN_RANGE_BYTES = 64 << 20
 
 
 class PullFailed(Exception):
@@ -80,7 +87,8 @@ class _Pull:
         receiver, tid = self.receiver, self.request.header.transfer_id
         local_rows, remote_rows, per_layer = self._regions(block_ids)
         layer_bytes = 2 * len(block_ids) * receiver.cache[0, 0, 0].nbytes
-        ranges = layer_ranges(receiver.cache.shape[0], layer_bytes, receiver.config.chunk_bytes)
+        range_bytes = max(receiver.config.chunk_bytes, _MIN_RANGE_BYTES)
+        ranges = layer_ranges(receiver.cache.shape[0], layer_bytes, range_bytes)
         peer = self._peer(tid)
         posted: list[Any] = []  # READ handles of the layer ranges, in order
         checksum = _Checksum(receiver)

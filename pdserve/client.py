@@ -12,6 +12,11 @@ Every call sends `authorization: Bearer <api_key>` when a key is set, and the W3
 (`traceparent`) of the current OpenTelemetry span when there is one. Closing a sync stream (or
 breaking out of it), or cancelling / closing an async one, cancels the RPC on the server.
 gRPC failures are raised as `GenerationError`, which carries the status code.
+
+A process that reads many streamed responses (a load generator, a gateway) spends about a
+quarter less CPU per response, and gets them with less jitter, with gRPC core's EventEngine
+client off: `GRPC_EXPERIMENTS=-event_engine_client` in its environment before grpc is first
+imported (`pdserve bench api` runs its clients so; BENCHMARKS.md, issue 15).
 """
 
 from __future__ import annotations

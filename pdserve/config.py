@@ -71,10 +71,13 @@ class SpeculativeConfig:
     each step a proposer guesses up to `num_speculative_tokens` next tokens of each running
     decode sequence and one target forward verifies them all. Not with --engine sim.
 
-    The engine switches proposing off by itself while the acceptance rate (accepted / drafted
-    tokens) over the last `acceptance_window` drafted tokens stays below `min_acceptance`, and
-    probes again (proposes for one step) after `probe_interval` steps, waiting twice as long
-    after each probe that fails (at most 16 times as long)."""
+    The engine switches proposing off by itself when it does not pay: when its decode steps,
+    timed with and without drafts, show speculation slower than plain decoding, or, before any
+    plain step was timed, while the acceptance rate (accepted / drafted tokens) over the last
+    `acceptance_window` drafted tokens stays below `min_acceptance` (0 turns the switch-off
+    off). It probes again (one token of one sequence) after `probe_interval` steps, waiting
+    twice as long after each pause (at most 16 times as long) until a window pays
+    (docs/decoding.md, "Speculative decoding")."""
 
     cli_group: ClassVar[str] = "speculative decoding"
 
@@ -99,7 +102,8 @@ class SpeculativeConfig:
     )
     min_acceptance: float = setting(
         0.4,
-        "below this acceptance rate (accepted / drafted) speculation pauses itself",
+        "below this acceptance rate (accepted / drafted) speculation pauses itself until its "
+        "steps are timed; 0 = never pause",
         flag="--spec-min-acceptance",
         minimum=0,
         maximum=1,

@@ -14,6 +14,8 @@ inside the router's process would share its grpc.aio completion poller (one per 
 events wake every loop using gRPC there, the loop that takes them handing the others' on with
 `call_soon_threadsafe`), and the client's poller and gRPC core threads would be counted as the
 router's CPU: costs real clients never put on the router and the HTTP client never pays.
+In that process gRPC core's EventEngine client is off (GRPC_CLIENT_EXPERIMENTS), which cuts
+the gRPC client's CPU per token by about a fifth.
 
     pdserve bench api --num-requests 64 --max-concurrency 4 --rounds 2
 """
@@ -23,6 +25,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing
+import os
+import sys
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -51,9 +55,35 @@ def router_cpu_now(router_clock: int) -> tuple[float, float]:
     return time.clock_gettime(router_clock), time.process_time()
 
 
-def client_process() -> ProcessPoolExecutor:
-    """The one process the benchmark's clients run in (spawned: no Ray, no router state)."""
-    return ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+# gRPC core's EventEngine client (the default since grpcio 1.6x) reads a channel's socket on
+# a pool of its own threads, which hand each message to grpc.aio's completion poller thread,
+# which wakes the event loop: two thread hand-offs per streamed message. With it off, the
+# poller thread reads the socket itself. Measured on a stub server streaming 4 x 32-token
+# streams: the client's CPU per message 116-143 -> 92-104 µs (the pool's threads took 30-55),
+# p90 delivery latency 0.7-1.8 -> 0.4-0.5 ms (BENCHMARKS.md, issue 15). gRPC reads
+# GRPC_EXPERIMENTS once, when grpc is first imported; a grpcio without that experiment logs
+# "Unknown experiment" once and runs as shipped.
+GRPC_CLIENT_EXPERIMENTS = "-event_engine_client"
+
+
+def _configure_client_process(grpc_experiments: str) -> None:
+    """The client process's initializer: gRPC core's experiments, before grpc is imported."""
+    if "grpc" in sys.modules:
+        raise RuntimeError("grpc was imported before the gRPC client's settings were made")
+    given = os.environ.get("GRPC_EXPERIMENTS")
+    if grpc_experiments:
+        os.environ["GRPC_EXPERIMENTS"] = ",".join(filter(None, (given, grpc_experiments)))
+
+
+def client_process(grpc_experiments: str = GRPC_CLIENT_EXPERIMENTS) -> ProcessPoolExecutor:
+    """The one process the benchmark's clients run in (spawned: no Ray, no router state);
+    `grpc_experiments` "" leaves gRPC core as grpcio ships it."""
+    return ProcessPoolExecutor(
+        max_workers=1,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=_configure_client_process,
+        initargs=(grpc_experiments,),
+    )
 
 
 def run_client(api: str, address: str, model: str, batch: list, load: dict) -> tuple[list, float]:
@@ -77,6 +107,12 @@ async def _thread_id() -> int:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_paired_arguments(p, "API", rounds=2, rounds_help="grpc/http pairs, order alternating")
+    p.add_argument(
+        "--grpc-event-engine-client",
+        action="store_true",
+        help="leave gRPC core's EventEngine client on in the client process, as grpcio ships "
+        "it (the benchmark's gRPC client before issue 15's fix), to compare",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -91,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
     seconds = dict.fromkeys(APIS, 0.0)
     cpu = {api: [0.0] * len(CPU_PARTS) for api in APIS}
     load = {"max_concurrency": args.max_concurrency, "seed": args.seed}
-    with serve_pair(model_dir) as app, client_process() as clients:
+    experiments = "" if args.grpc_event_engine_client else GRPC_CLIENT_EXPERIMENTS
+    with serve_pair(model_dir) as app, client_process(experiments) as clients:
         address = {
             "grpc": f"127.0.0.1:{app.port}",
             "http": f"http://127.0.0.1:{app.http_port}/v1",

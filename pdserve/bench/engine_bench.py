@@ -212,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
 
         def stamp(input_ids, scores, **kwargs):
             stamps.append(time.perf_counter())
-            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
         hf_generate(
             ids,

@@ -4,28 +4,35 @@ the real CPU system's latencies? (issue 14 point 3)
 In one run:
 1. calibrate: 1 prefill + 1 decode torch worker (every prompt prefilled remotely, KV over grpc
    on loopback) serve a calibration workload (the measured mix at the measured rates, other
-   requests) while every step and KV push is recorded inside them (fidelity_calibration.py);
-   the steps fit a linear `--sim-profile` (every sample: what else the worker does on its core
-   is part of a CPU step's cost), the pushes a fixed cost + bytes at a link rate;
+   requests) while every step, gap between steps and KV push is recorded inside them
+   (fidelity_calibration.py); the steps fit a linear `--sim-profile` (every sample: what else
+   the worker does on its core is part of a CPU step's cost) with the spread of the steps
+   around the fit and of the gaps (which the sim draws from, seeded), the pushes a fixed cost +
+   bytes at a link rate;
 2. a 1P+1D sim system with that profile, time scale 1 and that link rate starts from a child
    process on the same Ray cluster (child_system.py), next to the real one;
 3. both serve the same requests, open-loop Poisson, rate by rate, interleaved (real, sim) so
    drift in a shared machine's load hits both alike;
 4. the report: TTFT and TPOT p50/p90 of both, sim/real, each marked within --tolerance or
    not, and (in --json) what the steps and pushes of each system's measured runs cost.
+With --with-mean-sim a third system, sim workers with the same profile less its spread (every
+step the fitted mean, as profiles were before), serves the same requests interleaved with the
+other two: what the spread changes, under the same load.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import math
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from pdserve.bench.child_system import ChildSystem
-from pdserve.bench.fidelity_calibration import install_recorders, take_samples
+from pdserve.bench.fidelity_calibration import install_recorders, pacing, take_samples
 from pdserve.bench.local_system import (
     add_mixed_arguments,
     add_model_arguments,
@@ -61,6 +68,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--tolerance", type=float, default=0.2, help="sim/real within 1 +- this counts as agreeing"
     )
     p.add_argument("--profile-out", help="keep the fitted profile in this file")
+    p.add_argument(
+        "--with-mean-sim",
+        action="store_true",
+        help="also serve on sim workers with the profile less its spread (the fitted mean)",
+    )
     p.add_argument("--json", help="write both systems' summaries and the ratios to this file")
 
 
@@ -72,16 +84,20 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("--num-requests must be >= 1")
     result = measure(args, console.print)
     console.print(fidelity_table(result, args.tolerance))
+    if "sim_mean" in result:
+        console.print(fidelity_table(result, args.tolerance, "sim_mean"))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
-    failed = sum(s["failed"] for system in ("real", "sim") for s in result[system].values())
+    systems = [name for name in ("real", "sim", "sim_mean") if name in result]
+    failed = sum(s["failed"] for system in systems for s in result[system].values())
     return 0 if failed == 0 else 1
 
 
 def measure(args: argparse.Namespace, say: Any = print) -> dict:
     """Calibrates on the real system, serves every rate on it and on the sim system; returns
     {"profile", "link_gbps", "real": {rate: summary}, "sim": {...}, "ratios": {rate:
-    {"ttft_p50": sim/real, ...}}, "diagnosis": what each system's workers spent}."""
+    {"ttft_p50": sim/real, ...}}, "diagnosis": what each system's workers spent}, and with
+    --with-mean-sim "sim_mean" and "ratios_mean" of the sim without the profile's spread."""
     from pdserve.bench.step_recorder import write_profile
     from pdserve.config import SimConfig
     from pdserve.sim.profiles import parse_profile
@@ -98,50 +114,87 @@ def measure(args: argparse.Namespace, say: Any = print) -> dict:
     warm_up = workload(2 * len(rates), 4)
     engine = {"dtype": args.dtype, "max_num_batched_tokens": args.max_num_batched_tokens}
     profile = args.profile_out or str(Path(tempfile.mkdtemp()) / "cpu-profile.json")
-    start_ray(2, 2)  # a prefill and a decode worker for each of the two systems
+    systems = 3 if args.with_mean_sim else 2
+    start_ray(systems, systems)  # a prefill and a decode worker for each system
     with _system(model_dir, engine) as real_app:
         say("[bold]real[/bold]: 1 prefill + 1 decode torch worker; calibrating")
         _load(real_app, warm_up, None, args.seed)
         install_recorders(real_app.app)
         for rate, requests in calibration.items():
             _load(real_app, requests, rate, args.seed)
-        steps, transfers = take_samples(real_app.app)
+        steps, transfers, gaps = take_samples(real_app.app)
         notes = {"device": "cpu", "model": str(model_dir), "dtype": args.dtype}
-        say(write_profile(steps, profile, every_sample=True, **notes))
+        say(write_profile(steps, profile, every_sample=True, gaps=gaps, **notes))
         pushes = push_costs(transfers)
         link_gbps = pushes["link_gbps"] or UNMEASURABLE_LINK_GBPS
         say(f"KV pushes: {pushes}")
-        sim = {"kind": "sim", "sim": SimConfig(profile=profile, link_gbps=link_gbps)}
         say("[bold]sim[/bold]: 1 prefill + 1 decode sim worker (a child process)")
-        with ChildSystem(model_dir, {**engine, **sim}, ROUTER) as sim_system:
-            _load(sim_system, warm_up, None, args.seed)
-            sim_system.call(install_recorders)
-            real, simulated = {}, {}
-            # Interleaved, rate by rate: drift in the machine's load hits both systems alike.
+        profiles = {"sim": profile}
+        if args.with_mean_sim:
+            profiles["sim_mean"] = _without_spread(profile)
+        with contextlib.ExitStack() as stack:
+            served = {"real": real_app}
+            for name, path in profiles.items():
+                sim = {"kind": "sim", "sim": SimConfig(profile=path, link_gbps=link_gbps)}
+                served[name] = stack.enter_context(
+                    ChildSystem(model_dir, {**engine, **sim}, ROUTER)
+                )
+                _load(served[name], warm_up, None, args.seed)
+                served[name].call(install_recorders)
+            paced_before = served["sim"].call(pacing)
+            summaries: dict[str, dict] = {name: {} for name in served}
+            # Interleaved, rate by rate: drift in the machine's load hits every system alike.
             for rate, requests in workloads.items():
-                for name, system, summaries in (
-                    ("real", real_app, real),
-                    ("sim", sim_system, simulated),
-                ):
-                    summaries[f"{rate:g}"] = _summary(_load(system, requests, rate, args.seed))
-                    say(f"  {name} rate {rate:g}/s: {_line(summaries[f'{rate:g}'])}")
-            sim_spent = sim_system.call(take_samples)
+                for name, system in served.items():
+                    records = _load(system, requests, rate, args.seed)
+                    summaries[name][f"{rate:g}"] = {
+                        **_summary(records),
+                        "decode_pace": decode_pace(records),
+                    }
+                    say(f"  {name} rate {rate:g}/s: {_line(summaries[name][f'{rate:g}'])}")
+            sim_spent = served["sim"].call(take_samples)
+            paced = served["sim"].call(pacing)
         real_spent = take_samples(real_app.app)
     timing = parse_profile(profile)
     diagnosis = {
-        name: {"steps": step_costs(spent[0], timing), "pushes": push_costs(spent[1])}
+        name: {
+            "steps": step_costs(spent.steps, timing),
+            "spread": spread_of(spent.steps, spent.gaps, timing),
+            "pushes": push_costs(spent.transfers),
+        }
         for name, spent in (("real", real_spent), ("sim", sim_spent))
     }
+    # The sim's own pacing: modelled (spread included) against taken, a step woken late by a
+    # busy core takes longer than modelled (not the profile's doing).
+    diagnosis["sim"]["pacing"] = {
+        key: round(paced[key] - paced_before[key], 4) for key in paced_before
+    }
     say(f"measured runs: {diagnosis}")
-    return {
+    real = summaries["real"]
+    result = {
         "profile": json.loads(Path(profile).read_text()),
         "link_gbps": link_gbps,
         "calibration_pushes": pushes,
         "real": real,
-        "sim": simulated,
-        "ratios": {rate: ratios(real[rate], simulated[rate]) for rate in real},
+        "sim": summaries["sim"],
+        "ratios": {rate: ratios(real[rate], summaries["sim"][rate]) for rate in real},
         "diagnosis": diagnosis,
     }
+    if "sim_mean" in summaries:
+        result["sim_mean"] = summaries["sim_mean"]
+        result["ratios_mean"] = {
+            rate: ratios(real[rate], summaries["sim_mean"][rate]) for rate in real
+        }
+    return result
+
+
+def _without_spread(profile: str) -> str:
+    """A copy of the profile file without its spread, next to it."""
+    data = json.loads(Path(profile).read_text(encoding="utf-8"))
+    data.pop("spread", None)
+    path = Path(profile).with_name(Path(profile).stem + "-mean.json")
+    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    return str(path)
 
 
 def step_costs(steps: list, timing: Any) -> dict[str, float]:
@@ -151,6 +204,50 @@ def step_costs(steps: list, timing: Any) -> dict[str, float]:
         "measured_s": round(sum(seconds for _, seconds in steps), 4),
         "profile_s": round(sum(timing.step_seconds(work) for work, _ in steps), 4),
     }
+
+
+def decode_pace(records: list) -> dict[str, float]:
+    """p50/p90 over requests of ms per token after the chunk holding the second token: the
+    decode worker's pace as the client sees it, without the first token's handoff (a first
+    token delivered late, while the decode worker already runs, shortens TPOT: the tokens it
+    made meanwhile arrive in a burst)."""
+    paces = []
+    for record in records:
+        received = 0
+        for at, count in zip(record.chunk_times, record.chunk_tokens, strict=True):
+            received += count
+            if received >= 2:
+                after = record.output_tokens - received
+                if after > 0:
+                    paces.append((record.chunk_times[-1] - at) / after * 1e3)
+                break
+    if not paces:
+        return {"p50": 0.0, "p90": 0.0}
+    return {"p50": round(_nearest_rank(paces, 0.5), 3), "p90": round(_nearest_rank(paces, 0.9), 3)}
+
+
+def spread_of(steps: list, gaps: list[float], timing: Any) -> dict[str, list[float]]:
+    """p50/p90/p99 of measured / profile mean step seconds (decode and prefill steps apart)
+    and of the gaps between steps (ms): do the sim's steps scatter as the real ones did? (A sim
+    step with a spread waits out its modelled gap inside the step: its own gaps are only the
+    loop's Python work, its ratios hold the modelled gap.)"""
+    decode = [s / timing.step_seconds(w) for w, s in steps if not w.prefill_tokens]
+    prefill = [s / timing.step_seconds(w) for w, s in steps if w.prefill_tokens]
+    return {
+        "decode_ratio": _percentiles(decode),
+        "prefill_ratio": _percentiles(prefill),
+        "gap_ms": _percentiles([gap * 1e3 for gap in gaps if gap]),
+    }
+
+
+def _percentiles(values: list[float]) -> list[float]:
+    return [round(_nearest_rank(values, p), 3) for p in (0.5, 0.9, 0.99)] if values else []
+
+
+def _nearest_rank(values: list[float], fraction: float) -> float:
+    """The smallest value with at least `fraction` of the values at or below it."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
 
 
 def push_costs(transfers: list[tuple[int, float]]) -> dict[str, float]:
@@ -198,29 +295,32 @@ def _summary(records: list) -> dict:
 
 
 def _line(summary: dict) -> str:
-    ttft, tpot = summary["ttft"], summary["tpot"]
+    ttft, tpot, pace = summary["ttft"], summary["tpot"], summary["decode_pace"]
     return (
         f"TTFT p50 {ttft['p50']:.0f} ms p90 {ttft['p90']:.0f} ms, TPOT p50 {tpot['p50']:.1f} "
-        f"ms p90 {tpot['p90']:.1f} ms, failed {summary['failed']}"
+        f"ms p90 {tpot['p90']:.1f} ms (after the 2nd token {pace['p50']:.1f}/{pace['p90']:.1f} "
+        f"ms), failed {summary['failed']}"
     )
 
 
-def fidelity_table(result: dict, tolerance: float) -> Any:
+def fidelity_table(result: dict, tolerance: float, system: str = "sim") -> Any:
+    """The table of `system` ("sim", or "sim_mean": the profile without its spread)."""
     from rich.table import Table
 
+    which = "sim" if system == "sim" else "sim without the spread (fitted mean)"
     table = Table(
-        title=f"Sim vs real CPU workers, 1P+1D, mixed workload (within ±{tolerance:.0%}: ok)"
+        title=f"{which} vs real CPU workers, 1P+1D, mixed workload (within ±{tolerance:.0%}: ok)"
     )
     for column in ("rate req/s", "metric", "real ms", "sim ms", "sim/real", ""):
         table.add_column(column, justify="right")
-    for rate, by_metric in result["ratios"].items():
+    for rate, by_metric in result["ratios" if system == "sim" else "ratios_mean"].items():
         for metric, pct in METRICS:
             ratio = by_metric[f"{metric}_{pct}"]
             table.add_row(
                 rate,
                 f"{metric.upper()} {pct}",
                 f"{result['real'][rate][metric][pct]:.1f}",
-                f"{result['sim'][rate][metric][pct]:.1f}",
+                f"{result[system][rate][metric][pct]:.1f}",
                 f"{ratio:.2f}",
                 "ok" if abs(ratio - 1) <= tolerance else "OFF",
             )

@@ -5,7 +5,8 @@ Each process has a second agent of its own (the transport's agents are left alon
 registered buffer. The bench process times a READ of the receiver's buffer into its own and a
 WRITE of its own into the receiver's, each until its transfer state is DONE, while the receiver
 drives its agent's progress (no progress threads, as in the transport). READ is the direction
-pdserve's transport uses; WRITE shows what UCX does when the initiator pushes.
+pdserve's transport uses; WRITE shows what UCX does when the initiator pushes. The agents come
+from `make_agent`, so the transport's UCX settings (`nixl_agent.UCX_TUNING`) apply here too.
 """
 
 from __future__ import annotations

@@ -48,10 +48,13 @@ def _actor_facts(actor: Any) -> dict:
     """Runs in a worker actor: its pid, RSS and peak RSS in bytes, and whether torch is loaded."""
     import psutil
 
+    rss = psutil.Process().memory_info().rss
     return {
         "pid": os.getpid(),
-        "rss": psutil.Process().memory_info().rss,
-        "peak_rss": _peak_rss(),
+        "rss": rss,
+        # The kernel syncs its per-thread RSS counters into VmHWM lazily, so the high-water
+        # mark can read a few pages below an RSS read just before it (seen: 8 KiB).
+        "peak_rss": max(_peak_rss(), rss),
         "torch": "torch" in sys.modules,
     }
 

@@ -19,6 +19,14 @@ ngram: the lookups of one step over the target's step), the analytical speedup l
 (1 - alpha^(k+1)) / ((1 - alpha)(1 + k c)), the measured speedup and speedup / limit. When the
 engine's self switch-off pauses speculation, steps run plain and the speedup tends to 1.
 
+alpha counts only the steps that verified drafts. A sequence's step without a proposal (prompt
+lookup found no earlier occurrence, or the switch-off paused proposing) emits one token at a
+plain step's cost, which the limit above does not count; `alpha*` is fitted instead to the
+tokens per sequence-step over every decode step (decode tokens / (decode tokens - accepted)),
+so a step without a proposal counts as one whose drafts were all rejected, and `limit*` and
+`/limit*` are the limit and the ratio with it: the speedup a machine where verifying k + 1
+positions costs one plain step would get from the same proposals.
+
 `--prompt-kv LENGTHS` measures instead where a disaggregated pair should compute the draft's
 prompt KV (spec_prompt_kv.py).
 """
@@ -101,6 +109,7 @@ class Measured:
     drafted: int = 0
     accepted: int = 0
     verifications: int = 0
+    tokens: int = 0  # decode tokens of the measured runs
     outputs: list[list[int]] | None = None  # prompt + output of the last run
 
 
@@ -142,7 +151,8 @@ def _run(args: argparse.Namespace) -> None:
             print(f"repeating prompts: run-ahead lookup hit rate {hit_rate:.2f}")
         print(
             f"{'workload':>10} {'batch':>5} {'mode':>6} {'tok/s':>8} {'speedup':>8} "
-            f"{'accept':>7} {'alpha':>6} {'c':>6} {'limit':>6} {'/limit':>7}"
+            f"{'accept':>7} {'alpha':>6} {'c':>6} {'limit':>6} {'/limit':>7} "
+            f"{'alpha*':>6} {'limit*':>6} {'/limit*':>7}"
         )
         for workload in workloads:
             for batch in batches:
@@ -162,9 +172,13 @@ def _run(args: argparse.Namespace) -> None:
                     alpha = fit_alpha(tokens_per_verify, k)
                     limit = leviathan_limit(alpha, k, c)
                     speedup = m.rate / base.rate
+                    per_step = m.tokens / max(m.tokens - m.accepted, 1)  # every decode step
+                    alpha_all = fit_alpha(per_step, k)
+                    limit_all = leviathan_limit(alpha_all, k, c)
                     print(
                         f"{workload:>10} {batch:>5} {mode:>6} {m.rate:8.1f} {speedup:8.2f}x "
-                        f"{accept:7.2f} {alpha:6.2f} {c:6.3f} {limit:6.2f} {speedup / limit:7.2f}"
+                        f"{accept:7.2f} {alpha:6.2f} {c:6.3f} {limit:6.2f} {speedup / limit:7.2f} "
+                        f"{alpha_all:6.2f} {limit_all:6.2f} {speedup / limit_all:7.2f}"
                     )
 
 
@@ -258,6 +272,7 @@ def _measure_cell(
             drafted=after["spec_draft_tokens"] - earlier["spec_draft_tokens"],
             accepted=after["spec_accepted_tokens"] - earlier["spec_accepted_tokens"],
             verifications=after["spec_verify_steps"] - earlier["spec_verify_steps"],
+            tokens=sum(run[0] for run in runs[name]),
             outputs=runs[name][-1][3],
         )
     return measured

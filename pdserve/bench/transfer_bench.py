@@ -10,13 +10,18 @@ process) moves the same bytes both ways, interleaved:
   the commit returns;
 - for nixl, also the bare-NIXL ceiling (`nixl_ceiling.py`): one region of the same size READ
   and WRITTEN by NIXL alone between the same two processes.
-Prints the median GB/s over the repeats for each and its ratio to raw TCP.
+Prints the median GB/s over the repeats for each and its ratio to raw TCP, and the CPU seconds
+both processes spent per GB moved (median): on a shared machine GB/s follows the load, CPU time
+per GB much less, so it compares methods where wall time cannot. UCX variables in the
+environment reach both processes (e.g. `UCX_TCP_TX_SEG_SIZE=8k UCX_TCP_RX_SEG_SIZE=64k`, UCX's
+own defaults, instead of the 1 MiB segments `nixl_agent.UCX_TUNING` sets otherwise).
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
 import socket
 import statistics
 import sys
@@ -127,6 +132,17 @@ def _reply(conn: Any, proc: Any) -> Any:
     return conn.recv()
 
 
+_LABELS = {"tcp": "raw TCP", "kv": "transport", "READ": "bare READ", "WRITE": "bare WRITE"}
+
+
+def _cpu_seconds(pid: int) -> float:
+    """CPU time (user + system, every thread) of this process and of process `pid` so far."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    own = os.times()
+    return own.user + own.system + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _median_gbps(nbytes: int, seconds: list[float]) -> float:
     return nbytes / statistics.median(seconds) / 1e9
 
@@ -142,9 +158,12 @@ def _variants(args: argparse.Namespace) -> list[tuple[str, str, str | None]]:
     return variants
 
 
-def _measure(args: argparse.Namespace, config: Any, src: Any) -> dict[str, list[float]]:
-    """Seconds per raw-TCP send ("tcp"), per transfer ("kv") and, for nixl, per bare READ and
-    WRITE ("READ", "WRITE"), interleaved, against a fresh receiver."""
+def _measure(
+    args: argparse.Namespace, config: Any, src: Any
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """(wall seconds, CPU seconds of both processes) per raw-TCP send ("tcp"), per transfer
+    ("kv") and, for nixl, per bare READ and WRITE ("READ", "WRITE"), interleaved, against a
+    fresh receiver."""
     import torch
 
     from kv_transfer import CommitInfo, TransferRequest, make_sender
@@ -195,9 +214,12 @@ def _measure(args: argparse.Namespace, config: Any, src: Any) -> dict[str, list[
         for method in methods.values():  # warm-up: connections, process group, page faults
             method()
         seconds: dict[str, list[float]] = {name: [] for name in methods}
+        cpu: dict[str, list[float]] = {name: [] for name in methods}
         for _ in range(args.repeats):  # interleaved, so drift in the machine hits all alike
             for name, method in methods.items():
+                cpu_before = _cpu_seconds(proc.pid)
                 seconds[name].append(method())
+                cpu[name].append(_cpu_seconds(proc.pid) - cpu_before)
     finally:
         if ceiling is not None:
             ceiling.close()
@@ -205,7 +227,7 @@ def _measure(args: argparse.Namespace, config: Any, src: Any) -> dict[str, list[
         sender.close()
         tcp.close()
         proc.join(timeout=10)
-    return seconds
+    return seconds, cpu
 
 
 def run(args: argparse.Namespace) -> int:
@@ -218,9 +240,15 @@ def run(args: argparse.Namespace) -> int:
         f"KV transfer: {nbytes / MiB:.0f} MiB per transfer ({LAYERS} layers x {blocks} blocks of "
         f"{BLOCK_SIZE} tokens, {DTYPE}), chunk {args.chunk_mb:g} MiB, median of {args.repeats}"
     )
+    if "nixl" in args.kv_transport:
+        from kv_transfer.nixl_agent import UCX_TUNING
+
+        chosen = {k: v for k, v in os.environ.items() if k in UCX_TUNING} or UCX_TUNING
+        print("  nixl UCX settings: " + " ".join(f"{k}={v}" for k, v in chosen.items()))
     for label, transport, ucx_tls in _variants(args):
-        seconds = _measure(args, _config(args, transport, ucx_tls), src)
+        seconds, cpu = _measure(args, _config(args, transport, ucx_tls), src)
         gbps = {name: _median_gbps(nbytes, s) for name, s in seconds.items()}
+        cpu_per_gb = {name: statistics.median(c) / (nbytes / 1e9) for name, c in cpu.items()}
         line = (
             f"  {label:<16} : {gbps['kv']:6.2f} GB/s   raw TCP {gbps['tcp']:6.2f} GB/s   "
             f"ratio {gbps['kv'] / gbps['tcp']:.2f}"
@@ -231,6 +259,11 @@ def run(args: argparse.Namespace) -> int:
                 f"WRITE {gbps['WRITE']:.2f} ({gbps['WRITE'] / gbps['tcp']:.2f}) GB/s"
             )
         print(line, flush=True)
+        print(
+            f"  {'':<16}   CPU s/GB, both processes: "
+            + ", ".join(f"{_LABELS[name]} {value:.2f}" for name, value in cpu_per_gb.items()),
+            flush=True,
+        )
     return 0
 
 

@@ -2,8 +2,9 @@
 
 The directory (config.json, generation_config.json, model.safetensors, tokenizer.json) loads
 in pdserve and in transformers alike. With `--config-only`, only config.json and the tokenizer
-are written: enough for sim workers (docs/simulation.md), and the only form of the published
-shapes (`llama-3.1-8b`, `llama-3.1-70b`). With `--draft-of TARGET`, DIR gets a
+are written: enough for sim workers (docs/simulation.md); the published shapes
+(`llama-3.1-8b`, `llama-3.1-70b`) get random weights only with `--with-weights` (to measure a
+profile on a GPU: `--device cuda` draws them there, `--dtype` sets their type). With `--draft-of TARGET`, DIR gets a
 self-speculative draft of TARGET instead (its first layers, embedding, final norm and LM head:
 pdserve/models/draft_of.py). No torch import at module level: `pdserve --help` stays fast.
 """
@@ -36,6 +37,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="write config.json and the tokenizer, no weights (for --engine sim)",
     )
     parser.add_argument(
+        "--with-weights",
+        action="store_true",
+        help="llama-3.1-8b/70b: write random weights too (16 / 141 GB in bfloat16), e.g. to "
+        "measure a --sim-profile on a GPU with `pdserve bench engine --profile-out`",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        help="weights' dtype (default: the preset's, float32 for tiny/small, bfloat16 for the "
+        "shapes)",
+    )
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        help="where the random weights are drawn: cuda draws an 8B model in seconds "
+        "(each device has its own random stream; default: cpu)",
+    )
+    parser.add_argument(
         "--draft-of",
         metavar="TARGET_DIR",
         help="write a self-speculative draft of this model instead: its embedding, first "
@@ -57,21 +76,31 @@ def run(args: argparse.Namespace) -> int:
     preset = args.preset or "tiny"
     seed = args.seed or 0
     if args.config_only:
+        if args.with_weights or args.dtype:
+            raise CommandError("--config-only writes no weights: drop --with-weights and --dtype")
         return _write_config_only(Path(args.directory), preset)
-    if preset in SHAPE_PRESETS:
-        raise CommandError(f"--preset {preset} has no weights: add --config-only")
-    from pdserve.models.builtin import make_model
-    from pdserve.models.presets import preset_config
+    if preset in SHAPE_PRESETS and not args.with_weights:
+        raise CommandError(
+            f"--preset {preset} has no weights: add --config-only, or --with-weights for "
+            "random ones"
+        )
+    from pdserve.models.builtin import write_model
 
-    out = make_model(args.directory, preset, seed)
-    _report(preset, out, preset_config(preset), f"(seed {seed})")
+    config = _preset_config(preset)
+    dtype = args.dtype or config["torch_dtype"]
+    try:
+        out = write_model(args.directory, config, seed, dtype, args.device)
+    except (RuntimeError, ValueError) as e:  # e.g. --device cuda on a machine without one
+        raise CommandError(f"--device {args.device}: {str(e).splitlines()[0]}") from e
+    _report(preset, out, config, f"({dtype} weights, seed {seed}, drawn on {args.device})")
     return 0
 
 
 def _write_draft(args: argparse.Namespace) -> int:
-    if args.config_only or args.preset is not None or args.seed is not None:
+    if args.config_only or args.with_weights or args.dtype or args.preset or args.seed is not None:
         raise CommandError(
-            "--draft-of copies its target's weights: drop --preset, --seed and --config-only"
+            "--draft-of copies its target's weights: drop --preset, --seed, --dtype, "
+            "--with-weights and --config-only"
         )
     from pdserve.models.draft_of import write_draft_of
     from pdserve.models.hf_config import ModelLoadError
@@ -87,11 +116,9 @@ def _write_draft(args: argparse.Namespace) -> int:
 
 
 def _write_config_only(directory: Path, preset: str) -> int:
-    from pdserve.models.presets import preset_config
     from pdserve.models.tokenizer_builder import write_tokenizer
-    from pdserve.sim.shapes import shape_config
 
-    config = shape_config(preset) if preset in SHAPE_PRESETS else preset_config(preset)
+    config = _preset_config(preset)
     try:
         directory.mkdir(parents=True, exist_ok=True)
         (directory / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
@@ -100,6 +127,13 @@ def _write_config_only(directory: Path, preset: str) -> int:
         raise CommandError(f"{directory}: {e.strerror or e}") from e
     _report(preset, directory, config, "(config only, no weights)")
     return 0
+
+
+def _preset_config(preset: str) -> dict:
+    from pdserve.models.presets import preset_config
+    from pdserve.sim.shapes import shape_config
+
+    return shape_config(preset) if preset in SHAPE_PRESETS else preset_config(preset)
 
 
 def _report(preset: str, out: Path | str, config: dict, note: str) -> None:

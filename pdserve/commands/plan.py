@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -86,6 +87,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--policy", default="cost", choices=("cost", "round_robin", "least_loaded"))
     parser.add_argument("--disaggregate", default="auto", choices=("auto", "always", "never"))
+    parser.add_argument(
+        "--jobs",
+        type=bounded(int, minimum=1),
+        default=_usable_cpus(),
+        help="processes that search splits in parallel (default: the usable CPUs, "
+        f"{_usable_cpus()} here; the plan is the same for any number)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="workload and probe sample seed")
     parser.add_argument("--json", metavar="FILE", help="also write every split's result here")
     parser.add_argument("--time", action="store_true", help="print the search's wall time")
@@ -101,7 +109,8 @@ def run(args: argparse.Namespace) -> int:
     if args.time:
         print(
             f"time: {time.perf_counter() - started:.1f} s in all, search {plan.seconds:.1f} s, "
-            f"{plan.probes} probes"
+            f"{plan.probes} probes; CPU {_cpu_seconds():.1f} s in {args.jobs} jobs; "
+            f"load average {os.getloadavg()[0]:.1f}"
         )
     if args.json:
         try:
@@ -172,6 +181,7 @@ def _plan(args: argparse.Namespace):
         top=args.top,
         requests_per_worker=args.requests_per_worker,
         on_probe=on_probe,
+        jobs=args.jobs,
     )
     plan = search.run(all_splits(workers))
     context = {
@@ -197,6 +207,20 @@ def _print_probe(probe) -> None:
         f"({probe.good} met, {probe.missed} missed of {probe.requests})",
         flush=True,
     )
+
+
+def _cpu_seconds() -> float:
+    """User + system CPU of this process and its ended children (the search's workers)."""
+    import resource
+
+    own, children = (
+        resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+    )
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def _usable_cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _one_line(error: BaseException) -> str:

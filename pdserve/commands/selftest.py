@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"--device cuda: torch {torch.__version__} sees no CUDA device")
     from pdserve.models.builtin import builtin_model_dir
 
-    rows: list[tuple[str, str, str]] = []
+    print(f"pdserve selftest on {_device_name(args.device)}", flush=True)
     ok = True
     builtin = str(builtin_model_dir(args.preset))
     models = [(args.preset, builtin)] + ([("--model", args.model)] if args.model else [])
@@ -68,24 +68,24 @@ def run(args: argparse.Namespace) -> int:
             ok &= same == len(reference)
             verdict = "ok" if same == len(reference) else "FAIL"
             detail = f"{same}/{len(reference)} prompts equal, {PARITY_TOKENS} greedy tokens"
-            rows.append((f"{check} ({label})", verdict, detail))
+            _row(f"{check} ({label})", verdict, detail)
     for transport, mb_s, tcp_mb_s in _transfer_rates(args):
-        rows.append((f"kv transfer {transport}", f"{mb_s:.0f} MB/s", f"raw TCP {tcp_mb_s:.0f}"))
+        _row(f"kv transfer {transport}", f"{mb_s:.0f} MB/s", f"raw TCP {tcp_mb_s:.0f}")
     for batch in (int(b) for b in args.bench_batches.split(",")):
         eager_rate = _decode_rate(builtin, args, batch, compiled=False)
         compiled_rate = _decode_rate(builtin, args, batch, compiled=True)
-        rows.append(
-            (
-                f"decode batch {batch} ({args.preset})",
-                f"{compiled_rate:.0f} tok/s",
-                f"compiled; eager {eager_rate:.0f} tok/s ({compiled_rate / eager_rate:.2f}x)",
-            )
+        _row(
+            f"decode batch {batch} ({args.preset})",
+            f"{compiled_rate:.0f} tok/s",
+            f"compiled; eager {eager_rate:.0f} tok/s ({compiled_rate / eager_rate:.2f}x)",
         )
-    print(f"pdserve selftest on {_device_name(args.device)}")
-    width = max(len(r[0]) for r in rows)
-    for check, result, detail in rows:
-        print(f"  {check:<{width}}  {result:>12}  {detail}")
     return 0 if ok else 1
+
+
+def _row(check: str, result: str, detail: str) -> None:
+    """One line of the table, printed as soon as it is known: a check that crashes or runs
+    out of time later still leaves the earlier results on a lent machine's log."""
+    print(f"  {check:<32}  {result:>12}  {detail}", flush=True)
 
 
 def _device_name(device: str) -> str:
@@ -110,6 +110,10 @@ def _engine(model_dir: str, device: str, compiled: bool, max_num_seqs: int = 64)
     from pdserve.engine.engine import LLMEngine
 
     gc.collect()  # the previous check's engine and its KV pool
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.empty_cache()
     config = EngineConfig(
         model=model_dir,
         device=device,
@@ -173,7 +177,7 @@ def _transfer_rates(args: argparse.Namespace) -> list[tuple[str, float, float]]:
     rates = []
     for label, transport, tls in transfer_bench._variants(bench_args):
         config = transfer_bench._config(bench_args, transport, tls)
-        seconds = transfer_bench._measure(bench_args, config, src)
+        seconds, _cpu = transfer_bench._measure(bench_args, config, src)
         mb_s = {
             name: transfer_bench._median_gbps(src.nbytes, s) * 1e3 for name, s in seconds.items()
         }

@@ -51,17 +51,28 @@ def gpu_kv_pool_blocks(
     weights_bytes: int,
     activation_peak_bytes: int,
     bytes_per_block: int,
+    free_bytes: int | None = None,
 ) -> int:
     """KV pool blocks on a GPU, as vLLM sizes it: the share `utilization` of the device's
     memory, less the model weights and the activation peak of a profiling forward pass of a
-    full step (max_num_batched_tokens); what is left is KV cache. Raises ValueError when
-    nothing is left."""
+    full step (max_num_batched_tokens); what is left is KV cache. `free_bytes`, what the
+    device has free now (weights loaded, profiling freed): the pool must fit in it, since
+    memory other processes hold is not ours to count on. Raises ValueError when nothing is
+    left, or when the pool does not fit."""
     free = int(total_bytes * utilization) - weights_bytes - activation_peak_bytes
     if free < bytes_per_block:
         raise ValueError(
             f"gpu_memory_utilization {utilization} of {total_bytes / 2**30:.1f} GiB leaves "
             f"{max(free, 0) / 2**20:.0f} MiB after the weights ({weights_bytes / 2**20:.0f} MiB) "
             f"and activations ({activation_peak_bytes / 2**20:.0f} MiB): no room for a KV block"
+        )
+    # The activation peak must still fit beside the pool once serving starts.
+    if free_bytes is not None and free + activation_peak_bytes > free_bytes:
+        raise ValueError(
+            f"gpu_memory_utilization {utilization} asks for a {free / 2**30:.1f} GiB KV pool "
+            f"(+ {activation_peak_bytes / 2**30:.1f} GiB of activations) but the device has "
+            f"only {free_bytes / 2**30:.1f} GiB free: other processes hold memory on it; "
+            "lower gpu_memory_utilization"
         )
     return free // bytes_per_block
 

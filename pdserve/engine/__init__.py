@@ -32,5 +32,7 @@ types in `pdserve.core`. This package imports none of ray, grpc or redis.
 - `speculation.py` — the engine's side of speculative decoding: drafts in and out of the
   batch, rollback of rejected ones, counters, the self switch-off (no torch).
 - `spec_verify.py` — verification of drafts: greedy acceptance and rejection sampling.
+- `spec_payoff.py` — `StepTimes`: decode steps timed with and without drafts, whether
+  speculation pays (no torch).
 - `outputs.py` — `RequestOutput`, `Reservation`: plain data (no torch).
 """

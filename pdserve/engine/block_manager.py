@@ -99,6 +99,19 @@ class BlockManager:
         child.block_table = list(parent.block_table)
         child.block_hashes = list(parent.block_hashes)
 
+    def writable(self, seq: Sequence, start: int, end: int) -> bool:
+        """Whether `seq` may write positions [start, end) as it is: its table already covers
+        them and holds each of their blocks alone (then `ensure_blocks` and `copy_on_write`
+        would change nothing). The scheduler's check for the usual decode step."""
+        table, size = seq.block_table, self.block_size
+        if end > len(table) * size:
+            return False
+        ref = self._ref
+        for i in range(start // size, -(-end // size)):  # noqa: SIM110 (no generator: hot path)
+            if ref[table[i]] > 1:
+                return False
+        return True
+
     def copy_on_write(self, seq: Sequence, start: int, end: int) -> list[tuple[int, int]] | None:
         """Before a step writes the KV of positions [start, end) of `seq`: every block there
         that another sequence also holds is replaced in `seq`'s table by a fresh block; returns
@@ -122,6 +135,8 @@ class BlockManager:
         if not self.enable_prefix_caching or not seq.cache_blocks:
             return
         num_full = min(seq.num_computed_tokens // self.block_size, len(seq.block_table))
+        if num_full <= len(seq.block_hashes):
+            return  # nothing new (a decode step fills a block once in block_size steps)
         for i in range(len(seq.block_hashes), num_full):
             tokens = tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
             parent = seq.block_hashes[-1] if seq.block_hashes else ROOT_HASH

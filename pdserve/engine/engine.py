@@ -192,14 +192,27 @@ class LLMEngine(ForkedChoices):
         tokens: list[int],
         logprobs: list[float | None],
     ) -> list[RequestOutput]:
+        # These loops run once per scheduled sequence per step (the offline planner simulates
+        # millions of tokens): counters are summed locally, and a block is cached only when
+        # the step filled one.
+        decoded = prefilled = 0
+        cache_full_blocks, block_size = self.block_manager.cache_full_blocks, self.block_size
         for seq, n in zip(batch.seqs, batch.num_tokens, strict=True):
             drafts = seq.num_draft_tokens  # counted by the speculation, cached after rollback
-            is_decode = n == 1 + drafts and seq.num_computed_tokens >= seq.num_prompt_tokens
-            key = "decode_tokens" if is_decode else "prefill_tokens_computed"
-            self._counters[key] += n - drafts
+            if n == 1 + drafts and seq.num_computed_tokens >= seq.num_prompt_tokens:
+                decoded += n - drafts
+            else:
+                prefilled += n - drafts
             seq.num_computed_tokens += n
-            if not drafts:
-                self.block_manager.cache_full_blocks(seq)
+            if not drafts and seq.num_computed_tokens // block_size > len(seq.block_hashes):
+                cache_full_blocks(seq)
+        self._counters["decode_tokens"] += decoded
+        self._counters["prefill_tokens_computed"] += prefilled
+        if not self._beams and not batch.verified:  # one token per sampling sequence
+            return [
+                self._append_tokens(batch.sampling_seq(i), [token], [logprob])
+                for i, token, logprob in zip(sample_idx, tokens, logprobs, strict=True)
+            ]
         outputs, searched = [], []
         for i, token, logprob in zip(sample_idx, tokens, logprobs, strict=True):
             seq = batch.sampling_seq(i)
@@ -226,10 +239,12 @@ class LLMEngine(ForkedChoices):
     ) -> RequestOutput:
         """Appends the step's tokens (one, or a verified speculative run) up to the first that
         ends the sequence; one output for all of them."""
-        params, detokenizer = seq.params, seq.detokenizer
+        params, detokenizer, token_ids = seq.params, seq.detokenizer, seq.token_ids
         text, reason, emitted = "", None, 0
+        # The length limit in tokens of token_ids (prompt + max_tokens, or the context).
+        limit = min(seq.num_prompt_tokens + params.max_tokens, self.max_model_len)
         for token, logprob in zip(tokens, logprobs, strict=True):
-            seq.token_ids.append(token)
+            token_ids.append(token)
             emitted += 1
             if params.logprobs:
                 seq.output_logprobs.append(logprob if logprob is not None else 0.0)
@@ -240,9 +255,7 @@ class LLMEngine(ForkedChoices):
                 text += detokenizer.add([token])
             stop_string = detokenizer is not None and detokenizer.stopped is not None
             reason = "stop" if stop_token or stop_string else None
-            if reason is None and (
-                seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len
-            ):
+            if reason is None and len(token_ids) >= limit:
                 reason = "length"
             if reason is not None:
                 break

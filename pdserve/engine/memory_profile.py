@@ -29,12 +29,17 @@ def kv_pool_blocks(
         return model_limits.kv_pool_blocks(hf_config, config)
     device = torch.device(config.device)
     torch.cuda.synchronize(device)
+    # Segments the caching allocator kept from an engine this process dropped (selftest and
+    # the benches build several in turn) would read as not free, and could not hold a pool
+    # of a slightly different size: hand them back first (seen on an H200: OOM at the second
+    # engine, 69.7 GiB reserved but unallocated).
+    torch.cuda.empty_cache()
     weights = torch.cuda.memory_allocated(device)
     activations = _profile_step(make_runner, config, device) - weights
-    _, total = torch.cuda.mem_get_info(device)
+    free, total = torch.cuda.mem_get_info(device)
     per_block = model_limits.kv_bytes_per_block(hf_config, config.block_size, config.dtype)
     return model_limits.gpu_kv_pool_blocks(
-        total, config.gpu_memory_utilization, weights, activations, per_block
+        total, config.gpu_memory_utilization, weights, activations, per_block, free
     )
 
 

@@ -14,10 +14,13 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from pdserve.core.block_hash import prompt_block_hashes
 from pdserve.engine.block_manager import BlockManager
 from pdserve.engine.sequence import Sequence, SequenceStatus
+
+_ARRIVAL = attrgetter("arrival")
 
 
 @dataclass
@@ -83,7 +86,7 @@ class Scheduler:
         computed); it takes a place in a step once fewer than max_num_seqs run before it."""
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
-        self.running.sort(key=lambda s: s.arrival)
+        self.running.sort(key=_ARRIVAL)
 
     def remove(self, seq: Sequence) -> None:
         """Takes a finished or aborted sequence out of its queue (its blocks are not touched)."""
@@ -98,19 +101,23 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
         budget = self.max_num_batched_tokens
+        running, max_seqs, writable = self.running, self.max_num_seqs, self.block_manager.writable
         i = 0
         # Committed handoffs and forks join `running` directly, so it can hold more than
         # max_num_seqs: the earliest arrivals run, the rest wait in place with their blocks.
-        while i < len(self.running) and budget > 0 and len(batch.seqs) < self.max_num_seqs:
-            seq = self.running[i]
-            n = min(seq.num_uncomputed_tokens, budget)
+        # (This loop runs once per running sequence per step: it reads fields, not properties.)
+        while i < len(running) and budget > 0 and len(batch.seqs) < max_seqs:
+            seq = running[i]
+            start = seq.num_computed_tokens
+            n = min(len(seq.token_ids) - start, budget)
             if seq.num_draft_tokens:  # drafts take only budget no later running one needs
-                later = min(len(self.running), self.max_num_seqs) - len(batch.seqs) - 1
+                later = min(len(running), max_seqs) - len(batch.seqs) - 1
                 n = min(n, max(seq.num_uncomputed_tokens - seq.num_draft_tokens, budget - later))
             if n == 0:  # a beam whose siblings have not computed yet: it waits for them
                 i += 1
                 continue
-            while not self._make_writable(seq, n, batch):
+            # The usual decode: its blocks are there and its own; else grow/copy or preempt.
+            while not writable(seq, start, start + n) and not self._make_writable(seq, n, batch):
                 without_drafts = seq.num_uncomputed_tokens - seq.num_draft_tokens
                 if n > without_drafts:  # its drafts go before anyone is preempted
                     n = without_drafts
@@ -122,15 +129,20 @@ class Scheduler:
                     break
             if seq.status != SequenceStatus.RUNNING:
                 break  # it preempted itself: everything after it is gone too
-            batch.add(seq, n)
+            batch.seqs.append(seq)
+            batch.num_tokens.append(n)
             budget -= n
             i += 1
         if batch.preempted:
             return batch  # no room for newcomers when running ones were just evicted
+        if not self.waiting or budget <= 0 or len(running) >= max_seqs:
+            if not batch.seqs and self.waiting:
+                batch.preempted += self._evict_idle()
+            return batch  # no newcomer can be admitted (`running` is still in arrival order)
         # Full prompt blocks that running sequences are still computing: a newcomer whose next
         # block is among them waits a step and then finds it in the prefix cache, instead of
         # computing the same shared prefix a second time in parallel.
-        in_flight = {h for seq in self.running for h in self._uncomputed_prompt_hashes(seq)}
+        in_flight = {h for seq in running for h in self._uncomputed_prompt_hashes(seq)}
         for seq in list(self.waiting):
             if budget <= 0 or len(self.running) >= self.max_num_seqs:
                 break
@@ -145,7 +157,7 @@ class Scheduler:
             batch.add(seq, n)
             budget -= n
             in_flight.update(self._uncomputed_prompt_hashes(seq))
-        self.running.sort(key=lambda s: s.arrival)
+        running.sort(key=_ARRIVAL)
         if not batch.seqs and self.waiting:
             batch.preempted += self._evict_idle()
         return batch

@@ -9,11 +9,20 @@ what was scheduled; the executor verifies (spec_verify.py) and the engine rolls 
 (LLMEngine._accept_verified). The sim executor never speculates: the engine builds no
 `Speculation` for `kind == "sim"`.
 
-Self switch-off: over the last `acceptance_window` drafted tokens, an acceptance rate below
-`min_acceptance` pauses proposing; after `probe_interval` steps one step proposes again (a
-probe), and speculation resumes if that step's acceptance reaches `min_acceptance`. Each probe
-that fails doubles the wait before the next, up to MAX_BACKOFF times `probe_interval`, so a
-workload where nothing is accepted pays for a few verify steps, then almost nothing.
+Self switch-off (docs/decoding.md, "Speculative decoding"): speculation pays when the tokens a
+verify step emits outweigh what it costs over a plain step, and both are measured
+(spec_payoff.py: the engine's decode-only steps timed with and without drafts, per batch size).
+Once the last SPEC_STEPS speculative steps could be timed against plain steps of their batch
+size, proposing pauses when their measured speedup is below 1. Until then the acceptance rate
+decides: below `min_acceptance` over the last `acceptance_window` drafted tokens, proposing
+pauses, unless the speculative steps timed so far pay; and after SPEC_STEPS speculative steps
+that could not be judged, one step runs plain to be timed. While paused, after a wait one step
+proposes one token for one sequence (a probe: one draft forward and one more position in the
+batch, not k for the whole batch); speculation resumes if that token is accepted, and the next
+window's measured speedup judges it. Every pause and every failed probe doubles the next wait
+(from `probe_interval` steps up to MAX_BACKOFF times that), and a window that pays resets it,
+so a workload where speculation does not pay costs a few steps, then almost nothing.
+`min_acceptance == 0` turns the switch-off off.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from pdserve.config import EngineConfig, SpeculativeConfig
 from pdserve.engine.block_manager import BlockManager
 from pdserve.engine.scheduler import ScheduledBatch, Verified
 from pdserve.engine.sequence import Sequence, SequenceStatus
+from pdserve.engine.spec_payoff import StepTimes, step_clock
 from pdserve.engine.speculative import Proposer, make_proposer
 
 
@@ -54,7 +64,8 @@ def make_speculation(
     proposer = make_proposer(config, block_manager.num_blocks)
     if proposer is None:
         return None
-    return Speculation(config.speculative, proposer, block_manager, max_model_len)
+    times = StepTimes(SPEC_STEPS, step_clock(config.device))
+    return Speculation(config.speculative, proposer, block_manager, max_model_len, times)
 
 
 def speculation_stats(speculation: Speculation | None) -> dict[str, int]:
@@ -69,8 +80,10 @@ class Speculation:
         proposer: Proposer,
         block_manager: BlockManager,
         max_model_len: int,
+        times: StepTimes | None = None,
     ) -> None:
         self.config = config
+        self.times = times or StepTimes(SPEC_STEPS, step_clock("cpu"))
         self.proposer = proposer
         self.block_manager = block_manager
         self.max_model_len = max_model_len
@@ -85,6 +98,8 @@ class Speculation:
         self._probe_gap = config.probe_interval
         self._step_drafted = 0
         self._step_accepted = 0
+        self._probes = 0  # probes so far: which running sequence the next one drafts for
+        self._seeded = False  # a seeded sampled request runs: decide on acceptance only
 
     @property
     def paused(self) -> bool:
@@ -95,10 +110,23 @@ class Speculation:
         """Appends drafts to the running sequences that may speculate; returns those that got
         at least one."""
         self._step += 1
-        if self._paused_until is not None and self._step < self._paused_until:
+        self.times.start()
+        # A seeded sampled request's tokens depend on which steps verified drafts (rejection
+        # sampling draws other numbers than the plain sampler): while one runs, the switch-off
+        # decides on counts (acceptance), never on time, so its output is the same every run.
+        self._seeded = any(s.params.seed is not None and not s.params.greedy for s in running)
+        timed = self.config.min_acceptance > 0 and not self._seeded
+        probing = self._paused_until is not None
+        if probing and self._step < self._paused_until:
             return []
+        if timed and not probing and self.times.wants_plain(len(running)):
+            return []  # a plain step of this batch size, timed to judge the drafted ones
         k = self.config.num_speculative_tokens
         candidates = [s for s in running if may_speculate(s) and self._room(s) > 0]
+        if probing and candidates:  # one token of one sequence, a different one each probe
+            candidates = [candidates[self._probes % len(candidates)]]
+            self._probes += 1
+            k = 1
         if self.proposer.writes_kv:
             grow = self.block_manager.ensure_blocks
             candidates = [s for s in candidates if grow(s, s.num_tokens + k - 1)]
@@ -140,6 +168,8 @@ class Speculation:
                 self.block_manager.truncate(seq, seq.num_tokens)
         for seq in batch.preempted:
             self.proposer.forget(seq)
+        if batch.seqs and not batch.fork_samples and all(_decodes(s, n) for s, n in _pairs(batch)):
+            self.times.decoding(len(batch.seqs))  # a step whose cost is the decode's: timed
 
     # ---- after the step -----------------------------------------------------------------
     def record(self, drafted: int, accepted: int) -> None:
@@ -158,30 +188,53 @@ class Speculation:
             self._window_accepted -= old_accepted
 
     def end_step(self) -> None:
-        """Pauses or resumes proposing on what the step's verifications measured."""
+        """Times the step, then pauses or resumes proposing on what was measured."""
         drafted, accepted = self._step_drafted, self._step_accepted
         self._step_drafted = self._step_accepted = 0
+        self.times.finish(accepted, speculative=drafted > 0)
         threshold = self.config.min_acceptance
+        if threshold <= 0:
+            return
         if self._paused_until is not None:
             if self._step < self._paused_until or not drafted:
                 return  # not a probe, or a probe with nothing to verify: probe again
+            # The probe's one token says whether proposals can be right again; whether they
+            # pay is for the next window's measured speedup (one step's time is too noisy).
             self._clear_window()
             if accepted >= threshold * drafted:
                 self._paused_until = None
-                self._probe_gap = self.config.probe_interval
             else:
-                limit = MAX_BACKOFF * self.config.probe_interval
-                self._probe_gap = min(2 * self._probe_gap, limit)
-                self._paused_until = self._step + self._probe_gap
+                self._pause()
             return
-        full = self._window_drafted >= self.config.acceptance_window
-        if full and self._window_accepted < threshold * self._window_drafted:
-            self._paused_until = self._step + self.config.probe_interval
-            self._clear_window()
+        judged = self.times.judging and not self._seeded
+        speedup = self.times.speedup() if judged else None
+        if speedup is not None:  # a full window measured: the speedup decides
+            if speedup < 1:
+                self._pause()
+            else:
+                self._probe_gap = self.config.probe_interval
+            return
+        if self._window_drafted < self.config.acceptance_window:
+            return
+        if self._window_accepted >= threshold * self._window_drafted:
+            self._probe_gap = self.config.probe_interval
+            return
+        # Low acceptance before the window is measured: pause, unless the steps timed so far
+        # show it paying anyway (verification cheap enough for the few tokens accepted).
+        so_far = self.times.speedup(partial=True) if judged else None
+        if so_far is None or so_far < 1:
+            self._pause()
+
+    def _pause(self) -> None:
+        """Stops proposing for the current wait, and doubles the next one."""
+        self._paused_until = self._step + self._probe_gap
+        self._probe_gap = min(2 * self._probe_gap, MAX_BACKOFF * self.config.probe_interval)
+        self._clear_window()
 
     def _clear_window(self) -> None:
         self._window.clear()
         self._window_drafted = self._window_accepted = 0
+        self.times.clear()
 
     def roll_back(self, seq: Sequence, verified: Verified) -> None:
         """After the verify forward computed seq's last token and drafts: keeps the KV of the
@@ -211,6 +264,17 @@ class Speculation:
 
 
 MAX_BACKOFF = 16  # the longest pause between probes, in probe intervals
+SPEC_STEPS = 8  # speculative steps whose measured speedup decides whether speculation pays
+
+
+def _pairs(batch: ScheduledBatch):
+    return zip(batch.seqs, batch.num_tokens, strict=True)
+
+
+def _decodes(seq: Sequence, n: int) -> bool:
+    """Whether seq's n scheduled tokens are its next token and its drafts (no prompt chunk)."""
+    return n == 1 + seq.num_draft_tokens and seq.num_computed_tokens >= seq.num_prompt_tokens
+
 
 # LLMEngine.stats() keys (0 when speculation is off): drafted tokens verified, drafts accepted,
 # sequence-steps that verified drafts, and whether the self switch-off holds now.

@@ -12,6 +12,7 @@ import math
 import os
 import shutil
 import tempfile
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,20 +27,26 @@ if TYPE_CHECKING:
 BUILTIN_VERSION = 2
 
 
-def random_weights(config: dict, seed: int) -> dict[str, torch.Tensor]:
-    """HF-named float32 tensors. Scales are chosen so the model is not a near-no-op: linear
-    layers keep activations at unit scale (std 1/sqrt(fan_in)), so attention visibly shapes
-    the output, and logits have std ~3, so greedy decoding is rarely close to a tie (a near
-    tie would make token-for-token comparisons with transformers flaky)."""
+def random_weights(
+    config: dict, seed: int, dtype: str = "float32", device: str = "cpu"
+) -> dict[str, torch.Tensor]:
+    """HF-named CPU tensors of `dtype`, drawn on `device` (a GPU draws an 8B model's in
+    seconds; each device has its own random stream). Scales are chosen so the model is not a
+    near-no-op: linear layers keep activations at unit scale (std 1/sqrt(fan_in)), so
+    attention visibly shapes the output, and logits have std ~3, so greedy decoding is rarely
+    close to a tie (a near tie would make token-for-token comparisons with transformers
+    flaky)."""
     import torch  # here, not at the top: finding an existing model must not need torch
 
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
     hidden, inter = config["hidden_size"], config["intermediate_size"]
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     head_dim = config.get("head_dim") or hidden // heads
+    ones = partial(torch.ones, dtype=getattr(torch, dtype))
 
     def normal(rows: int, cols: int, std: float) -> torch.Tensor:
-        return torch.randn(rows, cols, generator=gen) * std
+        drawn = torch.randn(rows, cols, generator=gen, device=device) * std
+        return drawn.to(getattr(torch, dtype)).cpu()  # one tensor at a time in float32
 
     def linear(out_features: int, in_features: int) -> torch.Tensor:
         return normal(out_features, in_features, 1.0 / math.sqrt(in_features))
@@ -54,21 +61,30 @@ def random_weights(config: dict, seed: int) -> dict[str, torch.Tensor]:
         tensors[p + "mlp.gate_proj.weight"] = linear(inter, hidden)
         tensors[p + "mlp.up_proj.weight"] = linear(inter, hidden)
         tensors[p + "mlp.down_proj.weight"] = linear(hidden, inter)
-        tensors[p + "input_layernorm.weight"] = torch.ones(hidden)
-        tensors[p + "post_attention_layernorm.weight"] = torch.ones(hidden)
-    tensors["model.norm.weight"] = torch.ones(hidden)
+        tensors[p + "input_layernorm.weight"] = ones(hidden)
+        tensors[p + "post_attention_layernorm.weight"] = ones(hidden)
+    tensors["model.norm.weight"] = ones(hidden)
     tensors["lm_head.weight"] = normal(config["vocab_size"], hidden, 3.0 / math.sqrt(hidden))
     return tensors
 
 
 def make_model(directory: str | Path, preset: str = "tiny", seed: int = 0) -> Path:
     """Writes a random-weight model directory; the same (preset, seed) gives the same files."""
+    return write_model(directory, preset_config(preset), seed)
+
+
+def write_model(
+    directory: str | Path, config: dict, seed: int, dtype: str = "float32", device: str = "cpu"
+) -> Path:
+    """Writes config.json (with `torch_dtype` = dtype), generation_config.json, random weights
+    (`random_weights`) and a tokenizer for `config`."""
     from safetensors.torch import save_file
 
     out = Path(directory)
-    config = preset_config(preset)
+    config = {**config, "torch_dtype": dtype}
     out.mkdir(parents=True, exist_ok=True)
-    save_file(random_weights(config, seed), str(out / "model.safetensors"), {"format": "pt"})
+    weights = random_weights(config, seed, dtype, device)
+    save_file(weights, str(out / "model.safetensors"), {"format": "pt"})
     generation = {
         "bos_token_id": config["bos_token_id"],
         "eos_token_id": config["eos_token_id"],

@@ -4,7 +4,12 @@ The engine's scheduler, block manager and prefix cache run as they do on the tor
 executor produces each sampled token with `tokens.sim_token` and makes the step last what the
 timing model says: it sleeps until `step_started + modelled * time_scale` (Python work already
 done counts). Steps whose Python work alone overran the scaled model are counted: a benchmark
-refuses figures from a saturated CPU. Imports neither torch nor the rest of pdserve.
+refuses figures from a saturated CPU. A measured profile with a `StepSpread` also scatters the
+steps as the measured engine's did: each step takes the next entry of its kind's table, its
+modelled time is multiplied by the entry's measured / fitted ratio, and, if it follows a step
+sharing a request, it starts no earlier than the entry's gap after that step's end. Tables
+are walked in recorded order from a position the profile's seed picks (the same steps, the
+same times). Imports neither torch nor the rest of pdserve.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from typing import Any
 from pdserve.sim.kv import SimKVCache, SimulatedKV
 from pdserve.sim.model_shape import DTYPE_BYTES, ModelShape
 from pdserve.sim.profiles import parse_profile, timing_model
-from pdserve.sim.timing import Chunk, StepWork
+from pdserve.sim.timing import Chunk, LinearTiming, StepWork
 from pdserve.sim.tokens import TokenSpace, sim_token
 
 GBIT = 10**9 / 8  # bytes per second in one Gbit/s
@@ -68,7 +73,14 @@ class SimExecutor:
             dtype,
             DTYPE_BYTES[dtype],
         )
-        self.timing = timing_model(parse_profile(profile), model_config, dtype)
+        parsed = parse_profile(profile)
+        self.timing = timing_model(parsed, model_config, dtype)
+        self._spread = parsed.spread if isinstance(parsed, LinearTiming) else None
+        # Where the walk through each spread table starts; a generator of its own, as the
+        # token salts' (`_random`) must not depend on the timing.
+        starts = random.Random(self._spread.seed if self._spread else 0)
+        self._cursors = {name: starts.getrandbits(32) for name in ("decode", "prefill")}
+        self._previous_step: tuple[float, set[str]] | None = None  # (its end, its requests)
         self.time_scale = time_scale
         self._link_seconds_per_byte = time_scale / (link_gbps * GBIT)
         self._space = TokenSpace(shape.vocab, avoid_token_ids)
@@ -103,8 +115,15 @@ class SimExecutor:
             token, logprob = sim_token(seq.token_ids, self._space, self._salt(seq))
             tokens.append(token)
             logprobs.append(logprob if seq.params.logprobs else None)
-        modelled = self.timing.step_seconds(StepWork.of(chunks, len(sample_idx)))
-        self._pace(step_started, modelled)
+        work = StepWork.of(chunks, len(sample_idx))
+        modelled = self.timing.step_seconds(work)
+        if self._spread is None:
+            self._pace(step_started, step_started, modelled)
+            return sample_idx, tokens, logprobs
+        requests = {seq.request_id for seq in batch.seqs}
+        ratio, gap = self._next_entry(work)
+        self._pace(self._after_gap(requests, gap, step_started), step_started, modelled * ratio)
+        self._previous_step = (time.perf_counter(), requests)
         return sample_idx, tokens, logprobs
 
     def _salt(self, seq: Any) -> tuple[int, int] | None:
@@ -114,17 +133,39 @@ class SimExecutor:
         seed = params.seed if params.seed is not None else self._random.getrandbits(63)
         return seed, params.seed_offset + seq.num_output_tokens
 
-    def _pace(self, step_started: float, modelled: float) -> None:
-        """Sleeps out the rest of the scaled modelled step; records both times in sim time."""
-        deadline = step_started + modelled * self.time_scale
+    def _next_entry(self, work: StepWork) -> tuple[float, float]:
+        """The next (ratio, gap) of the spread table of `work`'s kind, walked in recorded
+        order and wrapping around; (1, 0) when that table is empty."""
+        kind = "prefill" if work.prefill_tokens else "decode"
+        table = self._spread.table(work)
+        if not table:
+            return 1.0, 0.0
+        self._cursors[kind] += 1
+        return table[self._cursors[kind] % len(table)]
+
+    def _after_gap(self, requests: set[str], gap: float, step_started: float) -> float:
+        """When the step may start: `gap` (scaled) after the previous step's end if the two
+        share a request (the engine loop went straight on, the case calibration measured);
+        its own start otherwise, or when the Python work since then took longer."""
+        previous = self._previous_step
+        if previous is None or not requests & previous[1]:
+            return step_started
+        return max(step_started, previous[0] + gap * self.time_scale)
+
+    def _pace(self, paced_from: float, step_started: float, modelled: float) -> None:
+        """Sleeps out the rest of the scaled modelled step from `paced_from` (the step's start,
+        or later: a modelled gap before it); records both times in sim time."""
+        deadline = paced_from + modelled * self.time_scale
         remaining = deadline - time.perf_counter()
         if remaining > 0:
             self._sleep(remaining)
         else:
             self._stats["sim_overrun_steps"] += 1
-        measured = time.perf_counter() - step_started
-        self._stats["sim_modelled_seconds"] += modelled
-        self._stats["sim_measured_seconds"] += measured / self.time_scale
+        ended = time.perf_counter()
+        self._stats["sim_modelled_seconds"] += (
+            modelled + (paced_from - step_started) / self.time_scale
+        )
+        self._stats["sim_measured_seconds"] += (ended - step_started) / self.time_scale
 
     def read_kv(self, block_ids: list[int], layer_start: int, layer_end: int) -> SimulatedKV:
         _, _, _, block_size, heads, head_dim = self.kv_cache.shape

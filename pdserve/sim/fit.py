@@ -4,18 +4,23 @@ per-step costs become a `--sim-profile` JSON file).
 Least squares of step seconds on (1, prefill tokens, decode sequences, context tokens), kept
 non-negative: a feature whose coefficient comes out negative is dropped (its coefficient is 0)
 and the rest refitted, until all are non-negative (an active-set NNLS, enough for 4 features).
-`fit_transfer` fits KV pushes: a fixed cost and a cost per byte.
+`fit_spread` keeps how served steps scattered around such a fit (a `StepSpread`: each step's
+measured / fitted time and the gap before it, in recorded order). `fit_transfer` fits KV pushes: a
+fixed cost and a cost per byte.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
-from pdserve.sim.timing import LinearTiming, StepWork
+from pdserve.sim.timing import LinearTiming, StepSpread, StepWork
 
 FEATURES = ("step_s", "prefill_token_s", "decode_seq_s", "context_token_s")
+# Values kept of each measured sequence (the last ones): a calibration's worth of steps of a
+# small model (a few thousand) in a profile file of tens of kB.
+SPREAD_LIMIT = 4096
 
 
 def features(work: StepWork) -> list[float]:
@@ -27,6 +32,34 @@ def fit_linear(samples: Iterable[tuple[StepWork, float]]) -> LinearTiming:
     (step work, measured seconds). ValueError when the samples cannot determine it."""
     rows = [(features(work), seconds) for work, seconds in samples]
     return LinearTiming(**_non_negative_fit(rows, FEATURES))
+
+
+def fit_spread(
+    timing: LinearTiming,
+    samples: Iterable[tuple[StepWork, float]],
+    gaps: Iterable[float],
+    *,
+    seed: int = 0,
+) -> LinearTiming:
+    """`timing` with the `StepSpread` of `samples` (step work, measured seconds, in recorded
+    order) around it. `gaps` holds, for each sample, the seconds from the previous step's end
+    to its start when the two shared a request (else 0). Steps with and without prompt tokens
+    apart, the last SPREAD_LIMIT of each; a step the fit predicts no time for is left out."""
+    decode: list[tuple[float, float]] = []
+    prefill: list[tuple[float, float]] = []
+    for (work, seconds), gap in zip(samples, gaps, strict=True):
+        fitted = timing.step_seconds(work)
+        if fitted > 0:
+            (prefill if work.prefill_tokens else decode).append((seconds / fitted, max(0.0, gap)))
+    spread = StepSpread(decode=_kept(decode), prefill=_kept(prefill), seed=seed)
+    return replace(timing, spread=spread)
+
+
+def _kept(entries: list[tuple[float, float]]) -> tuple[tuple[float, float], ...]:
+    """The last SPREAD_LIMIT entries, to 4 significant digits (a readable profile file)."""
+    return tuple(
+        (float(f"{ratio:.4g}"), float(f"{gap:.4g}")) for ratio, gap in entries[-SPREAD_LIMIT:]
+    )
 
 
 def fit_transfer(samples: Iterable[tuple[int, float]]) -> tuple[float, float]:
@@ -75,8 +108,16 @@ def _non_negative_fit(rows: list[tuple[list[float], float]], names: tuple[str, .
 
 
 def profile_json(timing: LinearTiming, **notes: str) -> str:
-    """The --sim-profile file of `timing`; `notes` (e.g. device, model) are kept as keys."""
-    return json.dumps({"kind": "linear", **asdict(timing), **notes}, indent=2)
+    """The --sim-profile file of `timing`; `notes` (e.g. device, model) are kept as keys. A
+    timing without a spread writes no "spread" key (files as before the spread existed)."""
+    data = asdict(timing)
+    spread = data.pop("spread")
+    text = json.dumps({"kind": "linear", **data, **notes}, indent=2)
+    if spread is None:
+        return text
+    # One line per table, not one per number.
+    tables = ",\n".join(f"    {json.dumps(k)}: {json.dumps(v)}" for k, v in spread.items())
+    return text[: text.rindex("}")].rstrip() + ',\n  "spread": {\n' + tables + "\n  }\n}"
 
 
 def _least_squares(

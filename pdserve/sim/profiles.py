@@ -5,7 +5,9 @@
 - a path to a JSON file: `{"kind": "analytical", "gpu": "h100", "tp": 2, "efficiency":
   {"compute": 0.5, ...}}` or `{"kind": "linear", "step_s": ..., "prefill_token_s": ...,
   "decode_seq_s": ..., "context_token_s": ...}` (coefficients fitted on a real engine; other
-  keys such as "device" are kept as notes).
+  keys such as "device" are kept as notes), optionally with `"spread": {"decode": [[ratio,
+  gap_s], ...], "prefill": [...], "seed": 0}` (a `StepSpread`: how the served steps scattered
+  around the fit; absent, every step lasts the fitted mean).
 
 Every mistake is a one-line `ProfileError` naming what is known.
 """
@@ -21,11 +23,12 @@ from typing import Any
 
 from pdserve.sim.gpus import GPUS, gpu_spec
 from pdserve.sim.model_shape import ModelShape
-from pdserve.sim.timing import AnalyticalTiming, Efficiency, LinearTiming, StepTiming
+from pdserve.sim.timing import AnalyticalTiming, Efficiency, LinearTiming, StepSpread, StepTiming
 
 ANALYTICAL = re.compile(r"analytical:(?P<gpu>[\w-]+)(?::tp(?P<tp>\d+))?")
 KINDS = ("analytical", "linear")
-LINEAR_KEYS = tuple(f.name for f in dataclasses.fields(LinearTiming))
+LINEAR_KEYS = tuple(f.name for f in dataclasses.fields(LinearTiming) if f.name != "spread")
+SPREAD_TABLES = ("decode", "prefill")
 EFFICIENCY_KEYS = tuple(f.name for f in dataclasses.fields(Efficiency))
 
 
@@ -63,7 +66,8 @@ def parse_profile(spec: str) -> Profile:
     if not isinstance(data, dict) or data.get("kind") not in KINDS:
         raise ProfileError(f'{spec}: needs an object with "kind": one of {", ".join(KINDS)}')
     if data["kind"] == "linear":
-        return LinearTiming(**_numbers(data, LINEAR_KEYS, spec, required=True))
+        coefficients = _numbers(data, LINEAR_KEYS, spec, required=True)
+        return LinearTiming(**coefficients, spread=_spread(data.get("spread"), spec))
     efficiency = data.get("efficiency", {})
     if not isinstance(efficiency, dict):
         raise ProfileError(f'{spec}: "efficiency" must be an object')
@@ -97,6 +101,40 @@ def _analytical(gpu: str, tp: int, efficiency: dict, spec: str) -> AnalyticalPro
     return AnalyticalProfile(gpu.lower(), tp, Efficiency(**factors))
 
 
+def _spread(data: Any, spec: str) -> StepSpread | None:
+    """The "spread" of a linear profile (None when absent): tables of [ratio, gap_s] pairs of
+    non-negative numbers."""
+    if data is None:
+        return None
+    if not isinstance(data, dict):
+        raise ProfileError(f'{spec}: "spread" must be an object')
+    unknown = [key for key in data if key not in (*SPREAD_TABLES, "seed")]
+    if unknown:
+        known = ", ".join((*SPREAD_TABLES, "seed"))
+        raise ProfileError(f'{spec}: unknown "spread" key {unknown[0]!r} (known: {known})')
+    seed = data.get("seed", 0)
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise ProfileError(f'{spec}: "spread" seed must be an integer, got {seed!r}')
+    tables = {}
+    for name in SPREAD_TABLES:
+        entries = data.get(name, [])
+        if not isinstance(entries, list) or not all(_pair(entry) for entry in entries):
+            raise ProfileError(
+                f'{spec}: "spread" {name!r} must be a list of [ratio, gap_s] pairs of '
+                "non-negative numbers"
+            )
+        tables[name] = tuple((float(ratio), float(gap)) for ratio, gap in entries)
+    return StepSpread(**tables, seed=seed)
+
+
+def _pair(entry: Any) -> bool:
+    return isinstance(entry, list) and len(entry) == 2 and all(map(_non_negative, entry))
+
+
+def _non_negative(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float) and value >= 0
+
+
 def _numbers(data: dict, keys: tuple[str, ...], spec: str, *, required: bool) -> dict[str, float]:
     """The non-negative numbers `data` holds under `keys` (all of them when required)."""
     values: dict[str, float] = {}
@@ -106,7 +144,7 @@ def _numbers(data: dict, keys: tuple[str, ...], spec: str, *, required: bool) ->
                 raise ProfileError(f"{spec}: missing {key!r} (needs {', '.join(keys)})")
             continue
         value = data[key]
-        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        if not _non_negative(value):
             raise ProfileError(f"{spec}: {key!r} must be a non-negative number, got {value!r}")
         values[key] = float(value)
     return values

@@ -2,7 +2,8 @@
 
 A step is described by `StepWork` (the chunks the scheduler picked); a model maps it to seconds
 of simulated time. `AnalyticalTiming` is a roofline over a GPU's spec sheet (docs/simulation.md
-derives it); `LinearTiming` applies coefficients fitted on a real engine.
+derives it); `LinearTiming` applies coefficients fitted on a real engine, and may carry the
+`StepSpread` of that engine's served steps around the fit (the sim executor walks it).
 """
 
 from __future__ import annotations
@@ -105,14 +106,41 @@ class AnalyticalTiming:
 
 
 @dataclass(frozen=True)
+class StepSpread:
+    """How a served engine's steps scattered around its fitted mean, measured in calibration
+    (issue 14 point 3: the tails of a real system come from slow steps a mean never shows).
+
+    Each table holds one entry per measured step, in recorded order: (measured / fitted
+    seconds, seconds from the previous step's end to its start when the two shared a request,
+    else 0). That gap is the engine loop's own work between steps and whatever else took the
+    worker's core meanwhile (its event loop thread streaming tokens, Ray calls); a step and the
+    gap before it are kept together, so whatever ties the two stays as measured. A sim executor
+    walks each table in order from a seeded position, wrapping around: its steps get the
+    measured distribution and the measured runs of slow steps (a neighbour's burst of work on
+    the core slows many steps in a row, and such runs, not single slow steps, move a request's
+    TPOT).
+    Empty: not measured, no spread (every step lasts the mean, as before)."""
+
+    decode: tuple[tuple[float, float], ...] = ()  # steps without prompt tokens
+    prefill: tuple[tuple[float, float], ...] = ()  # steps with prompt tokens
+    seed: int = 0
+
+    def table(self, work: StepWork) -> tuple[tuple[float, float], ...]:
+        """The (ratio, gap) entries of steps like `work`."""
+        return self.prefill if work.prefill_tokens else self.decode
+
+
+@dataclass(frozen=True)
 class LinearTiming:
     """step = step_s + prefill_token_s * prefill tokens + decode_seq_s * decode sequences
-    + context_token_s * context tokens read: the per-step cost coefficients of a real engine."""
+    + context_token_s * context tokens read: the per-step cost coefficients of a real engine.
+    `step_seconds` is the fitted mean; `spread`, when measured, is how the steps scattered."""
 
     step_s: float
     prefill_token_s: float
     decode_seq_s: float
     context_token_s: float
+    spread: StepSpread | None = None
 
     def step_seconds(self, work: StepWork) -> float:
         if not work.chunks:

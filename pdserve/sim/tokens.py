@@ -26,9 +26,12 @@ class TokenSpace:
         self.size = vocab_size - len(self.avoid)
         if self.size <= 0:
             raise ValueError("the vocabulary has no token besides special ones")
+        self._last_avoided = self.avoid[-1] if self.avoid else -1
 
     def nth(self, index: int) -> int:
         """The index-th allowed id: skips the avoided ids at or below it."""
+        if index >= self._last_avoided:  # every avoided id lies below: all of them shift it
+            return index + len(self.avoid)
         token = index
         # Each avoided id at or below the candidate shifts it up by one.
         while True:
@@ -43,11 +46,23 @@ def sim_token(
 ) -> tuple[int, float]:
     """(next token, its log-probability) after `context`; `salt` = (seed, token index) of a
     sampled request, None for greedy. The log-probability is a deterministic value in (-10, 0]."""
-    tail = list(context[-CONTEXT_TOKENS:])
-    fields = [len(context), *tail, *(salt or ())]
-    packed = struct.pack(f"<{len(fields)}Q", *(f & (2**64 - 1) for f in fields))
-    digest = hashlib.blake2b(packed, digest_size=16, person=b"pdserve-sim").digest()
-    value = int.from_bytes(digest, "little")
+    # Runs once per simulated token (the planner makes millions): the fields are packed with a
+    # prebuilt Struct and hashed from a prebuilt blake2b state; values outside an unsigned
+    # 64-bit field are reduced modulo 2**64 first, which is what the packing always meant.
+    fields = (len(context), *context[-CONTEXT_TOKENS:], *(salt or ()))
+    try:
+        packed = _PACKERS[len(fields)].pack(*fields)
+    except struct.error:
+        packed = _PACKERS[len(fields)].pack(*(f & _U64 for f in fields))
+    hasher = _HASHER.copy()
+    hasher.update(packed)
+    value = int.from_bytes(hasher.digest(), "little")
     token = space.nth(value % space.size)
     logprob = -((value >> 64) % 10_000) / 1_000
     return token, logprob
+
+
+_U64 = 2**64 - 1
+# context length, up to CONTEXT_TOKENS ids, and an optional (seed, index) salt
+_PACKERS = {n: struct.Struct(f"<{n}Q") for n in range(1, CONTEXT_TOKENS + 4)}
+_HASHER = hashlib.blake2b(digest_size=16, person=b"pdserve-sim")

@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 
-from pdserve.bench.api_bench import client_process, router_cpu_now, run_client
+import pytest
+
+from pdserve.bench.api_bench import (
+    GRPC_CLIENT_EXPERIMENTS,
+    _configure_client_process,
+    client_process,
+    router_cpu_now,
+    run_client,
+)
 
 
 def spin(seconds: float) -> None:
@@ -51,3 +60,20 @@ def test_clients_run_in_a_process_of_their_own_that_reports_its_cpu() -> None:
             records, cpu_s = clients.submit(run_client, api, address, "m", [], {}).result()
             assert records == []
             assert 0 <= cpu_s < 5
+
+
+def test_the_client_process_turns_grpc_cores_event_engine_client_off(monkeypatch) -> None:
+    """gRPC reads GRPC_EXPERIMENTS once, at import: the client process sets it first, and
+    keeps what the caller's environment already asked for."""
+    monkeypatch.setenv("GRPC_EXPERIMENTS", "-event_engine_dns")
+    with client_process() as clients:
+        experiments = clients.submit(os.getenv, "GRPC_EXPERIMENTS").result()
+    assert experiments.split(",") == ["-event_engine_dns", GRPC_CLIENT_EXPERIMENTS]
+    with client_process(grpc_experiments="") as clients:  # --grpc-event-engine-client
+        assert clients.submit(os.getenv, "GRPC_EXPERIMENTS").result() == "-event_engine_dns"
+
+
+def test_settings_made_after_grpc_was_imported_are_refused(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "grpc", sys.modules.get("grpc", object()))
+    with pytest.raises(RuntimeError, match="before"):
+        _configure_client_process(GRPC_CLIENT_EXPERIMENTS)

@@ -11,9 +11,12 @@ from pdserve.bench.sim_memory import _actor_facts, run_memory, summary_line
 
 
 def test_actor_facts_report_this_process_its_peak_and_whether_torch_is_loaded():
+    high = bytearray(256 << 20)  # touched (zeroed), then handed back to the kernel (mmap)
+    del high
     facts = _actor_facts(None)
     assert facts["rss"] > 0
-    assert facts["peak_rss"] >= facts["rss"]  # the high-water mark, read after the RSS
+    # The high-water mark remembers the 256 MiB the RSS no longer holds.
+    assert facts["peak_rss"] >= facts["rss"] + (200 << 20)
     assert facts["torch"] == ("torch" in sys.modules)
 
 

@@ -17,7 +17,7 @@ from pdserve.models.builtin import builtin_model_dir
 
 ROW = re.compile(
     r"^\s*(repeating|novel)\s+(\d+)\s+(ngram|draft)\s+([\d.]+)\s+([\d.]+)x\s+([\d.]+)\s+"
-    r"([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$",
+    r"([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$",
     re.MULTILINE,
 )
 
@@ -31,12 +31,15 @@ def test_bench_prints_every_mode_of_every_cell(capsys):
     assert cells == [(w, 2, m) for w in ("repeating", "novel") for m in ("ngram", "draft")]
     plain = re.findall(r"^\s*(repeating|novel)\s+2\s+off\s+([\d.]+)\s+1\.00x$", out, re.M)
     assert len(plain) == 2
-    for *_, rate, speedup, accept, alpha, c, limit, ratio in rows:
+    for *_, rate, speedup, accept, alpha, c, limit, ratio, alpha_all, limit_all, ratio_all in rows:
         assert float(rate) > 0 and 0 <= float(accept) <= 1 and 0 <= float(alpha) <= 1
-        assert float(limit) == pytest.approx(
-            leviathan_limit(float(alpha), 4, float(c)), rel=0.05, abs=0.01
-        )
-        assert float(ratio) == pytest.approx(float(speedup) / float(limit), rel=0.05, abs=0.01)
+        # The limit (acceptance over drafted tokens), and the same over every step.
+        for a, lim, r in ((alpha, limit, ratio), (alpha_all, limit_all, ratio_all)):
+            assert 0 <= float(a) <= 1
+            assert float(lim) == pytest.approx(
+                leviathan_limit(float(a), 4, float(c)), rel=0.05, abs=0.01
+            )
+            assert float(r) == pytest.approx(float(speedup) / float(lim), rel=0.05, abs=0.01)
 
 
 def test_prompt_kv_report_has_a_row_per_length(capsys):

@@ -26,6 +26,15 @@ def test_no_room_for_a_block_names_the_setting():
         model_limits.gpu_kv_pool_blocks(16 * GiB, 0.5, 7 * GiB, 2 * GiB, 2 * MiB)
 
 
+def test_a_pool_that_does_not_fit_in_free_memory_is_refused():
+    # 54 GiB of pool + 2 GiB of activations asked for, but another process holds memory: only
+    # 40 GiB are free.
+    with pytest.raises(ValueError, match="only 40.0 GiB free"):
+        model_limits.gpu_kv_pool_blocks(80 * GiB, 0.9, 16 * GiB, 2 * GiB, 2 * MiB, 40 * GiB)
+    fits = model_limits.gpu_kv_pool_blocks(80 * GiB, 0.9, 16 * GiB, 2 * GiB, 2 * MiB, 56 * GiB)
+    assert fits == int(80 * GiB * 0.9 - 18 * GiB) // (2 * MiB)
+
+
 def test_utilization_must_be_a_share():
     with pytest.raises(ValueError, match="gpu_memory_utilization"):
         EngineConfig(gpu_memory_utilization=1.5)

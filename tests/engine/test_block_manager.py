@@ -198,9 +198,14 @@ def test_forks_copy_on_write_and_aborts_never_leak_or_double_free(ops, num_block
 
     def write(s: Sequence, start: int) -> bool:
         """A step over positions [start, num_tokens): blocks, copies, then the writes."""
+        # The scheduler skips ensure_blocks and copy_on_write when `writable` says they
+        # would change nothing: it must say so exactly then.
+        writable, table = bm.writable(s, start, s.num_tokens), list(s.block_table)
         if not bm.ensure_blocks(s, s.num_tokens):
+            assert not writable
             return False
         copies = bm.copy_on_write(s, start, s.num_tokens)
+        assert writable == (copies == [] and s.block_table == table)
         if copies is None:
             return False
         for src, dst in copies:

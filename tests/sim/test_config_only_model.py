@@ -27,5 +27,7 @@ def test_a_config_only_llama_shape_serves_sim_engines(tmp_path, capsys):
 def test_a_shape_without_config_only_is_a_one_line_error(tmp_path, capsys):
     assert main(["make-model", str(tmp_path / "m"), "--preset", "llama-3.1-70b"]) == 2
     error = capsys.readouterr().err.strip()
-    assert error.endswith("--preset llama-3.1-70b has no weights: add --config-only")
+    assert error.endswith(
+        "--preset llama-3.1-70b has no weights: add --config-only, or --with-weights for random ones"
+    )
     assert "\n" not in error and not (tmp_path / "m").exists()

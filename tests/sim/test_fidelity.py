@@ -116,3 +116,20 @@ def test_a_profile_of_every_served_step_keeps_their_mean_not_their_fastest(tmp_p
 
 
 _PREFILLS = ((0, 64), (0, 512), (256, 256))
+
+
+def test_decode_pace_leaves_out_the_first_token_handoff_and_its_burst():
+    from pdserve.bench.fidelity_bench import decode_pace
+    from pdserve.bench.metrics import RequestRecord
+
+    # The first token comes late; the tokens decoded meanwhile arrive in one burst, then one
+    # token every 10 ms.
+    late = RequestRecord(0, "late", 8, 6, chunk_times=[0.1, 0.2, 0.21, 0.22])
+    late.chunk_tokens = [1, 3, 1, 1]
+    steady = RequestRecord(1, "steady", 8, 4, chunk_times=[0.0, 0.02, 0.04, 0.06])
+    steady.chunk_tokens = [1, 1, 1, 1]
+    single = RequestRecord(2, "single", 8, 1, chunk_times=[0.0], chunk_tokens=[1])
+    pace = decode_pace([late, steady, single])
+    assert pace == {"p50": 10.0, "p90": 20.0}  # late: 10 ms a token, steady: 20 ms
+    assert late.tpot * 1e3 < 25  # what TPOT shows of `late`: 24 ms a token, the burst averaged
+    assert decode_pace([single]) == {"p50": 0.0, "p90": 0.0}
