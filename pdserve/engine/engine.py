@@ -192,11 +192,9 @@ class LLMEngine(ForkedChoices):
         tokens: list[int],
         logprobs: list[float | None],
     ) -> list[RequestOutput]:
-        # These loops run once per scheduled sequence per step (the offline planner simulates
-        # millions of tokens): counters are summed locally, and a block is cached only when
-        # the step filled one.
+        # Once per scheduled sequence per step (the offline planner simulates millions of
+        # tokens): the counters are summed here and added once.
         decoded = prefilled = 0
-        cache_full_blocks, block_size = self.block_manager.cache_full_blocks, self.block_size
         for seq, n in zip(batch.seqs, batch.num_tokens, strict=True):
             drafts = seq.num_draft_tokens  # counted by the speculation, cached after rollback
             if n == 1 + drafts and seq.num_computed_tokens >= seq.num_prompt_tokens:
@@ -204,15 +202,10 @@ class LLMEngine(ForkedChoices):
             else:
                 prefilled += n - drafts
             seq.num_computed_tokens += n
-            if not drafts and seq.num_computed_tokens // block_size > len(seq.block_hashes):
-                cache_full_blocks(seq)
+            if not drafts:
+                self.block_manager.cache_full_blocks(seq)
         self._counters["decode_tokens"] += decoded
         self._counters["prefill_tokens_computed"] += prefilled
-        if not self._beams and not batch.verified:  # one token per sampling sequence
-            return [
-                self._append_tokens(batch.sampling_seq(i), [token], [logprob])
-                for i, token, logprob in zip(sample_idx, tokens, logprobs, strict=True)
-            ]
         outputs, searched = [], []
         for i, token, logprob in zip(sample_idx, tokens, logprobs, strict=True):
             seq = batch.sampling_seq(i)

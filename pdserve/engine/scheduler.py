@@ -101,7 +101,7 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
         budget = self.max_num_batched_tokens
-        running, max_seqs, writable = self.running, self.max_num_seqs, self.block_manager.writable
+        running, max_seqs = self.running, self.max_num_seqs
         i = 0
         # Committed handoffs and forks join `running` directly, so it can hold more than
         # max_num_seqs: the earliest arrivals run, the rest wait in place with their blocks.
@@ -116,8 +116,7 @@ class Scheduler:
             if n == 0:  # a beam whose siblings have not computed yet: it waits for them
                 i += 1
                 continue
-            # The usual decode: its blocks are there and its own; else grow/copy or preempt.
-            while not writable(seq, start, start + n) and not self._make_writable(seq, n, batch):
+            while not self._make_writable(seq, n, batch):
                 without_drafts = seq.num_uncomputed_tokens - seq.num_draft_tokens
                 if n > without_drafts:  # its drafts go before anyone is preempted
                     n = without_drafts
@@ -129,20 +128,24 @@ class Scheduler:
                     break
             if seq.status != SequenceStatus.RUNNING:
                 break  # it preempted itself: everything after it is gone too
-            batch.seqs.append(seq)
-            batch.num_tokens.append(n)
+            batch.add(seq, n)
             budget -= n
             i += 1
         if batch.preempted:
             return batch  # no room for newcomers when running ones were just evicted
-        if not self.waiting or budget <= 0 or len(running) >= max_seqs:
-            if not batch.seqs and self.waiting:
-                batch.preempted += self._evict_idle()
-            return batch  # no newcomer can be admitted (`running` is still in arrival order)
+        if self.waiting and budget > 0 and len(running) < max_seqs:
+            self._admit_waiting(batch, budget)
+        if not batch.seqs and self.waiting:
+            batch.preempted += self._evict_idle()
+        return batch
+
+    def _admit_waiting(self, batch: ScheduledBatch, budget: int) -> None:
+        """Waiting sequences join `running` (kept in arrival order) and the batch while the
+        budget and max_num_seqs allow."""
         # Full prompt blocks that running sequences are still computing: a newcomer whose next
         # block is among them waits a step and then finds it in the prefix cache, instead of
         # computing the same shared prefix a second time in parallel.
-        in_flight = {h for seq in running for h in self._uncomputed_prompt_hashes(seq)}
+        in_flight = {h for seq in self.running for h in self._uncomputed_prompt_hashes(seq)}
         for seq in list(self.waiting):
             if budget <= 0 or len(self.running) >= self.max_num_seqs:
                 break
@@ -157,10 +160,7 @@ class Scheduler:
             batch.add(seq, n)
             budget -= n
             in_flight.update(self._uncomputed_prompt_hashes(seq))
-        running.sort(key=_ARRIVAL)
-        if not batch.seqs and self.waiting:
-            batch.preempted += self._evict_idle()
-        return batch
+        self.running.sort(key=_ARRIVAL)
 
     def _evict_idle(self) -> list[Sequence]:
         """Nothing could run: the running sequences all wait (beams whose siblings are
@@ -178,6 +178,8 @@ class Scheduler:
         """Blocks for the next n tokens of a running sequence, none shared with another fork
         (copies go to the batch); False when there is no room."""
         start = seq.num_computed_tokens
+        if self.block_manager.writable(seq, start, start + n):
+            return True  # the usual decode step: its blocks are there and its own
         if not self.block_manager.ensure_blocks(seq, start + n):
             return False
         copies = self.block_manager.copy_on_write(seq, start, start + n)
