@@ -29,6 +29,8 @@
   draft model, acceptance, cost ratio and the analytical limit; `spec_workloads.py` (prompts
   whose output repeats the context, and novel ones), `spec_prompt_kv.py` (`--prompt-kv`: the
   draft's prompt KV computed on the decode worker vs sent by the prefill worker).
+- `shared_prefix_bench.py` — per-step attention time of beams attending as shared-prefix
+  families vs one table each, by shared blocks (`python -m pdserve.bench.shared_prefix_bench`).
 - `op_profile.py` — torch.profiler self time per op as shares of a step's wall time, and the
   share outside weight matmuls (`bench engine --op-profile`).
 - `step_recorder.py` — records an engine's steps (work, seconds) and fits them into a

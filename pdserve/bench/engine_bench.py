@@ -73,7 +73,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--steps", type=int, default=32, help="new tokens per request (default: 32)"
     )
-    parser.add_argument("--prompt-len", type=int, default=32, help="prompt tokens (default: 32)")
+    parser.add_argument(
+        "--prompt-len",
+        default="32",
+        help="prompt tokens, or comma-separated lengths measured one after the other by the "
+        "same engines (on a GPU the compiled graphs are made once; default: 32)",
+    )
     parser.add_argument(
         "--repeats", type=int, default=2, help="best of this many runs (default: 2)"
     )
@@ -138,19 +143,21 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"--profile-out {args.profile_out}: no such directory")
     model_dir = args.model or str(builtin_model_dir(args.preset))
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    prompt_lens = [int(n) for n in str(args.prompt_len).split(",")]
+    prompt_len = max(prompt_lens)  # the engine is sized for the longest; rebound per table
     max_batch = max(batch_sizes)
     decoding = DECODINGS[args.decoding]
     # Sequences per request: beams or choices (each needs its own blocks past the prompt).
     width = max(decoding.returned, decoding.params.get("beam_width", 1))
     block_size = 16
-    blocks_per_seq = -(-(args.prompt_len + args.steps) // block_size) + 1
+    blocks_per_seq = -(-(prompt_len + args.steps) // block_size) + 1
     engine = LLMEngine(
         EngineConfig(
             model=model_dir,
             block_size=block_size,
             num_kv_blocks=2 * max_batch * width * blocks_per_seq,
             max_num_seqs=max_batch * width,
-            max_num_batched_tokens=max(1024, max_batch * args.prompt_len),
+            max_num_batched_tokens=max(1024, max_batch * prompt_len),
             dtype=args.dtype,
             device=args.device,
             compile=args.compile,
@@ -169,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
     request_ids = itertools.count()
 
     def prompts(batch: int) -> list[list[int]]:
-        return torch.randint(3, vocab, (batch, args.prompt_len), generator=gen).tolist()
+        return torch.randint(3, vocab, (batch, prompt_len), generator=gen).tolist()
 
     def prefill(batch: int, new_tokens: int, rule: dict | None = None) -> None:
         """Adds `batch` requests and steps until every one has its first token."""
@@ -252,24 +259,26 @@ def run(args: argparse.Namespace) -> int:
             return batch * decoding.returned * args.steps / best
         return batch * (args.steps - 1) / best
 
-    print(
-        f"model {model_dir} | prompt {args.prompt_len} tokens, {args.steps} new tokens, "
-        f"{args.decoding}, {args.dtype}, {torch.get_num_threads()} threads, "
-        f"compiled decode {'on' if use_compile(args.compile, args.device) else 'off'}"
-    )
-    if decoding.layer_field:
-        print(f"{decoding.layer_field} {layers}")
-    for measure in (ours, theirs):  # warm-up: first calls pay for allocation and dispatch
-        measure(2, 4)
-    recorder.samples.clear()
     baseline = "pdserve greedy tok/s" if decoding.layer_field else "transformers tok/s"
-    print(f"{'batch':>5} {'pdserve tok/s':>14} {baseline:>20} {'ratio':>7}")
-    for batch in batch_sizes:
-        rate_ours, rate_theirs = decode_rate(ours, batch), decode_rate(theirs, batch)
+    for prompt_len in prompt_lens:
         print(
-            f"{batch:>5} {rate_ours:>14.1f} {rate_theirs:>20.1f} {rate_ours / rate_theirs:>6.2f}x",
-            flush=True,
+            f"model {model_dir} | prompt {prompt_len} tokens, {args.steps} new tokens, "
+            f"{args.decoding}, {args.dtype}, {torch.get_num_threads()} threads, "
+            f"compiled decode {'on' if use_compile(args.compile, args.device) else 'off'}"
         )
+        if decoding.layer_field:
+            print(f"{decoding.layer_field} {layers}")
+        for measure in (ours, theirs):  # warm-up: first calls pay for allocation and dispatch
+            measure(2, 4)
+        recorder.samples.clear()
+        print(f"{'batch':>5} {'pdserve tok/s':>14} {baseline:>20} {'ratio':>7}")
+        for batch in batch_sizes:
+            rate_ours, rate_theirs = decode_rate(ours, batch), decode_rate(theirs, batch)
+            print(
+                f"{batch:>5} {rate_ours:>14.1f} {rate_theirs:>20.1f} "
+                f"{rate_ours / rate_theirs:>6.2f}x",
+                flush=True,
+            )
     if args.op_profile:
         from pdserve.bench.op_profile import format_profile, profile_ops
 
@@ -283,8 +292,9 @@ def run(args: argparse.Namespace) -> int:
         # per-token, per-sequence and per-context costs apart. Each runs --repeats times, as
         # the table does: the fit keeps the fastest of the same steps.
         params = SamplingParams(max_tokens=args.steps, ignore_eos=True)
+        prompt_len = max(prompt_lens)
         for batch in batch_sizes:
-            lengths = torch.randint(1, args.prompt_len + 1, (batch,), generator=gen).tolist()
+            lengths = torch.randint(1, prompt_len + 1, (batch,), generator=gen).tolist()
             for _ in range(args.repeats):
                 for prompt, length in zip(prompts(batch), lengths, strict=True):
                     engine.add_request(f"calibrate-{next(request_ids)}", prompt[:length], params)

@@ -65,7 +65,15 @@ class RequestRecord:
 
     @property
     def itls(self) -> list[float]:
+        """Gaps between token-carrying chunks (vLLM's `bench serve` ITL): one per chunk."""
         return np.diff(self.chunk_times).tolist()
+
+    @property
+    def token_itls(self) -> list[float]:
+        """ITL per token (SGLang's `bench_serving`): a chunk's gap split evenly over the
+        tokens it carries, so it measures the token rate, not how tokens were batched."""
+        gaps = np.diff(self.chunk_times)
+        return np.repeat(gaps / self.chunk_tokens[1:], self.chunk_tokens[1:]).tolist()
 
     def to_dict(self) -> dict[str, Any]:
         derived = {"output_tokens": self.output_tokens, "ttft": self.ttft, "tpot": self.tpot}
@@ -118,6 +126,7 @@ class BenchSummary:
     tpot: LatencyStats
     itl: LatencyStats
     e2e: LatencyStats
+    token_itl: LatencyStats = field(default_factory=LatencyStats)  # RequestRecord.token_itls
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -176,6 +185,7 @@ def summarize(
         tpot=LatencyStats.of([r.tpot for r in done if r.tpot is not None]),
         itl=LatencyStats.of([gap for r in done for gap in r.itls]),
         e2e=LatencyStats.of([r.e2e for r in done if r.e2e is not None]),
+        token_itl=LatencyStats.of([gap for r in done for gap in r.token_itls]),
     )
 
 

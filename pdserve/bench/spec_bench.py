@@ -25,7 +25,12 @@ plain step's cost, which the limit above does not count; `alpha*` is fitted inst
 tokens per sequence-step over every decode step (decode tokens / (decode tokens - accepted)),
 so a step without a proposal counts as one whose drafts were all rejected, and `limit*` and
 `/limit*` are the limit and the ratio with it: the speedup a machine where verifying k + 1
-positions costs one plain step would get from the same proposals.
+positions costs one plain step would get from the same proposals. The issue's target is read
+against `limit*` (the run ends with a note saying why, TARGET_NOTE).
+
+`--device` (cpu, cuda, cuda:N) and `--dtype` place target and draft; on CUDA the clock is
+elapsed time read after synchronizing the device (`--clock cpu` would count only the host's
+launches), and the engines' compiled decode follows `--compile` (auto: on for CUDA).
 
 `--prompt-kv LENGTHS` measures instead where a disaggregated pair should compute the draft's
 prompt KV (spec_prompt_kv.py).
@@ -82,9 +87,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--clock",
         choices=sorted(CLOCKS),
-        default="cpu",
+        default=None,
         help="cpu: the process's CPU seconds (with one thread, unaffected by other load; "
-        "default); wall: elapsed seconds",
+        "default on CPU); wall: elapsed seconds, the device synchronized before each reading "
+        "(default, and the only meaningful one, on CUDA)",
+    )
+    parser.add_argument(
+        "--device", default="cpu", help="cpu (default), cuda or cuda:N: target and draft"
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16", "float16"),
+        default="float32",
+        help="weights and KV cache of target and draft (default: float32)",
+    )
+    parser.add_argument(
+        "--compile",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="the engines' compiled decode (auto: on for CUDA, off on CPU; see --compile of "
+        "`pdserve serve`)",
     )
     parser.add_argument(
         "--prompt-kv",
@@ -118,6 +140,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.steps < 4:
         raise SystemExit("--steps must be at least 4")
+    if args.clock is None:
+        args.clock = "cpu" if args.device == "cpu" else "wall"
+    if args.clock == "cpu" and args.device != "cpu":
+        raise SystemExit("--clock cpu measures nothing of a CUDA device's work: use wall")
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
     try:
@@ -143,10 +169,13 @@ def _run(args: argparse.Namespace) -> None:
             from pdserve.bench.spec_prompt_kv import report
 
             lengths = [int(n) for n in args.prompt_kv.split(",")]
-            report(args, target, draft, lengths, CLOCKS[args.clock])
+            report(args, target, draft, lengths, clock_of(args))
             return
         prompts, hit_rate = _workloads(args, target, max(batches), workloads)
-        print(f"target {target}, draft {draft}, k={k}, {args.steps} new tokens per request")
+        print(
+            f"target {target}, draft {draft}, k={k}, {args.steps} new tokens per request, "
+            f"{args.device} {args.dtype}, {args.clock} clock"
+        )
         if "repeating" in prompts:
             print(f"repeating prompts: run-ahead lookup hit rate {hit_rate:.2f}")
         print(
@@ -161,8 +190,7 @@ def _run(args: argparse.Namespace) -> None:
                 base = measured["off"]
                 print(f"{workload:>10} {batch:>5} {'off':>6} {base.rate:8.1f} {1:8.2f}x")
                 costs = {
-                    "ngram": _ngram_cost(measured["ngram"], k, CLOCKS[args.clock])
-                    / base.step_seconds,
+                    "ngram": _ngram_cost(measured["ngram"], k, clock_of(args)) / base.step_seconds,
                     "draft": measured[DRAFT_ALONE].step_seconds / base.step_seconds,
                 }
                 for mode in ("ngram", "draft"):
@@ -180,6 +208,34 @@ def _run(args: argparse.Namespace) -> None:
                         f"{accept:7.2f} {alpha:6.2f} {c:6.3f} {limit:6.2f} {speedup / limit:7.2f} "
                         f"{alpha_all:6.2f} {limit_all:6.2f} {speedup / limit_all:7.2f}"
                     )
+        print(TARGET_NOTE)
+
+
+# Which limit the issue's target (speedup >= 0.8 of Leviathan's limit) is read against.
+TARGET_NOTE = """\
+target: speedup / limit*. alpha* is the alpha whose Leviathan E[tokens per step],
+(1 - alpha^(k+1)) / (1 - alpha), equals the measured tokens per sequence-step over every decode
+step; with c ~ 0 (ngram) speedup / limit* = plain step time / mean step time, i.e. only what
+verification itself costs. accept = accepted / drafted (the issue's a); alpha is fitted to the
+tokens per verification assuming k drafts each, over verify steps only: steps without a
+proposal are left out, and with the cost-aware length (fewer than k drafts) it reads low."""
+
+
+def clock_of(args: argparse.Namespace) -> Callable[[], float]:
+    """The benchmark's clock; on CUDA it first waits for the device's queued work, so a
+    reading includes what the step launched."""
+    read = CLOCKS[args.clock]
+    if args.device == "cpu":
+        return read
+    import torch
+
+    device = torch.device(args.device)
+
+    def synchronized() -> float:
+        torch.cuda.synchronize(device)
+        return read()
+
+    return synchronized
 
 
 def leviathan_limit(alpha: float, k: int, c: float) -> float:
@@ -218,6 +274,9 @@ def _engine(args: argparse.Namespace, model: str, mode: str, draft: str | None, 
     return LLMEngine(
         EngineConfig(
             model=model,
+            device=args.device,
+            dtype=args.dtype,
+            compile={"auto": None, "on": True, "off": False}[args.compile],
             block_size=BLOCK_SIZE,
             num_kv_blocks=2 * batch * (-(-longest // BLOCK_SIZE) + 2),
             max_num_seqs=batch,
@@ -252,7 +311,7 @@ def _measure_cell(
     """Every mode on the same prompts, plus a plain engine on the draft model (its decode step
     is the draft's cost): fresh engines, one warm-up run each, then the measured runs in
     rotation, so a change in the machine's load hits every mode alike."""
-    clock = CLOCKS[args.clock]
+    clock = clock_of(args)
     engines = {mode: _engine(args, target, mode, draft, len(prompts)) for mode in MODES}
     engines[DRAFT_ALONE] = _engine(args, draft, "off", None, len(prompts))
     for engine in engines.values():

@@ -39,6 +39,9 @@ def report(
     spec = SpeculativeConfig(method="draft", draft_model=draft)
     config = EngineConfig(
         model=target,
+        device=args.device,
+        dtype=args.dtype,
+        compile=False,  # prefill only: the compiled decode graph would never run
         block_size=block_size,
         num_kv_blocks=num_blocks,
         max_num_batched_tokens=max(lengths) + 1,

@@ -94,6 +94,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="processes that search splits in parallel (default: the usable CPUs, "
         f"{_usable_cpus()} here; the plan is the same for any number)",
     )
+    parser.add_argument(
+        "--bracket-runners-up",
+        action="store_true",
+        help="faster: a disaggregated split known to fall below the best goodput found is left "
+        "as a bracket instead of searched within --precision (the recommendation is the same)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="workload and probe sample seed")
     parser.add_argument("--json", metavar="FILE", help="also write every split's result here")
     parser.add_argument("--time", action="store_true", help="print the search's wall time")
@@ -182,6 +188,7 @@ def _plan(args: argparse.Namespace):
         requests_per_worker=args.requests_per_worker,
         on_probe=on_probe,
         jobs=args.jobs,
+        rank_all=not args.bracket_runners_up,
     )
     plan = search.run(all_splits(workers))
     context = {

@@ -6,6 +6,9 @@ types in `pdserve.core`. This package imports none of ray, grpc or redis.
 - `engine.py` — `LLMEngine`: add_request / step / abort, and the disaggregation hooks.
 - `forked_choices.py` — `ForkedChoices`, the engine's steps for n choices and beam search as
   forked sequences sharing KV blocks.
+- `step_outputs.py` — `StepOutputs`, the engine's steps from a step's sampled tokens to
+  sequences' tokens and `RequestOutput`s (the per-token path, with a short path for the usual
+  token).
 - `executor.py` — the executor seam (`Executor`, `make_executor`): torch or sim, imported on
   use.
 - `scheduler.py` — continuous batching, chunked prefill, preemption by recompute.

@@ -216,16 +216,19 @@ class DraftProposer:
         """One draft token per view, and the distribution q it was drawn from: the argmax
         (q None) for greedy requests, a draw from the request's filtered distribution for
         sampled ones."""
-        tokens = logits.argmax(dim=-1)
+        tokens = logits.argmax(dim=-1).tolist()
         qs: list[torch.Tensor | None] = [None] * len(views)
         sampled = [r for r, view in enumerate(views) if not view.params.greedy]
         if sampled:
-            q = filtered_probs(logits[sampled], [views[r].params for r in sampled])
+            # On the CPU, like the target's sampler and verification: the generators are CPU
+            # generators (seeded draws reproducible on any device).
+            rows = logits[sampled].float().cpu()
+            q = filtered_probs(rows, [views[r].params for r in sampled])
             for row, r in enumerate(sampled):
                 generator = self._generator_for(views[r])
-                tokens[r] = torch.multinomial(q[row], 1, generator=generator)[0]
+                tokens[r] = int(torch.multinomial(q[row], 1, generator=generator)[0])
                 qs[r] = q[row]
-        return tokens.tolist(), qs
+        return tokens, qs
 
     def _generator_for(self, view: Sequence) -> torch.Generator:
         """A seeded request's draw of its n-th token comes from its own stream (reproducible

@@ -13,7 +13,8 @@ scheduler, block manager, sequences and prefix cache are the same for both, and 
 imports torch only through the torch executor.
 
 Requests with n > 1 and beam search run as forked sequences sharing KV blocks: the
-`ForkedChoices` steps the engine inherits (forked_choices.py).
+`ForkedChoices` steps the engine inherits (forked_choices.py). A step's sampled tokens become
+sequences' tokens and outputs in the `StepOutputs` steps it inherits (step_outputs.py).
 """
 
 from __future__ import annotations
@@ -34,16 +35,17 @@ from pdserve.engine.executor import Executor, make_executor
 from pdserve.engine.forked_choices import ForkedChoices
 from pdserve.engine.outputs import RequestOutput, Reservation
 from pdserve.engine.premature_layers import request_layers
-from pdserve.engine.scheduler import ScheduledBatch, Scheduler
+from pdserve.engine.scheduler import Scheduler
 from pdserve.engine.sequence import Sequence, SequenceStatus
 from pdserve.engine.speculation import make_speculation, speculation_stats
+from pdserve.engine.step_outputs import StepOutputs
 from pdserve.models.builtin import default_model_dir
 from pdserve.tokenizer import IncrementalDetokenizer, Tokenizer
 
 __all__ = ["Executor", "LLMEngine", "RequestOutput", "Reservation", "SamplingParams", "KVEvent"]
 
 
-class LLMEngine(ForkedChoices):
+class LLMEngine(ForkedChoices, StepOutputs):
     def __init__(
         self,
         config: EngineConfig,
@@ -172,7 +174,8 @@ class LLMEngine(ForkedChoices):
             spec.fit(drafted, batch)
         outputs, self._pending = self._pending, []
         if batch.seqs:
-            self._fork_choices(batch)
+            if self._open_choices:  # only n > 1 requests have choices to fork
+                self._fork_choices(batch)
             if batch.block_copies:
                 self.executor.copy_blocks(batch.block_copies)
                 if spec:
@@ -184,100 +187,6 @@ class LLMEngine(ForkedChoices):
         self._counters["steps"] += 1
         self._emit_events()
         return outputs
-
-    def _postprocess(
-        self,
-        batch: ScheduledBatch,
-        sample_idx: list[int],
-        tokens: list[int],
-        logprobs: list[float | None],
-    ) -> list[RequestOutput]:
-        # Once per scheduled sequence per step (the offline planner simulates millions of
-        # tokens): the counters are summed here and added once.
-        decoded = prefilled = 0
-        for seq, n in zip(batch.seqs, batch.num_tokens, strict=True):
-            drafts = seq.num_draft_tokens  # counted by the speculation, cached after rollback
-            if n == 1 + drafts and seq.num_computed_tokens >= seq.num_prompt_tokens:
-                decoded += n - drafts
-            else:
-                prefilled += n - drafts
-            seq.num_computed_tokens += n
-            if not drafts:
-                self.block_manager.cache_full_blocks(seq)
-        self._counters["decode_tokens"] += decoded
-        self._counters["prefill_tokens_computed"] += prefilled
-        outputs, searched = [], []
-        for i, token, logprob in zip(sample_idx, tokens, logprobs, strict=True):
-            seq = batch.sampling_seq(i)
-            beams = self._beams.get(seq.request_id)
-            verified = batch.verified.get(i)
-            if verified is not None and self._speculation is not None:
-                drafted = seq.num_draft_tokens
-                self._speculation.roll_back(seq, verified)
-                run_logprobs = verified.logprobs or [None] * len(verified.token_ids)
-                out = self._append_tokens(seq, verified.token_ids, run_logprobs)
-                out.num_draft_tokens, out.num_accepted_tokens = drafted, verified.num_accepted
-                outputs.append(out)
-            elif beams is None:
-                outputs.append(self._append_tokens(seq, [token], [logprob]))
-            else:  # a beam offers candidates; the search steps once every beam offered
-                beams.offers[id(seq)] = batch.beam_candidates[i]
-                searched.append(seq.request_id)
-        for request_id in dict.fromkeys(searched):
-            outputs += self._beam_step(request_id)
-        return outputs
-
-    def _append_tokens(
-        self, seq: Sequence, tokens: list[int], logprobs: Seq[float | None]
-    ) -> RequestOutput:
-        """Appends the step's tokens (one, or a verified speculative run) up to the first that
-        ends the sequence; one output for all of them."""
-        params, detokenizer, token_ids = seq.params, seq.detokenizer, seq.token_ids
-        text, reason, emitted = "", None, 0
-        # The length limit in tokens of token_ids (prompt + max_tokens, or the context).
-        limit = min(seq.num_prompt_tokens + params.max_tokens, self.max_model_len)
-        for token, logprob in zip(tokens, logprobs, strict=True):
-            token_ids.append(token)
-            emitted += 1
-            if params.logprobs:
-                seq.output_logprobs.append(logprob if logprob is not None else 0.0)
-            stop_token = token in params.stop_token_ids or (
-                not params.ignore_eos and token in self.eos_token_ids
-            )
-            if not stop_token and detokenizer is not None:
-                text += detokenizer.add([token])
-            stop_string = detokenizer is not None and detokenizer.stopped is not None
-            reason = "stop" if stop_token or stop_string else None
-            if reason is None and len(token_ids) >= limit:
-                reason = "length"
-            if reason is not None:
-                break
-        if reason is not None and detokenizer is not None:
-            text += detokenizer.flush()
-        elif seq.prefill_only:
-            reason = "prefill"
-        if seq.prefill_only and (params.n > 1 or params.beam_search):
-            reason = "prefill"  # the decode side judges choice 0's first token and forks
-        out = RequestOutput(
-            request_id=seq.request_id,
-            new_token_ids=seq.token_ids[-emitted:],
-            new_logprobs=seq.output_logprobs[-emitted:] if params.logprobs else None,
-            text_delta=text,
-            finished=reason is not None,
-            finish_reason=reason,
-            num_prompt_tokens=seq.num_prompt_tokens,
-            num_cached_tokens=seq.num_cached_tokens,
-            index=seq.index,
-            open_choices=self._open_choices.get(seq.request_id, 0),
-        )
-        if reason == "prefill":
-            self.scheduler.remove(seq)
-            seq.status = SequenceStatus.HELD
-            out.block_ids = list(seq.block_table)
-        elif reason is not None:
-            self._finish(seq, reason)
-            out.open_choices = self._close_choice(seq.request_id)
-        return out
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         if self._speculation is not None:

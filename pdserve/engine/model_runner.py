@@ -160,13 +160,14 @@ def _offer_beam_candidates(
     it, as transformers' beam search does."""
     rows = [r for r, seq in enumerate(sampled) if seq.beam_top_k]
     beams = [sampled[r] for r in rows]
-    logprobs = torch.log_softmax(logits[rows].float().cpu(), dim=-1)
+    # On the logits' device: only each row's top k cross to the host.
+    logprobs = torch.log_softmax(logits[rows].float(), dim=-1)
     logprobs = apply_repetition_penalty(
         logprobs, [s.params for s in beams], [s.token_ids for s in beams]
     )
     k = min(max(s.beam_top_k for s in beams), logprobs.shape[-1])
-    values, tokens = logprobs.topk(k, dim=-1)
-    for r, seq, vs, ts in zip(rows, beams, values.tolist(), tokens.tolist(), strict=True):
+    values, tokens = (t.cpu().tolist() for t in logprobs.topk(k, dim=-1))
+    for r, seq, vs, ts in zip(rows, beams, values, tokens, strict=True):
         n = seq.beam_top_k
         batch.beam_candidates[sample_idx[r]] = list(zip(ts[:n], vs[:n], strict=True))
 

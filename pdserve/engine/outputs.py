@@ -11,7 +11,7 @@ from typing import Literal
 FinishReason = Literal["stop", "length", "abort", "prefill"]
 
 
-@dataclass
+@dataclass(slots=True)  # one per request per step (the planner makes millions): slots
 class RequestOutput:
     """The tokens one request produced in one step (a delta, not the whole output so far)."""
 

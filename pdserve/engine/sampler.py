@@ -46,13 +46,19 @@ class Sampler:
         token_indices: list[int],  # n of each row: how many tokens its request already has
         token_ids: Sequence[Sequence[int]] = (),  # each row's prompt + output (repetition penalty)
     ) -> tuple[list[int], list[float | None]]:
-        logits = apply_repetition_penalty(logits.float().cpu(), params, token_ids)
-        tokens = logits.argmax(dim=-1)
+        # Penalty and argmax where the logits are: on a GPU only the token ids, and the rows
+        # that the host's generators sample, cross to the host (a batch's whole logits are
+        # ~0.5 MB per row at a 128k vocabulary).
+        logits = apply_repetition_penalty(logits.float(), params, token_ids)
+        device = logits.device
+        tokens = logits.argmax(dim=-1).cpu()
         sampled = [i for i, p in enumerate(params) if not p.greedy]
         if sampled:
             rows = torch.tensor(sampled)
             picked = self._sample(
-                logits[rows], [params[i] for i in sampled], [token_indices[i] for i in sampled]
+                logits[rows.to(device)].cpu(),
+                [params[i] for i in sampled],
+                [token_indices[i] for i in sampled],
             )
             tokens[rows] = picked
         want = [i for i, p in enumerate(params) if p.logprobs]
@@ -60,7 +66,8 @@ class Sampler:
         if want:
             rows = torch.tensor(want)
             # Log-probabilities under the model's own distribution (before temperature).
-            lp = torch.log_softmax(logits[rows], dim=-1).gather(1, tokens[rows, None])
+            chosen = tokens[rows, None].to(device)
+            lp = torch.log_softmax(logits[rows.to(device)], dim=-1).gather(1, chosen)
             for i, value in zip(want, lp.squeeze(1).tolist(), strict=True):
                 logprobs[i] = value
         return tokens.tolist(), logprobs
@@ -123,11 +130,13 @@ def apply_repetition_penalty(
         return logits
     longest = max(len(token_ids[i]) for i in rows)
     # Rows padded by repeating their first token: a repeated index rewrites the same value.
+    device = logits.device
     seen = torch.tensor(
-        [list(token_ids[i]) + [token_ids[i][0]] * (longest - len(token_ids[i])) for i in rows]
+        [list(token_ids[i]) + [token_ids[i][0]] * (longest - len(token_ids[i])) for i in rows],
+        device=device,
     )
-    penalty = torch.tensor([params[i].repetition_penalty for i in rows])[:, None]
-    index = torch.tensor(rows)
+    penalty = torch.tensor([params[i].repetition_penalty for i in rows], device=device)[:, None]
+    index = torch.tensor(rows, device=device)
     picked = logits[index].gather(1, seen)
     picked = torch.where(picked < 0, picked * penalty, picked / penalty)
     logits = logits.clone()

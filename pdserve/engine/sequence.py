@@ -27,7 +27,9 @@ class SequenceStatus(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclass
+# eq=False: a sequence is itself (identity), so removing one from a queue compares pointers,
+# not every field of every sequence queued before it.
+@dataclass(eq=False)
 class Sequence:
     request_id: str
     token_ids: list[int]

@@ -33,7 +33,7 @@ from pdserve.config import EngineConfig, SpeculativeConfig
 from pdserve.engine.block_manager import BlockManager
 from pdserve.engine.scheduler import ScheduledBatch, Verified
 from pdserve.engine.sequence import Sequence, SequenceStatus
-from pdserve.engine.spec_payoff import StepTimes, step_clock
+from pdserve.engine.spec_payoff import DraftAcceptance, StepTimes, best_length, step_clock
 from pdserve.engine.speculative import Proposer, make_proposer
 
 
@@ -98,6 +98,8 @@ class Speculation:
         self._probe_gap = config.probe_interval
         self._step_drafted = 0
         self._step_accepted = 0
+        self._step_most = 0  # most drafts one sequence verified this step
+        self.acceptance = DraftAcceptance(config.num_speculative_tokens)
         self._probes = 0  # probes so far: which running sequence the next one drafts for
         self._seeded = False  # a seeded sampled request runs: decide on acceptance only
 
@@ -122,6 +124,9 @@ class Speculation:
         if timed and not probing and self.times.wants_plain(len(running)):
             return []  # a plain step of this batch size, timed to judge the drafted ones
         k = self.config.num_speculative_tokens
+        if timed and not probing:  # as many drafts as pay best, by measured cost and acceptance
+            batch = len(running)
+            k = best_length(k, self.acceptance.rates(), lambda j: self.times.cost(batch, j))
         candidates = [s for s in running if may_speculate(s) and self._room(s) > 0]
         if probing and candidates:  # one token of one sequence, a different one each probe
             candidates = [candidates[self._probes % len(candidates)]]
@@ -179,6 +184,8 @@ class Speculation:
         self.verify_steps += 1
         self._step_drafted += drafted
         self._step_accepted += accepted
+        self._step_most = max(self._step_most, drafted)
+        self.acceptance.record(drafted, accepted)
         self._window.append((drafted, accepted))
         self._window_drafted += drafted
         self._window_accepted += accepted
@@ -190,8 +197,9 @@ class Speculation:
     def end_step(self) -> None:
         """Times the step, then pauses or resumes proposing on what was measured."""
         drafted, accepted = self._step_drafted, self._step_accepted
+        most, self._step_most = self._step_most, 0
         self._step_drafted = self._step_accepted = 0
-        self.times.finish(accepted, speculative=drafted > 0)
+        self.times.finish(accepted, speculative=drafted > 0, drafts=most)
         threshold = self.config.min_acceptance
         if threshold <= 0:
             return

@@ -3,7 +3,11 @@
 A step whose sequences differ widely attends in groups (`AttentionGroup`): single-token
 (decode) sequences by similar context length (`length_groups`), multi-token ones (prefill
 chunks, drafts) apart, so no sequence is padded to another's query length or to a much longer
-context: the gather copies, and attention reads, about each sequence's own context.
+context: the gather copies, and attention reads, about each sequence's own context. Decode
+sequences that fork one prefix's blocks (beams, n choices) may be one row of a group each
+family: a pseudo-sequence whose queries are the members' tokens and whose mask gives each its
+own blocks past the shared ones (pdserve/engine/attention_batch.py), so the shared blocks are
+gathered once per family.
 
 The model sees one `AttentionContext` per forward pass, built by the engine's model runner;
 the model itself never sees sequences, schedulers or block managers.
@@ -25,7 +29,8 @@ MIN_SPARED_BLOCKS = 16
 @dataclass
 class AttentionGroup:
     """Sequences of a step attended together, padded to the group's longest query and context
-    instead of the whole batch's: Gq = the group's longest query."""
+    instead of the whole batch's: Gq = the group's longest query. A row may also be a
+    shared-prefix family (its members' queries over the shared blocks and each one's own)."""
 
     query_index: torch.Tensor  # [G, Gq] int64 packed row per (seq, query); padding repeats
     out_rows: torch.Tensor  # [V] int64 packed row of each valid (seq, query), in [G * Gq] order

@@ -18,6 +18,7 @@ from torch import nn
 
 from pdserve.models.attention import AttentionContext, paged_attention
 from pdserve.models.attention_op import compiled_paged_attention
+from pdserve.models.linear import Linear
 from pdserve.models.rope import rope_tables
 
 # config.json `hidden_act` -> the function transformers' ACT2FN maps it to.
@@ -83,8 +84,8 @@ class Attention(nn.Module):
         self.head_dim = config.head_dim
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.split = (q_size, kv_size, kv_size)
-        self.qkv_proj = nn.Linear(config.hidden_size, sum(self.split), bias=config.qkv_bias)
-        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=config.o_proj_bias)
+        self.qkv_proj = Linear(config.hidden_size, sum(self.split), bias=config.qkv_bias)
+        self.o_proj = Linear(q_size, config.hidden_size, bias=config.o_proj_bias)
 
     def forward(
         self,
@@ -108,8 +109,8 @@ class MLP(nn.Module):
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
         hidden, inner, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
-        self.gate_up_proj = nn.Linear(hidden, 2 * inner, bias=bias)
-        self.down_proj = nn.Linear(inner, hidden, bias=bias)
+        self.gate_up_proj = Linear(hidden, 2 * inner, bias=bias)
+        self.down_proj = Linear(inner, hidden, bias=bias)
         self.act = ACTIVATIONS[config.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -137,7 +138,7 @@ class LlamaForCausalLM(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.reset_rope()

@@ -20,12 +20,19 @@ def plan_table(plan: Plan, context: dict[str, Any], top: int) -> str:
         f"{'TPOT p50/p90 ms':>16}  {'GPU util P/D':>12}",
     ]
     gpus_per_worker = c["tp"]
-    for result in plan.results[:top]:
+    # The best `top` searched in full (fewer when the others all failed at the bar).
+    for result in [r for r in plan.results if not r.pruned][:top]:
         lines.append(_row(result, gpus_per_worker))
     lines.append(_recommendation(plan))
     pruned = [r.split.name for r in plan.results if r.pruned]
     if pruned:
-        lines.append(f"below the top {top} (failed at their goodput): {', '.join(pruned)}")
+        lines.append(f"below the best (failed at their lowest goodput): {', '.join(pruned)}")
+    bracketed = [r.split.name for r in plan.results if r.below_best]
+    if bracketed:
+        lines.append(
+            "below the best, goodput bracketed only (--bracket-runners-up; without it they are "
+            f"searched within the precision): {', '.join(bracketed)}"
+        )
     saturated = [r.split.name for r in plan.results if r.saturated]
     if saturated:
         lines.append(
@@ -37,6 +44,8 @@ def plan_table(plan: Plan, context: dict[str, Any], top: int) -> str:
 def _row(result: SplitResult, gpus_per_worker: int) -> str:
     gpus = (result.split.prefill + result.split.decode) * gpus_per_worker
     goodput = f"{'>=' if result.saturated else ''}{result.goodput:.2f}"
+    if result.below_best:  # passed at goodput, failed at failed_at (the best of the others)
+        goodput = f"{result.goodput:.0f}-{result.failed_at:.0f}"
     best = result.best
     if best is None:
         return f"{result.split.name:>14}  {goodput:>13}  {0:>8.3f}  {'-':>16}  {'-':>16}  {'-':>12}"
@@ -93,6 +102,7 @@ def _split_json(result: SplitResult) -> dict[str, Any]:
         "failed_at": result.failed_at,
         "pruned": result.pruned,
         "saturated": result.saturated,
+        "below_best": result.below_best,
         "probes": len(result.probes),
         "ttft_ms": None if best is None else {"p50": best.ttft.p50, "p90": best.ttft.p90},
         "tpot_ms": None if best is None else {"p50": best.tpot.p50, "p90": best.tpot.p90},

@@ -1,21 +1,30 @@
 """The search: goodput of every split of the GPUs, by bisection over the request rate.
 
 Goodput (DistServe's) is the highest rate at which at least `slo.attainment` of the requests
-meet both SLOs. Each split's search starts from `capacity_estimate` (throughput bounds from the
-timing model: prefill at full steps, decode at full batches, colocated steps mixing both) and
-walks up while probes pass, or down until one passes (a failing probe is cheap: it stops as
-soon as the misses exceed what the attainment allows), by steps of 1.2x, 1.2x, then squaring,
-then bisects geometrically until the bracket is within `precision`.
-The `top` splits of best estimate are searched first; every other split is then first probed
-at the lowest of their goodputs, and dropped (`pruned`) when it fails there: it cannot be
-among the best; one that passes starts from its estimate scaled by how far the first round's
-goodputs of its kind (colocated or disaggregated) lay from theirs. Colocated is reported as the recommendation unless the best disaggregated
-split beats it by more than `precision`.
+meet both SLOs. Each split's search starts from its estimate (`capacity_estimate`: throughput
+bounds from the timing model, scaled by how far the goodputs already found for the nearest
+splits of its kind lay from theirs) and walks up while probes pass, or down until one passes
+(a failing probe is cheap: it stops as soon as the misses exceed what the attainment allows),
+by steps of 1.2x, 1.2x, then squaring, then bisects geometrically until the bracket is within
+`precision`.
 
-The splits of each of those two rounds are independent of one another, so `jobs` processes
-(forked: they share the deployment and sample) search them in parallel; the plan is the same
-for any `jobs`, as each split's probes depend only on its own results and the round's
-threshold.
+Splits are searched in waves, cheapest to simulate first: a wave is every split whose probes
+simulate the same number of workers (see Replicas). From the second wave on the bar is the
+lowest of the `top` best goodputs found (of all found, while fewer than `top`): a split is
+first probed at its start when that lies well above the bar (one pass there tells as much as
+a pass at the bar), else at the bar, and dropped (`pruned`) when it fails at the bar: it
+cannot be among the best. The cheap splits so raise the bar before the splits that simulate
+every worker are probed, and most of those fail at it, fast (an overloaded probe stops
+early). A pass that used nearly all the misses the attainment allows (`NEAR_EDGE`) lies just
+below the knee, where the verdict flips within a few percent of rate: the next probe then
+goes up by the precision alone. Unless `rank_all`, a disaggregated split that passed the bar
+is next probed at the best goodput of the earlier waves, and stops once it fails at or below
+it (`below_best`: it cannot be the recommendation; its goodput is only bracketed).
+
+The splits of a wave are independent of one another (its bar is fixed when it starts), so
+`jobs` processes (forked once: they share the deployment and sample) search them in parallel,
+the likeliest to be searched in full first; the plan is the same for any `jobs`, as each
+split's probes depend only on its own results, its start and its wave's bar.
 
 Replicas: a split whose worker counts share a factor k is simulated as one of its k identical
 replicas (P/k prefill and D/k decode workers) at 1/k of the rate, as DistServe replicates a
@@ -32,6 +41,7 @@ import multiprocessing
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from pdserve.config import RouterConfig
@@ -49,6 +59,9 @@ MAX_OVER_ESTIMATE = 16
 # The bracket's first step from the start rate (see Search._search): 1.2 is bisected within 5%
 # in two probes.
 FIRST_STEP = 1.2
+# A passing probe that used this share of the misses it was allowed is taken to lie just below
+# the knee (Search._near_edge): the next probe goes up by the precision alone.
+NEAR_EDGE = 0.85
 
 
 @dataclass
@@ -60,8 +73,11 @@ class SplitResult:
     failed_at: float | None = None  # lowest rate that failed
     best: ProbeResult | None = None  # the probe at `goodput`
     probes: list[ProbeResult] = field(default_factory=list)
-    pruned: bool = False  # failed at the top splits' lowest goodput: not searched further
+    pruned: bool = False  # failed at the bar (the best splits' lowest goodput): not searched
     saturated: bool = False  # passed even at MAX_OVER_ESTIMATE x the estimate
+    # Disaggregated, passed the bar and failed at or below the best goodput of an earlier
+    # wave: its goodput is known only to lie in [goodput, failed_at) (see Search.rank_all).
+    below_best: bool = False
 
 
 @dataclass
@@ -98,9 +114,19 @@ def replica_count(split: Split, min_workers: int) -> int:
     return max(fits, default=1)
 
 
-def capacity_estimate(deployment: Deployment, split: Split, sample: list[ProbeRequest]) -> float:
-    """Requests/s the split could serve at best: prefill workers computing full steps, decode
-    workers decoding full batches (colocated workers mix the two in their steps)."""
+@dataclass(frozen=True)
+class WorkerRates:
+    """Requests/s one worker serves at best, from the timing model (see `worker_rates`)."""
+
+    prefill: float  # prompts of a prefill worker computing full steps
+    decode: float  # requests a decode worker decodes in full batches
+    colocated: float  # requests of a worker that prefills and decodes
+
+
+def worker_rates(deployment: Deployment, sample: list[ProbeRequest]) -> WorkerRates:
+    """Throughput bounds of one worker for the sample's mean lengths: prefill at full steps,
+    decode at full batches, colocated steps decoding the batch and prefilling the prompts that
+    replace the requests it finishes (within the step's token budget)."""
     engine, meter = deployment.new_engine()
     timing, config = meter.timing, deployment.engine_config
     prompt = sum(len(r.prompt) for r in sample) / len(sample)
@@ -113,18 +139,40 @@ def capacity_estimate(deployment: Deployment, split: Split, sample: list[ProbeRe
                        // max(1, round(prompt + output))))  # fmt: skip
     decode_step = timing.step_seconds(StepWork.of([Chunk(context, 1, True)] * batch, batch))
     decode_rate = batch / decode_step / output  # requests/s of one worker
-    if split.prefill == 0:
-        shared = 1 / (1 / prefill_rate + 1 / decode_rate)  # prefill and decode steps in turn
-        # The scheduler mixes them: a step decodes the batch and computes the prompts of the
-        # requests that replace the ones it finishes (within the step's token budget).
-        prompt_tokens = min(round(batch * prompt / output), config.max_num_batched_tokens - batch)
-        if prompt_tokens < 1:
-            return split.decode * shared
+    colocated = 1 / (1 / prefill_rate + 1 / decode_rate)  # prefill and decode steps in turn
+    prompt_tokens = min(round(batch * prompt / output), config.max_num_batched_tokens - batch)
+    if prompt_tokens >= 1:  # the scheduler mixes them in one step
         chunks = [Chunk(context, 1, True)] * batch + [Chunk(0, prompt_tokens, False)]
         mixed_step = timing.step_seconds(StepWork.of(chunks, batch + 1))
-        mixed = min(batch / output, prompt_tokens / prompt) / mixed_step
-        return split.decode * max(shared, mixed)
-    return min(split.prefill * prefill_rate, split.decode * decode_rate)
+        colocated = max(colocated, min(batch / output, prompt_tokens / prompt) / mixed_step)
+    return WorkerRates(prefill_rate, decode_rate, colocated)
+
+
+def split_estimate(rates: WorkerRates, split: Split, disaggregate: str = "always") -> float:
+    """Requests/s `split` could serve at best: colocated workers (and decode workers when the
+    router never disaggregates) at the colocated rate, else the prefill or the decode pool,
+    whichever is slower. (With `auto` the router also prefills on decode workers when it
+    prefers to; how often is its cost policy's choice, which no bound here predicts: the
+    search calibrates the estimates by the goodputs found instead.)"""
+    p, d = split.prefill, split.decode
+    if p == 0 or disaggregate == "never":
+        return d * rates.colocated
+    return min(p * rates.prefill, d * rates.decode)
+
+
+def capacity_estimate(
+    deployment: Deployment,
+    split: Split,
+    sample: list[ProbeRequest],
+    disaggregate: str = "always",
+) -> float:
+    """Requests/s the split could serve at best (`split_estimate` of `worker_rates`)."""
+    return split_estimate(worker_rates(deployment, sample), split, disaggregate)
+
+
+def simulated_workers(split: Split, replicas: int) -> int:
+    """Workers one probe of `split` simulates (one of its replicas): what a probe costs."""
+    return (split.prefill + split.decode) // replicas
 
 
 class Search:
@@ -141,9 +189,12 @@ class Search:
         min_replica_workers: int = 2,
         on_probe: Callable[[ProbeResult], None] | None = None,
         jobs: int = 1,
+        rank_all: bool = True,
     ) -> None:
         """`jobs` > 1: splits are searched in that many forked processes (`on_probe` is then
-        called in them)."""
+        called in them). `rank_all`: every split that passes the bar is searched within the
+        precision; otherwise a disaggregated one stops once it failed at or below the best
+        goodput of an earlier wave (it cannot be the recommendation: `below_best`)."""
         self.deployment, self.sample, self.slo = deployment, sample, slo
         self.router_config, self.timing = router_config, timing
         self.precision, self.top = precision, top
@@ -151,50 +202,75 @@ class Search:
         self.min_replica_workers = min_replica_workers
         self.on_probe = on_probe
         self.jobs = jobs
+        self.rank_all = rank_all
         self.probes = 0
 
     def run(self, splits: list[Split]) -> Plan:
         started = time.perf_counter()
+        rates = worker_rates(self.deployment, self.sample)
+        disaggregate = self.router_config.disaggregate
         results = [
             SplitResult(
                 s,
-                capacity_estimate(self.deployment, s, self.sample),
+                split_estimate(rates, s, disaggregate),
                 replica_count(s, self.min_replica_workers),
             )
             for s in splits
         ]
-        by_estimate = sorted(results, key=lambda r: -r.estimate)
-        first, rest = by_estimate[: self.top], by_estimate[self.top :]
-        self._search_all(first, 0.0, [r.estimate for r in first])
-        goodputs = sorted((r.goodput for r in first if r.goodput > 0), reverse=True)
-        threshold = goodputs[-1] if len(goodputs) >= self.top else 0.0
-        # The rest start where the first round's goodputs put their estimates.
-        starts = [r.estimate * _calibration(first, r.split.prefill == 0) for r in rest]
-        self._search_all(rest, threshold, starts)
-        results.sort(key=lambda r: (-r.goodput, r.pruned, r.split.prefill))
+        pending, searched = list(results), []
+        with self._workers(len(results)) as pool:
+            while pending:
+                cost = min(simulated_workers(r.split, r.replicas) for r in pending)
+                wave = [r for r in pending if simulated_workers(r.split, r.replicas) == cost]
+                pending = [r for r in pending if all(r is not w for w in wave)]
+                starts = {id(r): r.estimate * _calibration(searched, r.split) for r in wave}
+                # The likeliest to be searched in full first: the longest jobs start first.
+                wave.sort(key=lambda r: (-starts[id(r)], r.split.prefill))
+                bar = _bar(searched, self.top)
+                best = 0.0 if self.rank_all else max((r.goodput for r in searched), default=0.0)
+                self._search_wave(pool, wave, bar, best, [starts[id(r)] for r in wave])
+                searched += wave
+        # Equal goodputs: the one that failed higher first (a bracketed split below the best
+        # may lie anywhere up to its failure).
+        results.sort(
+            key=lambda r: (-r.goodput, r.pruned, -(r.failed_at or math.inf), r.split.prefill)
+        )
         self.probes = sum(len(r.probes) for r in results)
         return Plan(results, self.precision, time.perf_counter() - started, self.probes)
 
-    def _search_all(
-        self, results: list[SplitResult], threshold: float, starts: list[float]
-    ) -> None:
-        """Searches each of `results` in place (see `_search`), in `jobs` processes."""
-        jobs = min(self.jobs, len(results))
+    @contextmanager
+    def _workers(self, splits: int) -> Iterator[ProcessPoolExecutor | None]:
+        """`jobs` forked processes for the waves (None: search here). They are forked once,
+        inheriting this search: nothing large is pickled."""
+        jobs = min(self.jobs, splits)
         if jobs <= 1 or "fork" not in multiprocessing.get_all_start_methods():
-            for result, start in zip(results, starts, strict=True):
-                self._search(result, threshold, start)
+            yield None
             return
         global _FORKED_SEARCH
-        _FORKED_SEARCH = self  # the forked workers inherit it: nothing large is pickled
+        _FORKED_SEARCH = self
         try:
             context = multiprocessing.get_context("fork")
             with ProcessPoolExecutor(jobs, mp_context=context) as pool:
-                thresholds = [threshold] * len(results)
-                searched = pool.map(_search_in_worker, results, thresholds, starts)
-                for result, done in zip(results, searched, strict=True):
-                    result.__dict__.update(done.__dict__)
+                yield pool
         finally:
             _FORKED_SEARCH = None
+
+    def _search_wave(
+        self,
+        pool: ProcessPoolExecutor | None,
+        wave: list[SplitResult],
+        bar: float,
+        best: float,
+        starts: list[float],
+    ) -> None:
+        """Searches each split of `wave` in place (see `_search`), in the pool if any."""
+        if pool is None or len(wave) == 1:
+            for result, start in zip(wave, starts, strict=True):
+                self._search(result, bar, best, start)
+            return
+        searched = pool.map(_search_in_worker, wave, [bar] * len(wave), [best] * len(wave), starts)
+        for result, done in zip(wave, searched, strict=True):
+            result.__dict__.update(done.__dict__)
 
     def _probe(self, result: SplitResult, rate: float) -> bool:
         k, split = result.replicas, result.split
@@ -221,41 +297,74 @@ class Search:
             result.failed_at = rate
         return probe.passed
 
-    def _search(self, result: SplitResult, threshold: float, start: float) -> None:
-        """Probes at `threshold` first (> 0) and prunes the split if it fails there; else
-        brackets the goodput from `start` (or just above the threshold) and bisects."""
-        if threshold > 0 and not self._probe(result, threshold):
-            result.pruned = True
-            return
-        rate = max(start, threshold * FIRST_STEP, MIN_RATE)
+    def _search(self, result: SplitResult, bar: float, best: float, start: float) -> None:
+        """With a bar (> 0): probes at `start` first when it lies well above the bar (a pass
+        there is a pass at the bar), then at the bar, and prunes the split if it fails there.
+        Then brackets the goodput from `start` (or just above the highest rate that passed)
+        and bisects. With a best goodput (> 0) a disaggregated split that passed is next
+        probed at the best, and stops (`below_best`) once it failed at or below it."""
+        rate = max(start, MIN_RATE)
+        if bar > 0:
+            if rate >= bar * FIRST_STEP:
+                self._probe(result, rate)
+            if result.goodput == 0.0 and not self._probe(result, bar):
+                result.pruned = True
+                return
         ceiling = max(rate, result.estimate * MAX_OVER_ESTIMATE)
+        # A pass that used nearly all the misses the attainment allows lies just below the
+        # knee (the verdict flips over a few percent of rate): the next probe goes one
+        # precision step up, which closes the bracket if it fails.
+        edge = 1 + self.precision
         # Bracket: the lowest failing rate above the highest passing one. The goodput is most
-        # often near the start (the estimate, or just above the threshold it passed): steps
-        # begin small and grow while the verdict stays the same (x1.2, x1.2, x1.44, x2.07 ...).
+        # often near the start (the estimate, or just above the bar it passed): steps begin
+        # small and grow while the verdict stays the same (x1.2, x1.2, x1.44, x2.07 ...).
+        capped = best > 0 and result.split.prefill > 0  # stops once known below the best
         steps = _steps()
+        if result.goodput > 0.0:  # passed at the start or at the bar: step up from there
+            if self._near_edge(result.best):
+                rate = result.goodput * edge
+            elif capped and best > result.goodput * edge:
+                rate = best  # one probe tells whether it can be the recommendation
+            else:
+                rate = max(rate, result.goodput * FIRST_STEP)
+                next(steps)
         while result.failed_at is None:
             if rate > ceiling:
                 result.saturated = True
                 return
             if not self._probe(result, rate):
                 break
-            rate *= next(steps)
+            rate *= edge if self._near_edge(result.best) else next(steps)
         steps = _steps()
         while result.goodput == 0.0:
             rate = result.failed_at / next(steps)
             if rate < MIN_RATE:
                 return
             self._probe(result, rate)
-        while result.failed_at / result.goodput > 1 + self.precision:
-            self._probe(result, (result.failed_at * result.goodput) ** 0.5)
+        done = edge * (1 + 1e-9)  # a bracket within the precision (rounding aside)
+        while result.failed_at / result.goodput > done:
+            if capped and result.failed_at <= best:
+                result.below_best = True
+                return
+            rate = (result.failed_at * result.goodput) ** 0.5
+            if self._near_edge(result.best):
+                rate = min(rate, result.goodput * edge)
+            self._probe(result, rate)
+
+    def _near_edge(self, probe: ProbeResult | None) -> bool:
+        """Whether `probe` passed with at least NEAR_EDGE of the misses it was allowed."""
+        if probe is None or not probe.passed:
+            return False
+        allowed = probe.requests - math.ceil(self.slo.attainment * probe.requests - 1e-9)
+        return allowed > 0 and probe.missed >= NEAR_EDGE * allowed
 
 
 _FORKED_SEARCH: Search | None = None  # the search whose splits forked workers are searching
 
 
-def _search_in_worker(result: SplitResult, threshold: float, start: float) -> SplitResult:
-    assert _FORKED_SEARCH is not None, "only a worker forked by Search._search_all"
-    _FORKED_SEARCH._search(result, threshold, start)
+def _search_in_worker(result: SplitResult, bar: float, best: float, start: float) -> SplitResult:
+    assert _FORKED_SEARCH is not None, "only a worker forked by Search._workers"
+    _FORKED_SEARCH._search(result, bar, best, start)
     return result
 
 
@@ -268,12 +377,31 @@ def _steps() -> Iterator[float]:
         step *= step
 
 
-def _calibration(searched: list[SplitResult], colocated: bool) -> float:
-    """Geometric mean of goodput / estimate over the searched splits of the same kind
-    (colocated or disaggregated) with a measured goodput; 1 without any."""
-    ratios = [
-        r.goodput / r.estimate
+def _bar(searched: list[SplitResult], top: int) -> float:
+    """The lowest of the `top` best goodputs found so far, or of the goodputs found when
+    fewer (at least two: the first wave's); 0 before. A split that fails there cannot be
+    among the best `top`, or among those found."""
+    goodputs = sorted((r.goodput for r in searched if r.goodput > 0), reverse=True)
+    if len(goodputs) < 2:
+        return 0.0
+    return goodputs[min(top, len(goodputs)) - 1]
+
+
+def _calibration(searched: list[SplitResult], split: Split) -> float:
+    """goodput / estimate of the searched splits of `split`'s kind (colocated or
+    disaggregated) nearest to it in prefill share, their geometric mean when several are as
+    near; 1 without any. Neighbouring splits are served alike, so their errors are alike."""
+    colocated = split.prefill == 0
+    share = split.prefill / (split.prefill + split.decode)
+    known = [
+        (abs(r.split.prefill / (r.split.prefill + r.split.decode) - share), r.goodput / r.estimate)
         for r in searched
-        if (r.split.prefill == 0) == colocated and r.goodput > 0 < r.estimate and not r.saturated
+        if (r.split.prefill == 0) == colocated
+        and r.goodput > 0 < r.estimate
+        and not (r.saturated or r.below_best)
     ]
-    return math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else 1.0
+    if not known:
+        return 1.0
+    nearest = min(distance for distance, _ in known)
+    ratios = [ratio for distance, ratio in known if distance <= nearest + 1e-9]
+    return math.exp(sum(map(math.log, ratios)) / len(ratios))

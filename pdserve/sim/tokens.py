@@ -26,12 +26,18 @@ class TokenSpace:
         self.size = vocab_size - len(self.avoid)
         if self.size <= 0:
             raise ValueError("the vocabulary has no token besides special ones")
-        self._last_avoided = self.avoid[-1] if self.avoid else -1
+        # Indices below the first avoided id are ids as they are; those at or past the last
+        # are shifted by all of them (special ids usually sit at one end of the vocabulary).
+        self.first_avoided = self.avoid[0] if self.avoid else 0
+        self.last_avoided = self.avoid[-1] if self.avoid else -1
+        self.shift = len(self.avoid)
 
     def nth(self, index: int) -> int:
         """The index-th allowed id: skips the avoided ids at or below it."""
-        if index >= self._last_avoided:  # every avoided id lies below: all of them shift it
-            return index + len(self.avoid)
+        if index < self.first_avoided:  # no avoided id lies at or below it
+            return index
+        if index >= self.last_avoided:  # every avoided id lies below: all of them shift it
+            return index + self.shift
         token = index
         # Each avoided id at or below the candidate shifts it up by one.
         while True:
@@ -49,7 +55,10 @@ def sim_token(
     # Runs once per simulated token (the planner makes millions): the fields are packed with a
     # prebuilt Struct and hashed from a prebuilt blake2b state; values outside an unsigned
     # 64-bit field are reduced modulo 2**64 first, which is what the packing always meant.
-    fields = (len(context), *context[-CONTEXT_TOKENS:], *(salt or ()))
+    if salt:
+        fields = (len(context), *context[-CONTEXT_TOKENS:], *salt)
+    else:
+        fields = (len(context), *context[-CONTEXT_TOKENS:])
     try:
         packed = _PACKERS[len(fields)].pack(*fields)
     except struct.error:
@@ -57,9 +66,15 @@ def sim_token(
     hasher = _HASHER.copy()
     hasher.update(packed)
     value = int.from_bytes(hasher.digest(), "little")
-    token = space.nth(value % space.size)
-    logprob = -((value >> 64) % 10_000) / 1_000
-    return token, logprob
+    index = value % space.size
+    # TokenSpace.nth without the call when no avoided id lies between (the usual).
+    if index < space.first_avoided:
+        token = index
+    elif index >= space.last_avoided:
+        token = index + space.shift
+    else:
+        token = space.nth(index)
+    return token, -((value >> 64) % 10_000) / 1_000
 
 
 _U64 = 2**64 - 1

@@ -41,3 +41,12 @@ def test_op_profile_splits_decode_steps_into_matmuls_and_the_rest(capsys):
     assert re.search(r"^aten::mm\s+([\d.]+)\s", out, re.MULTILINE)
     matmuls, rest = re.search(r"weight matmuls ([\d.]+)%, everything else ([\d.]+)%", out).groups()
     assert float(matmuls) > 0 and float(matmuls) + float(rest) == pytest.approx(100, abs=0.11)
+
+
+def test_several_prompt_lengths_print_a_table_each_from_the_same_engines(capsys):
+    argv = ["bench", "engine", "--preset", "tiny", "--batch-sizes", "2", "--steps", "3"]
+    assert main([*argv, "--repeats", "1", "--decoding", "beam4", "--prompt-len", "8,40"]) == 0
+    out = capsys.readouterr().out
+    assert re.findall(r"prompt (\d+) tokens", out) == ["8", "40"]
+    rows = re.findall(r"^\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)x$", out, re.MULTILINE)
+    assert [int(batch) for batch, *_ in rows] == [2, 2]

@@ -46,12 +46,15 @@ def test_per_request_latencies_follow_vllm_definitions():
     assert r.e2e == 0.625  # send -> last token, not the later stream end
     assert r.tpot == (0.625 - 0.125) / 5
     assert r.itls == [0.125, 0.25, 0.125]  # one gap per response, whatever it carries
+    # SGLang's per-token ITL: the 3-token response's gap split over its tokens.
+    assert r.token_itls == [0.125, 0.25 / 3, 0.25 / 3, 0.25 / 3, 0.125]
 
 
 def test_one_token_and_empty_requests_have_no_tpot():
     assert record(0.0, [(0.5, 1)]).tpot is None
     empty = record(0.0, [])
     assert (empty.ttft, empty.e2e, empty.tpot, empty.itls) == (None, None, None, [])
+    assert empty.token_itls == [] and record(0.0, [(0.5, 2)]).token_itls == []
 
 
 def test_percentiles_use_linear_interpolation():
@@ -98,6 +101,7 @@ def test_summary_counts_throughput_goodput_and_failures():
     assert summary.tpot.count == 3
     assert summary.tpot.max == 250.0
     assert summary.itl.count == 4  # 2 + 1 + 1 + 0 gaps
+    assert summary.token_itl.count == sum(len(r.token_itls) for r in _run() if r.ok)
     assert summary.e2e.max == 562.5
 
 

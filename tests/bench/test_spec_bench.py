@@ -67,3 +67,12 @@ def test_repeating_prompts_repeat_their_context():
     prompts, hit_rate = repeating_prompts(engine, 4, 8, 32)
     assert len(prompts) == 4 and all(len(p) == 8 + 32 for p in prompts)
     assert hit_rate >= 0.6
+
+
+def test_cuda_refuses_the_cpu_clock_and_cpu_defaults_to_it(capsys):
+    # The process's CPU seconds count none of a GPU's work: refused before anything is built.
+    with pytest.raises(SystemExit, match="--clock cpu measures nothing"):
+        main(["bench", "spec", "--device", "cuda", "--clock", "cpu"])
+    argv = ["bench", "spec", "--preset", "tiny", "--batch-sizes", "1", "--steps", "4"]
+    assert main([*argv, "--repeats", "1", "--workloads", "novel", "--device", "cpu"]) == 0
+    assert "cpu float32, cpu clock" in capsys.readouterr().out

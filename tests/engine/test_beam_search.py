@@ -68,6 +68,25 @@ def hf_beams(hf, prompt, stop, width, n, length_penalty, early_stopping):
     return tokens, out.sequences_scores.tolist()
 
 
+def beam_cases(hf, prompts, max_tokens, width, n, length_penalty, early_stopping):
+    """Beam-search requests over `prompts` ("b0", "b1", ...: prompt and params, each stopped by
+    its own likely token) and transformers' answers to them (`hf_beams`)."""
+    requests, expected = {}, {}
+    for i, prompt in enumerate(prompts):
+        stop = stop_token(hf, prompt)
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            beam_width=width,
+            n=n,
+            length_penalty=length_penalty,
+            early_stopping=early_stopping,
+            stop_token_ids=[stop],
+        )
+        requests[f"b{i}"] = (prompt, params)
+        expected[f"b{i}"] = hf_beams(hf, prompt, stop, width, n, length_penalty, early_stopping)
+    return requests, expected
+
+
 def run_engine(engine, requests: dict[str, tuple[list[int], SamplingParams]]) -> dict:
     for rid, (prompt, params) in requests.items():
         engine.add_request(rid, prompt, params)
@@ -86,19 +105,9 @@ def test_beam_search_equals_transformers(models, setting):
     hf, config = models
     width, n, length_penalty, early_stopping = setting
     engine = LLMEngine(config)
-    requests, expected = {}, {}
-    for i, prompt in enumerate(PROMPTS):
-        stop = stop_token(hf, prompt)
-        params = SamplingParams(
-            max_tokens=MAX_TOKENS,
-            beam_width=width,
-            n=n,
-            length_penalty=length_penalty,
-            early_stopping=early_stopping,
-            stop_token_ids=[stop],
-        )
-        requests[f"b{i}"] = (prompt, params)
-        expected[f"b{i}"] = hf_beams(hf, prompt, stop, width, n, length_penalty, early_stopping)
+    requests, expected = beam_cases(
+        hf, PROMPTS, MAX_TOKENS, width, n, length_penalty, early_stopping
+    )
     # An ordinary sampled request shares the batch with the beams.
     requests["sampled"] = (PROMPTS[0], SamplingParams(max_tokens=20, temperature=1.0, seed=3))
     got = run_engine(engine, requests)

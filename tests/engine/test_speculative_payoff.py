@@ -112,6 +112,12 @@ def test_step_times_speedup_is_plain_seconds_over_speculative_seconds():
     assert not times.wants_plain(2)
     step(2, 3.0, 2, True)
     assert times.wants_plain(2)  # a window of unjudged steps: time a plain one
+    # The first plain step of a batch size may be a warm-up (a CUDA graph captured): its cost
+    # is the median of MIN_COST_SAMPLES plain steps, run back to back.
+    step(2, 100.0, 0, False)
+    assert not times.judging and times.wants_plain(2)
+    step(2, 1.0, 0, False)
+    assert not times.judging and times.wants_plain(2)
     step(2, 1.0, 0, False)
     assert times.judging and not times.wants_plain(2)
     step(2, 3.0, 2, True)  # 4 tokens = 2 plain steps of 1 s, in 3 s

@@ -1,0 +1,150 @@
+"""StepOutputs: the steps of `LLMEngine` (engine.py, which inherits them) that turn a step's
+sampled tokens into the sequences' tokens and the step's `RequestOutput`s — the per-token
+path of every engine, and the price of each token the offline planner simulates (it makes
+millions of them): the usual token, one that ends nothing and carries no text, logprobs,
+speculation or beam, takes a short path whose output is the general one's.
+
+These methods use the engine's state (its sequences, scheduler, block manager, counters) and
+are part of it; they live here so the engine's step and handoff read apart from them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+
+from pdserve.engine.outputs import RequestOutput
+from pdserve.engine.scheduler import ScheduledBatch
+from pdserve.engine.sequence import Sequence, SequenceStatus
+
+
+class StepOutputs:
+    def _postprocess(
+        self,
+        batch: ScheduledBatch,
+        sample_idx: list[int],
+        tokens: list[int],
+        logprobs: list[float | None],
+    ) -> list[RequestOutput]:
+        # Once per scheduled sequence per step (the offline planner simulates millions of
+        # tokens): the counters are summed here and added once.
+        decoded = prefilled = 0
+        cache_full_blocks, size = self.block_manager.cache_full_blocks, self.block_size
+        for seq, n in zip(batch.seqs, batch.num_tokens, strict=True):
+            drafts = seq.num_draft_tokens  # counted by the speculation, cached after rollback
+            computed = seq.num_computed_tokens
+            if n == 1 + drafts and computed >= seq.num_prompt_tokens:
+                decoded += n - drafts
+            else:
+                prefilled += n - drafts
+            seq.num_computed_tokens = computed = computed + n
+            # The call registers nothing until a block has filled (once in block_size decodes).
+            if not drafts and computed // size > len(seq.block_hashes):
+                cache_full_blocks(seq)
+        self._counters["decode_tokens"] += decoded
+        self._counters["prefill_tokens_computed"] += prefilled
+        outputs, searched = [], []
+        seqs, beams_of, verified_of = batch.seqs, self._beams, batch.verified
+        eos, open_choices, max_len = self.eos_token_ids, self._open_choices, self.max_model_len
+        for i, token, logprob in zip(sample_idx, tokens, logprobs, strict=True):
+            seq = seqs[i] if i < len(seqs) else batch.sampling_seq(i)
+            params, rid, length = seq.params, seq.request_id, len(seq.token_ids) + 1
+            beams = beams_of.get(rid) if beams_of else None
+            verified = verified_of.get(i) if verified_of else None
+            # The usual token (no text, logprobs, speculation or beams) that ends nothing:
+            # _append_tokens' output without its general loop.
+            if (
+                beams is None
+                and verified is None
+                and seq.detokenizer is None
+                and not seq.prefill_only
+                and not params.logprobs
+                and token not in params.stop_token_ids
+                and (params.ignore_eos or token not in eos)
+                and length < max_len
+                and length < seq.num_prompt_tokens + params.max_tokens
+            ):
+                seq.token_ids.append(token)
+                # Positional, in field order (keywords cost ~0.2 us a token): request_id,
+                # new_token_ids, new_logprobs, text_delta, finished, finish_reason,
+                # num_prompt_tokens, num_cached_tokens, block_ids, index, open_choices.
+                out = RequestOutput(
+                    rid,
+                    [token],
+                    None,
+                    "",
+                    False,
+                    None,
+                    seq.num_prompt_tokens,
+                    seq.num_cached_tokens,
+                    None,
+                    seq.index,
+                    open_choices.get(rid, 0),
+                )
+                outputs.append(out)
+            elif verified is not None and self._speculation is not None:
+                drafted = seq.num_draft_tokens
+                self._speculation.roll_back(seq, verified)
+                run_logprobs = verified.logprobs or [None] * len(verified.token_ids)
+                out = self._append_tokens(seq, verified.token_ids, run_logprobs)
+                out.num_draft_tokens, out.num_accepted_tokens = drafted, verified.num_accepted
+                outputs.append(out)
+            elif beams is None:
+                outputs.append(self._append_tokens(seq, [token], [logprob]))
+            else:  # a beam offers candidates; the search steps once every beam offered
+                beams.offers[id(seq)] = batch.beam_candidates[i]
+                searched.append(seq.request_id)
+        for request_id in dict.fromkeys(searched):
+            outputs += self._beam_step(request_id)
+        return outputs
+
+    def _append_tokens(
+        self, seq: Sequence, tokens: list[int], logprobs: Seq[float | None]
+    ) -> RequestOutput:
+        """Appends the step's tokens (one, or a verified speculative run) up to the first that
+        ends the sequence; one output for all of them."""
+        params, detokenizer, token_ids = seq.params, seq.detokenizer, seq.token_ids
+        text, reason, emitted = "", None, 0
+        # The length limit in tokens of token_ids (prompt + max_tokens, or the context).
+        limit = min(seq.num_prompt_tokens + params.max_tokens, self.max_model_len)
+        for token, logprob in zip(tokens, logprobs, strict=True):
+            token_ids.append(token)
+            emitted += 1
+            if params.logprobs:
+                seq.output_logprobs.append(logprob if logprob is not None else 0.0)
+            stop_token = token in params.stop_token_ids or (
+                not params.ignore_eos and token in self.eos_token_ids
+            )
+            if not stop_token and detokenizer is not None:
+                text += detokenizer.add([token])
+            stop_string = detokenizer is not None and detokenizer.stopped is not None
+            reason = "stop" if stop_token or stop_string else None
+            if reason is None and len(token_ids) >= limit:
+                reason = "length"
+            if reason is not None:
+                break
+        if reason is not None and detokenizer is not None:
+            text += detokenizer.flush()
+        elif seq.prefill_only:
+            reason = "prefill"
+        if seq.prefill_only and (params.n > 1 or params.beam_search):
+            reason = "prefill"  # the decode side judges choice 0's first token and forks
+        out = RequestOutput(
+            request_id=seq.request_id,
+            new_token_ids=seq.token_ids[-emitted:],
+            new_logprobs=seq.output_logprobs[-emitted:] if params.logprobs else None,
+            text_delta=text,
+            finished=reason is not None,
+            finish_reason=reason,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_cached_tokens=seq.num_cached_tokens,
+            index=seq.index,
+            open_choices=self._open_choices.get(seq.request_id, 0),
+        )
+        if reason == "prefill":
+            self.scheduler.remove(seq)
+            seq.status = SequenceStatus.HELD
+            out.block_ids = list(seq.block_table)
+        elif reason is not None:
+            self._finish(seq, reason)
+            out.open_choices = self._close_choice(seq.request_id)
+        return out
