@@ -99,11 +99,6 @@ class BlockManager:
         child.block_table = list(parent.block_table)
         child.block_hashes = list(parent.block_hashes)
 
-    @property
-    def refs(self) -> list[int]:
-        """References per block id (read only: the scheduler's per-token check reads it)."""
-        return self._ref
-
     def writable(self, seq: Sequence, start: int, end: int) -> bool:
         """Whether `seq` may write positions [start, end) as it is: its table already covers
         them and holds each of their blocks alone (then `ensure_blocks` and `copy_on_write`

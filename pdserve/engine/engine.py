@@ -174,8 +174,7 @@ class LLMEngine(ForkedChoices, StepOutputs):
             spec.fit(drafted, batch)
         outputs, self._pending = self._pending, []
         if batch.seqs:
-            if self._open_choices:  # only n > 1 requests have choices to fork
-                self._fork_choices(batch)
+            self._fork_choices(batch)
             if batch.block_copies:
                 self.executor.copy_blocks(batch.block_copies)
                 if spec:

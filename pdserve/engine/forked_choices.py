@@ -55,6 +55,8 @@ class ForkedChoices:
         """Forks the pending choices of each sequence whose last prompt token this step
         computes: after the scheduler's copy-on-write, so the step's writes land in blocks the
         forks share (the prompt's KV, which they all want)."""
+        if not self._open_choices:  # only open n > 1 requests have choices to fork
+            return
         for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_tokens, strict=True)):
             if not seq.pending_forks or seq.num_computed_tokens + n < seq.num_tokens:
                 continue

@@ -102,14 +102,11 @@ class Scheduler:
         batch = ScheduledBatch()
         budget = self.max_num_batched_tokens
         running, max_seqs = self.running, self.max_num_seqs
-        writable, seqs, counts = self.block_manager.writable, batch.seqs, batch.num_tokens
-        refs, size = self.block_manager.refs, self.block_manager.block_size
         i = 0
         # Committed handoffs and forks join `running` directly, so it can hold more than
         # max_num_seqs: the earliest arrivals run, the rest wait in place with their blocks.
-        # (This loop runs once per running sequence per step: it reads fields, not properties,
-        # and checks the usual decode step, whose block is there and its own, without a call.)
-        while i < len(running) and budget > 0 and len(seqs) < max_seqs:
+        # (This loop runs once per running sequence per step: it reads fields, not properties.)
+        while i < len(running) and budget > 0 and len(batch.seqs) < max_seqs:
             seq = running[i]
             start = seq.num_computed_tokens
             n = min(len(seq.token_ids) - start, budget)
@@ -119,24 +116,19 @@ class Scheduler:
             if n == 0:  # a beam whose siblings have not computed yet: it waits for them
                 i += 1
                 continue
-            table = seq.block_table
-            # `writable` inlined for one token: its block is in the table and its own.
-            one_own = n == 1 and start // size < len(table) and refs[table[start // size]] == 1
-            if not one_own and not writable(seq, start, start + n):
-                while not self._make_writable(seq, n, batch):
-                    without_drafts = seq.num_uncomputed_tokens - seq.num_draft_tokens
-                    if n > without_drafts:  # its drafts go before anyone is preempted
-                        n = without_drafts
-                        continue
-                    victim = self.running[-1]
-                    self._preempt(victim)
-                    batch.preempted.append(victim)
-                    if victim is seq:
-                        break
-                if seq.status != SequenceStatus.RUNNING:
-                    break  # it preempted itself: everything after it is gone too
-            seqs.append(seq)  # batch.add
-            counts.append(n)
+            while not self._make_writable(seq, n, batch):
+                without_drafts = seq.num_uncomputed_tokens - seq.num_draft_tokens
+                if n > without_drafts:  # its drafts go before anyone is preempted
+                    n = without_drafts
+                    continue
+                victim = self.running[-1]
+                self._preempt(victim)
+                batch.preempted.append(victim)
+                if victim is seq:
+                    break
+            if seq.status != SequenceStatus.RUNNING:
+                break  # it preempted itself: everything after it is gone too
+            batch.add(seq, n)
             budget -= n
             i += 1
         if batch.preempted:

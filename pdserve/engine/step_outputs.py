@@ -1,8 +1,7 @@
 """StepOutputs: the steps of `LLMEngine` (engine.py, which inherits them) that turn a step's
 sampled tokens into the sequences' tokens and the step's `RequestOutput`s — the per-token
 path of every engine, and the price of each token the offline planner simulates (it makes
-millions of them): the usual token, one that ends nothing and carries no text, logprobs,
-speculation or beam, takes a short path whose output is the general one's.
+millions of them).
 
 These methods use the engine's state (its sequences, scheduler, block manager, counters) and
 are part of it; they live here so the engine's step and handoff read apart from them.
@@ -28,60 +27,23 @@ class StepOutputs:
         # Once per scheduled sequence per step (the offline planner simulates millions of
         # tokens): the counters are summed here and added once.
         decoded = prefilled = 0
-        cache_full_blocks, size = self.block_manager.cache_full_blocks, self.block_size
         for seq, n in zip(batch.seqs, batch.num_tokens, strict=True):
             drafts = seq.num_draft_tokens  # counted by the speculation, cached after rollback
-            computed = seq.num_computed_tokens
-            if n == 1 + drafts and computed >= seq.num_prompt_tokens:
+            if n == 1 + drafts and seq.num_computed_tokens >= seq.num_prompt_tokens:
                 decoded += n - drafts
             else:
                 prefilled += n - drafts
-            seq.num_computed_tokens = computed = computed + n
-            # The call registers nothing until a block has filled (once in block_size decodes).
-            if not drafts and computed // size > len(seq.block_hashes):
-                cache_full_blocks(seq)
+            seq.num_computed_tokens += n
+            if not drafts:
+                self.block_manager.cache_full_blocks(seq)
         self._counters["decode_tokens"] += decoded
         self._counters["prefill_tokens_computed"] += prefilled
         outputs, searched = [], []
-        seqs, beams_of, verified_of = batch.seqs, self._beams, batch.verified
-        eos, open_choices, max_len = self.eos_token_ids, self._open_choices, self.max_model_len
         for i, token, logprob in zip(sample_idx, tokens, logprobs, strict=True):
-            seq = seqs[i] if i < len(seqs) else batch.sampling_seq(i)
-            params, rid, length = seq.params, seq.request_id, len(seq.token_ids) + 1
-            beams = beams_of.get(rid) if beams_of else None
-            verified = verified_of.get(i) if verified_of else None
-            # The usual token (no text, logprobs, speculation or beams) that ends nothing:
-            # _append_tokens' output without its general loop.
-            if (
-                beams is None
-                and verified is None
-                and seq.detokenizer is None
-                and not seq.prefill_only
-                and not params.logprobs
-                and token not in params.stop_token_ids
-                and (params.ignore_eos or token not in eos)
-                and length < max_len
-                and length < seq.num_prompt_tokens + params.max_tokens
-            ):
-                seq.token_ids.append(token)
-                # Positional, in field order (keywords cost ~0.2 us a token): request_id,
-                # new_token_ids, new_logprobs, text_delta, finished, finish_reason,
-                # num_prompt_tokens, num_cached_tokens, block_ids, index, open_choices.
-                out = RequestOutput(
-                    rid,
-                    [token],
-                    None,
-                    "",
-                    False,
-                    None,
-                    seq.num_prompt_tokens,
-                    seq.num_cached_tokens,
-                    None,
-                    seq.index,
-                    open_choices.get(rid, 0),
-                )
-                outputs.append(out)
-            elif verified is not None and self._speculation is not None:
+            seq = batch.sampling_seq(i)
+            beams = self._beams.get(seq.request_id)
+            verified = batch.verified.get(i)
+            if verified is not None and self._speculation is not None:
                 drafted = seq.num_draft_tokens
                 self._speculation.roll_back(seq, verified)
                 run_logprobs = verified.logprobs or [None] * len(verified.token_ids)

@@ -167,14 +167,8 @@ class VirtualRequest:
 
     # ---- tokens -----------------------------------------------------------------------------
     def _on_decode_output(self, worker: VirtualWorker, out: RequestOutput) -> None:
-        # Once per generated token: `_token` inlined for a token that is not the first.
-        token_ids = out.new_token_ids
-        record = self.record
-        if token_ids and record.chunk_times and not self.cluster.keep_tokens:
-            record.chunk_times.append(self.cluster.loop.now)
-            record.chunk_tokens.append(len(token_ids))
-        elif token_ids:
-            self._token(token_ids)
+        if out.new_token_ids:
+            self._token(out.new_token_ids)
         if out.finished:
             self._end(ok=True)
 

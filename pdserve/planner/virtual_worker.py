@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from operator import attrgetter
 from typing import Any
 
 from pdserve.core.messages import ENGINE_COUNT_FIELDS, WorkerStats
@@ -20,7 +19,6 @@ from pdserve.engine.engine import LLMEngine, RequestOutput
 from pdserve.planner.deployment import StepMeter
 from pdserve.planner.events import EventLoop
 
-_NEW_TOKEN_IDS = attrgetter("new_token_ids")
 # (worker, outputs of one step) -> None
 OutputSink = Callable[["VirtualWorker", list[RequestOutput]], None]
 
@@ -105,7 +103,7 @@ class VirtualWorker:
         elif outputs:
             stats.decode_steps += 1
             stats.decode_seconds += seconds
-            stats.decode_tokens += sum(map(len, map(_NEW_TOKEN_IDS, outputs)))
+            stats.decode_tokens += sum(len(o.new_token_ids) for o in outputs)
         self.busy_seconds += seconds
         self._stepping = True
         self._loop.after(seconds, lambda: self._end_step(outputs))

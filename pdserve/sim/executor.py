@@ -28,8 +28,6 @@ from pdserve.sim.timing import Chunk, LinearTiming, StepWork
 from pdserve.sim.tokens import TokenSpace, sim_token
 
 GBIT = 10**9 / 8  # bytes per second in one Gbit/s
-# position -> the decode Chunk at it: immutable, so one object serves every step there.
-_DECODE_CHUNKS: dict[int, Chunk] = {}
 
 
 def read_model_config(model_dir: Path) -> dict[str, Any]:
@@ -104,38 +102,19 @@ class SimExecutor:
     ) -> tuple[list[int], list[int], list[float | None]]:
         """(indices in batch.seqs that sample, their tokens, their log-probabilities) of a
         ScheduledBatch whose chunks are not counted as computed yet."""
-        # Runs once per scheduled sequence per step (the planner simulates millions of tokens):
-        # one pass reads each sequence's fields (no properties), takes decode chunks from a
-        # cache (a decode is the same Chunk at the same position) and samples on the way
-        # (forks after: the order of sample_idx, hence of the unseeded salts, is unchanged).
-        chunks, sample_idx, tokens, logprobs = [], [], [], []
-        decode_chunks, space, salt_of = _DECODE_CHUNKS, self._space, self._salt
-        i = 0
-        for seq, n in zip(batch.seqs, batch.num_tokens, strict=True):
-            start, token_ids = seq.num_computed_tokens, seq.token_ids
-            if n == 1 and start >= seq.num_prompt_tokens:
-                chunk = decode_chunks.get(start)
-                if chunk is None:
-                    chunk = decode_chunks[start] = Chunk(start, 1, decode=True)
-                chunks.append(chunk)
-            else:
-                chunks.append(Chunk(start, n, decode=False))
-            if start + n == len(token_ids):
-                params = seq.params  # a greedy token has no salt (see `_salt`)
-                token, logprob = sim_token(
-                    token_ids, space, None if params.greedy else salt_of(seq)
-                )
+        chunks, sample_idx = [], []
+        for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_tokens, strict=True)):
+            chunks.append(scheduled_chunk(seq, n))
+            if seq.num_computed_tokens + n == seq.num_tokens:
                 sample_idx.append(i)
-                tokens.append(token)
-                logprobs.append(logprob if params.logprobs else None)
-            i += 1
         # Forks of n > 1 requests sample from their parent's position, each with its own seed.
-        if batch.fork_samples:
-            sample_idx += range(i, i + len(batch.fork_samples))
-            for _, fork in batch.fork_samples:
-                token, logprob = sim_token(fork.token_ids, space, salt_of(fork))
-                tokens.append(token)
-                logprobs.append(logprob if fork.params.logprobs else None)
+        sample_idx += range(len(batch.seqs), len(batch.seqs) + len(batch.fork_samples))
+        tokens, logprobs = [], []
+        for i in sample_idx:
+            seq = batch.sampling_seq(i)
+            token, logprob = sim_token(seq.token_ids, self._space, self._salt(seq))
+            tokens.append(token)
+            logprobs.append(logprob if seq.params.logprobs else None)
         work = StepWork.of(chunks, len(sample_idx))
         modelled = self.timing.step_seconds(work)
         if self._spread is None:
@@ -152,7 +131,7 @@ class SimExecutor:
         if params.greedy:
             return None
         seed = params.seed if params.seed is not None else self._random.getrandbits(63)
-        return seed, params.seed_offset + len(seq.token_ids) - seq.num_prompt_tokens
+        return seed, params.seed_offset + seq.num_output_tokens
 
     def _next_entry(self, work: StepWork) -> tuple[float, float]:
         """The next (ratio, gap) of the spread table of `work`'s kind, walked in recorded

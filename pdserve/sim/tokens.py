@@ -28,16 +28,15 @@ class TokenSpace:
             raise ValueError("the vocabulary has no token besides special ones")
         # Indices below the first avoided id are ids as they are; those at or past the last
         # are shifted by all of them (special ids usually sit at one end of the vocabulary).
-        self.first_avoided = self.avoid[0] if self.avoid else 0
-        self.last_avoided = self.avoid[-1] if self.avoid else -1
-        self.shift = len(self.avoid)
+        self._first_avoided = self.avoid[0] if self.avoid else 0
+        self._last_avoided = self.avoid[-1] if self.avoid else -1
 
     def nth(self, index: int) -> int:
         """The index-th allowed id: skips the avoided ids at or below it."""
-        if index < self.first_avoided:  # no avoided id lies at or below it
+        if index < self._first_avoided:  # no avoided id lies at or below it
             return index
-        if index >= self.last_avoided:  # every avoided id lies below: all of them shift it
-            return index + self.shift
+        if index >= self._last_avoided:  # every avoided id lies below: all of them shift it
+            return index + len(self.avoid)
         token = index
         # Each avoided id at or below the candidate shifts it up by one.
         while True:
@@ -55,10 +54,7 @@ def sim_token(
     # Runs once per simulated token (the planner makes millions): the fields are packed with a
     # prebuilt Struct and hashed from a prebuilt blake2b state; values outside an unsigned
     # 64-bit field are reduced modulo 2**64 first, which is what the packing always meant.
-    if salt:
-        fields = (len(context), *context[-CONTEXT_TOKENS:], *salt)
-    else:
-        fields = (len(context), *context[-CONTEXT_TOKENS:])
+    fields = (len(context), *context[-CONTEXT_TOKENS:], *(salt or ()))
     try:
         packed = _PACKERS[len(fields)].pack(*fields)
     except struct.error:
@@ -66,15 +62,9 @@ def sim_token(
     hasher = _HASHER.copy()
     hasher.update(packed)
     value = int.from_bytes(hasher.digest(), "little")
-    index = value % space.size
-    # TokenSpace.nth without the call when no avoided id lies between (the usual).
-    if index < space.first_avoided:
-        token = index
-    elif index >= space.last_avoided:
-        token = index + space.shift
-    else:
-        token = space.nth(index)
-    return token, -((value >> 64) % 10_000) / 1_000
+    token = space.nth(value % space.size)
+    logprob = -((value >> 64) % 10_000) / 1_000
+    return token, logprob
 
 
 _U64 = 2**64 - 1

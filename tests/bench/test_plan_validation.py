@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from pdserve.plan_validation import bench as plan_validation_bench
+from tests.bench.cli_args import bench_args
 from tests.sim.conftest import LLAMA_8B_SHAPE, write_config_only_model
 
 
@@ -20,9 +21,7 @@ def model_dir(tmp_path_factory) -> Path:
 
 
 def _args(**overrides) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    plan_validation_bench.add_arguments(parser)
-    return parser.parse_args([f"--{k.replace('_', '-')}={v}" for k, v in overrides.items()])
+    return bench_args(plan_validation_bench, **overrides)
 
 
 def test_rag_on_one_prefill_and_one_decode_worker_agrees_with_the_plan(

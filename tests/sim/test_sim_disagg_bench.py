@@ -10,12 +10,11 @@ import pytest
 
 from pdserve.bench import sim_disagg_bench
 from pdserve.bench.metrics import goodput_rate
+from tests.bench.cli_args import bench_args
 
 
 def _args(**overrides) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    sim_disagg_bench.add_arguments(parser)
-    return parser.parse_args([f"--{k.replace('_', '-')}={v}" for k, v in overrides.items()])
+    return bench_args(sim_disagg_bench, **overrides)
 
 
 def test_two_layouts_two_rates_report_consistent_figures(

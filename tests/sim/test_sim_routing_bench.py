@@ -10,12 +10,11 @@ import pytest
 
 from pdserve.bench import sim_routing_bench
 from pdserve.core.sampling_params import SamplingParams
+from tests.bench.cli_args import bench_args
 
 
 def _args(**overrides) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    sim_routing_bench.add_arguments(parser)
-    return parser.parse_args([f"--{k.replace('_', '-')}={v}" for k, v in overrides.items()])
+    return bench_args(sim_routing_bench, **overrides)
 
 
 def test_two_policies_on_four_workers_report_consistent_figures(

@@ -1,7 +1,7 @@
-"""The engine's short path for the usual token (step_outputs.py) gives the general path's
-outputs: an engine without text (emit_text=False, no detokenizer: the short path) and one with
-text (a detokenizer on every sequence: the general path) produce the same outputs, text aside,
-for plain, n > 1, prefix-hit, stop-token, length-limited and logprob requests."""
+"""The per-token outputs of a step (step_outputs.py) do not depend on text: an engine without
+text (emit_text=False, no detokenizer) and one with a detokenizer on every sequence produce the
+same outputs, text aside, for plain, n > 1, prefix-hit, stop-token, length-limited and logprob
+requests; and a mid-stream output carries every field."""
 
 from __future__ import annotations
 
@@ -32,10 +32,10 @@ def _engines(sim_model_dir, **overrides) -> tuple[LLMEngine, LLMEngine]:
     return LLMEngine(config, emit_text=False), LLMEngine(config, emit_text=True)
 
 
-def test_the_short_path_gives_the_general_paths_outputs(sim_model_dir):
-    short, general = _engines(sim_model_dir, max_model_len=40)
+def test_outputs_with_and_without_text_are_the_same(sim_model_dir):
+    plain, texted = _engines(sim_model_dir, max_model_len=40)
     # The tokens a plain request produces, to stop another one on its third token.
-    probe = short.generate([SHARED + [9, 9]], SamplingParams(max_tokens=6))[0]
+    probe = plain.generate([SHARED + [9, 9]], SamplingParams(max_tokens=6))[0]
     requests = [
         ("plain", SHARED + [5, 6, 7], SamplingParams(max_tokens=7)),
         ("choices", SHARED + [8], SamplingParams(max_tokens=5, n=3, temperature=1.0, seed=4)),
@@ -48,9 +48,9 @@ def test_the_short_path_gives_the_general_paths_outputs(sim_model_dir):
         ),
         ("eos", [11, 12], SamplingParams(max_tokens=3, ignore_eos=True)),
     ]
-    general.generate([SHARED + [9, 9]], SamplingParams(max_tokens=6))
-    got = _run(short, requests)
-    want = [dataclasses.replace(out, text_delta="") for out in _run(general, requests)]
+    texted.generate([SHARED + [9, 9]], SamplingParams(max_tokens=6))
+    got = _run(plain, requests)
+    want = [dataclasses.replace(out, text_delta="") for out in _run(texted, requests)]
     assert got == want
     finished = {out.request_id: out.finish_reason for out in got if out.finished}
     assert finished["stop"] == "stop" and finished["context"] == "length"
@@ -58,10 +58,10 @@ def test_the_short_path_gives_the_general_paths_outputs(sim_model_dir):
     assert any(out.new_logprobs for out in got if out.request_id == "logprobs")
 
 
-def test_a_short_path_output_fills_each_field(sim_model_dir):
-    """Distinct values in every field the short path sets positionally."""
-    short, _ = _engines(sim_model_dir)
-    outputs = _run(short, [("r", SHARED + [5, 6, 7], SamplingParams(max_tokens=4, n=2))])
+def test_a_mid_stream_output_fills_each_field(sim_model_dir):
+    """Distinct values in every field of an output that ends nothing."""
+    plain, _ = _engines(sim_model_dir)
+    outputs = _run(plain, [("r", SHARED + [5, 6, 7], SamplingParams(max_tokens=4, n=2))])
     middle = [out for out in outputs if out.request_id == "r" and not out.finished]
     assert {out.index for out in middle} == {0, 1}
     for out in middle:

@@ -1,5 +1,5 @@
-"""TokenSpace.nth and sim_token's inlined copy of it: the index-th id of the vocabulary that
-is not avoided, whether the avoided ids sit at the start, the end or in between."""
+"""TokenSpace.nth, which sim_token maps its hash through: the index-th id of the vocabulary
+that is not avoided, whether the avoided ids sit at the start, the end or in between."""
 
 from __future__ import annotations
 
