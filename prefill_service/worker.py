@@ -1,10 +1,13 @@
 """PrefillWorker: the Ray actor that computes prompts and pushes their KV to decode workers.
 
 prefill() runs the prompt in prefill-only mode (the engine reuses this worker's prefix cache and
-holds the blocks after sampling the first token), pushes the blocks the decode worker lacks
-through the configured transport, commits with the first token, and releases the blocks — to
-this worker's prefix cache, where a later request with the same prefix finds them. P never
-holds blocks on D's behalf once its push is done, whatever the outcome.
+holds the blocks after sampling the first token) and hands the first token back at once, so the
+router streams it to the client while the KV is still on its way (as DistServe and Splitwise
+return the first token from the prefill instance); it then pushes the blocks the decode worker
+lacks through the configured transport, commits with the first token, and releases the blocks —
+to this worker's prefix cache, where a later request with the same prefix finds them. P never
+holds blocks on D's behalf once its push is done, whatever the outcome, nor once the caller
+stops listening.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from opentelemetry import trace
@@ -20,7 +24,7 @@ from opentelemetry.trace import Span, SpanKind
 from pdserve import metrics
 from pdserve.core.messages import KVReservation, PrefillResult, WorkRequest
 from pdserve.logging_setup import bind_request_id
-from pdserve.telemetry import get_tracer, inject_context, span_from_carrier, wall_ns
+from pdserve.telemetry import extract_context, get_tracer, inject_context, wall_ns
 from pdserve.worker.engine_loop import END_OF_STREAM
 from pdserve.worker.worker_actor import WorkerActor
 from pdserve.worker.worker_spec import WorkerSpec
@@ -47,12 +51,17 @@ class PrefillWorker(WorkerActor):
 
         self._sender = make_sender(self._kv_config, runtime.engine.kv_cache)
 
-    async def prefill(self, request: WorkRequest, reservation: KVReservation) -> PrefillResult:
-        """Computes the prompt, moves its KV to the reservation's decode worker and commits.
+    async def prefill(
+        self, request: WorkRequest, reservation: KVReservation
+    ) -> AsyncIterator[PrefillResult]:
+        """Computes the prompt and yields its result at the first token; then moves its KV to
+        the reservation's decode worker, commits, and yields the same result again with the
+        transfer's figures (unless the first token ended the request: nothing to hand over).
 
         Raises KVTransferError when the push or the commit fails (the caller retries),
         PrefillAborted when the request was aborted meanwhile. Traced as `pdserve.prefill`
-        (a child of the router's attempt) with queue, forward and kv_transfer inside.
+        (a child of the router's attempt) with queue, forward and kv_transfer inside; not the
+        current span across the yields, which hand control back to Ray.
         """
         runtime = await self._started()
         rid = request.request_id
@@ -61,19 +70,28 @@ class PrefillWorker(WorkerActor):
             "pdserve.worker_id": self.worker_id,
             "pdserve.prompt_tokens": len(request.prompt_token_ids),
         }
-        with (
-            bind_request_id(rid),
-            span_from_carrier("pdserve.prefill", request.trace_context, attributes) as span,
-        ):
-            result, block_ids = await self._compute(runtime, request, span)
-            if result.finished:  # the first token ended it: nothing to hand over, blocks freed
-                return result
+        span = get_tracer("pdserve.prefill").start_span(
+            "pdserve.prefill",
+            context=extract_context(request.trace_context),
+            kind=SpanKind.SERVER,
+            attributes=attributes,
+        )
+        try:
+            with bind_request_id(rid), trace.use_span(span, end_on_exit=False):
+                result, block_ids = await self._compute(runtime, request, span)
+            if result.finished:  # the first token ended it: blocks freed, nothing to hand over
+                yield result
+                return
             try:
-                src_blocks = [block_ids[i] for i in reservation.missing_block_indices]
-                await self._push(runtime, reservation, src_blocks, result)
-            finally:
+                yield result
+                with bind_request_id(rid), trace.use_span(span, end_on_exit=False):
+                    src_blocks = [block_ids[i] for i in reservation.missing_block_indices]
+                    await self._push(runtime, reservation, src_blocks, result)
+            finally:  # also when the caller stopped listening after the first token
                 await runtime.loop.acall(lambda: runtime.engine.release(rid))
-            return result
+            yield result
+        finally:  # use_span recorded any exception of the work inside it
+            span.end()
 
     async def _compute(
         self, runtime: WorkerRuntime, request: WorkRequest, span: Span

@@ -149,6 +149,9 @@ def estimate(
         compute = cost.prefill_seconds(request.uncached_tokens(p_cached))
         blocks = request.total_blocks - d_cached  # only the blocks D lacks travel
         transfer = cost.transfer_seconds(blocks * request.bytes_per_block)
+        # The first token reaches the client before the push (prefill_service/worker.py), but
+        # the stream then pauses for it: counted here, so the handoff keeps a price (and a
+        # decode worker already holding the prefix, which needs less of it, stays preferred).
         ttft, stall = wait + compute + transfer, 0.0
     return Estimate(
         prefill_worker=prefill.worker_id if prefill else None,

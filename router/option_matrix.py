@@ -99,7 +99,7 @@ class OptionMatrix:
         before = d.running + d.queued_requests  # D's batch without this request
         slowdown = tpot - _line(cost.decode, np.maximum(1, before))
         interference = d.running * np.maximum(0.0, slowdown)  # to D's running requests
-        # Remote columns: TTFT = (queue + compute on P) + transfer to D; no stall.
+        # Remote columns: TTFT = (queue + compute on P) + transfer to D (see estimate); no stall.
         p_compute = _prefill_seconds(cost, _uncached(request, p.cached), local=False)
         p_ttft = _queue_seconds(cost, p.queued_tokens, p.queued_requests, local=False) + p_compute
         transfer = _line(cost.transfer, (total - d.cached) * request.bytes_per_block)

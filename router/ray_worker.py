@@ -1,7 +1,7 @@
 """RayWorkerHandle: a worker actor's Ray handle as a router.types.WorkerHandle.
 
 The only place the router calls `.remote()`: every call becomes a coroutine, and the actor's
-streaming generator an async iterator of TokenBatches. Ray itself is not imported here; the
+streaming generators async iterators (of PrefillResults, of TokenBatches). Ray itself is not imported here; the
 handle's methods carry it.
 """
 
@@ -26,8 +26,11 @@ class RayWorkerHandle:
     async def reserve(self, work: WorkRequest) -> KVReservation | None:
         return await self.actor.reserve.remote(work)
 
-    async def prefill(self, work: WorkRequest, reservation: KVReservation) -> PrefillResult:
-        return await self.actor.prefill.remote(work, reservation)
+    async def prefill(
+        self, work: WorkRequest, reservation: KVReservation
+    ) -> AsyncIterator[PrefillResult]:
+        async for ref in self.actor.prefill.remote(work, reservation):
+            yield await ref
 
     async def generate(self, work: WorkRequest) -> None:
         await self.actor.generate.remote(work)

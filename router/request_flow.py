@@ -1,7 +1,8 @@
 """One request's life behind the router: route, reserve, prefill, transfer, decode, retry, abort.
 
 The router owns the handoff's lifecycle (docs/design.md): it asks the decode worker for a
-reservation, has the prefill worker push and commit, then streams the decode worker's tokens.
+reservation, streams the prefill worker's first token as soon as it is sampled, has the prefill
+worker push and commit meanwhile, then streams the decode worker's tokens.
 Any failure of a worker or a transfer ends in another attempt on other workers (or a local
 prefill); tokens already sent to the client are never re-sent: a retry continues from them by
 treating them as part of the prompt, drawing seeded samples where the stream left off, and the
@@ -197,42 +198,53 @@ class RequestFlow:
         reservation = await self._guarded(route.decode_worker, decode.reserve(work))
         if reservation is None:
             raise _NoRoom(f"decode worker {route.decode_worker} has no free KV blocks")
-        try:
-            # The push writes into the decode worker: a frozen receiver stalls it as surely
-            # as a frozen sender, so both are watched.
-            result = await self._guarded(
-                route.prefill_worker,
-                prefill.prefill(work, reservation),
-                also_watch=route.decode_worker,
-            )
-        except _WorkerFailed as exc:
-            observability.transfer_failed(exc)
-            raise
-        observability.transfer_done(span, result)
         progress.prefill_worker, progress.decode_worker = route.prefill_worker, route.decode_worker
         progress.disaggregated = True
-        progress.cached_tokens = _of_client_prompt(result.num_cached_tokens, progress)
-        progress.queue_s, progress.prefill_s = result.queue_s, result.prefill_s
-        progress.transfer_s = result.transfer_s
-        if self._on_prefill_done:
-            self._on_prefill_done(route, result)
-        if not work.sampling.beam_search:  # a beam search starts on the decode worker
-            yield TokenBatch(
-                request_id=work.request_id,
-                token_ids=[result.first_token_id],
-                logprobs=[] if result.first_logprob is None else [result.first_logprob],
-                text="",  # the router decodes the text (OutputText)
-                finished=result.finished,
-                finish_reason=result.finish_reason,
-                num_prompt_tokens=result.num_prompt_tokens,
-                num_cached_tokens=result.num_cached_tokens,
-            )
-            if result.finished:
-                return
+        # The prefill worker answers twice: at the first token, which goes to the client at once,
+        # then once the KV is pushed and committed. The push writes into the decode worker: a
+        # frozen receiver stalls it as surely as a frozen sender, so both are watched.
+        results = prefill.prefill(work, reservation)
+        async with aclosing(results):
+            result = await self._prefill_stage(route, results)
+            progress.cached_tokens = _of_client_prompt(result.num_cached_tokens, progress)
+            progress.queue_s, progress.prefill_s = result.queue_s, result.prefill_s
+            if not work.sampling.beam_search:  # a beam search starts on the decode worker
+                yield TokenBatch(
+                    request_id=work.request_id,
+                    token_ids=[result.first_token_id],
+                    logprobs=[] if result.first_logprob is None else [result.first_logprob],
+                    text="",  # the router decodes the text (OutputText)
+                    finished=result.finished,
+                    finish_reason=result.finish_reason,
+                    num_prompt_tokens=result.num_prompt_tokens,
+                    num_cached_tokens=result.num_cached_tokens,
+                )
+            if not result.finished:
+                result = await self._prefill_stage(route, results)
+                progress.transfer_s = result.transfer_s
+            observability.transfer_done(span, result)
+            if self._on_prefill_done:
+                self._on_prefill_done(route, result)
+        if result.finished:
+            return
         async for batch in self._guarded_stream(
             route.decode_worker, decode.stream(work.request_id)
         ):
             yield batch
+
+    async def _prefill_stage(
+        self, route: Route, results: AsyncIterator[PrefillResult]
+    ) -> PrefillResult:
+        """The prefill worker's next answer; a transfer failure is traced as one."""
+        try:
+            return await self._guarded(
+                route.prefill_worker, anext(results), also_watch=route.decode_worker
+            )
+        except StopAsyncIteration as exc:  # the worker broke its protocol: a failure too
+            raise _WorkerFailed(route.prefill_worker, "prefill ended without a result") from exc
+        except _WorkerFailed as exc:
+            observability.transfer_failed(exc)
+            raise
 
     async def _guarded(
         self, worker_id: str, call: Awaitable[T], also_watch: str | None = None

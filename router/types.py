@@ -41,8 +41,12 @@ class WorkerHandle(Protocol):
         """Blocks for the prompt's KV to arrive in; None when the KV pool has no room now."""
         ...
 
-    async def prefill(self, work: WorkRequest, reservation: KVReservation) -> PrefillResult:
-        """Computes the prompt, pushes the KV into the reservation and commits it."""
+    def prefill(
+        self, work: WorkRequest, reservation: KVReservation
+    ) -> AsyncIterator[PrefillResult]:
+        """Computes the prompt and yields the result at its first token; then pushes the KV
+        into the reservation, commits it and yields the result again (unless the first token
+        ended the request)."""
         ...
 
     async def generate(self, work: WorkRequest) -> None:

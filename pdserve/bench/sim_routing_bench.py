@@ -58,8 +58,10 @@ class PolicyResult:
     tpot_p50_ms: float
     tpot_p99_ms: float
     local_prefills: float  # fraction of completed requests prefilled on their decode worker
-    router_busy: float  # this process's CPU seconds per wall second during the run
-    max_step_excess: float
+    # This process's CPU seconds per wall second during the run, and the worst worker's step
+    # time over its model: the saturation check's figures (None offline: no wall clock).
+    router_busy: float | None
+    max_step_excess: float | None
 
     @property
     def computed_vs_minimum(self) -> float:
@@ -84,7 +86,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", help="write every result to this file")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, measure_size_with=None) -> int:
+    """`measure_size_with`: measures one size in place of the live system (same arguments as
+    `measure_size` less the console; pdserve/plan_validation/routing_offline.py passes the offline one)."""
     from rich.console import Console
 
     from pdserve.bench.sim_run import bench_error, config_only_model, ensure_ray
@@ -99,11 +103,19 @@ def run(args: argparse.Namespace) -> int:
     model_dir = Path(args.model) if args.model else config_only_model()
     model_config = json.loads((model_dir / "config.json").read_text())
     console = Console(width=160)
-    ensure_ray(max(p for p, _ in splits.values()), max(d for _, d in splits.values()))
+    if measure_size_with is None:
+        ensure_ray(max(p for p, _ in splits.values()), max(d for _, d in splits.values()))
     results: list[PolicyResult] = []
     for size in sizes:
         prefill, decode = splits[size]
         console.print(f"[bold]{size} workers[/bold]: {prefill} prefill + {decode} decode")
+        if measure_size_with is not None:
+            found = measure_size_with(model_dir, model_config, size, prefill, decode, policies,
+                                      args)  # fmt: skip
+            for result in found:
+                console.print(f"  {result.policy}: {_line(result)}")
+            results += found
+            continue
         try:
             results += measure_size(model_dir, model_config, size, prefill, decode, policies,
                                     args, console)  # fmt: skip
@@ -159,6 +171,17 @@ def workload(args: argparse.Namespace, size: int, model_config: dict, seed: int)
     return generate_requests(config, count, seed, model_config["vocab_size"], eos_ids(model_config))
 
 
+def warm_up_requests(args: argparse.Namespace, size: int, model_config: dict):
+    """Unshared prompts sent through the workers first, so the cost model has measured them."""
+    from pdserve.bench.datasets import DatasetConfig, generate_requests
+    from pdserve.bench.local_system import eos_ids
+
+    warm = DatasetConfig(name="random", random_input_len=512, random_output_len=8)
+    return generate_requests(
+        warm, 2 * size, args.seed + 999, model_config["vocab_size"], eos_ids(model_config)
+    )
+
+
 def measure_size(
     model_dir: Path,
     model_config: dict,
@@ -181,14 +204,7 @@ def measure_size(
     results = []
     with serve_sim(model_dir, cluster, model_config) as app:
         rate = args.rate_per_worker * size
-        # Unshared prompts through the workers, so the cost model has measured them.
-        from pdserve.bench.datasets import DatasetConfig, generate_requests
-        from pdserve.bench.local_system import eos_ids
-
-        warm = DatasetConfig(name="random", random_input_len=512, random_output_len=8)
-        warm_requests = generate_requests(
-            warm, 2 * size, args.seed + 999, model_config["vocab_size"], eos_ids(model_config)
-        )
+        warm_requests = warm_up_requests(args, size, model_config)
         run_sim_load(app, warm_requests, rate, cluster.time_scale, seed=args.seed)
         wait_idle(app)
         for i, policy in enumerate(policies):
@@ -206,7 +222,6 @@ def measure_size(
 
 def measure_policy(app, size: int, policy: str, requests_of, rate: float, scale: float, args):
     """One policy's run (`requests_of(attempt)` its workload); raises Saturated if refused."""
-    from pdserve.bench.metrics import run_duration, summarize
 
     sent: dict = {}
 
@@ -218,6 +233,26 @@ def measure_policy(app, size: int, policy: str, requests_of, rate: float, scale:
     records, check = checked_run(app, args, attempt_at, f"{size} workers / {policy}")
     requests = sent["requests"]
     computed = sum(s.prefill_tokens for s in sim_workers(app).values()) - sent["before"]
+    return policy_result(
+        size, policy, records, requests, computed, local_prefill_fraction(records), args,
+        router_busy=check.router_busy, max_step_excess=check.summary()["max_excess"],
+    )  # fmt: skip
+
+
+def policy_result(
+    size: int,
+    policy: str,
+    records: Sequence,
+    requests: Sequence,
+    computed: int,
+    local_prefills: float,
+    args: argparse.Namespace,
+    router_busy: float | None = None,
+    max_step_excess: float | None = None,
+) -> PolicyResult:
+    """One policy's figures from its records (simulated time) and the prompt tokens computed."""
+    from pdserve.bench.metrics import run_duration, summarize
+
     summary = summarize(records, run_duration(records))
     return PolicyResult(
         size=size,
@@ -231,9 +266,9 @@ def measure_policy(app, size: int, policy: str, requests_of, rate: float, scale:
         ttft_p99_ms=summary.ttft.p99,
         tpot_p50_ms=summary.tpot.p50,
         tpot_p99_ms=summary.tpot.p99,
-        local_prefills=local_prefill_fraction(records),
-        router_busy=check.router_busy,
-        max_step_excess=check.summary()["max_excess"],
+        local_prefills=local_prefills,
+        router_busy=router_busy,
+        max_step_excess=max_step_excess,
     )
 
 
@@ -242,8 +277,9 @@ def _line(r: PolicyResult) -> str:
         f"TTFT p50 {r.ttft_p50_ms:.1f} ms p99 {r.ttft_p99_ms:.1f} ms, TPOT p50 "
         f"{r.tpot_p50_ms:.1f} ms p99 {r.tpot_p99_ms:.1f} ms, computed {r.computed_tokens} "
         f"({r.computed_vs_minimum:.2f}x minimum), local prefills {r.local_prefills:.0%}, "
-        f"failed {r.failed}, router busy {r.router_busy:.0%}, worst step excess "
-        f"{r.max_step_excess:+.1%}"
+        f"failed {r.failed}"
+        + ("" if r.router_busy is None else f", router busy {r.router_busy:.0%}")
+        + ("" if r.max_step_excess is None else f", worst step excess {r.max_step_excess:+.1%}")
     )
 
 

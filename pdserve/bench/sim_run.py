@@ -41,6 +41,11 @@ class SimCluster:
     disaggregate: str = "auto"
     ttft_slo_ms: float = 400.0
     tpot_slo_ms: float = 40.0
+    # Payload of one KV chunk (None: the transport's default). A sim chunk carries no bytes and
+    # sleeps its share of the modelled link time, so the split changes nothing modelled; each
+    # chunk only adds this machine's thread and gRPC hops to the push, counted in simulated
+    # time at 1 / time_scale of their wall time.
+    kv_chunk_bytes: int | None = None
 
 
 def add_cluster_arguments(
@@ -190,6 +195,7 @@ def serve_sim(model_dir: Path, cluster: SimCluster, model_config: dict | None = 
             advertise_host="127.0.0.1",
             trust_peer_cache=True,
             reservation_timeout_s=30.0 * scale,
+            **({"chunk_bytes": cluster.kv_chunk_bytes} if cluster.kv_chunk_bytes else {}),
         ),
         # The router sees wall time: its targets and patience stretch with the model.
         router=RouterConfig(

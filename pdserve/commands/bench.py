@@ -26,6 +26,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sim-memory": ("pdserve.bench.sim_memory", "RSS of sim vs torch workers; 64 sim workers"),
     "sim-disagg": ("pdserve.bench.sim_disagg_bench", "every P:D split vs colocated on 8 sim H100s"),
     "sim-routing": ("pdserve.bench.sim_routing_bench", "routing policies on 16 and 64 sim workers"),
+    "sim-routing-offline": (
+        "pdserve.plan_validation.routing_offline",
+        "the same on the planner's virtual cluster: no Ray, any size in seconds",
+    ),
     "plan-validate": ("pdserve.plan_validation.bench", "planner vs live sim cluster"),
     "spec": ("pdserve.bench.spec_bench", "decode tok/s with speculative decoding (ngram, draft)"),
 }

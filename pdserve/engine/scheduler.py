@@ -12,6 +12,7 @@ copied (BlockManager.copy_on_write): the batch lists the copies, made before the
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -85,8 +86,9 @@ class Scheduler:
         """A committed decode handoff joins the running sequences directly (its prompt is
         computed); it takes a place in a step once fewer than max_num_seqs run before it."""
         seq.status = SequenceStatus.RUNNING
-        self.running.append(seq)
-        self.running.sort(key=_ARRIVAL)
+        # `running` is in arrival order: placing it costs a search, not a sort of them all
+        # (a decode worker's running list can hold thousands of committed handoffs).
+        bisect.insort(self.running, seq, key=_ARRIVAL)
 
     def remove(self, seq: Sequence) -> None:
         """Takes a finished or aborted sequence out of its queue (its blocks are not touched)."""
@@ -146,6 +148,7 @@ class Scheduler:
         # block is among them waits a step and then finds it in the prefix cache, instead of
         # computing the same shared prefix a second time in parallel.
         in_flight = {h for seq in self.running for h in self._uncomputed_prompt_hashes(seq)}
+        admitted = False
         for seq in list(self.waiting):
             if budget <= 0 or len(self.running) >= self.max_num_seqs:
                 break
@@ -160,7 +163,9 @@ class Scheduler:
             batch.add(seq, n)
             budget -= n
             in_flight.update(self._uncomputed_prompt_hashes(seq))
-        self.running.sort(key=_ARRIVAL)
+            admitted = True
+        if admitted:  # a recomputed (preempted) sequence arrived before some running ones
+            self.running.sort(key=_ARRIVAL)
 
     def _evict_idle(self) -> list[Sequence]:
         """Nothing could run: the running sequences all wait (beams whose siblings are

@@ -1,8 +1,12 @@
-"""`pdserve bench plan-validate` (issue 20 point 2): the offline planner's prediction against a
-live cluster of sim workers serving the same requests. A package of its own, not part of
+"""The benchmarks that run the offline planner's virtual cluster: `pdserve bench plan-validate`
+(issue 20 point 2), the planner's prediction against a live cluster of sim workers serving the
+same requests, and `pdserve bench sim-routing-offline`. A package of its own, not part of
 `pdserve.bench`: it imports the planner, which imports the benchmarks' metrics and workloads
 (import cycles between sibling packages are refused by the import-linter contract).
 
 - `bench.py` — the command: offline search and probes, the live sweep, the comparison.
 - `report.py` — the planned and live figures of a scenario, their ratios and the table.
+- `rates.py` — the swept rates, extended until the offline sweep brackets the goodput.
+- `ttft_parts.py` — where each request's TTFT went, offline and live, compared by index.
+- `routing_offline.py` — `bench sim-routing`'s policies and workloads on the virtual cluster.
 """

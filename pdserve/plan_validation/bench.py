@@ -8,21 +8,30 @@ workload.py over the `chat-rag` generator of datasets.py) on a small split (`cha
 colocated on 2 workers, `rag=1:1`, `mixed=1:2`). For each:
 
 1. Offline, on the virtual clock (pdserve/planner): the planner's `Search` gives the split's
-   goodput G, with the planner's own probes of `--requests` requests; then `run_probe` serves
-   the sample of each rate of `--rate-fractions` x G to the end, for its p90 TTFT and TPOT and
-   its SLO attainment.
+   goodput G, every probe the same `--requests` requests; then `run_probe` serves that sample
+   to the end at each rate of the sweep (`--rate-fractions` x G, bracketing G), for its p90
+   TTFT and TPOT and its SLO attainment.
 2. Live: the same split as real Ray actors with `--engine sim`, the real router, Redis index and
    transfer protocol (`sim_run.serve_sim`), started once; every rate of the sweep offered in
    turn, each under the saturation check (`sim_saturation.checked_run`). Goodput is the
    crossing of the attainment target on the swept curve (`metrics.goodput_rate`).
 
-Both sides get the same requests: per rate, the planner's `probe_sample` (lengths and tags)
-with the load generator's arrival schedule (`load_generator.arrival_times`, so request k
-arrives at the same simulated instant on both sides). Live prompts are the same lengths with
-token ids drawn afresh per rate and attempt, so no rate reuses another's cached prefixes (the
-offline cluster is fresh per probe). The offline router runs at the live cluster's pace: a
-router at time scale S polls and backs off in wall time, i.e. S times as often in simulated
-time (`RouterTiming.scaled(1 / S)`).
+Both sides get the same requests, and every rate the same ones: the planner's `probe_sample`
+(lengths and tags) of `--requests` with the load generator's arrival schedule
+(`load_generator.arrival_times`, one seed, scaled by the rate), so request k arrives at the
+same simulated instant on both sides, and the Search's goodput, the offline sweep and the live
+sweep judge one sample. The sweep's rates (`--rate-fractions` of the goodput) are extended
+until the offline sweep brackets the goodput (rates.py), so the live goodput is interpolated.
+Live prompts are the same lengths with token ids drawn afresh per rate and attempt, so no rate
+reuses another's cached prefixes (the offline cluster is fresh per probe). The offline router
+runs at the live cluster's pace: a router at time scale S polls and backs off in wall time,
+i.e. S times as often in simulated time, and its cost model's priors, in wall seconds, are
+1 / S of the planner's in simulated time (`RouterTiming.scaled(1 / S)`). The live router
+starts every rate from those priors too (`_forget_learned_costs`), as every offline probe's
+router does, instead of what the warm-up and the rates before taught it. Live pushes are one
+KV chunk each (`_cluster`): a sim chunk carries no bytes, so more chunks only add this
+machine's thread and gRPC hops to the modelled link time. Per rate, the TTFT of requests
+routed alike on both sides is split into parts (ttft_parts.py) and compared by request index.
 
 The time scale (`--sim-time-scale`, 0 = auto) is chosen so the highest rate streams about
 `--wall-tokens` tokens per wall second, at least `--min-time-scale`: what the two cores can
@@ -40,6 +49,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from pdserve.bench.sim_run import add_cluster_arguments
+from pdserve.plan_validation.rates import bracketed_sweep
 from pdserve.plan_validation.report import (
     RatePoint,
     ScenarioResult,
@@ -48,6 +58,7 @@ from pdserve.plan_validation.report import (
     ratios,
     report_table,
 )
+from pdserve.plan_validation.ttft_parts import live_parts, offline_parts, parts_line
 
 DEFAULT_SCENARIOS = "chat=0:2,rag=1:1,mixed=1:2"
 
@@ -62,8 +73,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--requests", type=int, default=160, help="requests per rate (and per probe)")
     p.add_argument(
         "--rate-fractions",
-        default="0.6,0.85,1.15",
+        default="0.7,0.95,1.1",
         help="live and offline rates, as fractions of the planner's goodput",
+    )
+    p.add_argument(
+        "--extra-rates",
+        type=int,
+        default=3,
+        help="at most this many rates added (x or / 1.15) until the offline sweep brackets "
+        "the goodput",
     )
     p.add_argument(
         "--wall-tokens",
@@ -157,22 +175,25 @@ def validate(model_dir: Path, preset, prefill, decode, fractions, args) -> Scena
     from pdserve.planner.workload import load_workload
 
     workload = load_workload(preset, max(args.requests * 4, 1000), args.seed)
-    samples = [_sample(workload, args.requests, args.seed + i) for i in range(len(fractions))]
+    sample = _sample(workload, args.requests, args.seed)
     began = time.perf_counter()
     planner = OfflineCluster(model_dir, prefill, decode, args)
     # The planner's own prediction (a router polling every 0.25 s) sets the time scale; the
     # prediction compared is then made at the live router's pace in simulated time.
-    unscaled = planner.search(samples[0]).goodput
-    mean_output = sum(r.output_len for r in samples[0]) / len(samples[0])
+    unscaled = planner.search(sample).goodput
+    mean_output = sum(r.output_len for r in sample) / len(sample)
     scale = args.sim_time_scale or _auto_scale(unscaled * fractions[-1] * mean_output, args)
     planner.set_time_scale(scale)
-    plan = planner.search(samples[0])
+    plan = planner.search(sample)
     goodput = plan.goodput
     if goodput <= 0:
         raise ValueError(f"{preset} on {prefill}P:{decode}D: no rate meets the SLOs offline")
-    rates = [goodput * f for f in fractions]
     planned = Side(goodput, plan.saturated)
-    planned.points = [planner.probe(s, r, args.jitter) for s, r in zip(samples, rates, strict=True)]
+    planned.points = bracketed_sweep(
+        lambda rate: planner.probe(sample, rate, args.jitter),
+        goodput, fractions, args.attainment, max_extra=args.extra_rates,
+    )  # fmt: skip
+    rates = [p.rate for p in planned.points]
     result = ScenarioResult(
         preset, preset, prefill, decode, args.requests, scale, planned, Side(),
         offline_sweep_goodput=goodput_rate(_attainment(planned), args.attainment),
@@ -190,7 +211,7 @@ def validate(model_dir: Path, preset, prefill, decode, fractions, args) -> Scena
         print(f"  planned {point_line(point)}", flush=True)
     began = time.perf_counter()
     result.live.points, result.saturation = live_sweep(
-        model_dir, preset, prefill, decode, samples, rates, scale, args
+        model_dir, preset, prefill, decode, sample, planned.points, scale, args
     )
     attainment = _attainment(result.live)
     result.live.goodput = goodput_rate(attainment, args.attainment)
@@ -298,7 +319,7 @@ class OfflineCluster:
         local = sum(r.route is not None and r.route.prefill_worker is None for r in done)
         return RatePoint(
             rate, result.good / result.requests, result.ttft.count, result.ttft.p90,
-            result.tpot.p90, local / max(1, len(done)),
+            result.tpot.p90, local / max(1, len(done)), requests=offline_parts(runs),
         )  # fmt: skip
 
 
@@ -308,11 +329,17 @@ def _cluster(prefill: int, decode: int, args, scale: float):
     fields = dict(prefill_workers=prefill, decode_workers=decode, policy=args.policy)
     fields |= dict(ttft_slo_ms=args.slo_ttft_ms, tpot_slo_ms=args.slo_tpot_ms)
     fields["disaggregate"] = "never" if prefill == 0 else "auto"
+    # One KV chunk per push (up to 1 GiB, 8192 tokens of the 8B shape): with the default 4 MiB
+    # a rag prompt's push was 32 chunks, whose thread and gRPC hops on this loaded machine
+    # added ~10 ms (of ~16) to every live push at time scale 10; the planner models the link.
+    fields["kv_chunk_bytes"] = 1 << 30
     return replace(cluster_from_args(args, **fields), time_scale=scale)
 
 
-def live_sweep(model_dir, preset, prefill, decode, samples, rates, scale, args):
-    """Every rate on one started cluster of sim workers; (points, saturation summaries)."""
+def live_sweep(model_dir, preset, prefill, decode, sample, planned, scale, args):
+    """Every rate of the `planned` points on one started cluster of sim workers; (points,
+    saturation summaries). The sample's arrivals at each rate are the load generator's
+    schedule of `--seed`, as offline."""
     from pdserve.bench.metrics import run_duration, slo_attainment, summarize
     from pdserve.bench.sim_run import local_prefill_fraction, run_sim_load, serve_sim, wait_idle
     from pdserve.bench.sim_saturation import checked_run
@@ -320,16 +347,18 @@ def live_sweep(model_dir, preset, prefill, decode, samples, rates, scale, args):
     config = json.loads((model_dir / "config.json").read_text())
     checked_args = argparse.Namespace(**vars(args) | {"sim_time_scale": scale})
     points, saturation = [], []
+    rates = [p.rate for p in planned]
     with serve_sim(model_dir, _cluster(prefill, decode, args, scale), config) as app:
         if args.warmup_requests:
-            warm = _live_requests(samples[0][: args.warmup_requests], config, (args.seed, 99))
+            warm = _live_requests(sample[: args.warmup_requests], config, (args.seed, 99))
             run_sim_load(app, warm, rates[0], scale, seed=args.seed)
             wait_idle(app)
-        for i, (sample, rate) in enumerate(zip(samples, rates, strict=True)):
+        for i, rate in enumerate(rates):
 
-            def attempt(n: int, sample=sample, rate=rate, i=i):
+            def attempt(n: int, rate=rate, i=i):
                 requests = _live_requests(sample, config, (args.seed, i, n))
-                return run_sim_load(app, requests, rate, scale, seed=args.seed + i)
+                _forget_learned_costs(app)
+                return run_sim_load(app, requests, rate, scale, seed=args.seed)
 
             label = f"{preset} {prefill}P:{decode}D at {rate:.2f} req/s"
             records, check = checked_run(app, checked_args, attempt, label)
@@ -337,16 +366,29 @@ def live_sweep(model_dir, preset, prefill, decode, samples, rates, scale, args):
             point = RatePoint(
                 rate, slo_attainment(records, args.slo_ttft_ms, args.slo_tpot_ms),
                 summary.completed, summary.ttft.p90, summary.tpot.p90,
-                local_prefill_fraction(records),
+                local_prefill_fraction(records), requests=live_parts(records, scale),
             )  # fmt: skip
             points.append(point)
             saturation.append(check.summary())
+            parts = parts_line(planned[i].requests, point.requests)
             print(
                 f"  live {point_line(point)}, {summary.failed} failed, router busy "
-                f"{check.router_busy:.0%}",
+                f"{check.router_busy:.0%}\n    TTFT parts: {parts}",
                 flush=True,
             )
     return points, saturation
+
+
+def _forget_learned_costs(app) -> None:
+    """A fresh routing policy with the cost model's priors, as every offline probe's router
+    starts: otherwise the live router enters each rate with what the warm-up and the rates
+    before taught it, and its first routing choices (local or disaggregated prefill) differ."""
+    from router.policy import RoutingPolicy
+
+    routing = app.app.routing
+    policy = RoutingPolicy(routing.policy.config)
+    policy.cost.step_tokens = routing.policy.cost.step_tokens
+    routing.policy = policy
 
 
 def _live_requests(sample, model_config: dict, seed):

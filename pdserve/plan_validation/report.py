@@ -21,6 +21,8 @@ class RatePoint:
     # this range is not measurable.
     ttft_p90_range_ms: list[float] = field(default_factory=list)
     tpot_p90_range_ms: list[float] = field(default_factory=list)
+    # request index -> its TTFT parts and TPOT in ms (ttft_parts.py), disaggregated ones only
+    requests: dict[int, dict[str, float]] = field(default_factory=dict)
 
 
 @dataclass

@@ -2,14 +2,15 @@
 (`router.routing.Routing` with its `RoutingPolicy` and online `CostModel`), on one virtual clock.
 
 The router's `WorkerPool` holds the workers' snapshots, filled every poll interval from each
-worker's `stats()` as the real pool's polls fill it, so the policy sees the same lagging
-snapshots plus its own in-flight counts. No prefix index (Redis) takes part: the router knows
-cached prefixes only from what it routed itself. P = 0 is colocated serving: every request is
-prefilled on its decode worker.
+worker's `stats()` as the real pool's polls fill it (answered between engine steps), so the
+policy sees the same lagging snapshots plus its own in-flight counts. No prefix index (Redis)
+takes part: the router knows cached prefixes only from what it routed itself. P = 0 is
+colocated serving: every request is prefilled on its decode worker.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -18,6 +19,7 @@ from pdserve.engine.engine import RequestOutput
 from pdserve.planner.deployment import Deployment
 from pdserve.planner.events import EventLoop
 from pdserve.planner.virtual_worker import VirtualWorker
+from router.cost_model import CostModel, LinearFit
 from router.policy import RoutingPolicy
 from router.routing import Routing
 from router.worker_pool import WorkerPool
@@ -34,13 +36,32 @@ class RouterTiming:
     poll_interval_s: float = 0.25  # WorkerPool's stats polls
     room_wait_s: float = 2.0  # RequestFlow's patience for room
     room_backoff_s: tuple[float, ...] = (0.02, 0.05, 0.1, 0.2)  # its pauses between tries
+    # The cost model's prior lines (seconds) as a multiple of CostModel's: a live router at
+    # time scale S starts from the same priors in wall seconds, i.e. 1 / S of them in
+    # simulated time, and until its samples outweigh them they decide its first routes.
+    cost_prior_scale: float = 1.0
 
     def scaled(self, factor: float) -> RouterTiming:
         return RouterTiming(
             self.poll_interval_s * factor,
             self.room_wait_s * factor,
             tuple(s * factor for s in self.room_backoff_s),
+            self.cost_prior_scale * factor,
         )
+
+
+def cost_model_with_priors(scale: float) -> CostModel:
+    """A fresh CostModel whose every prior line (intercept and slope, in seconds) is `scale`
+    times the default's."""
+    cost = CostModel()
+    for f in dataclasses.fields(cost):
+        fit = getattr(cost, f.name)
+        if isinstance(fit, LinearFit):
+            setattr(cost, f.name, dataclasses.replace(
+                fit, prior_intercept=fit.prior_intercept * scale,
+                prior_slope=fit.prior_slope * scale,
+            ))  # fmt: skip
+    return cost
 
 
 class VirtualCluster:
@@ -74,14 +95,19 @@ class VirtualCluster:
         }
         # The pool only holds snapshots here: it is never started, its handles never called.
         self.pool = WorkerPool(by_role["prefill"], by_role["decode"])
-        policy = RoutingPolicy(router_config)
+        policy = RoutingPolicy(router_config, cost=cost_model_with_priors(timing.cost_prior_scale))
         policy.cost.step_tokens = deployment.engine_config.max_num_batched_tokens
         self.routing = Routing(self.pool, policy, deployment.engine_config.block_size)
-        self._poll()
+        for worker in self.workers.values():
+            self._poll(worker)
 
     def listen(self, worker: VirtualWorker, request_id: str, listener: Listener) -> None:
         """`listener(worker, output)` gets the request's outputs on `worker` until it finishes."""
         self._listeners[worker.worker_id][request_id] = listener
+
+    def min_sampling_step_seconds(self) -> float:
+        """No step of any worker that samples a token is shorter (0: no bound known)."""
+        return min(w.min_sampling_step_seconds() for w in self.workers.values())
 
     def utilisation(self, role: str, elapsed_s: float) -> float:
         """Mean fraction of `elapsed_s` the workers of `role` spent in steps (0 without any)."""
@@ -100,8 +126,14 @@ class VirtualCluster:
             if listener is not None:
                 listener(worker, out)
 
-    def _poll(self) -> None:
-        """Every worker answers a stats poll; the next poll is one interval later."""
-        for worker_id, worker in self.workers.items():
-            self.pool.record_stats(self.pool.workers[worker_id], worker.stats())
-        self.loop.after(self.timing.poll_interval_s, self._poll)
+    def _poll(self, worker: VirtualWorker) -> None:
+        """A stats poll of `worker` as WorkerPool._poll_forever runs it: the worker answers
+        between two engine steps (its stats are an engine call, WorkerRuntime.stats), so a
+        poll during a step waits for the step's end and sees the queue as it is then; the
+        next poll is one interval after the answer."""
+
+        def answered(stats) -> None:
+            self.pool.record_stats(self.pool.workers[worker.worker_id], stats)
+            self.loop.after(self.timing.poll_interval_s, lambda: self._poll(worker))
+
+        worker.call(worker.stats, answered)

@@ -36,9 +36,11 @@ class StepMeter:
     def step_seconds(self, work: StepWork) -> float:
         seconds = self.timing.step_seconds(work)
         self.seconds += seconds
-        if any(not chunk.decode for chunk in work.chunks):
-            self.prefill_tokens += work.prefill_tokens
+        self.prefill_tokens += work.prefill_tokens  # 0 in a step of decodes only
         return seconds
+
+    def min_sampling_step_seconds(self) -> float:
+        return self.timing.min_sampling_step_seconds()
 
 
 def resolve_model(spec: str) -> Path:

@@ -2,8 +2,12 @@
 it: the router's `Routing.choose` picks the route; a local prefill is `add_request` on the
 decode worker; a disaggregated one is `reserve` on the decode worker, a prefill-only run on the
 prefill worker, the push of the blocks the decode worker lacks (bytes / link bandwidth), then
-`commit` on the decode worker and `release` on the prefill worker. The first token reaches the
-client at the commit, the others at the end of the decode steps that made them. Workers at
+`commit` on the decode worker and, once committed, `release` on the prefill worker (each of
+these calls waits for its worker's step in progress). As prefill_service/worker.py answers the
+router twice, the first token reaches the client when the prefill step sampled it; the second
+answer comes after the release, and only then does the router stream the decode worker's
+tokens: those made meanwhile follow at once, the others at the end of the decode steps that
+made them. Workers at
 capacity (the policy finds every option full, or a reservation without room) make the request
 wait for room with RequestFlow's backoff, up to `room_wait_s`, then it is refused.
 """
@@ -48,6 +52,10 @@ class VirtualRequest:
         self.params = SamplingParams(max_tokens=probe.output_len, ignore_eos=True)
         self.tokens: list[int] = []  # kept when the cluster keeps tokens (tests)
         self.route: Route | None = None
+        # The prefill worker's answer (queue, prefill and transfer times) once disaggregated:
+        # what the live router gets back, for comparing TTFT parts (plan_validation).
+        self.prefill_result: PrefillResult | None = None
+        self._held: list[RequestOutput] | None = None  # see _pushed
         self._attempts = 0
         self._waiting_since: float | None = None
         self._occupied: AbstractContextManager | None = None
@@ -137,6 +145,7 @@ class VirtualRequest:
             queue_s=queue_s,
             prefill_s=loop.now - self._prefill_sent - queue_s,
         )
+        self.prefill_result = result
         decode = self.cluster.workers[self.route.decode_worker]
         if result.finished:  # the first token ended it: the reservation is not needed
             decode.call(lambda: decode.engine.abort(rid))
@@ -144,6 +153,7 @@ class VirtualRequest:
             self._token(out.new_token_ids)
             self._end(ok=True)
             return
+        self._token(out.new_token_ids)  # the first answer: streamed before the push
         blocks = [out.block_ids[i] for i in self.reservation.missing_block_indices]
         num_bytes = len(blocks) * worker.engine.bytes_per_block
         seconds = num_bytes / self.cluster.deployment.link_bytes_per_s
@@ -153,20 +163,35 @@ class VirtualRequest:
         self, prefill: VirtualWorker, result: PrefillResult, num_bytes: int, seconds: float
     ) -> None:
         rid = self.work_id
-        prefill.record_transfer(num_bytes, seconds)
-        result.transfer_s, result.transfer_bytes = seconds, num_bytes
+        pushed_from = self.cluster.loop.now - seconds
+        result.transfer_bytes = num_bytes
         decode = self.cluster.workers[self.route.decode_worker]
         self.cluster.listen(decode, rid, self._on_decode_output)
+        self._held = []  # decode outputs made before the router streams the decode worker
 
         def committed(_: None) -> None:
+            # The push returns once the commit did (grpc_sender.send): its seconds, which the
+            # worker reports and the router's cost model learns, hold the commit's wait for
+            # the decode worker's step in progress.
+            result.transfer_s = self.cluster.loop.now - pushed_from
+            prefill.record_transfer(num_bytes, result.transfer_s)
+            # The prefill worker then releases its blocks and only then answers the router a
+            # second time (prefill_service/worker.py), after its step in progress.
+            prefill.call(lambda: prefill.engine.release(rid), released)
+
+        def released(_: None) -> None:
             self.cluster.routing.on_prefill_done(self.route, result)
-            self._token([result.first_token_id])
+            held, self._held = self._held, None
+            for out in held:  # the router now streams the decode worker: these come at once
+                self._on_decode_output(decode, out)
 
         decode.call(lambda: decode.engine.commit(rid, result.first_token_id, None), committed)
-        prefill.call(lambda: prefill.engine.release(rid))
 
     # ---- tokens -----------------------------------------------------------------------------
     def _on_decode_output(self, worker: VirtualWorker, out: RequestOutput) -> None:
+        if self._held is not None:
+            self._held.append(out)
+            return
         if out.new_token_ids:
             self._token(out.new_token_ids)
         if out.finished:

@@ -71,6 +71,10 @@ class VirtualWorker:
         self._stats.transfer_bytes += num_bytes
         self._stats.transfer_seconds += seconds
 
+    def min_sampling_step_seconds(self) -> float:
+        """The timing model's lower bound on a step that samples a token (0: none)."""
+        return self._meter.min_sampling_step_seconds()
+
     def stats(self) -> WorkerStats:
         """What the worker answers a stats poll now."""
         engine_stats = self.engine.stats()

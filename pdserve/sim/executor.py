@@ -102,16 +102,18 @@ class SimExecutor:
     ) -> tuple[list[int], list[int], list[float | None]]:
         """(indices in batch.seqs that sample, their tokens, their log-probabilities) of a
         ScheduledBatch whose chunks are not counted as computed yet."""
-        chunks, sample_idx = [], []
+        chunks, sample_idx, samplers = [], [], []
         for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_tokens, strict=True)):
             chunks.append(scheduled_chunk(seq, n))
             if seq.num_computed_tokens + n == seq.num_tokens:
                 sample_idx.append(i)
+                samplers.append(seq)
         # Forks of n > 1 requests sample from their parent's position, each with its own seed.
-        sample_idx += range(len(batch.seqs), len(batch.seqs) + len(batch.fork_samples))
+        forks = range(len(batch.seqs), len(batch.seqs) + len(batch.fork_samples))
+        sample_idx += forks
+        samplers += map(batch.sampling_seq, forks)
         tokens, logprobs = [], []
-        for i in sample_idx:
-            seq = batch.sampling_seq(i)
+        for seq in samplers:
             token, logprob = sim_token(seq.token_ids, self._space, self._salt(seq))
             tokens.append(token)
             logprobs.append(logprob if seq.params.logprobs else None)

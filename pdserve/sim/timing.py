@@ -9,7 +9,7 @@ derives it); `LinearTiming` applies coefficients fitted on a real engine, and ma
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from pdserve.sim.gpus import GPUSpec
@@ -29,36 +29,48 @@ class Chunk:
 class StepWork:
     chunks: tuple[Chunk, ...]
     num_sampled: int  # sequences that sample a token this step (the LM head runs for these)
+    # Totals over the chunks, summed in one pass when the work is made: a timing model reads
+    # several of them per step, and the planner times millions of steps.
+    new_tokens: int = field(init=False, repr=False, compare=False)
+    prefill_tokens: int = field(init=False, repr=False, compare=False)
+    decode_seqs: int = field(init=False, repr=False, compare=False)
+    # KV entries attention reads: every sequence's whole context after this step.
+    context_tokens: int = field(init=False, repr=False, compare=False)
+    # Causal (query, key) pairs: a new token at position p attends to p + 1 keys.
+    attention_pairs: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        new = prefill = decode_seqs = context = pairs = 0
+        for chunk in self.chunks:
+            start, n = chunk.start, chunk.new
+            new += n
+            if chunk.decode:
+                decode_seqs += 1
+            else:
+                prefill += n
+            context += start + n
+            pairs += n * start + n * (n + 1) // 2
+        totals = {
+            "new_tokens": new,
+            "prefill_tokens": prefill,
+            "decode_seqs": decode_seqs,
+            "context_tokens": context,
+            "attention_pairs": pairs,
+        }
+        for name, value in totals.items():
+            object.__setattr__(self, name, value)
 
     @classmethod
     def of(cls, chunks: Iterable[Chunk], num_sampled: int) -> StepWork:
         return cls(tuple(chunks), num_sampled)
 
-    @property
-    def new_tokens(self) -> int:
-        return sum(c.new for c in self.chunks)
-
-    @property
-    def prefill_tokens(self) -> int:
-        return sum(c.new for c in self.chunks if not c.decode)
-
-    @property
-    def decode_seqs(self) -> int:
-        return sum(1 for c in self.chunks if c.decode)
-
-    @property
-    def context_tokens(self) -> int:
-        """KV entries attention reads: every sequence's whole context after this step."""
-        return sum(c.start + c.new for c in self.chunks)
-
-    @property
-    def attention_pairs(self) -> int:
-        """Causal (query, key) pairs: a new token at position p attends to p + 1 keys."""
-        return sum(c.new * c.start + c.new * (c.new + 1) // 2 for c in self.chunks)
-
 
 class StepTiming(Protocol):
     def step_seconds(self, work: StepWork) -> float: ...
+
+    def min_sampling_step_seconds(self) -> float:
+        """A lower bound on the seconds of any step that samples a token (0: none known)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -94,6 +106,13 @@ class AnalyticalTiming:
         compute = flops / (self.tp * self.gpu.bf16_flops * eff.compute)
         memory = (s.weight_bytes + kv_bytes) / (self.tp * self.gpu.hbm_bytes_per_s * eff.memory)
         return max(compute, memory) + self._all_reduce_seconds(work) + eff.step_overhead_s
+
+    def min_sampling_step_seconds(self) -> float:
+        """The step of one new token after an empty context, sampling it. A step that samples
+        computes at least one token of at least one chunk, so its new tokens, sampled rows,
+        attention pairs and context tokens are each at least this one's, and every term of
+        `step_seconds` grows with them: no step that samples is shorter."""
+        return self.step_seconds(StepWork((Chunk(0, 1, True),), 1))
 
     def _all_reduce_seconds(self, work: StepWork) -> float:
         """Two ring all-reduces of the hidden states per layer (after attention and MLP)."""
@@ -151,3 +170,12 @@ class LinearTiming:
             + self.decode_seq_s * work.decode_seqs
             + self.context_token_s * work.context_tokens
         )
+
+    def min_sampling_step_seconds(self) -> float:
+        """A step that samples computes at least one prompt token or one decode sequence and
+        reads at least one context token: with no negative coefficient, no such step is
+        shorter than this. A fit with a negative one bounds nothing (0)."""
+        coefficients = (self.step_s, self.prefill_token_s, self.decode_seq_s, self.context_token_s)
+        if min(coefficients) < 0:
+            return 0.0
+        return self.step_s + min(self.prefill_token_s, self.decode_seq_s) + self.context_token_s

@@ -33,6 +33,7 @@ def test_rag_on_one_prefill_and_one_decode_worker_agrees_with_the_plan(
         scenarios="rag=1:1",
         requests=16,
         rate_fractions="0.5",
+        extra_rates=0,  # one live rate: the sweep's bracketing is tests/plan_validation's
         sim_time_scale=2,
         warmup_requests=2,
         # A loaded shared machine: the figures here are checked loosely, not refused.

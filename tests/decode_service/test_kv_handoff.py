@@ -42,8 +42,14 @@ async def wait_idle(decode, timeout_s: float = 10.0) -> int:
 async def handoff(decode, prefill, request_id: str, prompt=PROMPT, params=GREEDY) -> list[int]:
     work = WorkRequest(request_id, prompt, params)
     reservation = await decode.reserve(work)
-    result = await prefill.prefill(work, reservation)
-    return [result.first_token_id] + tokens_of(await drain(decode, request_id))
+    # Two answers: the first token before the push (so it can go to the client at once),
+    # then the same result once the KV is pushed and committed.
+    answers = [
+        (r.first_token_id, r.transfer_bytes) async for r in prefill.prefill(work, reservation)
+    ]
+    (first, before_push), (again, pushed) = answers
+    assert first == again and before_push == 0 < pushed
+    return [first] + tokens_of(await drain(decode, request_id))
 
 
 def forged_send(decode, transfer_id: str, num_blocks: int, commit: CommitInfo) -> None:

@@ -93,4 +93,7 @@ def test_a_handoff_takes_the_kv_bytes_over_the_link(deployment):
     prefill = timing.step_seconds(StepWork.of([Chunk(0, prompt_len, False)], 1))
     engine = runs[0].cluster.workers["prefill-0"].engine
     transfer = 4 * engine.bytes_per_block / deployment.link_bytes_per_s
-    assert runs[0].record.ttft == pytest.approx(prefill + transfer, rel=1e-9)
+    record = runs[0].record
+    # The first token does not wait for the push (prefill_service/worker.py); the second does.
+    assert record.ttft == pytest.approx(prefill, rel=1e-9)
+    assert record.chunk_times[1] - record.chunk_times[0] > transfer

@@ -401,3 +401,29 @@ def test_a_decode_worker_frozen_during_the_push_is_failed_over(tokenizer) -> Non
     assert progress.decode_worker == "decode-1"
     assert failover_s < 2.0
     assert healthy == {"prefill-0": True, "decode-0": False}
+
+
+def test_the_first_token_reaches_the_client_before_the_push_and_a_failed_push_continues_it(
+    tokenizer,
+) -> None:
+    # The prefill worker's first answer (the first token) is streamed at once, while its push
+    # into the frozen decode worker hangs; the failed attempt's retry continues after it.
+    async def scenario():
+        c = await cluster(tokenizer, script_after_prompt(LETTERS), progress_timeout_s=0.5)
+        c.decode["decode-0"].freeze_after_reserving = True
+        progress = Progress(received=time.perf_counter(), prompt_tokens=len(PROMPT))
+        arrivals = []
+        async for batch in c.flow.run("req", PROMPT, greedy(8), {}, progress):
+            arrivals.append((time.perf_counter(), batch))
+        c.decode["decode-0"].thaw()
+        await asyncio.sleep(0.05)
+        await c.pool.stop()
+        return c, arrivals, progress
+
+    c, arrivals, progress = run(scenario)
+    (first_at, first), (second_at, _) = arrivals[0], arrivals[1]
+    assert first.token_ids == LETTERS[:1]
+    # The second token came only after the progress timeout failed the stalled push over.
+    assert second_at - first_at >= 0.5 and progress.attempts == 2
+    assert ids_of([b for _, b in arrivals]) == LETTERS
+    assert c.leaked_blocks() == {}

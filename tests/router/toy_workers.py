@@ -14,6 +14,7 @@ import asyncio
 import hashlib
 import math
 import struct
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from pdserve.core.messages import (
@@ -246,23 +247,29 @@ class ToyPrefillWorker(ToyWorker):
         super().__init__(*args, **kwargs)
         self.decode_workers = decode_workers  # the "network": endpoint -> decode worker
 
-    async def prefill(self, work: WorkRequest, reservation: KVReservation) -> PrefillResult:
+    async def prefill(
+        self, work: WorkRequest, reservation: KVReservation
+    ) -> AsyncIterator[PrefillResult]:
+        """As PrefillWorker.prefill: the result at the first token, again once committed."""
         await self._alive()
         request = self._admit(work)
         if request is None:
             raise RuntimeError("toy workers do not queue prefills")
         try:
             token, _ = await self._step(request)
-            if request.finish_reason is None:
-                receiver = self.decode_workers[reservation.endpoint]
-                await receiver._alive()  # the push is written into the decode worker's process
-                receiver.commit(reservation.transfer_id, token)
+            result = PrefillResult(
+                request_id=work.request_id, worker_id=self.worker_id, first_token_id=token,
+                first_logprob=None, finished=request.finish_reason is not None,
+                finish_reason=request.finish_reason, num_prompt_tokens=len(work.prompt_token_ids),
+                num_cached_tokens=len(work.prompt_token_ids) // BLOCK_SIZE * BLOCK_SIZE,
+                queue_s=0.0, prefill_s=0.0,
+            )  # fmt: skip
+            yield result
+            if result.finished:
+                return
+            receiver = self.decode_workers[reservation.endpoint]
+            await receiver._alive()  # the push is written into the decode worker's process
+            receiver.commit(reservation.transfer_id, token)
         finally:
             self.requests.pop(work.request_id, None)  # released to its prefix cache
-        return PrefillResult(
-            request_id=work.request_id, worker_id=self.worker_id, first_token_id=token,
-            first_logprob=None, finished=request.finish_reason is not None,
-            finish_reason=request.finish_reason, num_prompt_tokens=len(work.prompt_token_ids),
-            num_cached_tokens=len(work.prompt_token_ids) // BLOCK_SIZE * BLOCK_SIZE,
-            queue_s=0.0, prefill_s=0.0,
-        )  # fmt: skip
+        yield result

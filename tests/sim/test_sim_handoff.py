@@ -51,7 +51,7 @@ def test_a_sim_handoff_decodes_like_the_colocated_sim_engine(sim_model_dir):
         async with sim_workers(engine) as (decode, prefill):
             work = WorkRequest("a", PROMPT, PARAMS)
             reservation = await decode.reserve(work)
-            result = await prefill.prefill(work, reservation)
+            *_, result = [r async for r in prefill.prefill(work, reservation)]
             rest = [t for batch in await drain(decode, "a") for t in batch.token_ids]
             assert [result.first_token_id, *rest] == colocated
             # The modelled bytes of every block were "sent", none of them moved.
@@ -76,7 +76,7 @@ def test_a_sim_transfer_takes_its_bytes_over_the_link_bandwidth(sim_model_dir):
         async with sim_workers(engine) as (decode, prefill):
             work = WorkRequest("b", list(range(3, 3 + 4 * blocks)), SamplingParams(max_tokens=2))
             reservation = await decode.reserve(work)
-            await prefill.prefill(work, reservation)
+            _ = [r async for r in prefill.prefill(work, reservation)]
             stats = await prefill.stats()
             modelled = stats.transfer_bytes / (1e9 / 8)
             assert stats.transfer_bytes == blocks * stats.bytes_per_block

@@ -10,6 +10,7 @@ import pytest
 
 from pdserve.bench import sim_routing_bench
 from pdserve.core.sampling_params import SamplingParams
+from pdserve.plan_validation import routing_offline
 from tests.bench.cli_args import bench_args
 
 
@@ -55,6 +56,33 @@ def test_two_policies_on_four_workers_report_consistent_figures(
     assert results[0]["local_prefills"] == 0.0
     printed = capsys.readouterr().out
     assert "4 workers, cost vs round-robin: TTFT p50" in printed
+
+
+def test_offline_runs_every_policy_on_the_virtual_cluster_without_ray(sim_model_dir, tmp_path):
+    # 64 workers in seconds: the planner's virtual cluster, no actors. Prefix affinity computes
+    # the minimum; round-robin, blind to prefixes, several times it.
+    out = tmp_path / "offline.json"
+    args = _args(
+        model=sim_model_dir,
+        sizes=64,
+        conversations_per_worker=1,
+        turns=2,
+        system_prompts=4,
+        system_prompt_len=256,
+        user_len=32,
+        output_len=8,
+        json=out,
+    )
+    assert routing_offline.run(args) == 0
+    results = {r["policy"]: r for r in json.loads(out.read_text())}
+    assert list(results) == list(sim_routing_bench.POLICIES)
+    for r in results.values():
+        assert r["completed"] == 128 and r["failed"] == 0
+        assert r["minimum_tokens"] <= r["computed_tokens"] <= r["prompt_tokens"]
+        assert r["router_busy"] is None and r["max_step_excess"] is None
+    assert results["prefix"]["computed_tokens"] == results["prefix"]["minimum_tokens"]
+    assert results["round_robin"]["computed_vs_minimum"] > 2
+    assert results["round_robin"]["local_prefills"] == 0.0
 
 
 def test_minimum_counts_new_blocks_tails_and_a_recomputed_last_token(make_sim_engine):
