@@ -13,6 +13,7 @@ Pure Python, no I/O.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from pdserve.config import EngineConfig
@@ -116,6 +117,21 @@ class CostModel:
     step_tokens: int = EngineConfig.max_num_batched_tokens
     _last: dict[str, object] = field(default_factory=dict)  # worker_id -> previous stats
     _per_request: set[bool] = field(default_factory=set)  # `local` values measured per request
+
+    @classmethod
+    def with_priors_scaled(cls, factor: float) -> CostModel:
+        """A fresh model whose every prior line (intercept and slope, in seconds) is `factor`
+        times the default's: the same priors in another clock (the offline planner's simulated
+        seconds for a live router's wall seconds at a time scale)."""
+        cost = cls()
+        for f in dataclasses.fields(cost):
+            fit = getattr(cost, f.name)
+            if isinstance(fit, LinearFit):
+                setattr(cost, f.name, dataclasses.replace(
+                    fit, prior_intercept=fit.prior_intercept * factor,
+                    prior_slope=fit.prior_slope * factor,
+                ))  # fmt: skip
+        return cost
 
     def observe_prefill(self, tokens: int, seconds: float, *, local: bool = False) -> None:
         (self.local_prefill if local else self.prefill).observe(tokens, seconds)

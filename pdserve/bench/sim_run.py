@@ -217,17 +217,24 @@ def serve_sim(model_dir: Path, cluster: SimCluster, model_config: dict | None = 
     return BackgroundApp(config)
 
 
-def set_routing(app, policy: str, disaggregate: str | None = None) -> None:
+def set_routing(
+    app, policy: str | None = None, disaggregate: str | None = None, forget_costs: bool = False
+) -> None:
     """Swaps the served router's policy (and disaggregate mode) in place, keeping its learned
-    costs: several policies measured on one started system. Call it between runs, when idle."""
+    costs (several policies measured on one started system) unless `forget_costs`: then the
+    cost model starts again from its priors. Call it between runs, when idle."""
+    from router.cost_model import CostModel
     from router.policy import RoutingPolicy
 
     routing = app.app.routing
     old = routing.policy
     config = replace(
-        old.config, policy=policy, disaggregate=disaggregate or old.config.disaggregate
+        old.config,
+        policy=policy or old.config.policy,
+        disaggregate=disaggregate or old.config.disaggregate,
     )
-    routing.policy = RoutingPolicy(config, cost=old.cost, weights=old.weights)
+    cost = CostModel(step_tokens=old.cost.step_tokens) if forget_costs else old.cost
+    routing.policy = RoutingPolicy(config, cost=cost, weights=old.weights)
 
 
 def run_sim_load(

@@ -27,8 +27,8 @@ reuses another's cached prefixes (the offline cluster is fresh per probe). The o
 runs at the live cluster's pace: a router at time scale S polls and backs off in wall time,
 i.e. S times as often in simulated time, and its cost model's priors, in wall seconds, are
 1 / S of the planner's in simulated time (`RouterTiming.scaled(1 / S)`). The live router
-starts every rate from those priors too (`_forget_learned_costs`), as every offline probe's
-router does, instead of what the warm-up and the rates before taught it. Live pushes are one
+starts every rate from those priors too (`sim_run.set_routing(forget_costs=True)`), as every
+offline probe's router does, instead of what the warm-up and the rates before taught it. Live pushes are one
 KV chunk each (`_cluster`): a sim chunk carries no bytes, so more chunks only add this
 machine's thread and gRPC hops to the modelled link time. Per rate, the TTFT of requests
 routed alike on both sides is split into parts (ttft_parts.py) and compared by request index.
@@ -341,7 +341,13 @@ def live_sweep(model_dir, preset, prefill, decode, sample, planned, scale, args)
     saturation summaries). The sample's arrivals at each rate are the load generator's
     schedule of `--seed`, as offline."""
     from pdserve.bench.metrics import run_duration, slo_attainment, summarize
-    from pdserve.bench.sim_run import local_prefill_fraction, run_sim_load, serve_sim, wait_idle
+    from pdserve.bench.sim_run import (
+        local_prefill_fraction,
+        run_sim_load,
+        serve_sim,
+        set_routing,
+        wait_idle,
+    )
     from pdserve.bench.sim_saturation import checked_run
 
     config = json.loads((model_dir / "config.json").read_text())
@@ -357,7 +363,8 @@ def live_sweep(model_dir, preset, prefill, decode, sample, planned, scale, args)
 
             def attempt(n: int, rate=rate, i=i):
                 requests = _live_requests(sample, config, (args.seed, i, n))
-                _forget_learned_costs(app)
+                # As every offline probe's router starts: not from what earlier rates taught it.
+                set_routing(app, forget_costs=True)
                 return run_sim_load(app, requests, rate, scale, seed=args.seed)
 
             label = f"{preset} {prefill}P:{decode}D at {rate:.2f} req/s"
@@ -377,18 +384,6 @@ def live_sweep(model_dir, preset, prefill, decode, sample, planned, scale, args)
                 flush=True,
             )
     return points, saturation
-
-
-def _forget_learned_costs(app) -> None:
-    """A fresh routing policy with the cost model's priors, as every offline probe's router
-    starts: otherwise the live router enters each rate with what the warm-up and the rates
-    before taught it, and its first routing choices (local or disaggregated prefill) differ."""
-    from router.policy import RoutingPolicy
-
-    routing = app.app.routing
-    policy = RoutingPolicy(routing.policy.config)
-    policy.cost.step_tokens = routing.policy.cost.step_tokens
-    routing.policy = policy
 
 
 def _live_requests(sample, model_config: dict, seed):

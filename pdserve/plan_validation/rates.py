@@ -28,12 +28,12 @@ def bracketed_sweep(
     the lowest while the lowest falls below it."""
     points = [probe(goodput * f) for f in sorted(fractions)]
     for _ in range(max_extra):
-        if all(p.attainment >= target for p in points):
-            points.append(probe(points[-1].rate * step))
-        elif points[0].attainment < target:
-            points.insert(0, probe(points[0].rate / step))
-        else:
+        if brackets(points, target):
             break
+        if points[0].attainment >= target:  # every rate met it: go higher
+            points.append(probe(points[-1].rate * step))
+        else:
+            points.insert(0, probe(points[0].rate / step))
     return points
 
 

@@ -10,7 +10,6 @@ colocated serving: every request is prefilled on its decode worker.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -19,7 +18,7 @@ from pdserve.engine.engine import RequestOutput
 from pdserve.planner.deployment import Deployment
 from pdserve.planner.events import EventLoop
 from pdserve.planner.virtual_worker import VirtualWorker
-from router.cost_model import CostModel, LinearFit
+from router.cost_model import CostModel
 from router.policy import RoutingPolicy
 from router.routing import Routing
 from router.worker_pool import WorkerPool
@@ -48,20 +47,6 @@ class RouterTiming:
             tuple(s * factor for s in self.room_backoff_s),
             self.cost_prior_scale * factor,
         )
-
-
-def cost_model_with_priors(scale: float) -> CostModel:
-    """A fresh CostModel whose every prior line (intercept and slope, in seconds) is `scale`
-    times the default's."""
-    cost = CostModel()
-    for f in dataclasses.fields(cost):
-        fit = getattr(cost, f.name)
-        if isinstance(fit, LinearFit):
-            setattr(cost, f.name, dataclasses.replace(
-                fit, prior_intercept=fit.prior_intercept * scale,
-                prior_slope=fit.prior_slope * scale,
-            ))  # fmt: skip
-    return cost
 
 
 class VirtualCluster:
@@ -95,7 +80,9 @@ class VirtualCluster:
         }
         # The pool only holds snapshots here: it is never started, its handles never called.
         self.pool = WorkerPool(by_role["prefill"], by_role["decode"])
-        policy = RoutingPolicy(router_config, cost=cost_model_with_priors(timing.cost_prior_scale))
+        policy = RoutingPolicy(
+            router_config, cost=CostModel.with_priors_scaled(timing.cost_prior_scale)
+        )
         policy.cost.step_tokens = deployment.engine_config.max_num_batched_tokens
         self.routing = Routing(self.pool, policy, deployment.engine_config.block_size)
         for worker in self.workers.values():

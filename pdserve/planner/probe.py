@@ -95,8 +95,9 @@ class _Verdict:
         if remaining > 0:
             now = self.cluster.loop.now
             deadline = now + (self.slo.tpot_ms / 1e3 * remaining * (1 + _LATE) + _LATE)
-            # Checked as an event of its own, never in this call: tokens a decode worker made
-            # before the first one reached the client follow it at this same instant.
+            # Checked as an event of its own, never in this call (made from the first token's
+            # delivery). Tokens a decode worker made before the router streamed it come in one
+            # burst (VirtualRequest._held), but each was made by a step of its own after now.
             first_check = deadline - (remaining - 1) * self.token_step_s
             self.cluster.loop.at(first_check, lambda: self._check_done(request, deadline))
 
