@@ -9,11 +9,13 @@ the last seconds (router/recent_prefixes.py), which the index cannot show until 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from pdserve.core.block_hash import prompt_block_hashes
 from pdserve.core.messages import PrefillResult, TokenBatch, WorkerStats
+from pdserve.core.prompt_tokens import block_hashes_of
 from router.estimates import RoutingRequest, WorkerLoad
 from router.policy import RoutingDecision, RoutingPolicy
 from router.recent_prefixes import RecentPrefixes, merge
@@ -35,14 +37,16 @@ class Routing:
     # Whether a decode worker keeps the KV pushed to it in its prefix cache
     # (`KVTransferConfig.caches_received_kv`); if not, a push teaches the router nothing.
     decode_caches_received_kv: bool = True
+    # When things happen, on the pool's clock (the offline planner's: its virtual clock).
+    clock: Callable[[], float] = time.monotonic
 
     recent: RecentPrefixes = field(default_factory=RecentPrefixes)
 
     def __post_init__(self) -> None:
         self.pool.stats_listeners.append(self._learn_from_stats)
-        # What was routed to each worker since its last stats poll: load the snapshot cannot
-        # show yet. Tokens are the prompt tokens to compute, only the uncached part, so a cache
-        # hit does not make its holder look busy.
+        # What was routed to each worker since the poll behind its snapshot was sent: load the
+        # snapshot cannot show. Tokens are the prompt tokens to compute, only the uncached
+        # part, so a cache hit does not make its holder look busy.
         self._routed_since_poll: dict[str, _Routed] = {}
         # Prefills routed to each worker so far: a prefill's timing is a sample of its compute
         # cost only if it ran alone (nothing queued when routed, nothing routed there until done).
@@ -52,7 +56,7 @@ class Routing:
         return sum(w.inflight for w in self.pool.of_role("decode", healthy_only=False))
 
     def choose(self, prompt_ids: list[int], max_tokens: int, exclude: set[str]) -> Route:
-        hashes = prompt_block_hashes(prompt_ids, self.block_size)
+        hashes = block_hashes_of(prompt_ids, self.block_size)  # remembered by PromptTokens
         indexed = self.index.lookup(hashes) if self.index is not None and hashes else {}
         cached = merge(indexed, self.recent.lookup(hashes, list(self.pool.workers)))
         prefill = [
@@ -124,15 +128,14 @@ class Routing:
         self.index.record_reuse(worker, hit, max(0, result.num_prompt_tokens - hit))
 
     def _remember(
-        self, decision: RoutingDecision, request: RoutingRequest, hashes: list[int]
+        self, decision: RoutingDecision, request: RoutingRequest, hashes: Sequence[int]
     ) -> None:
         """What the chosen workers will hold and compute, before any poll or index shows it."""
         prefiller = decision.prefill_worker or decision.decode_worker
+        now = self.clock()
+        tokens = request.uncached_tokens(decision.chosen.prefill_cached_blocks)
         for worker_id in {decision.decode_worker, prefiller}:
-            self._routed(worker_id).requests += 1
-        self._routed(prefiller).tokens += request.uncached_tokens(
-            decision.chosen.prefill_cached_blocks
-        )
+            self._routed(worker_id).add(now, tokens if worker_id == prefiller else 0)
         self._prefills_routed[prefiller] = self._prefills_routed.get(prefiller, 0) + 1
         # The prefilling worker caches the prompt's full blocks, and a request queued behind it
         # there reuses them (the scheduler computes a shared prefix once). A decode worker
@@ -157,7 +160,11 @@ class Routing:
     def _learn_from_stats(
         self, worker: Worker, previous: WorkerStats | None, stats: WorkerStats
     ) -> None:
-        self._routed_since_poll.pop(worker.worker_id, None)  # the new snapshot includes them
+        # A poll answered during an engine step was taken at the step's end, before the adds
+        # queued behind it: what was routed after the poll was sent is not in it yet.
+        routed = self._routed_since_poll.get(worker.worker_id)
+        if routed is not None:
+            routed.forget_until(worker.poll_sent_at)
         if previous is not None and previous.epoch != stats.epoch:
             self.recent.forget(worker.worker_id)
         self.policy.cost.observe_stats(stats)
@@ -165,7 +172,19 @@ class Routing:
 
 @dataclass
 class _Routed:
-    """Routed to one worker since its last stats poll."""
+    """Routed to one worker and not yet in its stats snapshot: (when, prompt tokens to
+    compute there) each."""
 
+    entries: list[tuple[float, int]] = field(default_factory=list)
     requests: int = 0
-    tokens: int = 0  # prompt tokens it must compute for them
+    tokens: int = 0
+
+    def add(self, at: float, tokens: int) -> None:
+        self.entries.append((at, tokens))
+        self.requests += 1
+        self.tokens += tokens
+
+    def forget_until(self, sent_at: float | None) -> None:
+        """Drops what a snapshot from a poll sent at `sent_at` includes (None: everything)."""
+        self.entries = [e for e in self.entries if sent_at is not None and e[0] > sent_at]
+        self.requests, self.tokens = len(self.entries), sum(t for _, t in self.entries)

@@ -37,6 +37,7 @@ class Worker:
     # Requests the router runs on this worker now (admission control); written by the pool only.
     inflight: int = 0
     last_seen: float | None = None  # time.monotonic() of the last answered poll
+    poll_sent_at: float | None = None  # when the poll behind `stats` was sent (None: unknown)
 
     @property
     def actor(self) -> Any:
@@ -113,17 +114,21 @@ class WorkerPool:
         await asyncio.gather(*(self._poll(w) for w in self.workers.values()))
 
     async def _poll(self, worker: Worker) -> None:
+        sent_at = time.monotonic()
         try:
             stats: WorkerStats = await asyncio.wait_for(worker.handle.stats(), self._call_timeout_s)
         except Exception as exc:  # RayActorError, timeout: the worker is down or restarting
             self.mark_unhealthy(worker.worker_id, f"{type(exc).__name__}: {exc}")
         else:
-            self.record_stats(worker, stats)
+            self.record_stats(worker, stats, sent_at)
         for listener in self.health_listeners:
             listener()
 
-    def record_stats(self, worker: Worker, stats: WorkerStats) -> None:
-        """A worker's answer to a stats poll: the new snapshot, health, and the listeners."""
+    def record_stats(
+        self, worker: Worker, stats: WorkerStats, sent_at: float | None = None
+    ) -> None:
+        """A worker's answer to a stats poll sent at `sent_at` (None: unknown): the new
+        snapshot, health, and the listeners."""
         if worker.epoch and stats.epoch != worker.epoch:
             log.warning(
                 "worker %s restarted (epoch %d -> %d)", worker.worker_id, worker.epoch, stats.epoch
@@ -133,6 +138,7 @@ class WorkerPool:
         previous = worker.stats
         worker.stats, worker.epoch, worker.healthy = stats, stats.epoch, True
         worker.last_seen = time.monotonic()
+        worker.poll_sent_at = sent_at
         for listener in self.stats_listeners:
             listener(worker, previous, stats)
 

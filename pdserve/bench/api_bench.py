@@ -17,6 +17,11 @@ router's CPU: costs real clients never put on the router and the HTTP client nev
 In that process gRPC core's EventEngine client is off (GRPC_CLIENT_EXPERIMENTS), which cuts
 the gRPC client's CPU per token by about a fifth.
 
+`--together` serves both APIs at once instead, each with half the requests in flight, on
+one event loop of the client process, so every round's conditions (the machine's load, the
+workers' batches: a decode step makes the next token of both APIs' requests) fall on both
+alike and the ratios measure the API paths alone; CPU time per API cannot be told apart then.
+
     pdserve bench api --num-requests 64 --max-concurrency 4 --rounds 2
 """
 
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import multiprocessing
 import os
 import sys
@@ -101,6 +107,23 @@ def run_client(api: str, address: str, model: str, batch: list, load: dict) -> t
     return records, time.process_time() - before
 
 
+def run_clients_together(
+    addresses: dict[str, str], model: str, batches: dict[str, list], loads: dict[str, dict]
+) -> dict[str, list]:
+    """In the client process: both APIs' loads at once on one event loop, each over its own
+    batch with its own load settings; each API's records."""
+    from pdserve.bench.load_generator import run_load
+    from pdserve.bench.openai_load import run_openai_load
+
+    async def both() -> list[list]:
+        return await asyncio.gather(
+            run_load(addresses["grpc"], batches["grpc"], **loads["grpc"]),
+            run_openai_load(addresses["http"], model, batches["http"], **loads["http"]),
+        )
+
+    return dict(zip(APIS, asyncio.run(both()), strict=True))
+
+
 async def _thread_id() -> int:
     return threading.get_ident()
 
@@ -113,51 +136,49 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="leave gRPC core's EventEngine client on in the client process, as grpcio ships "
         "it (the benchmark's gRPC client before issue 15's fix), to compare",
     )
+    p.add_argument(
+        "--request-rate",
+        type=float,
+        default=math.inf,
+        help="requests/s per API, Poisson arrivals (default: inf, a closed loop at "
+        "--max-concurrency)",
+    )
+    p.add_argument(
+        "--together",
+        action="store_true",
+        help="serve both APIs at once, each with half of --max-concurrency and its half of "
+        "--num-requests (halves swapped every round), so both meet the same conditions; "
+        "no CPU time per API. Closed loops at once fall into step (both APIs' streams end in "
+        "the same decode step and their next requests race for the prefill worker); with "
+        "--request-rate each API's arrivals come from a seed of its own",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from pdserve.bench.metrics import run_duration, summarize
+    from pdserve.bench.metrics import summarize
 
     model_dir, requests = paired_workload(args)
+    if args.together and (args.max_concurrency < 2 or args.num_requests < 2):
+        raise SystemExit("--together needs --max-concurrency and --num-requests >= 2")
     console = Console()
     start_ray(prefill_workers=1, decode_workers=1)
-    records: dict[str, list] = {api: [] for api in APIS}
-    seconds = dict.fromkeys(APIS, 0.0)
-    cpu = {api: [0.0] * len(CPU_PARTS) for api in APIS}
-    load = {"max_concurrency": args.max_concurrency, "seed": args.seed}
     experiments = "" if args.grpc_event_engine_client else GRPC_CLIENT_EXPERIMENTS
     with serve_pair(model_dir) as app, client_process(experiments) as clients:
-        address = {
+        addresses = {
             "grpc": f"127.0.0.1:{app.port}",
             "http": f"http://127.0.0.1:{app.http_port}/v1",
         }
-        router_clock = time.pthread_getcpuclockid(app.run(_thread_id()))
-
-        def drive(api: str, batch: list) -> tuple[list, float]:
-            job = clients.submit(run_client, api, address[api], model_dir.name, batch, load)
-            return job.result()
-
+        rounds = _Rounds(args, clients, addresses, model_dir.name, console)
         for api in APIS:  # warm-up: the client process, connections, caches of both paths
-            drive(api, requests[:2])
-        for round_ in range(args.rounds):
-            for api in APIS if round_ % 2 == 0 else reversed(APIS):
-                before = router_cpu_now(router_clock)
-                got, client_s = drive(api, requests)
-                spent = zip(
-                    cpu[api], (client_s, *router_cpu_now(router_clock)), (0, *before), strict=True
-                )
-                cpu[api] = [total + now - then for total, now, then in spent]
-                records[api] += got
-                seconds[api] += run_duration(got)
-                s = summarize(got, run_duration(got))
-                console.print(
-                    f"round {round_ + 1} {api}: {s.completed} done, {s.failed} failed; p50 "
-                    f"TTFT {s.ttft.p50:.1f} ms, ITL {s.itl.p50:.2f} ms, E2E {s.e2e.p50:.1f} ms"
-                )
-    summaries = {api: summarize(records[api], seconds[api]) for api in APIS}
-    console.print(_table(summaries, cpu, args))
+            rounds.drive(api, requests[:2])
+        if args.together:
+            rounds.together(requests)
+        else:
+            rounds.one_after_the_other(requests, time.pthread_getcpuclockid(app.run(_thread_id())))
+    summaries = {api: summarize(rounds.records[api], rounds.seconds[api]) for api in APIS}
+    console.print(_table(summaries, rounds.cpu, args))
     grpc, http = summaries["grpc"], summaries["http"]
     # ITL two ways: per chunk (vLLM's `bench serve`) depends on how many tokens each message
     # carries, which the two APIs' write paths can differ on; per token (SGLang's
@@ -175,15 +196,88 @@ def run(args: argparse.Namespace) -> int:
     return finish_paired(summaries, args.json)
 
 
+class _Rounds:
+    """The rounds of one run: each API's records, seconds of load and CPU seconds by part."""
+
+    def __init__(self, args, clients, addresses: dict[str, str], model: str, console) -> None:
+        self.args, self.clients, self.addresses, self.model = args, clients, addresses, model
+        self.console = console
+        self.load = {
+            "max_concurrency": args.max_concurrency,
+            "seed": args.seed,
+            "request_rate": args.request_rate,
+        }
+        self.records: dict[str, list] = {api: [] for api in APIS}
+        self.seconds = dict.fromkeys(APIS, 0.0)
+        self.cpu = {api: [0.0] * len(CPU_PARTS) for api in APIS}
+
+    def drive(self, api: str, batch: list) -> tuple[list, float]:
+        job = self.clients.submit(
+            run_client, api, self.addresses[api], self.model, batch, self.load
+        )
+        return job.result()
+
+    def one_after_the_other(self, requests: list, router_clock: int) -> None:
+        """Each round serves `requests` through one API, then the other (order alternating),
+        counting each API's CPU time."""
+        for round_ in range(self.args.rounds):
+            for api in APIS if round_ % 2 == 0 else reversed(APIS):
+                before = router_cpu_now(router_clock)
+                got, client_s = self.drive(api, requests)
+                now = (client_s, *router_cpu_now(router_clock))
+                spent = zip(self.cpu[api], now, (0, *before), strict=True)
+                self.cpu[api] = [total + end - start for total, end, start in spent]
+                self._record(round_, api, got)
+
+    def together(self, requests: list) -> None:
+        """Each round serves both APIs at once, each half of `requests` with half the
+        concurrency; the halves swap between rounds, so both APIs send every prompt equally
+        often (a prompt sent again may hit the prefix cache)."""
+        halves = (requests[0::2], requests[1::2])
+        for round_ in range(self.args.rounds):
+            swap = round_ % 2
+            batches = dict(zip(APIS, halves[::-1] if swap else halves, strict=True))
+            # Each API's arrival schedule from a seed of its own (the two seeds swap too).
+            loads = {
+                api: {
+                    **self.load,
+                    "max_concurrency": self.args.max_concurrency // 2,
+                    "seed": self.args.seed + 2 * round_ + (i ^ swap),
+                }
+                for i, api in enumerate(APIS)
+            }
+            job = self.clients.submit(
+                run_clients_together, self.addresses, self.model, batches, loads
+            )
+            for api, got in job.result().items():
+                self._record(round_, api, got)
+
+    def _record(self, round_: int, api: str, got: list) -> None:
+        from pdserve.bench.metrics import run_duration, summarize
+
+        self.records[api] += got
+        self.seconds[api] += run_duration(got)
+        s = summarize(got, run_duration(got))
+        self.console.print(
+            f"round {round_ + 1} {api}: {s.completed} done, {s.failed} failed; p50 "
+            f"TTFT {s.ttft.p50:.1f} ms, ITL {s.itl.p50:.2f} ms, E2E {s.e2e.p50:.1f} ms"
+        )
+
+
 def _table(summaries: dict, cpu: dict[str, list[float]], args: argparse.Namespace):
     grpc, http = summaries["grpc"], summaries["http"]
     per_token = {  # CPU µs per output token
         api: (1e6 / summaries[api].total_output_tokens if summaries[api].total_output_tokens else 0)
         for api in APIS
     }
+    how = (
+        f"both at once, concurrency {args.max_concurrency // 2} each"
+        if args.together
+        else f"one after the other, concurrency {args.max_concurrency}"
+    )
     title = (
         f"OpenAI HTTP vs gRPC streaming: {grpc.num_requests} requests per API, "
-        f"prompt {args.input_len}, output {args.output_len}, concurrency {args.max_concurrency}"
+        f"prompt {args.input_len}, output {args.output_len}, {how}"
     )
     rows = [
         ("p50 TTFT ms", grpc.ttft.p50, http.ttft.p50),
@@ -198,13 +292,14 @@ def _table(summaries: dict, cpu: dict[str, list[float]], args: argparse.Namespac
         ("p50 E2E ms", grpc.e2e.p50, http.e2e.p50),
         ("p99 TTFT ms", grpc.ttft.p99, http.ttft.p99),
         ("output tok/s", grpc.output_throughput, http.output_throughput),
-        *(
+    ]
+    if not args.together:  # together, one process serves both APIs: no CPU time per API
+        rows += [
             (
                 f"{part} CPU µs/token",
                 cpu["grpc"][i] * per_token["grpc"],
                 cpu["http"][i] * per_token["http"],
             )
             for i, part in enumerate(CPU_PARTS)
-        ),
-    ]
+        ]
     return ratio_table(title, APIS, rows)

@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
+from pdserve.models.presets import WEIGHT_PRESETS
+
 
 @dataclass(frozen=True)
 class Decoding:
@@ -64,7 +66,7 @@ DECODINGS = {
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--preset",
-        choices=("tiny", "small"),
+        choices=WEIGHT_PRESETS,
         default="small",
         help="built-in model to measure (default: small)",
     )

@@ -8,10 +8,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pdserve.models.presets import WEIGHT_PRESETS
+
 
 def add_model_arguments(parser: argparse.ArgumentParser, preset: str) -> None:
     parser.add_argument("--model", help="model directory (default: the built-in preset below)")
-    parser.add_argument("--preset", default=preset, choices=["tiny", "small"])
+    parser.add_argument("--preset", default=preset, choices=WEIGHT_PRESETS)
 
 
 def load_model(args: argparse.Namespace) -> tuple[Path, dict]:
@@ -113,6 +115,12 @@ def add_paired_arguments(
     parser.add_argument("--max-concurrency", type=int, default=4, help="requests in flight")
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=32)
+    parser.add_argument(
+        "--random-range-ratio",
+        type=float,
+        default=0.0,
+        help="prompt and output lengths uniform in len x [1 - r, 1 + r] (default: 0, fixed)",
+    )
     parser.add_argument("--rounds", type=int, default=rounds, help=rounds_help)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="write both summaries to this file")
@@ -126,7 +134,10 @@ def paired_workload(args: argparse.Namespace) -> tuple[Path, list]:
         raise SystemExit("--num-requests, --max-concurrency and --rounds must be >= 1")
     model_dir, model_config = load_model(args)
     dataset = DatasetConfig(
-        name="random", random_input_len=args.input_len, random_output_len=args.output_len
+        name="random",
+        random_input_len=args.input_len,
+        random_output_len=args.output_len,
+        random_range_ratio=args.random_range_ratio,
     )
     requests = generate_requests(
         dataset, args.num_requests, args.seed, model_config["vocab_size"], eos_ids(model_config)

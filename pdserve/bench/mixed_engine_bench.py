@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pdserve.models.presets import WEIGHT_PRESETS
+
 # ShareGPT's mean prompt and output lengths in tokens (vLLM paper, Fig. 11).
 SHAREGPT_MEAN_INPUT = 161.31
 SHAREGPT_MEAN_OUTPUT = 337.99
@@ -62,7 +64,7 @@ def mixed_requests(
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--preset", choices=("tiny", "small"), default="small", help="built-in model (small)"
+        "--preset", choices=WEIGHT_PRESETS, default="small", help="built-in model (small)"
     )
     parser.add_argument("--model", default=None, help="a model directory instead of a preset")
     parser.add_argument("--requests", type=int, default=64, help="requests (default: 64)")

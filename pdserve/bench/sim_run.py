@@ -222,7 +222,10 @@ def set_routing(
 ) -> None:
     """Swaps the served router's policy (and disaggregate mode) in place, keeping its learned
     costs (several policies measured on one started system) unless `forget_costs`: then the
-    cost model starts again from its priors. Call it between runs, when idle."""
+    cost model starts again from its priors, with every worker's counters as they are now for
+    its baseline, as a started router gets them from its first poll (without them the first
+    poll after the swap only sets the baseline, and the steps before it, a run's first
+    prefills, are never learned from). Call it between runs, when idle."""
     from router.cost_model import CostModel
     from router.policy import RoutingPolicy
 
@@ -233,7 +236,12 @@ def set_routing(
         policy=policy or old.config.policy,
         disaggregate=disaggregate or old.config.disaggregate,
     )
-    cost = CostModel(step_tokens=old.cost.step_tokens) if forget_costs else old.cost
+    cost = old.cost
+    if forget_costs:
+        cost = CostModel(step_tokens=old.cost.step_tokens)
+        for worker in routing.pool.workers.values():
+            if worker.stats is not None:
+                cost.observe_stats(worker.stats)
     routing.policy = RoutingPolicy(config, cost=cost, weights=old.weights)
 
 

@@ -47,6 +47,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pdserve.models.presets import WEIGHT_PRESETS
+
 MODES = ("off", "ngram", "draft")
 # cpu: this process's CPU seconds; with one torch thread that is the work itself, whatever
 # else runs on the machine. wall: elapsed seconds.
@@ -57,7 +59,10 @@ BLOCK_SIZE = 16
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--preset", choices=("tiny", "small"), default="small", help="target (default: small)"
+        "--preset",
+        choices=WEIGHT_PRESETS,
+        default="small",
+        help="target (default: small; medium: one a CPU step is memory-bound on)",
     )
     parser.add_argument("--model", default=None, help="a target model directory instead")
     parser.add_argument("--draft-model", default=None, help="draft directory (default: see above)")

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from pdserve.commands import CommandError
 from pdserve.commands.arg_types import bounded
+from pdserve.models.presets import WEIGHT_PRESETS
 
-WEIGHT_PRESETS = ("tiny", "small")
 SHAPE_PRESETS = ("llama-3.1-8b", "llama-3.1-70b")
 
 
@@ -27,8 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--preset",
         choices=WEIGHT_PRESETS + SHAPE_PRESETS,
-        help="tiny: the default/test model; small: for benchmarks; llama-3.1-8b/70b: shapes "
-        "for sim workers, with --config-only (default: tiny)",
+        help="tiny: the default/test model; small, medium: for benchmarks; llama-3.1-8b/70b: "
+        "shapes for sim workers, with --config-only (default: tiny)",
     )
     parser.add_argument("--seed", type=int, help="weight seed (default: 0)")
     parser.add_argument(

@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from pdserve.commands import CommandError
+from pdserve.models.presets import WEIGHT_PRESETS
 
 PROMPT_LENGTHS = (5, 17, 33)
 PARITY_TOKENS = 8
@@ -26,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", required=True, choices=("cpu", "cuda"), help="where to run")
     parser.add_argument(
         "--preset",
-        choices=("tiny", "small"),
+        choices=WEIGHT_PRESETS,
         default="small",
         help="built-in model for parity and the bench (default: small)",
     )

@@ -4,5 +4,6 @@
 - `messages.py` — what the router and the workers exchange through Ray calls.
 - `kv_events.py` — `KVEvent`: blocks entering or leaving a worker's prefix cache.
 - `block_hash.py` — the chained hash of full KV blocks, the only one used anywhere.
+- `prompt_tokens.py` — `PromptTokens`: a prompt that remembers its block hashes (hashed once).
 - `model_limits.py` — the context length a deployment serves (engine and router agree on it).
 """

@@ -20,8 +20,9 @@ ever copied, at most once per fork; full blocks are never copied.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from collections.abc import Sequence as PySequence
 
-from pdserve.core.block_hash import ROOT_HASH, block_hash
+from pdserve.core.block_hash import ROOT_HASH, block_hash, prompt_block_hashes
 from pdserve.core.kv_events import KVEvent, KVEventKind
 from pdserve.engine.sequence import Sequence
 
@@ -64,17 +65,29 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return 0
         parent = ROOT_HASH
-        for start in range(0, max_tokens - self.block_size + 1, self.block_size):
-            tokens = tuple(seq.token_ids[start : start + self.block_size])
-            h = block_hash(parent, tokens)
+        size = self.block_size
+        prompt = self.prompt_hashes(seq)
+        for start in range(0, max_tokens - size + 1, size):
+            i = start // size
+            token_ids = seq.token_ids[start : start + size]
+            h = prompt[i] if i < len(prompt) else block_hash(parent, token_ids)
             block_id = self._cached.get(h)
-            if block_id is None or self._tokens[block_id] != tokens:
+            if block_id is None or self._tokens[block_id] != tuple(token_ids):
                 break
             self._acquire(block_id)
             seq.block_table.append(block_id)
             seq.block_hashes.append(h)
             parent = h
         return len(seq.block_table) * self.block_size
+
+    def prompt_hashes(self, seq: Sequence) -> PySequence[int]:
+        """Chained hashes of the full blocks of `seq`'s prompt (as `block_hash` chains them),
+        computed once per sequence (or given with its prompt: PromptTokens)."""
+        if seq.prompt_block_hashes is None:
+            seq.prompt_block_hashes = prompt_block_hashes(
+                seq.token_ids[: seq.num_prompt_tokens], self.block_size
+            )
+        return seq.prompt_block_hashes
 
     def is_cached(self, block_hash_value: int) -> bool:
         """Whether a full block with this hash is in the prefix cache (tokens not checked)."""
@@ -134,13 +147,22 @@ class BlockManager:
         """Registers the blocks that became full and computed since the last call."""
         if not self.enable_prefix_caching or not seq.cache_blocks:
             return
-        num_full = min(seq.num_computed_tokens // self.block_size, len(seq.block_table))
-        if num_full <= len(seq.block_hashes):
-            return  # nothing new (a decode step fills a block once in block_size steps)
-        for i in range(len(seq.block_hashes), num_full):
-            tokens = tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
-            parent = seq.block_hashes[-1] if seq.block_hashes else ROOT_HASH
-            h = block_hash(parent, tokens)
+        size, registered = self.block_size, len(seq.block_hashes)
+        # Called for every sequence after every step: most often no block has filled since
+        # (a decode step fills one in block_size steps), which this tells at the least cost.
+        if seq.num_computed_tokens < (registered + 1) * size:
+            return
+        num_full = min(seq.num_computed_tokens // size, len(seq.block_table))
+        if num_full <= registered:
+            return
+        # A prompt's blocks are hashed once per sequence (`prompt_hashes`), not block by block.
+        prompt = self.prompt_hashes(seq) if registered < seq.num_prompt_tokens // size else ()
+        for i in range(registered, num_full):
+            token_ids = seq.token_ids[i * size : (i + 1) * size]
+            if i < len(prompt):
+                h = prompt[i]
+            else:
+                h = block_hash(seq.block_hashes[-1] if seq.block_hashes else ROOT_HASH, token_ids)
             seq.block_hashes.append(h)
             block_id = seq.block_table[i]
             # Another block may already hold this prefix (computed concurrently); keep that
@@ -148,7 +170,7 @@ class BlockManager:
             if h not in self._cached and self._hash[block_id] is None:
                 self._cached[h] = block_id
                 self._hash[block_id] = h
-                self._tokens[block_id] = tokens
+                self._tokens[block_id] = tuple(token_ids)
                 self._events.append(("stored", h))
 
     def truncate(self, seq: Sequence, num_tokens: int) -> None:

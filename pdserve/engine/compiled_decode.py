@@ -2,8 +2,8 @@
 and samples, no DoLa/SLED exits, no drafts) runs as a compiled graph with static shapes.
 
 The batch is padded up to a bucket size (1, 2, 4, 8, ... up to max_num_seqs, like vLLM's
-CUDA-graph capture sizes) and the block tables to a power-of-two width (width_bucket), so a
-few graphs serve every step; the paged KV layout is the eager model's. Padding rows repeat row 0 (its token,
+CUDA-graph capture sizes) and the block tables to one of four widths per doubling of the
+context (width_bucket), so a few graphs serve every step; the paged KV layout is the eager model's. Padding rows repeat row 0 (its token,
 position, slot and block table): they compute and store exactly row 0's K/V, so they never
 touch another block, and their logits are dropped. On CUDA the graph is compiled with
 mode="reduce-overhead" (CUDA graphs) and the KV cache marked as a static address; on CPU with
@@ -46,13 +46,23 @@ def bucket_for(n: int, buckets: list[int]) -> int:
 # Block tables are at least this many tokens wide: short contexts share one graph, and
 # attending over a few padded keys costs less than compiling a graph per small width.
 MIN_WIDTH_TOKENS = 128
+# Widths per doubling of the context. The graph gathers every row's whole padded table each
+# layer, so padding is paid in HBM traffic: with one width per doubling (powers of two), a
+# 1040-token context padded to 2048 made the compiled 8B-shape step slower than the eager one
+# at batch 32-64 on an H100 (BENCHMARKS.md, "Compiled decode at long contexts"); four per
+# doubling pad by at most a quarter, for four times the graphs as contexts grow.
+WIDTHS_PER_DOUBLING = 4
 
 
 def width_bucket(num_blocks: int, block_size: int) -> int:
-    """Block-table width in blocks: the next power of two, at least MIN_WIDTH_TOKENS wide
-    (a graph per width bucket, not per context length)."""
+    """Block-table width in blocks: num_blocks rounded up to a quarter of the power of two
+    below it (at most 25% padding), at least MIN_WIDTH_TOKENS wide (a graph per width
+    bucket, not per context length)."""
     floor = -(-MIN_WIDTH_TOKENS // block_size)
-    return max(1 << max(num_blocks - 1, 0).bit_length(), floor)
+    if num_blocks <= floor:
+        return floor
+    step = max((1 << ((num_blocks - 1).bit_length() - 1)) // WIDTHS_PER_DOUBLING, 1)
+    return -(-num_blocks // step) * step
 
 
 class CompiledDecode:
@@ -75,7 +85,7 @@ class CompiledDecode:
         self.shapes: set[tuple[int, int]] = set()  # (batch, width) graphs compiled so far
         # Each (batch, width) pair is one static-shape graph; dynamo's default limit of
         # recompiles per function is lower than the number of pairs a server meets.
-        width_kinds = max(kv_cache.shape[2], 1).bit_length() + 1
+        width_kinds = WIDTHS_PER_DOUBLING * (max(kv_cache.shape[2], 1).bit_length() + 1)
         limit = len(self.buckets) * width_kinds
         dynamo = torch._dynamo.config
         dynamo.recompile_limit = max(dynamo.recompile_limit, limit)

@@ -28,6 +28,7 @@ from typing import Any
 from pdserve.config import EngineConfig
 from pdserve.core import model_limits
 from pdserve.core.kv_events import KVEvent, KVEventSink
+from pdserve.core.prompt_tokens import known_block_hashes
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.engine.beam_search import BeamRequest
 from pdserve.engine.block_manager import BlockManager
@@ -306,6 +307,7 @@ class LLMEngine(ForkedChoices, StepOutputs):
     ) -> Sequence:
         if request_id in self._seqs:
             raise ValueError(f"request id {request_id!r} is already in use")
+        known_hashes = known_block_hashes(prompt, self.block_size)  # PromptTokens remember them
         prompt = list(prompt)
         if not prompt:
             raise ValueError("the prompt must have at least one token")
@@ -327,6 +329,7 @@ class LLMEngine(ForkedChoices, StepOutputs):
             params=params,
             arrival=next(self._arrivals),
             prefill_only=prefill_only,
+            prompt_block_hashes=known_hashes,
             detokenizer=self._detokenizer(prompt, params),
         )
 

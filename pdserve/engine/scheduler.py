@@ -17,7 +17,6 @@ from collections import deque
 from dataclasses import dataclass, field
 from operator import attrgetter
 
-from pdserve.core.block_hash import prompt_block_hashes
 from pdserve.engine.block_manager import BlockManager
 from pdserve.engine.sequence import Sequence, SequenceStatus
 
@@ -199,11 +198,7 @@ class Scheduler:
         if not self.block_manager.enable_prefix_caching:
             return []
         size = self.block_manager.block_size
-        if seq.prompt_block_hashes is None:
-            seq.prompt_block_hashes = prompt_block_hashes(
-                seq.token_ids[: seq.num_prompt_tokens], size
-            )
-        return seq.prompt_block_hashes[seq.num_computed_tokens // size :]
+        return self.block_manager.prompt_hashes(seq)[seq.num_computed_tokens // size :]
 
     def _next_block_in_flight(self, seq: Sequence, in_flight: set[int]) -> bool:
         """True when the first prompt block `seq` would compute is being computed now."""

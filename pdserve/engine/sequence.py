@@ -41,8 +41,9 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     # Chained hashes of the full blocks of token_ids seen so far (prefix caching).
     block_hashes: list[int] = field(default_factory=list)
-    # Chained hashes of the prompt's full blocks, computed once when first needed.
-    prompt_block_hashes: list[int] | None = None
+    # Chained hashes of the prompt's full blocks: computed once when first needed
+    # (BlockManager.prompt_hashes), or given with the prompt (PromptTokens).
+    prompt_block_hashes: list[int] | tuple[int, ...] | None = None
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at first admission
     admitted: bool = False  # has been scheduled once (later admissions are recomputes)

@@ -2,6 +2,10 @@
 
 tiny: the default model everywhere and the test model (the whole suite runs on it in seconds).
 small: big enough that matmuls dominate a decode step, for `pdserve bench engine`.
+medium: 233M parameters (0.93 GB in float32, ~30x this machine's L3 cache), so a CPU decode
+step at a few rows is bound by reading the weights, as a GPU's is: the regime speculative
+decoding is for (`pdserve bench spec --preset medium`; on `small` a verify of 5 positions costs
+~1.9 plain steps of few-row matmuls, BENCHMARKS.md). Written on first use (~6 s).
 """
 
 from __future__ import annotations
@@ -48,7 +52,19 @@ PRESETS: dict[str, dict[str, Any]] = {
         "head_dim": 64,
         "max_position_embeddings": 2048,
     },
+    "medium": {
+        **_COMMON,
+        "vocab_size": 8192,
+        "hidden_size": 1536,
+        "intermediate_size": 4096,
+        "num_hidden_layers": 8,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 6,
+        "head_dim": 128,
+        "max_position_embeddings": 2048,
+    },
 }
+WEIGHT_PRESETS = tuple(PRESETS)  # every preset here is written with weights
 
 
 def preset_config(name: str) -> dict[str, Any]:

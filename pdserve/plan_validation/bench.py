@@ -27,8 +27,8 @@ reuses another's cached prefixes (the offline cluster is fresh per probe). The o
 runs at the live cluster's pace: a router at time scale S polls and backs off in wall time,
 i.e. S times as often in simulated time, and its cost model's priors, in wall seconds, are
 1 / S of the planner's in simulated time (`RouterTiming.scaled(1 / S)`). The live router
-starts every rate from those priors too (`sim_run.set_routing(forget_costs=True)`), as every
-offline probe's router does, instead of what the warm-up and the rates before taught it. Live pushes are one
+starts every rate from those priors too, and from the workers' counters as they are then
+(`sim_run.set_routing(forget_costs=True)`), as every offline probe's router does, instead of what the warm-up and the rates before taught it. Live pushes are one
 KV chunk each (`_cluster`): a sim chunk carries no bytes, so more chunks only add this
 machine's thread and gRPC hops to the modelled link time. Per rate, the TTFT of requests
 routed alike on both sides is split into parts (ttft_parts.py) and compared by request index.
@@ -296,16 +296,18 @@ class OfflineCluster:
         return search.run([self.split]).best
 
     def probe(self, sample, rate: float, jitter: float = 0.0) -> RatePoint:
-        """The sample served to the end at `rate`; with a jitter, the p90s' range over the
-        rate and the rate x (1 -/+ jitter) too."""
+        """The sample served to the end at `rate`; with a jitter, the attainment's and the
+        p90s' ranges over the rate and the rate x (1 -/+ jitter) too."""
         point = self._probe(sample, rate)
         if jitter > 0:
             nudged = [point] + [self._probe(sample, rate * f) for f in (1 - jitter, 1 + jitter)]
             ttft, tpot = [p.ttft_p90_ms for p in nudged], [p.tpot_p90_ms for p in nudged]
+            attainment = [p.attainment for p in nudged]
             point.ttft_p90_range_ms, point.tpot_p90_range_ms = (
                 [min(ttft), max(ttft)],
                 [min(tpot), max(tpot)],
             )
+            point.attainment_range = [min(attainment), max(attainment)]
         return point
 
     def _probe(self, sample, rate: float) -> RatePoint:

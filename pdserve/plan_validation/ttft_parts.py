@@ -96,10 +96,21 @@ def compare(
     return len(common), means
 
 
+def first_routed_apart(planned: dict, live: dict) -> tuple[int | None, int]:
+    """(the first request index prefilled locally on one side and remotely on the other, or
+    None; how many were). From that request on the two runs' queues, and the costs their
+    routers learn, differ: later parts compare different situations, not the same one."""
+    apart = sorted(
+        int(i) for i in set(planned) & set(live) if planned[i]["local"] != live[i]["local"]
+    )
+    return (apart[0] if apart else None), len(apart)
+
+
 def parts_line(planned: dict, live: dict) -> str:
-    """Mean ms planned/live of each part over the requests both disaggregated, and of TTFT
-    and TPOT over those both prefilled locally."""
-    lines = []
+    """Where the routes went apart; mean ms planned/live of each part over the requests both
+    disaggregated, and of TTFT and TPOT over those both prefilled locally."""
+    first, count = first_routed_apart(planned, live)
+    lines = [f"{count} routed apart, first request {first}" if count else "all routed alike"]
     count, means = compare(planned, live)
     if count:
         shown = ", ".join(f"{name} {p:.1f}/{q:.1f}" for name, (p, q) in means.items())
@@ -111,4 +122,6 @@ def parts_line(planned: dict, live: dict) -> str:
             for name in ("handoff", "client", "ttft", "tpot")
         )
         lines.append(f"over {count} local on both: {shown}")
-    return "; ".join(lines) or "no request routed alike on both sides"
+    if len(lines) == 1:
+        lines.append("no request routed alike on both sides")
+    return "; ".join(lines)

@@ -84,7 +84,9 @@ class VirtualCluster:
             router_config, cost=CostModel.with_priors_scaled(timing.cost_prior_scale)
         )
         policy.cost.step_tokens = deployment.engine_config.max_num_batched_tokens
-        self.routing = Routing(self.pool, policy, deployment.engine_config.block_size)
+        self.routing = Routing(
+            self.pool, policy, deployment.engine_config.block_size, clock=lambda: self.loop.now
+        )
         for worker in self.workers.values():
             self._poll(worker)
 
@@ -119,8 +121,10 @@ class VirtualCluster:
         poll during a step waits for the step's end and sees the queue as it is then; the
         next poll is one interval after the answer."""
 
+        sent_at = self.loop.now
+
         def answered(stats) -> None:
-            self.pool.record_stats(self.pool.workers[worker.worker_id], stats)
+            self.pool.record_stats(self.pool.workers[worker.worker_id], stats, sent_at)
             self.loop.after(self.timing.poll_interval_s, lambda: self._poll(worker))
 
         worker.call(worker.stats, answered)

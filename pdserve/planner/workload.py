@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from pdserve.bench.datasets import DatasetConfig, generate_requests
+from pdserve.core.prompt_tokens import PromptTokens
 
 # preset -> fields of the chat-rag DatasetConfig
 PRESETS: dict[str, dict] = {
@@ -45,7 +46,8 @@ class PlanRequest:
 @dataclass(frozen=True)
 class ProbeRequest:
     """One request of a probe: its prompt, and its arrival in units of the mean gap (at rate r
-    it arrives at `unit_arrival / r` seconds)."""
+    it arrives at `unit_arrival / r` seconds). A sample's prompts are PromptTokens: every probe
+    offers the same ones, and their block hashes are computed once, not in every probe."""
 
     index: int
     prompt: list[int]
@@ -128,7 +130,9 @@ def probe_sample(requests: list[PlanRequest], size: int, seed: int = 0) -> list[
     return [
         ProbeRequest(
             index=i,
-            prompt=rng.integers(FIRST_TOKEN, LAST_TOKEN + 1, size=r.prompt_len).tolist(),
+            prompt=PromptTokens(
+                rng.integers(FIRST_TOKEN, LAST_TOKEN + 1, size=r.prompt_len).tolist()
+            ),
             output_len=r.output_len,
             unit_arrival=arrival,
             tag=r.tag,

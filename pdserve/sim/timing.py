@@ -10,15 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from pdserve.sim.gpus import GPUSpec
 from pdserve.sim.model_shape import ModelShape
 
 
-@dataclass(frozen=True)
-class Chunk:
-    """One sequence's share of a step: `new` tokens computed after `start` already in context."""
+class Chunk(NamedTuple):
+    """One sequence's share of a step: `new` tokens computed after `start` already in context.
+    (A named tuple, immutable: the sim executor makes one per scheduled sequence per step,
+    millions in a plan, and a tuple is made in ~0.3 us where a frozen dataclass takes ~0.55.)"""
 
     start: int
     new: int
@@ -41,10 +42,9 @@ class StepWork:
 
     def __post_init__(self) -> None:
         new = prefill = decode_seqs = context = pairs = 0
-        for chunk in self.chunks:
-            start, n = chunk.start, chunk.new
+        for start, n, decode in self.chunks:
             new += n
-            if chunk.decode:
+            if decode:
                 decode_seqs += 1
             else:
                 prefill += n

@@ -34,6 +34,16 @@ def test_paired_workload_makes_the_random_requests_the_flags_ask_for(tmp_path):
     assert all(r.prompt_len == 7 and r.output_len == 3 for r in requests)
 
 
+def test_paired_workload_draws_lengths_around_the_flags_with_a_range_ratio(tmp_path):
+    args = _args(
+        tmp_path, "--num-requests", "40", "--output-len", "32", "--random-range-ratio", "0.5"
+    )
+    _, requests = paired_workload(args)
+    outputs = {r.output_len for r in requests}
+    assert len(outputs) > 5 and all(16 <= n <= 48 for n in outputs)
+    assert all(64 <= r.prompt_len <= 192 for r in requests)
+
+
 @pytest.mark.parametrize("flag", ["--num-requests", "--max-concurrency", "--rounds"])
 def test_paired_workload_refuses_counts_below_one(tmp_path, flag):
     with pytest.raises(SystemExit, match="must be >= 1"):

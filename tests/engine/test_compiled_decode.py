@@ -24,10 +24,15 @@ def test_buckets_cover_every_batch_size():
     assert [bucket_for(n, buckets) for n in (1, 3, 5, 9, 12)] == [1, 4, 8, 12, 12]
 
 
-def test_width_is_a_power_of_two_at_least_the_floor():
+def test_width_pads_by_at_most_a_quarter_above_the_floor():
     assert width_bucket(1, 16) == 8  # 128 tokens
-    assert width_bucket(9, 16) == 16
-    assert width_bucket(33, 4) == 64
+    assert width_bucket(8, 16) == 8
+    assert width_bucket(9, 16) == 10  # steps of 2 blocks between 8 and 16
+    assert width_bucket(33, 4) == 40
+    assert width_bucket(65, 16) == 80  # a 1040-token context: 1280, not 2048
+    widths = {width_bucket(n, 16) for n in range(1, 4097)}
+    assert all(n <= width_bucket(n, 16) <= max(8, 1.25 * n) for n in range(1, 4097))
+    assert len(widths) == 1 + 4 * 9  # the floor, then four per doubling from 8 to 4096 blocks
 
 
 def test_compile_defaults_to_cuda_only():
@@ -63,3 +68,17 @@ def test_eager_engine_has_no_compiled_path(make_engine):
     engine = make_engine()
     assert engine.executor.runner.compiled_decode is None
     assert "compiled_decode_steps" not in engine.stats()
+
+
+def test_compiled_decode_matches_eager_across_widths_above_the_floor(make_engine):
+    """Contexts of 33-63 blocks of 4 tokens, one request at a time: block tables padded to
+    widths 40, 48, 56 and 64 (steps of 8 blocks between 32 and 64), each its own graph, the
+    padded entries masked out."""
+    prompts = random_prompts([129, 150, 200, 230], seed=2)
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
+    eager = make_engine(num_kv_blocks=80)
+    engine = make_engine(compile=True, num_kv_blocks=80)
+    for prompt in prompts:
+        assert engine.generate([prompt], params) == eager.generate([prompt], params)
+    widths = {width for _, width in engine.executor.runner.compiled_decode.shapes}
+    assert widths == {40, 48, 56, 64}

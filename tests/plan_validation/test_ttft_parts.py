@@ -8,7 +8,13 @@ import pytest
 
 from pdserve.bench.metrics import RequestRecord
 from pdserve.config import RouterConfig
-from pdserve.plan_validation.ttft_parts import compare, live_parts, offline_parts, parts_line
+from pdserve.plan_validation.ttft_parts import (
+    compare,
+    first_routed_apart,
+    live_parts,
+    offline_parts,
+    parts_line,
+)
 from pdserve.planner.deployment import Deployment
 from pdserve.planner.probe import SLO, Split, run_probe
 from pdserve.planner.workload import PlanRequest, probe_sample
@@ -71,4 +77,8 @@ def test_live_parts_convert_wall_server_timings_and_compare_by_index():
     assert count == 1 and means["queue"] == pytest.approx((5.0, 10.0))
     assert compare(planned, parts, local=True) == (0, {})  # request 4 was routed differently
     assert "over 1 disaggregated on both" in parts_line(planned, parts)
+    assert first_routed_apart(planned, parts) == (4, 1)
+    assert parts_line(planned, parts).startswith("1 routed apart, first request 4; ")
+    assert first_routed_apart(parts, parts) == (None, 0)
+    assert parts_line(parts, parts).startswith("all routed alike; ")
     assert compare({}, parts) == (0, {})

@@ -81,3 +81,26 @@ def test_only_a_prefill_that_had_its_worker_to_itself_is_a_cost_sample() -> None
     r.on_prefill_done(first, done(first, list(range(500, 600))))
     r.on_prefill_done(second, done(second, list(range(700, 800))))
     assert len(samples) == 1
+
+
+def test_what_was_routed_after_a_poll_was_sent_stays_counted_at_its_answer() -> None:
+    # A poll sent during an engine step is answered at the step's end, before the adds queued
+    # behind it: a request routed after the poll was sent is not in that snapshot.
+    now = [0.0]
+    r = routing()
+    r.clock = lambda: now[0]
+    prefill = r.pool.workers["prefill-0"]
+    now[0] = 1.0
+    r.choose(list(range(500, 600)), 8, set())  # before the poll: in its snapshot
+    now[0] = 2.0
+    sent_at = now[0]  # the poll is sent
+    now[0] = 3.0
+    r.choose(list(range(700, 780)), 8, set())  # routed while the poll waits for the step
+    r.pool.record_stats(prefill, prefill.stats, sent_at)
+    load = r._load(prefill)
+    assert (load.inflight, load.inflight_prompt_tokens) == (1, 80)
+    r.pool.record_stats(prefill, prefill.stats, now[0])  # the next poll, sent after it
+    assert r._load(prefill).inflight == 0
+    r.choose(list(range(900, 950)), 8, set())
+    r.pool.record_stats(prefill, prefill.stats)  # a poll of unknown sending: all included
+    assert r._load(prefill).inflight == 0
