@@ -176,6 +176,8 @@ class _Routed:
     compute there) each."""
 
     entries: list[tuple[float, int]] = field(default_factory=list)
+    # The entries' count and prompt tokens, kept as they change: every routing decision reads
+    # them for every worker, polls change them a few times a second.
     requests: int = 0
     tokens: int = 0
 
