@@ -12,10 +12,12 @@ from dataclasses import dataclass, field
 from router.cost_model import CostModel
 
 
-@dataclass
+@dataclass(frozen=True)
 class WorkerLoad:
     """One worker as the policy sees it: a stats snapshot plus the router's own fresher count
-    of requests it sent there since that snapshot (so a burst does not herd onto one worker)."""
+    of requests it sent there since that snapshot (so a burst does not herd onto one worker).
+    Frozen: the router reuses a worker's WorkerLoad while its inputs stay the same, and
+    `numbers` is computed once, here."""
 
     worker_id: str
     healthy: bool = True
@@ -26,6 +28,14 @@ class WorkerLoad:
     num_free_blocks: int = 0
     inflight: int = 0  # routed here after the snapshot (router-side)
     inflight_prompt_tokens: int = 0
+    # (num_running, queued_requests, queued_tokens, num_blocks, num_free_blocks, load): the
+    # option matrix's row of this worker (router/option_matrix.py).
+    numbers: tuple[int, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        numbers = (self.num_running, self.queued_requests, self.queued_tokens, self.num_blocks,
+                   self.num_free_blocks, self.load)  # fmt: skip
+        object.__setattr__(self, "numbers", numbers)  # frozen: set once, as __init__ does
 
     @classmethod
     def from_stats(cls, stats, *, healthy: bool = True, inflight: int = 0,

@@ -11,55 +11,116 @@ check every cache hit themselves. Not thread-safe (the router's event loop owns 
 
 from __future__ import annotations
 
+import itertools
 import time
-from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+
+
+@dataclass
+class _Route:
+    """One `add`: its blocks were sent to `worker_id` and are remembered until `expiry`."""
+
+    serial: int
+    worker_id: str
+    block_hashes: tuple[int, ...]
+    expiry: float
 
 
 class RecentPrefixes:
     def __init__(self, ttl_s: float = 10.0, max_blocks: int = 1 << 17,
                  clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+        """At most `max_blocks` (worker, block) entries: beyond, the oldest routes are
+        forgotten whole."""
         self.ttl_s = ttl_s
         self.max_blocks = max_blocks
         self._clock = clock
-        # (worker_id, block hash) -> expiry, oldest first (an entry moves to the end on reuse).
-        self._expiry: OrderedDict[tuple[str, int], float] = OrderedDict()
+        # Block hash -> {worker: serial of the latest route that sent it there}. A lookup walks
+        # the prompt once for all workers (each block narrows the set still walking) instead
+        # of once per worker.
+        self._holders: dict[int, dict[str, int]] = {}
+        self._entries = 0  # (worker, block) pairs in `_holders`
+        # Every route in order, hence by expiry. A route forgets only the pairs it was the
+        # latest to send: one renewed by a later route stays until that one goes. So a route
+        # costs two dict operations per block to add and one lookup each to forget, where an
+        # ordered map of pairs moved on every renewal cost several.
+        self._routes: deque[_Route] = deque()
+        self._routed_blocks = 0  # blocks of the routes in `_routes` (renewed ones included)
+        self._serials = itertools.count()
 
     def add(self, worker_id: str, block_hashes: Sequence[int]) -> None:
-        expiry = self._clock() + self.ttl_s
-        for h in block_hashes:
-            key = (worker_id, h)
-            self._expiry[key] = expiry
-            self._expiry.move_to_end(key)
-        while len(self._expiry) > self.max_blocks:
-            self._expiry.popitem(last=False)
+        route = _Route(next(self._serials), worker_id, tuple(block_hashes),
+                       self._clock() + self.ttl_s)  # fmt: skip
+        holders, serial, new = self._holders, route.serial, 0
+        for h in route.block_hashes:
+            held = holders.get(h)
+            if held is None:
+                holders[h] = {worker_id: serial}
+                new += 1
+            else:
+                new += worker_id not in held
+                held[worker_id] = serial
+        self._entries += new
+        self._routes.append(route)
+        self._routed_blocks += len(route.block_hashes)
+        # Renewals leave old routes behind: they are bounded too, by twice the entries.
+        while self._entries > self.max_blocks or self._routed_blocks > 2 * self.max_blocks:
+            self._forget_oldest()
 
-    def lookup(self, block_hashes: Sequence[int], worker_ids: Sequence[str]) -> dict[str, int]:
-        """worker_id -> leading blocks of `block_hashes` routed there within the TTL."""
+    def lookup(self, block_hashes: Sequence[int], worker_ids: Collection[str]) -> dict[str, int]:
+        """worker_id (of `worker_ids`) -> leading blocks of `block_hashes` routed there within
+        the TTL. Chained hashes: a worker stops at its first missing block."""
         self._expire()
-        found = {}
-        for worker_id in worker_ids:
-            count = 0
-            for h in block_hashes:
-                if (worker_id, h) not in self._expiry:
+        holders = self._holders
+        first = holders.get(block_hashes[0]) if block_hashes else None
+        if not first:
+            return {}
+        walking = {w for w in first if w in worker_ids}
+        found: dict[str, int] = {}
+        depth = 1  # leading blocks every worker still walking holds
+        for i in range(1, len(block_hashes) if walking else 0):
+            held = holders.get(block_hashes[i])
+            if held is None:
+                break
+            if not walking <= held.keys():
+                for worker_id in walking - held.keys():
+                    found[worker_id] = depth
+                walking &= held.keys()
+                if not walking:
                     break
-                count += 1
-            if count:
-                found[worker_id] = count
+            depth += 1
+        for worker_id in walking:
+            found[worker_id] = depth
         return found
 
     def forget(self, worker_id: str) -> None:
         """The worker restarted: whatever it was sent is gone with its old cache."""
-        for key in [k for k in self._expiry if k[0] == worker_id]:
-            del self._expiry[key]
+        holders = self._holders
+        for h in [h for h, held in holders.items() if worker_id in held]:
+            held = holders[h]
+            del held[worker_id]
+            self._entries -= 1
+            if not held:
+                del holders[h]
 
     def _expire(self) -> None:
-        now = self._clock()
-        while self._expiry:
-            key, expiry = next(iter(self._expiry.items()))
-            if expiry > now:
-                return
-            del self._expiry[key]
+        now, routes = self._clock(), self._routes
+        while routes and routes[0].expiry <= now:
+            self._forget_oldest()
+
+    def _forget_oldest(self) -> None:
+        route = self._routes.popleft()
+        self._routed_blocks -= len(route.block_hashes)
+        holders, worker_id, serial, dropped = self._holders, route.worker_id, route.serial, 0
+        for h in route.block_hashes:
+            held = holders.get(h)
+            if held is not None and held.get(worker_id) == serial:  # not renewed since
+                del held[worker_id]
+                dropped += 1
+                if not held:
+                    del holders[h]
+        self._entries -= dropped
 
 
 def merge(*views: Mapping[str, int]) -> dict[str, int]:

@@ -51,6 +51,10 @@ class Routing:
         # Prefills routed to each worker so far: a prefill's timing is a sample of its compute
         # cost only if it ran alone (nothing queued when routed, nothing routed there until done).
         self._prefills_routed: dict[str, int] = {}
+        # Each worker's last WorkerLoad with what it was made of (stats snapshot, health, routed
+        # requests and tokens): a decision reads every worker, and between two polls only the
+        # workers it routes to change.
+        self._loads: dict[str, tuple[WorkerStats, bool, int, int, WorkerLoad]] = {}
 
     def pending(self) -> int:
         return sum(w.inflight for w in self.pool.of_role("decode", healthy_only=False))
@@ -58,7 +62,7 @@ class Routing:
     def choose(self, prompt_ids: list[int], max_tokens: int, exclude: set[str]) -> Route:
         hashes = block_hashes_of(prompt_ids, self.block_size)  # remembered by PromptTokens
         indexed = self.index.lookup(hashes) if self.index is not None and hashes else {}
-        cached = merge(indexed, self.recent.lookup(hashes, list(self.pool.workers)))
+        cached = merge(indexed, self.recent.lookup(hashes, self.pool.workers.keys()))
         prefill = [
             self._load(w)
             for w in self.pool.of_role("prefill", healthy_only=False)
@@ -121,7 +125,7 @@ class Routing:
                 )
             if self.decode_caches_received_kv:
                 # The push has committed: the decode worker now holds the prompt's blocks.
-                self.recent.add(route.decode_worker, list(route.block_hashes))
+                self.recent.add(route.decode_worker, route.block_hashes)
         if self.index is None:
             return
         worker = route.prefill_worker or route.decode_worker
@@ -147,15 +151,25 @@ class Routing:
         return self._routed_since_poll.setdefault(worker_id, _Routed())
 
     def _load(self, worker: Worker) -> WorkerLoad:
-        if worker.stats is None:
+        stats, healthy = worker.stats, worker.healthy
+        if stats is None:
             return WorkerLoad(worker.worker_id, healthy=False)
-        routed = self._routed(worker.worker_id)
-        return WorkerLoad.from_stats(
-            worker.stats,
-            healthy=worker.healthy,
-            inflight=routed.requests,
-            inflight_prompt_tokens=routed.tokens,
+        routed = self._routed_since_poll.get(worker.worker_id)
+        requests, tokens = (routed.requests, routed.tokens) if routed else (0, 0)
+        known = self._loads.get(worker.worker_id)
+        if (
+            known is not None
+            and known[0] is stats
+            and known[1] == healthy
+            and known[2] == requests
+            and known[3] == tokens
+        ):
+            return known[4]
+        load = WorkerLoad.from_stats(
+            stats, healthy=healthy, inflight=requests, inflight_prompt_tokens=tokens
         )
+        self._loads[worker.worker_id] = (stats, healthy, requests, tokens, load)
+        return load
 
     def _learn_from_stats(
         self, worker: Worker, previous: WorkerStats | None, stats: WorkerStats

@@ -57,6 +57,12 @@ class WorkerPool:
         for role, handles in (("prefill", prefill), ("decode", decode)):
             for worker_id, handle in handles.items():
                 self.workers[worker_id] = Worker(worker_id, role, handle)
+        # The pool's workers never change: each role's list is made once (routing reads it
+        # at every decision).
+        self._of_role = {
+            role: [w for w in self.workers.values() if w.role == role]
+            for role in ("prefill", "decode")
+        }
         self._poll_interval_s = poll_interval_s
         self._call_timeout_s = call_timeout_s
         self._pollers: list[asyncio.Task] = []
@@ -83,9 +89,8 @@ class WorkerPool:
             poller.cancel()
 
     def of_role(self, role: str, healthy_only: bool = True) -> list[Worker]:
-        return [
-            w for w in self.workers.values() if w.role == role and (w.healthy or not healthy_only)
-        ]
+        workers = self._of_role.get(role, [])
+        return [w for w in workers if w.healthy] if healthy_only else list(workers)
 
     def mark_unhealthy(self, worker_id: str, reason: str) -> None:
         worker = self.workers[worker_id]

@@ -21,6 +21,9 @@ from pdserve.engine.block_manager import BlockManager
 from pdserve.engine.sequence import Sequence, SequenceStatus
 
 _ARRIVAL = attrgetter("arrival")
+# An enum member read through its class costs ~0.09 us on Python 3.11 (a descriptor call), a
+# module global ~0.01: `schedule` compares one per running sequence per step.
+_RUNNING = SequenceStatus.RUNNING
 
 
 @dataclass
@@ -127,7 +130,7 @@ class Scheduler:
                 batch.preempted.append(victim)
                 if victim is seq:
                     break
-            if seq.status != SequenceStatus.RUNNING:
+            if seq.status is not _RUNNING:
                 break  # it preempted itself: everything after it is gone too
             batch.add(seq, n)
             budget -= n

@@ -90,17 +90,20 @@ class StepOutputs:
             reason = "prefill"
         if seq.prefill_only and (params.n > 1 or params.beam_search):
             reason = "prefill"  # the decode side judges choice 0's first token and forks
+        # Fields by position, in RequestOutput's order: ten keywords made the call ~0.59 us,
+        # positions ~0.29 us, once per request per step (test_step_outputs checks each field).
         out = RequestOutput(
-            request_id=seq.request_id,
-            new_token_ids=seq.token_ids[-emitted:],
-            new_logprobs=seq.output_logprobs[-emitted:] if params.logprobs else None,
-            text_delta=text,
-            finished=reason is not None,
-            finish_reason=reason,
-            num_prompt_tokens=seq.num_prompt_tokens,
-            num_cached_tokens=seq.num_cached_tokens,
-            index=seq.index,
-            open_choices=self._open_choices.get(seq.request_id, 0),
+            seq.request_id,
+            seq.token_ids[-emitted:],  # new_token_ids
+            seq.output_logprobs[-emitted:] if params.logprobs else None,  # new_logprobs
+            text,  # text_delta
+            reason is not None,  # finished
+            reason,  # finish_reason
+            seq.num_prompt_tokens,
+            seq.num_cached_tokens,
+            None,  # block_ids (a held prefill's, below)
+            seq.index,
+            self._open_choices.get(seq.request_id, 0),  # open_choices
         )
         if reason == "prefill":
             self.scheduler.remove(seq)

@@ -163,21 +163,23 @@ def run_probe(
     keep_tokens: bool = False,
 ) -> tuple[ProbeResult, list[VirtualRequest]]:
     """Offers `requests` at `rate` requests/s (arrival k at unit_arrival / rate)."""
-    cluster = VirtualCluster(
-        deployment, split.prefill, split.decode, router_config, timing, keep_tokens
-    )
-    verdict = _Verdict(cluster, slo, len(requests))
-    runs = [VirtualRequest(cluster, r, verdict) for r in requests]
-
-    def arrive(run: VirtualRequest) -> None:
-        verdict.arrived(run)
-        run.start()
-
-    start = min(r.unit_arrival for r in requests) / rate
-    for run in runs:
-        cluster.loop.at(run.probe.unit_arrival / rate, lambda run=run: arrive(run))
-    total = len(runs)
+    # The cluster and the requests too are made with fewer collections: each request brings
+    # several containers, and making 8000 took 104 passes, 0.03-0.08 s (of 0.08-0.12 s).
     with _young_collections_every(YOUNG_COLLECTION_ALLOCATIONS):
+        cluster = VirtualCluster(
+            deployment, split.prefill, split.decode, router_config, timing, keep_tokens
+        )
+        verdict = _Verdict(cluster, slo, len(requests))
+        runs = [VirtualRequest(cluster, r, verdict) for r in requests]
+
+        def arrive(run: VirtualRequest) -> None:
+            verdict.arrived(run)
+            run.start()
+
+        start = min(r.unit_arrival for r in requests) / rate
+        for run in runs:
+            cluster.loop.at(run.probe.unit_arrival / rate, lambda run=run: arrive(run))
+        total = len(runs)
         if stop_when_certain:
             cluster.loop.run(lambda: verdict.finished == total or verdict.certain)
         else:

@@ -31,10 +31,12 @@ from pdserve.prefix_index.schema import IndexKeys
 # ARGV[3] = the hashes of the following blocks, space-separated. Their keys are built here:
 # the names of 256 keys cost the router more to send than the lookup costs Redis, and they
 # share KEYS[1]'s hash tag, so they live in its Redis Cluster slot (schema.py).
-# Returns {worker, count, worker, count, ...}.
+# Returns {"worker": count, ...} as one JSON string: redis-py parses a reply in Python, ~1 us per
+# element, so a system prompt's 150 holders as a flat array cost the router more than the walk
+# costs Redis; one string is parsed by the json module's C decoder.
 LOOKUP_LUA = """
 local first = redis.call('HGETALL', KEYS[1])
-if #first == 0 then return {} end
+if #first == 0 then return '{}' end
 local names, beats = {}, {}
 for j = 1, #first, 2 do
   names[#names + 1] = first[j]
@@ -77,12 +79,7 @@ for h in string.gmatch(ARGV[3], '%d+') do
   if n > 0 then depth = depth + 1 end
 end
 for i = 1, n do count[active[i]] = depth end
-local out = {}
-for worker, c in pairs(count) do
-  out[#out + 1] = worker
-  out[#out + 1] = c
-end
-return out
+return cjson.encode(count)
 """
 
 
@@ -117,8 +114,8 @@ class PrefixIndex:
         keys = [self.keys.block(block_hashes[0])]
         rest = " ".join(map(str, block_hashes[1:]))
         args = [self.keys.block_prefix, self.keys.heartbeat_prefix, rest]
-        flat = self.link.call(lambda client: self._lookup(keys=keys, args=args, client=client), [])
-        return {str(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
+        reply = self.link.call(lambda client: self._lookup(keys=keys, args=args, client=client), "")
+        return json.loads(reply) if reply else {}
 
     def publish_plan(self, plan: dict) -> None:
         """Stores the online planner's latest plan for `pdserve stats` (best effort)."""

@@ -4,15 +4,16 @@ The next token hashes the last `CONTEXT_TOKENS` token ids and the position it ta
 retry whose prompt carries the tokens already sent, or a decode worker continuing a prefill
 worker's request, produces exactly the same continuation. A seeded sampled request also mixes
 in (seed, its token index), as the real sampler does; an unseeded sampled one mixes in fresh
-randomness. Special tokens (BOS, EOS) are never produced: a request ends by max_tokens, a
-stop string or stop_token_ids.
+randomness. The hash is Python's `hash()` of a tuple of ints: unlike that of str or bytes it
+is not salted per process (PYTHONHASHSEED), and its algorithm (ints modulo 2**61 - 1, tuples
+by xxHash rounds) is the same on every 64-bit CPython since 3.8, so every worker process and
+the planner agree (tests/sim/test_token_processes.py). Special tokens (BOS, EOS) are never
+produced: a request ends by max_tokens, a stop string or stop_token_ids.
 """
 
 from __future__ import annotations
 
 import bisect
-import hashlib
-import struct
 from collections.abc import Sequence
 
 CONTEXT_TOKENS = 4
@@ -51,23 +52,14 @@ def sim_token(
 ) -> tuple[int, float]:
     """(next token, its log-probability) after `context`; `salt` = (seed, token index) of a
     sampled request, None for greedy. The log-probability is a deterministic value in (-10, 0]."""
-    # Runs once per simulated token (the planner makes millions): the fields are packed with a
-    # prebuilt Struct and hashed from a prebuilt blake2b state; values outside an unsigned
-    # 64-bit field are reduced modulo 2**64 first, which is what the packing always meant.
-    fields = (len(context), *context[-CONTEXT_TOKENS:], *(salt or ()))
-    try:
-        packed = _PACKERS[len(fields)].pack(*fields)
-    except struct.error:
-        packed = _PACKERS[len(fields)].pack(*(f & _U64 for f in fields))
-    hasher = _HASHER.copy()
-    hasher.update(packed)
-    value = int.from_bytes(hasher.digest(), "little")
+    # Runs once per simulated token (the planner makes millions): with a tuple's hash the call
+    # takes ~0.43 us, where packing the fields and hashing them with blake2b took ~1.0 us.
+    fields = (len(context), *context[-CONTEXT_TOKENS:])
+    value = hash(fields if salt is None else (*fields, *salt)) & _U64
     token = space.nth(value % space.size)
-    logprob = -((value >> 64) % 10_000) / 1_000
+    # From the hash's top 24 bits (the token is its residue modulo the vocabulary).
+    logprob = -((value >> 40) % 10_000) / 1_000
     return token, logprob
 
 
-_U64 = 2**64 - 1
-# context length, up to CONTEXT_TOKENS ids, and an optional (seed, index) salt
-_PACKERS = {n: struct.Struct(f"<{n}Q") for n in range(1, CONTEXT_TOKENS + 4)}
-_HASHER = hashlib.blake2b(digest_size=16, person=b"pdserve-sim")
+_U64 = 2**64 - 1  # hash() is a signed 64-bit value; its bits as an unsigned one

@@ -100,6 +100,13 @@ def test_vectorised_decision_is_the_enumerations(situation, turn) -> None:
     assert matrix.feasible.ravel().tolist() == [o.infeasible is None for o in options]
     if feasible:  # objectives depend on the best feasible TTFT
         assert matrix.objective.ravel().tolist() == [o.objective for o in options]
+        # Dropping dominated prefill workers leaves the same options tied, in the same order.
+        pruned = OptionMatrix.build(
+            request, healthy_p, healthy_d, cached, cost, slow._limits, remote=remote,
+            local=local, prune=True,
+        )  # fmt: skip
+        ties = [matrix.workers(i) for i in matrix.cost_ties(fast.tie_tolerance)]
+        assert [pruned.workers(i) for i in pruned.cost_ties(fast.tie_tolerance)] == ties
 
 
 def test_estimates_are_built_only_when_read() -> None:

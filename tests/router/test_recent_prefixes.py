@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from pdserve.core.block_hash import prompt_block_hashes
 from router.recent_prefixes import RecentPrefixes, merge
 
@@ -43,3 +46,56 @@ def test_a_restarted_worker_is_forgotten_and_memory_is_bounded() -> None:
 
 def test_views_merge_to_the_longest_prefix_per_worker() -> None:
     assert merge({"p0": 2, "p1": 5}, {"p0": 4}, {}) == {"p0": 4, "p1": 5}
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["add", "add", "lookup", "forget", "tick"]),
+            st.sampled_from(["w0", "w1", "w2"]),
+            st.integers(0, 3),  # which chain
+            st.integers(0, 6),  # how many of its blocks
+        ),
+        min_size=8,
+        max_size=40,
+    ),
+    st.integers(3, 40),
+)
+def test_lookup_answers_what_the_remembered_routes_hold(steps, max_blocks) -> None:
+    """Against a model kept as the list of routes themselves: a worker holds a block while a
+    route that sent it there is remembered (not expired, not dropped for room, not before a
+    restart); routes are dropped oldest first while more than `max_blocks` (worker, block)
+    pairs are held or the routes hold more than twice that many blocks."""
+    chains = [prompt_block_hashes([c % 2] * 16 + [c] * 80, 16) for c in range(4)]  # shared heads
+    clock = Clock()
+    recent = RecentPrefixes(ttl_s=5.0, max_blocks=max_blocks, clock=clock)
+    routes: list[list] = []  # [worker, hashes, expiry, still valid (no restart since)]
+
+    def held() -> set[tuple[str, int]]:
+        return {(w, h) for w, hashes, _, valid in routes if valid for h in hashes}
+
+    for action, worker, chain, blocks in steps:
+        hashes = chains[chain][:blocks]
+        if action == "add":
+            recent.add(worker, hashes)
+            routes.append([worker, hashes, clock.now + 5.0, True])
+            while len(held()) > max_blocks or sum(len(r[1]) for r in routes) > 2 * max_blocks:
+                routes.pop(0)
+        elif action == "forget":
+            recent.forget(worker)
+            for route in routes:
+                route[3] = route[3] and route[0] != worker
+        elif action == "tick":
+            clock.now += 3.0  # a route added before the last tick is still remembered
+        else:
+            while routes and routes[0][2] <= clock.now:
+                routes.pop(0)
+            pairs, expected = held(), {}
+            for w in ("w0", "w2"):
+                count = 0
+                while count < len(hashes) and (w, hashes[count]) in pairs:
+                    count += 1
+                if count:
+                    expected[w] = count
+            assert recent.lookup(hashes, ["w0", "w2"]) == expected

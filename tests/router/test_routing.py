@@ -104,3 +104,20 @@ def test_what_was_routed_after_a_poll_was_sent_stays_counted_at_its_answer() -> 
     r.choose(list(range(900, 950)), 8, set())
     r.pool.record_stats(prefill, prefill.stats)  # a poll of unknown sending: all included
     assert r._load(prefill).inflight == 0
+
+
+def test_a_workers_load_follows_its_stats_health_and_routes() -> None:
+    # Routing reuses a worker's WorkerLoad while nothing it is made of changed: each of a new
+    # snapshot, a health change and a route must show at the next decision.
+    r = routing(disaggregate="never")
+    decode = r.pool.workers["decode-0"]
+    assert r._load(decode) is r._load(decode)  # nothing changed: the same one
+    r.pool.record_stats(decode, WorkerStats("decode-0", "decode", epoch=1, num_waiting=3))
+    assert r._load(decode).num_waiting == 3
+    r.pool.mark_unhealthy("decode-0", "test")
+    assert not r._load(decode).healthy
+    with_stats = WorkerStats("decode-0", "decode", epoch=1, num_blocks=64, num_free_blocks=64)
+    r.pool.record_stats(decode, with_stats, sent_at=None)
+    assert r._load(decode).healthy and r._load(decode).num_free_blocks == 64
+    r.choose(SYSTEM, 8, set())
+    assert (r._load(decode).inflight, r._load(decode).inflight_prompt_tokens) == (1, len(SYSTEM))
