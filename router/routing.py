@@ -53,7 +53,8 @@ class Routing:
         self._prefills_routed: dict[str, int] = {}
         # Each worker's last WorkerLoad with what it was made of (stats snapshot, health, routed
         # requests and tokens): a decision reads every worker, and between two polls only the
-        # workers it routes to change.
+        # workers it routes to change. The snapshot is compared by identity: a poll stores a new
+        # WorkerStats (Ray and the planner's VirtualWorker.stats both make one), never edits one.
         self._loads: dict[str, tuple[WorkerStats, bool, int, int, WorkerLoad]] = {}
 
     def pending(self) -> int:
