@@ -183,6 +183,10 @@ class Routing:
         if previous is not None and previous.epoch != stats.epoch:
             self.recent.forget(worker.worker_id)
         self.policy.cost.observe_stats(stats)
+        # Its load is made now, as its answer arrives, not by the next decision: after a round
+        # of polls that decision would otherwise make every worker's (~7 us each, ~1.8 ms at
+        # 256 workers) while a request waits for it.
+        self._load(worker)
 
 
 @dataclass

@@ -120,7 +120,10 @@ class BlockManager:
         if end > len(table) * size:
             return False
         ref = self._ref
-        for i in range(start // size, -(-end // size)):  # noqa: SIM110 (no generator: hot path)
+        first, last = start // size, (end - 1) // size
+        if first == last:  # within one block, as every decode step: no loop to set up
+            return ref[table[first]] <= 1
+        for i in range(first, last + 1):  # noqa: SIM110 (no generator: hot path)
             if ref[table[i]] > 1:
                 return False
         return True

@@ -106,6 +106,7 @@ class Scheduler:
         batch = ScheduledBatch()
         budget = self.max_num_batched_tokens
         running, max_seqs = self.running, self.max_num_seqs
+        writable = self.block_manager.writable
         i = 0
         # Committed handoffs and forks join `running` directly, so it can hold more than
         # max_num_seqs: the earliest arrivals run, the rest wait in place with their blocks.
@@ -120,7 +121,8 @@ class Scheduler:
             if n == 0:  # a beam whose siblings have not computed yet: it waits for them
                 i += 1
                 continue
-            while not self._make_writable(seq, n, batch):
+            # The usual decode step needs nothing: its blocks are there and its own.
+            while not (writable(seq, start, start + n) or self._make_writable(seq, n, batch)):
                 without_drafts = seq.num_uncomputed_tokens - seq.num_draft_tokens
                 if n > without_drafts:  # its drafts go before anyone is preempted
                     n = without_drafts
@@ -183,10 +185,9 @@ class Scheduler:
 
     def _make_writable(self, seq: Sequence, n: int, batch: ScheduledBatch) -> bool:
         """Blocks for the next n tokens of a running sequence, none shared with another fork
-        (copies go to the batch); False when there is no room."""
+        (copies go to the batch); False when there is no room. (`schedule` first asks
+        BlockManager.writable, which tells at less cost that nothing is to be done.)"""
         start = seq.num_computed_tokens
-        if self.block_manager.writable(seq, start, start + n):
-            return True  # the usual decode step: its blocks are there and its own
         if not self.block_manager.ensure_blocks(seq, start + n):
             return False
         copies = self.block_manager.copy_on_write(seq, start, start + n)

@@ -113,10 +113,14 @@ class SimExecutor:
         sample_idx += forks
         samplers += map(batch.sampling_seq, forks)
         tokens, logprobs = [], []
+        space = self._space
         for seq in samplers:
-            token, logprob = sim_token(seq.token_ids, self._space, self._salt(seq))
+            params = seq.params
+            # A greedy request's token has no salt: no call for one (once per simulated token).
+            salt = None if params.greedy else self._salt(seq)
+            token, logprob = sim_token(seq.token_ids, space, salt)
             tokens.append(token)
-            logprobs.append(logprob if seq.params.logprobs else None)
+            logprobs.append(logprob if params.logprobs else None)
         work = StepWork.of(chunks, len(sample_idx))
         modelled = self.timing.step_seconds(work)
         if self._spread is None:
@@ -128,10 +132,9 @@ class SimExecutor:
         self._previous_step = (time.perf_counter(), requests)
         return sample_idx, tokens, logprobs
 
-    def _salt(self, seq: Any) -> tuple[int, int] | None:
+    def _salt(self, seq: Any) -> tuple[int, int]:
+        """(seed, token index) of a sampled (not greedy) sequence's next token."""
         params = seq.params
-        if params.greedy:
-            return None
         seed = params.seed if params.seed is not None else self._random.getrandbits(63)
         return seed, params.seed_offset + seq.num_output_tokens
 
