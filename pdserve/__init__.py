@@ -18,6 +18,8 @@ Modules:
 - `grpc_handlers.py` — building blocks of grpc.aio server interceptors.
 - `metrics.py` — the Prometheus metrics and their HTTP endpoint.
 - `logging_setup.py` — text or JSON logs carrying request and trace ids.
+- `heap.py` — `freeze_startup_heap`: a serving process's startup objects left out of the
+  collector's full passes.
 """
 
 __version__ = "0.1.0"

@@ -183,6 +183,7 @@ def routing_report(plan, redis_url: str, args: argparse.Namespace, mode: str) ->
     from pdserve.bench.metrics import LatencyStats
     from pdserve.config import RouterConfig
     from pdserve.core.block_hash import prompt_block_hashes
+    from pdserve.heap import freeze_startup_heap
     from pdserve.prefix_index.lookup import PrefixIndex
     from router.policy import RoutingPolicy
     from router.routing import Routing
@@ -202,6 +203,9 @@ def routing_report(plan, redis_url: str, args: argparse.Namespace, mode: str) ->
         await warm.pool.poll_once()
         for probe in prompts[:10]:  # import and first-call costs are not per decision
             warm.choose(probe.prompt, args.max_tokens, set())
+        # As `pdserve serve` does once its router has started (pdserve/heap.py); here the
+        # frozen heap also holds this bench's plan of the index, which no router holds.
+        freeze_startup_heap("control-plane bench")
         times = await time_decisions(routing(), prompts, args.max_tokens, poll_every=64)
         # Decisions share one event loop: the rate is the sequential one at best, so a few
         # hundred show it.

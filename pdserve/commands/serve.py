@@ -72,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
 
 async def _serve(config: ServeConfig) -> int:
     from pdserve.app import ServingApp
+    from pdserve.heap import freeze_startup_heap
     from pdserve.startup_checks import StartupError
 
     app = ServingApp(config, advertise_redis_url=True)
@@ -81,6 +82,9 @@ async def _serve(config: ServeConfig) -> int:
             await app.start()
         except StartupError as e:
             raise CommandError(str(e), exit_code=1) from e
+        # The router's event loop runs in this process for its whole life: its startup heap
+        # (Ray, gRPC, the tokenizer) is left out of the collector's full passes.
+        freeze_startup_heap("router")
         # After start: ray.init installs its own SIGTERM handler, which would kill us uncleanly.
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -65,6 +65,7 @@ def worker_spec(config: ServeConfig, redis_url: str | None, position: int, role:
         log=config.log,
         redis_url=redis_url,
         cpu_affinity=affinity,
+        freeze_startup_heap=True,  # a Ray actor: the process is the worker's alone
     )
 
 

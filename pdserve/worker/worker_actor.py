@@ -12,6 +12,7 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from pdserve.core.messages import WorkerStats
+from pdserve.heap import freeze_startup_heap
 from pdserve.worker.worker_spec import WorkerSpec
 
 if TYPE_CHECKING:
@@ -35,6 +36,8 @@ class WorkerActor:
 
                 self._runtime = WorkerRuntime(self.worker_id, self.role, self._spec)
                 self._start_transport(self._runtime)
+                if self._spec.freeze_startup_heap:
+                    freeze_startup_heap(self.worker_id)
         return self._runtime
 
     def _start_transport(self, runtime: WorkerRuntime) -> None:

@@ -20,3 +20,6 @@ class WorkerSpec:
     log: LogConfig = field(default_factory=LogConfig)
     redis_url: str | None = None  # the prefix index; None = the worker publishes nothing
     cpu_affinity: set[int] | None = None  # cores this worker process runs on; None = any
+    # Freeze the startup heap once the engine is up (pdserve/heap.py): only where the worker
+    # owns its process, as a Ray actor does (the pools set it), never in a test's process.
+    freeze_startup_heap: bool = False

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pdserve.config import RouterConfig
 from pdserve.core.messages import PrefillResult, WorkerStats
+from router.estimates import WorkerLoad
 from router.policy import RoutingPolicy
 from router.routing import Routing
 from router.worker_pool import WorkerPool
@@ -128,17 +129,15 @@ def test_a_polled_workers_load_is_made_at_the_answer_not_by_the_next_decision(
 ) -> None:
     # After a round of polls the next decision would make every worker's load while its
     # request waits (~1.8 ms at 256 workers): each load is made as its answer arrives instead.
-    from router import routing as routing_module
-
     r = routing(disaggregate="auto")
     made: list[str] = []
-    from_stats = routing_module.WorkerLoad.from_stats
+    from_stats = WorkerLoad.from_stats
 
     def counted(stats, **kwargs):
         made.append(stats.worker_id)
         return from_stats(stats, **kwargs)
 
-    monkeypatch.setattr(routing_module.WorkerLoad, "from_stats", counted)
+    monkeypatch.setattr(WorkerLoad, "from_stats", counted)
     for worker in r.pool.workers.values():
         r.pool.record_stats(worker, WorkerStats(worker.worker_id, worker.role, epoch=1,
                                                 num_blocks=4096, num_free_blocks=4096,
