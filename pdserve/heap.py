@@ -2,9 +2,10 @@
 
 CPython's cyclic collector walks every tracked object in its oldest generation on each full
 pass, and a serving process holds tens of thousands from startup alone (modules, Ray, gRPC,
-the model and its clients) that never become garbage: measured here, a process with the
-router's modules, Ray and gRPC imported holds ~82k and each full pass took 32-38 ms, during which
-its event loop (the router) or engine thread (a worker) stands still. `gc.freeze()` moves the
+the model and its clients) that never become garbage. Measured here (BENCHMARKS.md), a full
+pass took 26 ms in a process with the router's modules, Ray and gRPC (93k objects) and 149 ms
+in one with a worker's modules and the built-in model's engine (326k), and every thread of the
+process waits for it: the router's event loop, a worker's engine thread. `gc.freeze()` moves the
 objects alive now to a permanent generation that passes skip (vLLM's API server and engine
 core do the same once started). Only for a process that keeps what it loaded until it exits:
 an object frozen and later dropped in a reference cycle is never freed.
