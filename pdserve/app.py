@@ -120,12 +120,17 @@ class ServingApp:
         self._stack.append(("pool", self.pool.stop))
 
         index = PrefixIndex(redis_url, model_dir.name, config.engine.block_size)
-        # `pdserve stats` reads the speculation counts from the index's Redis.
-        self.pool.stats_listeners.append(
-            lambda w, old, stats: record_speculation(
-                index.link, index.keys, w.worker_id, metrics.speculation_delta(old, stats)
-            )
-        )
+        self._stack.append(("prefix index", _async(index.close)))  # its queued writes first
+
+        def speculation_counts(worker, old, stats) -> None:
+            """`pdserve stats` reads the speculation counts from the index's Redis (written off
+            the event loop, which runs the pool's polls)."""
+            counts = metrics.speculation_delta(old, stats)
+            if any(counts):
+                args = (index.link, index.keys, worker.worker_id, counts)
+                index.in_background(record_speculation, *args)
+
+        self.pool.stats_listeners.append(speculation_counts)
         self._stack.append(("index maintenance", _async(IndexMaintenance(index).start().stop)))
         policy = RoutingPolicy(config.router)
         # Waiting prompts are packed into engine steps of this many tokens (queue estimates).
@@ -140,7 +145,7 @@ class ServingApp:
         )
         flow = RequestFlow(
             self.pool,
-            self.routing.choose,
+            self.routing.choose_async,
             tokenizer,
             max_retries=config.router.max_retries,
             progress_timeout_s=config.router.progress_timeout_s,
@@ -198,7 +203,7 @@ class ServingApp:
             settings,
             policy.cost,
             lambda: [w.stats for w in self.pool.workers.values() if w.stats],
-            publish=index.publish_plan,
+            publish=lambda plan: index.in_background(index.publish_plan, plan),  # off the loop
         ).start()
         self._stack.append(("online planner", self.planner.stop))
 

@@ -106,7 +106,7 @@ class RequestFlow:
             try:
                 candidates = [w for w in self._pool.workers if w not in excluded]
                 with observability.routing_span(span, candidates, self._block_size) as record:
-                    route = self._choose_route(
+                    route = await self._choose_route(
                         work.prompt_token_ids, work.sampling.max_tokens, excluded
                     )
                     record(route)

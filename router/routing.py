@@ -2,8 +2,9 @@
 
 Inputs are the workers' latest stats (polled by the WorkerPool), the router's own in-flight
 counts (fresher than any poll), and each worker's cached prefix: from the Redis index (one round
-trip; empty when Redis is down) merged with the prefixes the router itself sent each worker in
-the last seconds (router/recent_prefixes.py), which the index cannot show until computed.
+trip, off the event loop in `choose_async`; empty when Redis is down) merged with the prefixes
+the router itself sent each worker in the last seconds (router/recent_prefixes.py), which the
+index cannot show until computed.
 """
 
 from __future__ import annotations
@@ -60,9 +61,29 @@ class Routing:
     def pending(self) -> int:
         return sum(w.inflight for w in self.pool.of_role("decode", healthy_only=False))
 
-    def choose(self, prompt_ids: list[int], max_tokens: int, exclude: set[str]) -> Route:
+    async def choose_async(
+        self, prompt_ids: list[int], max_tokens: int, exclude: set[str]
+    ) -> Route:
+        """`choose` for a caller on an event loop (the router's request flow): the Redis
+        lookup runs off the loop, then the decision on it, from the loads of that moment."""
+        indexed: dict[str, int] = {}
+        if self.index is not None:
+            hashes = block_hashes_of(prompt_ids, self.block_size)
+            indexed = await self.index.lookup_async(hashes)
+        return self.choose(prompt_ids, max_tokens, exclude, indexed)
+
+    def choose(
+        self,
+        prompt_ids: list[int],
+        max_tokens: int,
+        exclude: set[str],
+        indexed: dict[str, int] | None = None,
+    ) -> Route:
+        """`indexed`: the index's lookup of the prompt, when the caller made it (None: made
+        here, in this thread)."""
         hashes = block_hashes_of(prompt_ids, self.block_size)  # remembered by PromptTokens
-        indexed = self.index.lookup(hashes) if self.index is not None and hashes else {}
+        if indexed is None:
+            indexed = self.index.lookup(hashes) if self.index is not None and hashes else {}
         cached = merge(indexed, self.recent.lookup(hashes, self.pool.workers.keys()))
         prefill = [
             self._load(w)
@@ -130,7 +151,10 @@ class Routing:
         if self.index is None:
             return
         worker = route.prefill_worker or route.decode_worker
-        self.index.record_reuse(worker, hit, max(0, result.num_prompt_tokens - hit))
+        # Called on the router's event loop: the write goes to the index's writer thread.
+        self.index.in_background(
+            self.index.record_reuse, worker, hit, max(0, result.num_prompt_tokens - hit)
+        )
 
     def _remember(
         self, decision: RoutingDecision, request: RoutingRequest, hashes: Sequence[int]

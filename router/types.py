@@ -8,7 +8,7 @@ RequestFlow in-process objects that implement it.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -99,5 +99,6 @@ class Progress:
     route: Route | None = None
 
 
-# (prompt_ids, max_tokens, excluded worker ids) -> Route; raises Overloaded / NoWorkerAvailable
-RouteChooser = Callable[[list[int], int, set[str]], Route]
+# (prompt_ids, max_tokens, excluded worker ids) -> Route, awaited on the router's event loop
+# (Routing.choose_async); raises Overloaded / NoWorkerAvailable
+RouteChooser = Callable[[list[int], int, set[str]], Awaitable[Route]]

@@ -150,7 +150,8 @@ def _redis_cpu(index: PrefixIndex) -> float:
 async def concurrent_decisions(routing, probes: list[Probe], max_tokens: int,
                                concurrency: int) -> float:  # fmt: skip
     """Decisions/s with `concurrency` requests routing at once on one event loop, as the
-    router's servicer runs them (each yields to the loop between decisions)."""
+    router's request flow makes them (`Routing.choose_async`: each one's Redis lookup runs off
+    the loop while the others' decisions run on it)."""
     from router.types import NoWorkerAvailable, Overloaded
 
     queue = list(reversed(probes))
@@ -159,8 +160,7 @@ async def concurrent_decisions(routing, probes: list[Probe], max_tokens: int,
         while queue:
             probe = queue.pop()
             with contextlib.suppress(Overloaded, NoWorkerAvailable):  # still a decision
-                routing.choose(probe.prompt, max_tokens, set())
-            await asyncio.sleep(0)
+                await routing.choose_async(probe.prompt, max_tokens, set())
 
     await routing.pool.poll_once()
     start = time.perf_counter()

@@ -5,16 +5,34 @@ Workers write the index (pdserve/prefix_index/publisher.py); the layout is pdser
 on a Redis outage: lookups return {} ("unknown"), `available` turns False and routing goes on
 load alone; the first call that succeeds after the outage turns it back (workers resync
 themselves on their next heartbeat).
+
+The router is one asyncio event loop streaming every client's tokens, so it calls Redis off
+that loop: `lookup_async` waits for a lookup on one of the index's reader threads, and
+statistics writes go to its writer thread (`in_background`). A round trip (~0.3-1 ms, a socket
+timeout when Redis has just gone) then delays only the request being routed, not every stream.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Sequence
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from pdserve.prefix_index.redis_link import RedisLink
 from pdserve.prefix_index.reuse_stats import ModelReuse, add_reuse, parse_reuse
 from pdserve.prefix_index.schema import IndexKeys
+
+log = logging.getLogger(__name__)
+
+# Lookups in flight at once off the event loop (each holds one of the client's pooled
+# connections); more wait for a thread, their requests only.
+LOOKUP_THREADS = 4
+# Statistics writes queued behind a slow Redis before new ones are dropped (counted and logged):
+# a bound on the memory they hold; they are counts, not requests.
+MAX_QUEUED_WRITES = 10_000
 
 # Walks the prompt's chained block hashes in order and counts, for each worker holding the first
 # block in its live epoch, how many leading blocks it holds. A worker leaves the walk at its
@@ -100,6 +118,11 @@ class PrefixIndex:
         self.keys = IndexKeys(model, namespace)
         self.link = RedisLink(redis_url, name="router", socket_timeout_s=socket_timeout_s)
         self._lookup = self.link.client.register_script(LOOKUP_LUA)
+        self._threads_lock = threading.Lock()
+        self._readers: ThreadPoolExecutor | None = None  # made on first use, as is the writer
+        self._writer: ThreadPoolExecutor | None = None
+        self._queued_writes = 0
+        self.dropped_writes = 0
 
     @property
     def available(self) -> bool:
@@ -116,6 +139,41 @@ class PrefixIndex:
         args = [self.keys.block_prefix, self.keys.heartbeat_prefix, rest]
         reply = self.link.call(lambda client: self._lookup(keys=keys, args=args, client=client), "")
         return json.loads(reply) if reply else {}
+
+    async def lookup_async(self, block_hashes: Sequence[int]) -> dict[str, int]:
+        """`lookup`, run on one of the index's reader threads while the caller's event loop
+        goes on serving."""
+        if not block_hashes:
+            return {}
+        with self._threads_lock:
+            if self._readers is None:
+                self._readers = ThreadPoolExecutor(LOOKUP_THREADS, "prefix-lookup")
+            readers = self._readers
+        return await asyncio.get_running_loop().run_in_executor(readers, self.lookup, block_hashes)
+
+    def in_background(self, write: Callable[..., None], *args: object) -> None:
+        """Runs `write(*args)`, a statistics write that never raises (it goes through `link`),
+        on the index's writer thread, after the ones queued before it; returns at once.
+        `close()` runs the queued ones first."""
+        with self._threads_lock:
+            if self._queued_writes >= MAX_QUEUED_WRITES:
+                self.dropped_writes += 1
+                if self.dropped_writes == 1:
+                    log.warning("prefix index: Redis is slow, statistics writes are dropped")
+                return
+            if self._writer is None:
+                self._writer = ThreadPoolExecutor(1, "prefix-index-writes")
+            self._queued_writes += 1
+            self._writer.submit(self._write, write, args)
+
+    def _write(self, write: Callable[..., None], args: tuple[object, ...]) -> None:
+        try:
+            write(*args)
+        except Exception:  # a write is statistics: it must not end the writer
+            log.exception("prefix index: statistics write failed")
+        finally:
+            with self._threads_lock:
+                self._queued_writes -= 1
 
     def publish_plan(self, plan: dict) -> None:
         """Stores the online planner's latest plan for `pdserve stats` (best effort)."""
@@ -151,4 +209,12 @@ class PrefixIndex:
         return self.link.call(read, {})
 
     def close(self) -> None:
+        """Runs the queued statistics writes, then closes the connections."""
+        with self._threads_lock:
+            readers, writer = self._readers, self._writer
+            self._readers = self._writer = None
+        if readers is not None:
+            readers.shutdown(wait=True, cancel_futures=True)
+        if writer is not None:
+            writer.shutdown(wait=True)
         self.link.close()

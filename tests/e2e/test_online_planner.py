@@ -60,5 +60,9 @@ def test_the_served_traffic_is_planned_and_exported(served, caplog):
 
     client = redis.Redis.from_url(served.app.redis_server.url)
     keys = IndexKeys(Path(planner.settings.model_dir).name)
-    stored = json.loads(client.get(keys.plan))
+    text = client.get(keys.plan)  # written off the router's event loop, just after `latest`
+    while text is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+        text = client.get(keys.plan)
+    stored = json.loads(text)
     assert stored["recommended"] in {"colocated 2", "1P:1D"}

@@ -100,7 +100,7 @@ async def cluster(
     routing = Routing(pool, RoutingPolicy(config), BLOCK_SIZE)
     flow = RequestFlow(
         pool,
-        routing.choose,
+        routing.choose_async,
         tokenizer,
         max_retries=max_retries,
         progress_timeout_s=progress_timeout_s,
