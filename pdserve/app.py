@@ -120,7 +120,7 @@ class ServingApp:
         self._stack.append(("pool", self.pool.stop))
 
         index = PrefixIndex(redis_url, model_dir.name, config.engine.block_size)
-        self._stack.append(("prefix index", _async(index.close)))  # its queued writes first
+        self._stack.append(("prefix index", index.aclose))  # its queued writes first
 
         def speculation_counts(worker, old, stats) -> None:
             """`pdserve stats` reads the speculation counts from the index's Redis (written off

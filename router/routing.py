@@ -64,26 +64,27 @@ class Routing:
     async def choose_async(
         self, prompt_ids: list[int], max_tokens: int, exclude: set[str]
     ) -> Route:
-        """`choose` for a caller on an event loop (the router's request flow): the Redis
-        lookup runs off the loop, then the decision on it, from the loads of that moment."""
-        indexed: dict[str, int] = {}
-        if self.index is not None:
-            hashes = block_hashes_of(prompt_ids, self.block_size)
-            indexed = await self.index.lookup_async(hashes)
-        return self.choose(prompt_ids, max_tokens, exclude, indexed)
+        """`choose` for a caller on an event loop (the router's request flow): the loop serves
+        other requests while Redis answers the lookup; the decision is then made from the
+        loads of that moment."""
+        hashes = block_hashes_of(prompt_ids, self.block_size)  # remembered by PromptTokens
+        indexed = await self.index.lookup_async(hashes) if self.index is not None else {}
+        return self._decide(prompt_ids, hashes, indexed, max_tokens, exclude)
 
-    def choose(
+    def choose(self, prompt_ids: list[int], max_tokens: int, exclude: set[str]) -> Route:
+        """The same, the lookup made in this thread (the offline planner has no index)."""
+        hashes = block_hashes_of(prompt_ids, self.block_size)
+        indexed = self.index.lookup(hashes) if self.index is not None and hashes else {}
+        return self._decide(prompt_ids, hashes, indexed, max_tokens, exclude)
+
+    def _decide(
         self,
         prompt_ids: list[int],
+        hashes: Sequence[int],
+        indexed: dict[str, int],
         max_tokens: int,
         exclude: set[str],
-        indexed: dict[str, int] | None = None,
     ) -> Route:
-        """`indexed`: the index's lookup of the prompt, when the caller made it (None: made
-        here, in this thread)."""
-        hashes = block_hashes_of(prompt_ids, self.block_size)  # remembered by PromptTokens
-        if indexed is None:
-            indexed = self.index.lookup(hashes) if self.index is not None and hashes else {}
         cached = merge(indexed, self.recent.lookup(hashes, self.pool.workers.keys()))
         prefill = [
             self._load(w)

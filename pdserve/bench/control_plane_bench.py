@@ -201,8 +201,8 @@ def routing_report(plan, redis_url: str, args: argparse.Namespace, mode: str) ->
     async def decide() -> tuple:
         warm = routing()
         await warm.pool.poll_once()
-        for probe in prompts[:10]:  # import and first-call costs are not per decision
-            warm.choose(probe.prompt, args.max_tokens, set())
+        for probe in prompts[:10]:  # import, first-call and connection costs are not per decision
+            await warm.choose_async(probe.prompt, args.max_tokens, set())
         # As `pdserve serve` does once its router has started (pdserve/heap.py); here the
         # frozen heap also holds this bench's plan of the index, which no router holds.
         freeze_startup_heap("control-plane bench")
@@ -212,6 +212,7 @@ def routing_report(plan, redis_url: str, args: argparse.Namespace, mode: str) ->
         rate = await concurrent_decisions(
             routing(), prompts[:300], args.max_tokens, args.concurrency
         )
+        await index.link.aclose()  # this loop's asyncio client; the lookups below are sync
         return times, rate
 
     times, concurrent_rate = asyncio.run(decide())

@@ -100,8 +100,9 @@ class DecisionTimes:
 
 async def time_decisions(routing, probes: list[Probe], max_tokens: int,
                          poll_every: int) -> DecisionTimes:  # fmt: skip
-    """Routes every probe in turn (one decision at a time, as on the router's event loop);
-    the pool is re-polled every `poll_every` decisions, as its pollers would."""
+    """Routes every probe in turn (one decision at a time, by `Routing.choose_async` as the
+    router's request flow does); the pool is re-polled every `poll_every` decisions, as its
+    pollers would."""
     from router.types import NoWorkerAvailable, Overloaded
 
     out = DecisionTimes()
@@ -111,7 +112,7 @@ async def time_decisions(routing, probes: list[Probe], max_tokens: int,
             await routing.pool.poll_once()
         t0, c0 = time.perf_counter(), time.thread_time()
         try:
-            route = routing.choose(probe.prompt, max_tokens, set())
+            route = await routing.choose_async(probe.prompt, max_tokens, set())
         except (Overloaded, NoWorkerAvailable):
             out.rejected += 1
             route = None
@@ -150,8 +151,8 @@ def _redis_cpu(index: PrefixIndex) -> float:
 async def concurrent_decisions(routing, probes: list[Probe], max_tokens: int,
                                concurrency: int) -> float:  # fmt: skip
     """Decisions/s with `concurrency` requests routing at once on one event loop, as the
-    router's request flow makes them (`Routing.choose_async`: each one's Redis lookup runs off
-    the loop while the others' decisions run on it)."""
+    router's request flow makes them (`Routing.choose_async`: while one awaits its Redis
+    lookup, the others' decisions run)."""
     from router.types import NoWorkerAvailable, Overloaded
 
     queue = list(reversed(probes))

@@ -6,15 +6,15 @@ on a Redis outage: lookups return {} ("unknown"), `available` turns False and ro
 load alone; the first call that succeeds after the outage turns it back (workers resync
 themselves on their next heartbeat).
 
-The router is one asyncio event loop streaming every client's tokens, so it calls Redis off
-that loop: `lookup_async` waits for a lookup on one of the index's reader threads, and
-statistics writes go to its writer thread (`in_background`). A round trip (~0.3-1 ms, a socket
-timeout when Redis has just gone) then delays only the request being routed, not every stream.
+The router is one asyncio event loop streaming every client's tokens, so it never blocks that
+loop on Redis: `lookup_async` awaits the lookup through the loop's asyncio client, and
+statistics writes go to the index's writer thread (`in_background`). A round trip (~0.3-1 ms, a
+socket timeout when Redis has just gone) then delays only the request being routed, not every
+stream.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import threading
@@ -27,9 +27,6 @@ from pdserve.prefix_index.schema import IndexKeys
 
 log = logging.getLogger(__name__)
 
-# Lookups in flight at once off the event loop (each holds one of the client's pooled
-# connections); more wait for a thread, their requests only.
-LOOKUP_THREADS = 4
 # Statistics writes queued behind a slow Redis before new ones are dropped (counted and logged):
 # a bound on the memory they hold; they are counts, not requests.
 MAX_QUEUED_WRITES = 10_000
@@ -118,9 +115,9 @@ class PrefixIndex:
         self.keys = IndexKeys(model, namespace)
         self.link = RedisLink(redis_url, name="router", socket_timeout_s=socket_timeout_s)
         self._lookup = self.link.client.register_script(LOOKUP_LUA)
-        self._threads_lock = threading.Lock()
-        self._readers: ThreadPoolExecutor | None = None  # made on first use, as is the writer
-        self._writer: ThreadPoolExecutor | None = None
+        self._async_lookup = None  # the same script on the link's asyncio client
+        self._writes_lock = threading.Lock()
+        self._writer: ThreadPoolExecutor | None = None  # made on first use
         self._queued_writes = 0
         self.dropped_writes = 0
 
@@ -134,28 +131,34 @@ class PrefixIndex:
         are absent). `block_hashes` are chained (pdserve.core.block_hash.prompt_block_hashes)."""
         if not block_hashes:
             return {}
-        keys = [self.keys.block(block_hashes[0])]
-        rest = " ".join(map(str, block_hashes[1:]))
-        args = [self.keys.block_prefix, self.keys.heartbeat_prefix, rest]
+        keys, args = self._lookup_arguments(block_hashes)
         reply = self.link.call(lambda client: self._lookup(keys=keys, args=args, client=client), "")
         return json.loads(reply) if reply else {}
 
     async def lookup_async(self, block_hashes: Sequence[int]) -> dict[str, int]:
-        """`lookup`, run on one of the index's reader threads while the caller's event loop
-        goes on serving."""
+        """`lookup` awaited on the caller's event loop, which goes on serving meanwhile."""
         if not block_hashes:
             return {}
-        with self._threads_lock:
-            if self._readers is None:
-                self._readers = ThreadPoolExecutor(LOOKUP_THREADS, "prefix-lookup")
-            readers = self._readers
-        return await asyncio.get_running_loop().run_in_executor(readers, self.lookup, block_hashes)
+        keys, args = self._lookup_arguments(block_hashes)
+
+        def run(client):  # EVALSHA, loading the script on NOSCRIPT (a restarted Redis)
+            if self._async_lookup is None or self._async_lookup.registered_client is not client:
+                self._async_lookup = client.register_script(LOOKUP_LUA)
+            return self._async_lookup(keys=keys, args=args)
+
+        reply = await self.link.acall(run, "")
+        return json.loads(reply) if reply else {}
+
+    def _lookup_arguments(self, block_hashes: Sequence[int]) -> tuple[list[str], list[str]]:
+        keys = [self.keys.block(block_hashes[0])]
+        rest = " ".join(map(str, block_hashes[1:]))
+        return keys, [self.keys.block_prefix, self.keys.heartbeat_prefix, rest]
 
     def in_background(self, write: Callable[..., None], *args: object) -> None:
         """Runs `write(*args)`, a statistics write that never raises (it goes through `link`),
         on the index's writer thread, after the ones queued before it; returns at once.
         `close()` runs the queued ones first."""
-        with self._threads_lock:
+        with self._writes_lock:
             if self._queued_writes >= MAX_QUEUED_WRITES:
                 self.dropped_writes += 1
                 if self.dropped_writes == 1:
@@ -172,7 +175,7 @@ class PrefixIndex:
         except Exception:  # a write is statistics: it must not end the writer
             log.exception("prefix index: statistics write failed")
         finally:
-            with self._threads_lock:
+            with self._writes_lock:
                 self._queued_writes -= 1
 
     def publish_plan(self, plan: dict) -> None:
@@ -209,12 +212,15 @@ class PrefixIndex:
         return self.link.call(read, {})
 
     def close(self) -> None:
-        """Runs the queued statistics writes, then closes the connections."""
-        with self._threads_lock:
-            readers, writer = self._readers, self._writer
-            self._readers = self._writer = None
-        if readers is not None:
-            readers.shutdown(wait=True, cancel_futures=True)
+        """Runs the queued statistics writes, then closes the connections (an event loop's
+        asyncio client: `aclose`)."""
+        with self._writes_lock:
+            writer, self._writer = self._writer, None
         if writer is not None:
             writer.shutdown(wait=True)
         self.link.close()
+
+    async def aclose(self) -> None:
+        """`close`, and the running loop's asyncio client."""
+        await self.link.aclose()
+        self.close()

@@ -77,12 +77,18 @@ def test_a_routing_decision_waits_for_redis_while_the_event_loop_runs_on(redis_u
     assert index.lookup(HASHES) == {"prefill-0": 8}  # connected, the script loaded
     pause_every_client(redis_url, PAUSE_MS)
     started = time.monotonic()
-    route, ticks = asyncio.run(with_ticks(routing.choose_async(PROMPT, 8, set())))
+
+    async def decide():
+        try:
+            return await with_ticks(routing.choose_async(PROMPT, 8, set()))
+        finally:
+            await index.aclose()  # the loop's asyncio client too
+
+    route, ticks = asyncio.run(decide())
     assert time.monotonic() - started >= PAUSE_MS / 1e3 * 0.8  # it did wait for Redis
     assert route.cached_blocks == {"prefill-0": 8}  # and used its answer
     # A lookup made on the loop (Routing.choose) stops the ticker for the whole pause.
     assert ticks >= 10
-    index.close()
 
 
 def test_reuse_counts_are_written_off_the_loop_and_close_waits_for_them(redis_url: str) -> None:
