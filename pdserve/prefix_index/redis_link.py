@@ -28,6 +28,7 @@ from pdserve.metrics import REDIS_UP
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+MAX_ASYNC_CONNECTIONS = 16  # per event loop (see connect_async)
 
 
 def _client_options(socket_timeout_s: float) -> dict:
@@ -49,11 +50,19 @@ def connect(url: str, socket_timeout_s: float) -> redis.Redis:
 
 def connect_async(url: str, socket_timeout_s: float) -> redis.asyncio.Redis:
     """The asyncio client for the same URL and options (its connections belong to the event
-    loop that first uses them)."""
+    loop that first uses them), with at most MAX_ASYNC_CONNECTIONS: each request awaiting a
+    lookup holds one, so a burst of requests would otherwise open as many; beyond it they
+    wait for a free one."""
     from redis.asyncio.retry import Retry as AsyncRetry
 
-    options = _client_options(socket_timeout_s)
-    return redis.asyncio.Redis.from_url(url, retry=AsyncRetry(NoBackoff(), 0), **options)
+    pool = redis.asyncio.BlockingConnectionPool.from_url(
+        url,
+        max_connections=MAX_ASYNC_CONNECTIONS,
+        timeout=None,
+        retry=AsyncRetry(NoBackoff(), 0),
+        **_client_options(socket_timeout_s),
+    )
+    return redis.asyncio.Redis(connection_pool=pool)
 
 
 class RedisLink:

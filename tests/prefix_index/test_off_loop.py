@@ -11,6 +11,7 @@ from typing import TypeVar
 import redis
 
 import pdserve.prefix_index.lookup as lookup_module
+import pdserve.prefix_index.redis_link as redis_link
 from pdserve.config import RouterConfig
 from pdserve.core.block_hash import prompt_block_hashes
 from pdserve.core.kv_events import KVEvent
@@ -119,3 +120,23 @@ def test_writes_queued_behind_a_stalled_redis_are_bounded(redis_url: str, monkey
     assert index.dropped_writes == 3  # one running, one queued: the rest are counted, dropped
     index.close()
     assert PrefixIndex(redis_url, "m", BS, socket_timeout_s=TIMEOUT_S).stats().total.requests == 2
+
+
+def test_a_burst_of_lookups_shares_a_bounded_set_of_connections(redis_url: str) -> None:
+    index = PrefixIndex(redis_url, "m", BS, socket_timeout_s=TIMEOUT_S)
+    admin = redis.Redis.from_url(redis_url)
+    before = len(admin.client_list())
+    pause_every_client(redis_url, PAUSE_MS)  # every lookup of the burst is in flight at once
+
+    async def burst() -> list[dict[str, int]]:
+        try:
+            answers = await asyncio.gather(*(index.lookup_async(HASHES) for _ in range(100)))
+            opened = len(admin.client_list()) - before
+            return answers, opened
+        finally:
+            await index.aclose()
+
+    answers, opened = asyncio.run(burst())
+    assert answers == [{}] * 100  # nothing published: every lookup answered, none failed
+    assert opened <= redis_link.MAX_ASYNC_CONNECTIONS, opened
+    assert index.available
