@@ -106,3 +106,30 @@ def test_package_docstring_lists_exactly_its_modules(package: Path) -> None:
     assert not named - modules, (
         f"{package.name}: docstring names missing modules: {named - modules}"
     )
+
+
+METRIC_NAME = re.compile(r"`((?:pdserve_|vllm:)[\w:]+)")
+
+
+def test_metric_names_the_troubleshooting_guide_gives_are_exported() -> None:
+    """An operator searching Prometheus for a name docs/troubleshooting.md gives finds it.
+    (docs/metrics.md also names vLLM's metrics that pdserve does not export, on purpose.)"""
+    from prometheus_client import REGISTRY
+
+    import pdserve.metrics  # noqa: F401  (registers every metric)
+
+    exported = {sample for metric in REGISTRY.collect() for sample in _sample_names(metric)}
+    text = (ROOT / "docs" / "troubleshooting.md").read_text(encoding="utf-8")
+    named = set(METRIC_NAME.findall(text))
+    assert len(named) >= 10
+    assert not named - exported, f"names no process exports: {named - exported}"
+
+
+def _sample_names(metric) -> set[str]:
+    """The names a metric is scraped under (a counter's `_total`, a histogram's `_bucket` ...),
+    and its own."""
+    return (
+        {metric.name}
+        | {sample.name for sample in metric.samples}
+        | {metric.name + suffix for suffix in ("_total", "_bucket", "_count", "_sum", "_created")}
+    )
