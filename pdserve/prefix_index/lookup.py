@@ -119,6 +119,7 @@ class PrefixIndex:
         self._writes_lock = threading.Lock()
         self._writer: ThreadPoolExecutor | None = None  # made on first use
         self._queued_writes = 0
+        self._closed = False  # writes after close() are dropped
         self.dropped_writes = 0
 
     @property
@@ -159,6 +160,8 @@ class PrefixIndex:
         on the index's writer thread, after the ones queued before it; returns at once.
         `close()` runs the queued ones first."""
         with self._writes_lock:
+            if self._closed:
+                return
             if self._queued_writes >= MAX_QUEUED_WRITES:
                 self.dropped_writes += 1
                 if self.dropped_writes == 1:
@@ -215,7 +218,7 @@ class PrefixIndex:
         """Runs the queued statistics writes, then closes the connections (an event loop's
         asyncio client: `aclose`)."""
         with self._writes_lock:
-            writer, self._writer = self._writer, None
+            writer, self._writer, self._closed = self._writer, None, True
         if writer is not None:
             writer.shutdown(wait=True)
         self.link.close()
