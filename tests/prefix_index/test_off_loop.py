@@ -12,15 +12,13 @@ import redis
 
 import pdserve.prefix_index.lookup as lookup_module
 import pdserve.prefix_index.redis_link as redis_link
-from pdserve.config import RouterConfig
 from pdserve.core.block_hash import prompt_block_hashes
 from pdserve.core.kv_events import KVEvent
-from pdserve.core.messages import PrefillResult, WorkerStats
+from pdserve.core.messages import PrefillResult
 from pdserve.prefix_index.lookup import PrefixIndex
 from pdserve.prefix_index.publisher import PrefixIndexPublisher
-from router.policy import RoutingPolicy
 from router.routing import Routing
-from router.worker_pool import WorkerPool
+from tests.router.test_routing import routing
 
 BS = 4
 PROMPT = list(range(100, 132))  # 8 full blocks
@@ -58,15 +56,7 @@ async def with_ticks(call: Awaitable[T]) -> tuple[T, int]:
 
 
 def routing_with(index: PrefixIndex) -> Routing:
-    pool = WorkerPool({"prefill-0": None}, {"decode-0": None})  # no actor is ever called
-    for worker in pool.workers.values():
-        worker.healthy = True
-        worker.stats = WorkerStats(
-            worker.worker_id, worker.role, epoch=1, num_blocks=4096, num_free_blocks=4096,
-            bytes_per_block=8192,
-        )  # fmt: skip
-    policy = RoutingPolicy(RouterConfig(disaggregate="always"))
-    return Routing(pool, policy, BS, index)
+    return routing(index=index, block_size=BS)
 
 
 def test_a_routing_decision_waits_for_redis_while_the_event_loop_runs_on(redis_url: str) -> None:

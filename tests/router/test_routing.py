@@ -13,7 +13,10 @@ BLOCK = 16
 SYSTEM = list(range(1, 257))  # a 256-token system prompt: 16 full blocks
 
 
-def routing(decode_caches_received_kv: bool = True, **config) -> Routing:
+def routing(
+    decode_caches_received_kv: bool = True, index=None, block_size: int = BLOCK, **config
+) -> Routing:
+    """One idle prefill and one idle decode worker; `index`: a PrefixIndex to look prompts up."""
     config.setdefault("disaggregate", "always")
     pool = WorkerPool({"prefill-0": None}, {"decode-0": None})  # no actor is ever called
     for worker in pool.workers.values():
@@ -23,7 +26,9 @@ def routing(decode_caches_received_kv: bool = True, **config) -> Routing:
             bytes_per_block=8192,
         )  # fmt: skip
     policy = RoutingPolicy(RouterConfig(**config))
-    return Routing(pool, policy, BLOCK, decode_caches_received_kv=decode_caches_received_kv)
+    return Routing(
+        pool, policy, block_size, index, decode_caches_received_kv=decode_caches_received_kv
+    )
 
 
 def done(route, prompt: list[int], cached: int = 0) -> PrefillResult:
