@@ -1,7 +1,9 @@
-"""Redis going away mid-run: nobody sees an exception, routing is told, the index comes back."""
+"""Redis going away mid-run: nobody sees an exception, routing is told, the index comes back
+(through the blocking client and the router's asyncio one)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -12,7 +14,7 @@ from pdserve.core.block_hash import prompt_block_hashes
 from pdserve.core.kv_events import KVEvent
 from pdserve.prefix_index.lookup import PrefixIndex
 from pdserve.prefix_index.publisher import PrefixIndexPublisher
-from pdserve.prefix_index.redis_link import connect
+from pdserve.prefix_index.redis_link import MAX_ASYNC_CONNECTIONS, connect, connect_async
 from pdserve.prefix_index.redis_server import RedisServer, free_port
 
 BS = 4
@@ -109,3 +111,41 @@ def test_tls_and_credentials_are_taken_from_the_url(url: str, ssl: bool) -> None
     kwargs = client.connection_pool.connection_kwargs
     assert kwargs["password"] == "pw" and kwargs["socket_timeout"] == 0.3
     assert (client.connection_pool.connection_class.__name__ == "SSLConnection") is ssl
+
+
+def test_the_asyncio_door_degrades_and_recovers_alike(own_redis: RedisServer) -> None:
+    """`lookup_async` (the router's) keeps `lookup`'s contract through an outage."""
+    pub = PrefixIndexPublisher(own_redis.url, "a", "m", BS, heartbeat_ttl_s=5)
+    assert pub.register() and pub.publish([KVEvent("stored", HASHES[:4], 4 * BS)])
+    index = PrefixIndex(own_redis.url, "m", BS)
+
+    async def outage() -> None:
+        assert await index.lookup_async(HASHES) == {"a": 4}
+        own_redis.stop()
+        started = time.monotonic()
+        for _ in range(50):
+            assert await index.lookup_async(HASHES) == {}
+        assert time.monotonic() - started < 2.0  # the same backoff as the blocking door
+        assert not index.available
+        own_redis.start()  # empty: the worker has not resynchronised yet
+        deadline = time.monotonic() + 5.0
+        while (await index.lookup_async(HASHES)) != {} or not index.available:
+            assert time.monotonic() < deadline, "the asyncio client did not reconnect"
+            await asyncio.sleep(0.05)
+        assert pub.heartbeat() or eventually(pub.heartbeat)
+        assert await index.lookup_async(HASHES) == {"a": 4}  # the script is loaded again
+        await index.aclose()
+
+    asyncio.run(outage())
+
+
+def test_the_asyncio_client_takes_credentials_and_tls_from_the_url() -> None:
+    async def check() -> None:
+        client = connect_async("rediss://user:pw@example.com:6380/0", socket_timeout_s=0.3)
+        kwargs = client.connection_pool.connection_kwargs
+        assert kwargs["password"] == "pw" and kwargs["socket_timeout"] == 0.3
+        assert client.connection_pool.connection_class.__name__ == "SSLConnection"
+        assert client.connection_pool.max_connections == MAX_ASYNC_CONNECTIONS
+        await client.aclose()
+
+    asyncio.run(check())
