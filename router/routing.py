@@ -2,9 +2,9 @@
 
 Inputs are the workers' latest stats (polled by the WorkerPool), the router's own in-flight
 counts (fresher than any poll), and each worker's cached prefix: from the Redis index (one round
-trip, off the event loop in `choose_async`; empty when Redis is down) merged with the prefixes
-the router itself sent each worker in the last seconds (router/recent_prefixes.py), which the
-index cannot show until computed.
+trip, awaited without holding the event loop in `choose_async`; empty when Redis is down) merged
+with the prefixes the router itself sent each worker in the last seconds
+(router/recent_prefixes.py), which the index cannot show until computed.
 """
 
 from __future__ import annotations

@@ -207,8 +207,8 @@ def routing_report(plan, redis_url: str, args: argparse.Namespace, mode: str) ->
         # frozen heap also holds this bench's plan of the index, which no router holds.
         freeze_startup_heap("control-plane bench")
         times = await time_decisions(routing(), prompts, args.max_tokens, poll_every=64)
-        # Decisions share one event loop, each one's Redis round trip off it: the loop's work
-        # per decision bounds the rate, which a few hundred show.
+        # Decisions share one event loop and await their Redis round trips without holding
+        # it: the loop's work per decision bounds the rate, which a few hundred show.
         rate = await concurrent_decisions(
             routing(), prompts[:300], args.max_tokens, args.concurrency
         )
