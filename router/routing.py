@@ -74,7 +74,7 @@ class Routing:
     def choose(self, prompt_ids: list[int], max_tokens: int, exclude: set[str]) -> Route:
         """The same, the lookup made in this thread (the offline planner has no index)."""
         hashes = block_hashes_of(prompt_ids, self.block_size)
-        indexed = self.index.lookup(hashes) if self.index is not None and hashes else {}
+        indexed = self.index.lookup(hashes) if self.index is not None else {}
         return self._decide(prompt_ids, hashes, indexed, max_tokens, exclude)
 
     def _decide(

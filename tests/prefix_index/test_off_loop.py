@@ -17,8 +17,7 @@ from pdserve.core.kv_events import KVEvent
 from pdserve.core.messages import PrefillResult
 from pdserve.prefix_index.lookup import PrefixIndex
 from pdserve.prefix_index.publisher import PrefixIndexPublisher
-from router.routing import Routing
-from tests.router.test_routing import routing
+from tests.router.test_routing import routing as routing_of
 
 BS = 4
 PROMPT = list(range(100, 132))  # 8 full blocks
@@ -55,16 +54,12 @@ async def with_ticks(call: Awaitable[T]) -> tuple[T, int]:
     return result, ticks
 
 
-def routing_with(index: PrefixIndex) -> Routing:
-    return routing(index=index, block_size=BS)
-
-
 def test_a_routing_decision_waits_for_redis_while_the_event_loop_runs_on(redis_url: str) -> None:
     publisher = PrefixIndexPublisher(redis_url, "prefill-0", "m", BS)
     assert publisher.register()
     assert publisher.publish([KVEvent("stored", list(HASHES), len(HASHES) * BS)])
     index = PrefixIndex(redis_url, "m", BS, socket_timeout_s=TIMEOUT_S)
-    routing = routing_with(index)
+    routing = routing_of(index=index, block_size=BS)
     assert index.lookup(HASHES) == {"prefill-0": 8}  # connected, the script loaded
     pause_every_client(redis_url, PAUSE_MS)
     started = time.monotonic()
@@ -84,7 +79,7 @@ def test_a_routing_decision_waits_for_redis_while_the_event_loop_runs_on(redis_u
 
 def test_reuse_counts_are_written_off_the_loop_and_close_waits_for_them(redis_url: str) -> None:
     index = PrefixIndex(redis_url, "m", BS, socket_timeout_s=TIMEOUT_S)
-    routing = routing_with(index)
+    routing = routing_of(index=index, block_size=BS)
     route = routing.choose(PROMPT, 8, set())
     result = PrefillResult(
         request_id="r", worker_id=route.prefill_worker, first_token_id=1, first_logprob=None,
