@@ -27,6 +27,7 @@ class StepOutputs:
         # Once per scheduled sequence per step (the offline planner simulates millions of
         # tokens): the counters are summed here and added once.
         decoded = prefilled = 0
+        cache_full_blocks = self.block_manager.cache_full_blocks
         for seq, n in zip(batch.seqs, batch.num_tokens, strict=True):
             drafts = seq.num_draft_tokens  # counted by the speculation, cached after rollback
             if n == 1 + drafts and seq.num_computed_tokens >= seq.num_prompt_tokens:
@@ -35,23 +36,25 @@ class StepOutputs:
                 prefilled += n - drafts
             seq.num_computed_tokens += n
             if not drafts:
-                self.block_manager.cache_full_blocks(seq)
+                cache_full_blocks(seq)
         self._counters["decode_tokens"] += decoded
         self._counters["prefill_tokens_computed"] += prefilled
         outputs, searched = [], []
+        beams_of, verified_of = self._beams.get, batch.verified.get  # looked up once a step
+        sampling_seq, append_tokens = batch.sampling_seq, self._append_tokens
         for i, token, logprob in zip(sample_idx, tokens, logprobs, strict=True):
-            seq = batch.sampling_seq(i)
-            beams = self._beams.get(seq.request_id)
-            verified = batch.verified.get(i)
+            seq = sampling_seq(i)
+            beams = beams_of(seq.request_id)
+            verified = verified_of(i)
             if verified is not None and self._speculation is not None:
                 drafted = seq.num_draft_tokens
                 self._speculation.roll_back(seq, verified)
                 run_logprobs = verified.logprobs or [None] * len(verified.token_ids)
-                out = self._append_tokens(seq, verified.token_ids, run_logprobs)
+                out = append_tokens(seq, verified.token_ids, run_logprobs)
                 out.num_draft_tokens, out.num_accepted_tokens = drafted, verified.num_accepted
                 outputs.append(out)
             elif beams is None:
-                outputs.append(self._append_tokens(seq, [token], [logprob]))
+                outputs.append(append_tokens(seq, (token,), (logprob,)))
             else:  # a beam offers candidates; the search steps once every beam offered
                 beams.offers[id(seq)] = batch.beam_candidates[i]
                 searched.append(seq.request_id)
@@ -60,19 +63,24 @@ class StepOutputs:
         return outputs
 
     def _append_tokens(
-        self, seq: Sequence, tokens: list[int], logprobs: Seq[float | None]
+        self, seq: Sequence, tokens: Seq[int], logprobs: Seq[float | None]
     ) -> RequestOutput:
         """Appends the step's tokens (one, or a verified speculative run) up to the first that
         ends the sequence; one output for all of them."""
         params, detokenizer, token_ids = seq.params, seq.detokenizer, seq.token_ids
         text, reason, emitted = "", None, 0
         # The length limit in tokens of token_ids (prompt + max_tokens, or the context).
-        limit = min(seq.num_prompt_tokens + params.max_tokens, self.max_model_len)
-        for token, logprob in zip(tokens, logprobs, strict=True):
+        # (A comparison, not min(), and no zip over one token: ~0.3 us per token, measured.)
+        limit = seq.num_prompt_tokens + params.max_tokens
+        if limit > self.max_model_len:
+            limit = self.max_model_len
+        assert len(logprobs) == len(tokens)
+        for token in tokens:
             token_ids.append(token)
-            emitted += 1
             if params.logprobs:
+                logprob = logprobs[emitted]
                 seq.output_logprobs.append(logprob if logprob is not None else 0.0)
+            emitted += 1
             stop_token = token in params.stop_token_ids or (
                 not params.ignore_eos and token in self.eos_token_ids
             )

@@ -198,13 +198,14 @@ class VirtualRequest:
             self._end(ok=True)
 
     def _token(self, token_ids: list[int]) -> None:
-        record = self.record
-        first = not record.chunk_times
-        record.chunk_times.append(self.cluster.loop.now)
+        # Once per simulated token: each attribute looked up once.
+        record, cluster = self.record, self.cluster
+        times = record.chunk_times
+        times.append(cluster.loop.now)
         record.chunk_tokens.append(len(token_ids))
-        if self.cluster.keep_tokens:
+        if cluster.keep_tokens:
             self.tokens += token_ids
-        if first:
+        if len(times) == 1:
             self.observer.first_token(self)
 
     def _end(self, *, ok: bool, error: str = "") -> None:

@@ -47,7 +47,9 @@ def scheduled_chunk(seq: Any, num_tokens: int) -> Chunk:
     token past the prompt is a decode, anything else a prompt chunk."""
     start = seq.num_computed_tokens
     decode = num_tokens == 1 and start >= seq.num_prompt_tokens
-    return Chunk(start, num_tokens, decode)  # by position: ~0.22 us, with a keyword ~0.30
+    # tuple.__new__ makes the named tuple without its Python-level __new__: ~0.13 us against
+    # ~0.21 us by position (~0.30 with keywords), once per scheduled sequence per step.
+    return tuple.__new__(Chunk, (start, num_tokens, decode))
 
 
 class SimExecutor:
@@ -103,9 +105,10 @@ class SimExecutor:
         """(indices in batch.seqs that sample, their tokens, their log-probabilities) of a
         ScheduledBatch whose chunks are not counted as computed yet."""
         chunks, sample_idx, samplers = [], [], []
+        # Once per scheduled sequence per step: fields, not properties (num_tokens).
         for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_tokens, strict=True)):
             chunks.append(scheduled_chunk(seq, n))
-            if seq.num_computed_tokens + n == seq.num_tokens:
+            if seq.num_computed_tokens + n == len(seq.token_ids):
                 sample_idx.append(i)
                 samplers.append(seq)
         # Forks of n > 1 requests sample from their parent's position, each with its own seed.
