@@ -65,6 +65,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="target (default: small; medium: one a CPU step is memory-bound on)",
     )
     parser.add_argument("--model", default=None, help="a target model directory instead")
+    parser.add_argument(
+        "--residual-scale",
+        type=float,
+        default=None,
+        metavar="S",
+        help="write the preset for the run with this residual scale (`make-model "
+        "--residual-scale`): a target its first-layers draft agrees with (default: the "
+        "built-in preset, scale 1)",
+    )
     parser.add_argument("--draft-model", default=None, help="draft directory (default: see above)")
     parser.add_argument(
         "--draft-layers", type=int, default=None, help="layers of the written draft"
@@ -159,14 +168,27 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> None:
-    from pdserve.models.builtin import builtin_model_dir
+    from pdserve.models.builtin import builtin_model_dir, write_model
     from pdserve.models.draft_of import write_draft_of
+    from pdserve.models.presets import preset_config
 
-    target = args.model or str(builtin_model_dir(args.preset))
+    if args.model and args.residual_scale is not None:
+        raise SystemExit("--residual-scale writes the preset: drop --model")
+    if args.residual_scale is not None and not 0.0 < args.residual_scale <= 1.0:
+        raise SystemExit(f"--residual-scale must be in (0, 1], got {args.residual_scale}")
     batches = [int(b) for b in args.batch_sizes.split(",")]
     workloads = args.workloads.split(",")
     k = args.num_speculative_tokens
     with tempfile.TemporaryDirectory(prefix="pdserve-spec-bench-") as tmp:
+        if args.model:
+            target = args.model
+        elif args.residual_scale is None:
+            target = str(builtin_model_dir(args.preset))
+        else:
+            config = preset_config(args.preset)
+            target = str(
+                write_model(Path(tmp) / "target", config, 0, residual_scale=args.residual_scale)
+            )
         draft = args.draft_model
         if draft is None:
             draft = str(write_draft_of(target, Path(tmp) / "draft", args.draft_layers)[0])

@@ -6,7 +6,8 @@ are written: enough for sim workers (docs/simulation.md); the published shapes
 (`llama-3.1-8b`, `llama-3.1-70b`) get random weights only with `--with-weights` (to measure a
 profile on a GPU: `--device cuda` draws them there, `--dtype` sets their type). With `--draft-of TARGET`, DIR gets a
 self-speculative draft of TARGET instead (its first layers, embedding, final norm and LM head:
-pdserve/models/draft_of.py). No torch import at module level: `pdserve --help` stays fast.
+pdserve/models/draft_of.py); `--residual-scale` writes a target whose first layers predict
+its output, so that draft agrees with it (models/builtin.py `random_weights`). No torch import at module level: `pdserve --help` stays fast.
 """
 
 from __future__ import annotations
@@ -55,6 +56,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(each device has its own random stream; default: cpu)",
     )
     parser.add_argument(
+        "--residual-scale",
+        type=bounded(float, above=0.0, maximum=1.0),
+        metavar="S",
+        help="scale of what each layer adds to the residual stream (o_proj, down_proj; "
+        "default: 1). Below 1 the first layers predict what the whole model does, as in a "
+        "model trained for early exit, so a --draft-of draft agrees with it: 0.1 on small, "
+        "~0.7 of a 2-layer draft's tokens (docs/decoding.md)",
+    )
+    parser.add_argument(
         "--draft-of",
         metavar="TARGET_DIR",
         help="write a self-speculative draft of this model instead: its embedding, first "
@@ -76,8 +86,10 @@ def run(args: argparse.Namespace) -> int:
     preset = args.preset or "tiny"
     seed = args.seed or 0
     if args.config_only:
-        if args.with_weights or args.dtype:
-            raise CommandError("--config-only writes no weights: drop --with-weights and --dtype")
+        if args.with_weights or args.dtype or args.residual_scale is not None:
+            raise CommandError(
+                "--config-only writes no weights: drop --with-weights, --dtype and --residual-scale"
+            )
         return _write_config_only(Path(args.directory), preset)
     if preset in SHAPE_PRESETS and not args.with_weights:
         raise CommandError(
@@ -88,19 +100,24 @@ def run(args: argparse.Namespace) -> int:
 
     config = _preset_config(preset)
     dtype = args.dtype or config["torch_dtype"]
+    scale = 1.0 if args.residual_scale is None else args.residual_scale
     try:
-        out = write_model(args.directory, config, seed, dtype, args.device)
+        out = write_model(args.directory, config, seed, dtype, args.device, scale)
     except (RuntimeError, ValueError) as e:  # e.g. --device cuda on a machine without one
         raise CommandError(f"--device {args.device}: {str(e).splitlines()[0]}") from e
-    _report(preset, out, config, f"({dtype} weights, seed {seed}, drawn on {args.device})")
+    note = f"{dtype} weights, seed {seed}, drawn on {args.device}"
+    if scale != 1.0:
+        note += f", residual scale {scale:g}"
+    _report(preset, out, config, f"({note})")
     return 0
 
 
 def _write_draft(args: argparse.Namespace) -> int:
-    if args.config_only or args.with_weights or args.dtype or args.preset or args.seed is not None:
+    copied = args.residual_scale is not None or args.seed is not None
+    if args.config_only or args.with_weights or args.dtype or args.preset or copied:
         raise CommandError(
             "--draft-of copies its target's weights: drop --preset, --seed, --dtype, "
-            "--with-weights and --config-only"
+            "--residual-scale, --with-weights and --config-only"
         )
     from pdserve.models.draft_of import write_draft_of
     from pdserve.models.hf_config import ModelLoadError

@@ -9,8 +9,13 @@ so speculation pays when the tokens a verify step emits outweigh its measured co
 the decode's). A plain step (no drafts) of B sequences adds to the recent plain times of batch
 size B (the median of the last PLAIN_SAMPLES, robust to a load spike). A speculative step of B
 sequences that emitted E tokens in T seconds would have taken E / B plain steps of that batch
-size; over the last `window` speculative steps the measured speedup is
-sum((E / B) * plain(B)) / sum(T). Speculation pays while it is at least 1.
+size; over the last `window` speculative steps, extended back to cover `sequences`
+sequence-steps, the measured speedup is sum((E / B) * plain(B)) / sum(T). Speculation pays
+while it is at least 1. The acceptance in it is a count: over 8 steps of one sequence, a
+draft accepted 63% of the time at k = 1 (a 1.2x speedup in the mean) measured below 1 in one
+window of every few, and the window slides every step, so a batch-1 judgment waits for 32
+sequence-steps (BENCHMARKS.md, issue 17), unless the last `window` steps alone show a clear
+loss (`recent_speedup` below CLEAR_LOSS).
 
 `best_length` picks how many tokens to propose per sequence (at most k) from the same
 measurements: each draft count's step time per batch size (`StepTimes.cost`) and the measured
@@ -32,6 +37,7 @@ from collections.abc import Callable
 PLAIN_SAMPLES = 5  # plain steps per batch size whose median is its plain cost
 MIN_COST_SAMPLES = 3  # timed steps of a draft count before its cost counts as measured
 STALE_STEPS = 256  # a batch size's plain cost older than this many steps is measured again
+JUDGED_SEQUENCES = 32  # sequence-steps a judged window covers at least (see above)
 
 
 def step_clock(device: str) -> Callable[[], float]:
@@ -39,12 +45,16 @@ def step_clock(device: str) -> Callable[[], float]:
 
 
 class StepTimes:
-    def __init__(self, window: int, clock: Callable[[], float]) -> None:
+    def __init__(
+        self, window: int, clock: Callable[[], float], sequences: int = JUDGED_SEQUENCES
+    ) -> None:
         self.window = window
+        self.sequences = sequences
         self.clock = clock
         self._plain: dict[int, deque[float]] = {}  # batch size -> recent plain step seconds
         self._plain_at: dict[int, int] = {}  # batch size -> the step of its last plain sample
-        self._spec: deque[tuple[float, float]] = deque(maxlen=window)  # (plain-equivalent, T)
+        self._spec: deque[tuple[float, float, int]] = deque()  # (plain-equivalent, T, B)
+        self._spec_sequences = 0  # sum of B over _spec
         self._step = 0
         self._started = 0.0
         self._batch = 0  # sequences of this step when it only decodes, else 0 (not timed)
@@ -77,7 +87,12 @@ class StepTimes:
             self._unjudged = 0
         elif self._plain_known(batch):
             plain = statistics.median(self._plain[batch])
-            self._spec.append(((batch + accepted) / batch * plain, seconds))
+            self._spec.append(((batch + accepted) / batch * plain, seconds, batch))
+            self._spec_sequences += batch
+            while len(self._spec) > self.window and (
+                self._spec_sequences - self._spec[0][2] >= self.sequences
+            ):
+                self._spec_sequences -= self._spec.popleft()[2]
         else:
             self._unjudged += 1
 
@@ -106,10 +121,20 @@ class StepTimes:
 
     def speedup(self, partial: bool = False) -> float | None:
         """Plain seconds over speculative seconds for the same tokens, over the last `window`
-        speculative steps; None until that many (`partial`: one) were timed."""
-        if len(self._spec) < (1 if partial else self.window):
+        speculative steps (or more, to cover `sequences` sequence-steps); None until those
+        (`partial`: one) were timed."""
+        steps, sequences = (1, 0) if partial else (self.window, self.sequences)
+        if len(self._spec) < steps or self._spec_sequences < sequences:
             return None
-        return sum(p for p, _ in self._spec) / max(sum(t for _, t in self._spec), 1e-12)
+        return _speedup(self._spec)
+
+    def recent_speedup(self) -> float | None:
+        """The same over the last `window` speculative steps alone; None until that many were
+        timed. Below CLEAR_LOSS it is the steps' cost, not an unlucky count of accepted
+        tokens, so it need not wait for the whole window."""
+        if len(self._spec) < self.window:
+            return None
+        return _speedup(list(self._spec)[-self.window :])
 
     def cost(self, batch_size: int, drafts: int) -> float | None:
         """Median recent seconds of a decode step of `batch_size` sequences with at most
@@ -124,8 +149,16 @@ class StepTimes:
     def clear(self) -> None:
         """Forgets the speculative steps (after a pause: the next ones start a new window)."""
         self._spec.clear()
+        self._spec_sequences = 0
 
 
+def _speedup(steps) -> float:
+    return sum(p for p, _, _ in steps) / max(sum(t for _, t, _ in steps), 1e-12)
+
+
+# A speedup this low over SPEC_STEPS steps is a loss however the drafts fell: a k = 1 draft
+# right 53% of the time (1.2x in the mean) measures below it only when all 8 are rejected.
+CLEAR_LOSS = 0.85
 PAY_MARGIN = 1.05  # a length must promise 5% more tokens per second than plain decoding
 ACCEPT_DECAY = 0.95  # weight of a draft position's older verifications per newer one
 

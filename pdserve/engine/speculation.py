@@ -12,14 +12,16 @@ what was scheduled; the executor verifies (spec_verify.py) and the engine rolls 
 Self switch-off (docs/decoding.md, "Speculative decoding"): speculation pays when the tokens a
 verify step emits outweigh what it costs over a plain step, and both are measured
 (spec_payoff.py: the engine's decode-only steps timed with and without drafts, per batch size).
-Once the last SPEC_STEPS speculative steps could be timed against plain steps of their batch
-size, proposing pauses when their measured speedup is below 1. Until then the acceptance rate
+Once the last SPEC_STEPS speculative steps (at least JUDGED_SEQUENCES sequence-steps) could be
+timed against plain steps of their batch size, proposing pauses when their measured speedup is
+below 1 (sooner, below CLEAR_LOSS over SPEC_STEPS steps). Until then the acceptance rate
 decides: below `min_acceptance` over the last `acceptance_window` drafted tokens, proposing
 pauses, unless the speculative steps timed so far pay; and after SPEC_STEPS speculative steps
 that could not be judged, one step runs plain to be timed. While paused, after a wait one step
 proposes one token for one sequence (a probe: one draft forward and one more position in the
-batch, not k for the whole batch); speculation resumes if that token is accepted, and the next
-window's measured speedup judges it. Every pause and every failed probe doubles the next wait
+batch, not k for the whole batch); speculation resumes if that token is accepted, or if first
+drafts were accepted at least `min_acceptance` of the time recently (spec_payoff's
+DraftAcceptance, the probe included), and the next window's measured speedup judges it. Every pause and every failed probe doubles the next wait
 (from `probe_interval` steps up to MAX_BACKOFF times that), and a window that pays resets it,
 so a workload where speculation does not pay costs a few steps, then almost nothing.
 `min_acceptance == 0` turns the switch-off off.
@@ -33,7 +35,13 @@ from pdserve.config import EngineConfig, SpeculativeConfig
 from pdserve.engine.block_manager import BlockManager
 from pdserve.engine.scheduler import ScheduledBatch, Verified
 from pdserve.engine.sequence import Sequence, SequenceStatus
-from pdserve.engine.spec_payoff import DraftAcceptance, StepTimes, best_length, step_clock
+from pdserve.engine.spec_payoff import (
+    CLEAR_LOSS,
+    DraftAcceptance,
+    StepTimes,
+    best_length,
+    step_clock,
+)
 from pdserve.engine.speculative import Proposer, make_proposer
 
 
@@ -206,10 +214,12 @@ class Speculation:
         if self._paused_until is not None:
             if self._step < self._paused_until or not drafted:
                 return  # not a probe, or a probe with nothing to verify: probe again
-            # The probe's one token says whether proposals can be right again; whether they
-            # pay is for the next window's measured speedup (one step's time is too noisy).
+            # The probe's one token, or the recent acceptance of first drafts it joins, says
+            # whether proposals can be right again (one token alone is a coin toss where half
+            # the drafts are right); whether they pay is for the next window's measured
+            # speedup (one step's time is too noisy).
             self._clear_window()
-            if accepted >= threshold * drafted:
+            if accepted >= threshold * drafted or self.acceptance.rates()[0] >= threshold:
                 self._paused_until = None
             else:
                 self._pause()
@@ -221,6 +231,10 @@ class Speculation:
                 self._pause()
             else:
                 self._probe_gap = self.config.probe_interval
+            return
+        recent = self.times.recent_speedup() if judged else None
+        if recent is not None and recent < CLEAR_LOSS:  # too clear a loss to wait for the window
+            self._pause()
             return
         if self._window_drafted < self.config.acceptance_window:
             return

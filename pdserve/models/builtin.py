@@ -28,14 +28,26 @@ BUILTIN_VERSION = 2
 
 
 def random_weights(
-    config: dict, seed: int, dtype: str = "float32", device: str = "cpu"
+    config: dict,
+    seed: int,
+    dtype: str = "float32",
+    device: str = "cpu",
+    residual_scale: float = 1.0,
 ) -> dict[str, torch.Tensor]:
     """HF-named CPU tensors of `dtype`, drawn on `device` (a GPU draws an 8B model's in
     seconds; each device has its own random stream). Scales are chosen so the model is not a
     near-no-op: linear layers keep activations at unit scale (std 1/sqrt(fan_in)), so
     attention visibly shapes the output, and logits have std ~3, so greedy decoding is rarely
     close to a tie (a near tie would make token-for-token comparisons with transformers
-    flaky)."""
+    flaky).
+
+    `residual_scale` multiplies the layers' output projections (o_proj, down_proj), what each
+    layer adds to the residual stream. At 1 every layer moves the stream as far as the
+    embedding put it, so the first layers say nothing of the last ones' prediction; below 1
+    (GPT-2 draws them at 1/sqrt(2 * layers)) the stream keeps the embedding and the layers
+    refine it, as in a model trained for early exit (LayerSkip): its first layers make a
+    self-speculative draft that agrees with it (`make-model --residual-scale`,
+    docs/decoding.md). The draws are the same at every scale."""
     import torch  # here, not at the top: finding an existing model must not need torch
 
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -51,16 +63,19 @@ def random_weights(
     def linear(out_features: int, in_features: int) -> torch.Tensor:
         return normal(out_features, in_features, 1.0 / math.sqrt(in_features))
 
+    def residual(out_features: int, in_features: int) -> torch.Tensor:
+        return normal(out_features, in_features, residual_scale / math.sqrt(in_features))
+
     tensors = {"model.embed_tokens.weight": normal(config["vocab_size"], hidden, 1.0)}
     for i in range(config["num_hidden_layers"]):
         p = f"model.layers.{i}."
         tensors[p + "self_attn.q_proj.weight"] = linear(heads * head_dim, hidden)
         tensors[p + "self_attn.k_proj.weight"] = linear(kv_heads * head_dim, hidden)
         tensors[p + "self_attn.v_proj.weight"] = linear(kv_heads * head_dim, hidden)
-        tensors[p + "self_attn.o_proj.weight"] = linear(hidden, heads * head_dim)
+        tensors[p + "self_attn.o_proj.weight"] = residual(hidden, heads * head_dim)
         tensors[p + "mlp.gate_proj.weight"] = linear(inter, hidden)
         tensors[p + "mlp.up_proj.weight"] = linear(inter, hidden)
-        tensors[p + "mlp.down_proj.weight"] = linear(hidden, inter)
+        tensors[p + "mlp.down_proj.weight"] = residual(hidden, inter)
         tensors[p + "input_layernorm.weight"] = ones(hidden)
         tensors[p + "post_attention_layernorm.weight"] = ones(hidden)
     tensors["model.norm.weight"] = ones(hidden)
@@ -74,7 +89,12 @@ def make_model(directory: str | Path, preset: str = "tiny", seed: int = 0) -> Pa
 
 
 def write_model(
-    directory: str | Path, config: dict, seed: int, dtype: str = "float32", device: str = "cpu"
+    directory: str | Path,
+    config: dict,
+    seed: int,
+    dtype: str = "float32",
+    device: str = "cpu",
+    residual_scale: float = 1.0,
 ) -> Path:
     """Writes config.json (with `torch_dtype` = dtype), generation_config.json, random weights
     (`random_weights`) and a tokenizer for `config`."""
@@ -83,7 +103,7 @@ def write_model(
     out = Path(directory)
     config = {**config, "torch_dtype": dtype}
     out.mkdir(parents=True, exist_ok=True)
-    weights = random_weights(config, seed, dtype, device)
+    weights = random_weights(config, seed, dtype, device, residual_scale)
     save_file(weights, str(out / "model.safetensors"), {"format": "pt"})
     generation = {
         "bos_token_id": config["bos_token_id"],

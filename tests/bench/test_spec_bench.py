@@ -76,3 +76,28 @@ def test_cuda_refuses_the_cpu_clock_and_cpu_defaults_to_it(capsys):
     argv = ["bench", "spec", "--preset", "tiny", "--batch-sizes", "1", "--steps", "4"]
     assert main([*argv, "--repeats", "1", "--workloads", "novel", "--device", "cpu"]) == 0
     assert "cpu float32, cpu clock" in capsys.readouterr().out
+
+
+def test_a_residual_scale_writes_a_target_its_draft_agrees_with(capsys):
+    argv = ["bench", "spec", "--preset", "tiny", "-k", "1", "--batch-sizes", "1", "--steps", "16"]
+    argv += ["--workloads", "novel", "--repeats", "1"]
+    accepts = {}
+    for scale in ("1", "0.1"):
+        assert main([*argv, "--residual-scale", scale]) == 0
+        rows = ROW.findall(capsys.readouterr().out)
+        accepts[scale] = {mode: float(accept) for _, _, mode, _, _, accept, *_ in rows}
+    # The 1-layer draft of tiny (2 layers): 0.34 accepted at scale 1, 0.92 at 0.1 (engine).
+    assert accepts["0.1"]["draft"] > 0.6 > accepts["1"]["draft"], accepts
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--residual-scale", "0"], "must be in (0, 1]"),
+        (["--residual-scale", "2"], "must be in (0, 1]"),
+        (["--residual-scale", "0.5", "--model", "somewhere"], "drop --model"),
+    ],
+)
+def test_bad_residual_scales_are_refused(extra, message):
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        main(["bench", "spec", "--preset", "tiny", *extra])

@@ -15,7 +15,7 @@ import pytest
 from pdserve.config import EngineConfig, SpeculativeConfig
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.engine.engine import LLMEngine
-from pdserve.engine.spec_payoff import StepTimes
+from pdserve.engine.spec_payoff import CLEAR_LOSS, StepTimes
 from pdserve.engine.speculative import NgramProposer
 from tests.engine.conftest import random_prompts
 
@@ -99,7 +99,7 @@ def test_high_acceptance_that_costs_more_pauses(tiny_dir, case):
 
 def test_step_times_speedup_is_plain_seconds_over_speculative_seconds():
     now = [0.0]
-    times = StepTimes(window=2, clock=lambda: now[0])
+    times = StepTimes(window=2, clock=lambda: now[0], sequences=4)
 
     def step(batch: int, seconds: float, accepted: int, speculative: bool) -> None:
         times.start()
@@ -140,3 +140,40 @@ def test_min_acceptance_zero_never_pauses(tiny_dir, case):
     assert engine.generate([prompt], GREEDY)[0] == expected
     stats = engine.stats()
     assert stats["spec_paused"] == 0 and stats["spec_verify_steps"] >= TOKENS - 2, stats
+
+
+def test_the_judged_window_covers_enough_sequence_steps_unless_the_loss_is_clear():
+    """At batch 1 a window of 8 steps holds 8 accept-or-reject outcomes: too few to judge a
+    speculation that pays 20% in the mean. The judged window reaches back to 32 sequence-steps;
+    a loss below CLEAR_LOSS over the last 8 is judged at once."""
+    now = [0.0]
+    times = StepTimes(window=8, clock=lambda: now[0], sequences=32)
+
+    def step(batch: int, seconds: float, accepted: int, speculative: bool = True) -> None:
+        times.start()
+        times.decoding(batch)
+        now[0] += seconds
+        times.finish(accepted, speculative, drafts=1 if speculative else 0)
+
+    for _ in range(3):
+        step(1, 1.0, 0, speculative=False)  # plain: 1 s a token
+    # k = 1 at 1.25 s a step: 2 tokens pay 1.6x, 1 token costs 0.8x.
+    for accepted in [1, 0, 1, 1, 0, 1, 0, 1]:
+        step(1, 1.25, accepted)
+    assert times.speedup() is None  # 8 steps, 8 sequence-steps: not judged yet
+    assert times.recent_speedup() == pytest.approx(13 / 10)
+    for _ in range(8):  # an unlucky run: nothing accepted
+        step(1, 1.25, 0)
+    assert times.speedup() is None
+    assert times.recent_speedup() == pytest.approx(0.8)  # below CLEAR_LOSS: a loss
+    for _ in range(16):
+        step(1, 1.25, 1)
+    assert times.speedup() == pytest.approx((13 + 8 + 32) / 40)  # the last 32 steps
+    step(1, 1.25, 1)  # the window slides: the oldest step (1 accepted) leaves
+    assert times.speedup() == pytest.approx((11 + 8 + 34) / 40)
+    for _ in range(4):  # at batch 8, 8 steps cover 64 sequence-steps: the window is 8 steps
+        step(8, 1.0, 0, speculative=False)
+    for _ in range(8):
+        step(8, 2.0, 8)
+    assert times.speedup() == pytest.approx(1.0)
+    assert CLEAR_LOSS < 1
