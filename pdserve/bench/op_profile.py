@@ -11,8 +11,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-# Ops that are matrix multiplies of the weights (nn.Linear lowers to mm, or addmm with a bias).
-MATMUL_OPS = frozenset({"aten::mm", "aten::addmm"})
+# Ops that are matrix multiplies of the weights: nn.Linear lowers to mm (addmm with a bias);
+# models.linear.Linear on the CPU to oneDNN's linear over a reordered weight.
+MATMUL_OPS = frozenset({"aten::mm", "aten::addmm", "mkldnn::_linear_pointwise"})
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from pdserve.bench.op_profile import format_profile, profile_ops
+from pdserve.models.linear import ONEDNN, Linear
 
 
 def test_matmuls_and_other_ops_are_told_apart():
@@ -22,3 +24,12 @@ def test_matmuls_and_other_ops_are_told_apart():
     table = format_profile(profile, steps=3, top=2)
     assert table.splitlines()[0].split() == ["op", "calls/step", "ms/step", "of", "step"]
     assert "aten::mm" in table and table.splitlines()[-1].startswith("step ")
+
+
+@pytest.mark.skipif(not ONEDNN, reason="this torch build has no oneDNN")
+def test_the_models_cpu_linear_counts_as_a_weight_matmul():
+    layer = Linear(128, 128, bias=False).requires_grad_(False)
+    x = torch.randn(32, 128)
+    profile = profile_ops(lambda: layer(x))
+    by_name = {op.name: op for op in profile.ops}
+    assert profile.matmul_seconds == by_name["mkldnn::_linear_pointwise"].seconds > 0
