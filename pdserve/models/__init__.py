@@ -5,7 +5,8 @@
   honoured exactly or refused by name (`ModelLoadError`).
 - `rope.py` — rotary embedding tables, as transformers computes them for each rope type.
 - `attention.py` — paged attention and its per-step `AttentionContext`.
-- `linear.py` — `Linear`: nn.Linear with a faster GEMM layout for a few rows on the CPU.
+- `linear.py` — `Linear`: nn.Linear with faster CPU GEMMs (few rows; oneDNN over a reordered
+  weight from 4 rows).
 - `attention_op.py` — paged attention as one opaque torch op, for compiled decode graphs.
 - `loader.py` — Hugging Face directory (config.json + safetensors) -> model.
 - `presets.py` — sizes of the random-weight models (tiny, small).
