@@ -4,10 +4,11 @@ The directory (config.json, generation_config.json, model.safetensors, tokenizer
 in pdserve and in transformers alike. With `--config-only`, only config.json and the tokenizer
 are written: enough for sim workers (docs/simulation.md); the published shapes
 (`llama-3.1-8b`, `llama-3.1-70b`) get random weights only with `--with-weights` (to measure a
-profile on a GPU: `--device cuda` draws them there, `--dtype` sets their type). With `--draft-of TARGET`, DIR gets a
-self-speculative draft of TARGET instead (its first layers, embedding, final norm and LM head:
-pdserve/models/draft_of.py); `--residual-scale` writes a target whose first layers predict
-its output, so that draft agrees with it (models/builtin.py `random_weights`). No torch import at module level: `pdserve --help` stays fast.
+profile on a GPU: `--device cuda` draws them there, `--dtype` sets their type). With
+`--draft-of TARGET`, DIR gets a self-speculative draft of TARGET instead (its first layers,
+embedding, final norm and LM head: pdserve/models/draft_of.py); `--residual-scale` writes a
+target whose first layers predict its output, so that draft agrees with it (models/builtin.py
+`random_weights`). No torch import at module level: `pdserve --help` stays fast.
 """
 
 from __future__ import annotations

@@ -21,9 +21,10 @@ that could not be judged, one step runs plain to be timed. While paused, after a
 proposes one token for one sequence (a probe: one draft forward and one more position in the
 batch, not k for the whole batch); speculation resumes if that token is accepted, or if first
 drafts were accepted at least `min_acceptance` of the time recently (spec_payoff's
-DraftAcceptance, the probe included), and the next window's measured speedup judges it. Every pause and every failed probe doubles the next wait
-(from `probe_interval` steps up to MAX_BACKOFF times that), and a window that pays resets it,
-so a workload where speculation does not pay costs a few steps, then almost nothing.
+DraftAcceptance, the probe included), and the next window's measured speedup judges it.
+Every pause and every failed probe doubles the next wait (from `probe_interval` steps up to
+MAX_BACKOFF times that), and a window that pays resets it, so a workload where speculation
+does not pay costs a few steps, then almost nothing.
 `min_acceptance == 0` turns the switch-off off.
 """
 
