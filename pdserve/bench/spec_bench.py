@@ -154,6 +154,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.steps < 4:
         raise SystemExit("--steps must be at least 4")
+    if args.model and args.residual_scale is not None:
+        raise SystemExit("--residual-scale writes the preset: drop --model")
+    if args.residual_scale is not None and not 0.0 < args.residual_scale <= 1.0:
+        raise SystemExit(f"--residual-scale must be in (0, 1], got {args.residual_scale}")
     if args.clock is None:
         args.clock = "cpu" if args.device == "cpu" else "wall"
     if args.clock == "cpu" and args.device != "cpu":
@@ -172,10 +176,6 @@ def _run(args: argparse.Namespace) -> None:
     from pdserve.models.draft_of import write_draft_of
     from pdserve.models.presets import preset_config
 
-    if args.model and args.residual_scale is not None:
-        raise SystemExit("--residual-scale writes the preset: drop --model")
-    if args.residual_scale is not None and not 0.0 < args.residual_scale <= 1.0:
-        raise SystemExit(f"--residual-scale must be in (0, 1], got {args.residual_scale}")
     batches = [int(b) for b in args.batch_sizes.split(",")]
     workloads = args.workloads.split(",")
     k = args.num_speculative_tokens
@@ -189,6 +189,7 @@ def _run(args: argparse.Namespace) -> None:
             target = str(
                 write_model(Path(tmp) / "target", config, 0, residual_scale=args.residual_scale)
             )
+            print(f"target: the {args.preset} preset, residual scale {args.residual_scale:g}")
         draft = args.draft_model
         if draft is None:
             draft = str(write_draft_of(target, Path(tmp) / "draft", args.draft_layers)[0])
