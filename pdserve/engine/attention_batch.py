@@ -46,50 +46,74 @@ def attention_context(
     slots: list[int],  # per packed token: kv-cache slot
     block_size: int,
     device: torch.device,
+    in_place: bool = False,
 ) -> AttentionContext:
+    """`in_place`: single-token sequences are read in place by the CPU decode kernel
+    (models/native_attention.py), which reads each one's own blocks: they need no length
+    groups or shared-prefix families, only their context lengths."""
     firsts = [0] * len(lens)
     for i in range(1, len(lens)):
         firsts[i] = firsts[i - 1] + lens[i - 1]
     num_blocks = [-(-(s + n) // block_size) for s, n in zip(starts, lens, strict=True)]
     every = _padded(range(len(lens)), starts, lens, firsts, tables, num_blocks, block_size)
     num_q = max(lens)
-    query_index = unpad_index = None
+    query_index = unpad_index = context_lens = groups = None
     if num_q > 1:
         query_index = every.query_index.to(device)
         unpad_index = torch.nonzero(every.valid).squeeze(1).to(device)
+    if in_place and num_q == 1:
+        context_lens = _context_lens(range(len(lens)), starts, device)
+    else:
+        groups = _groups(starts, lens, firsts, tables, num_blocks, block_size, device, in_place)
     return AttentionContext(
         slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
         block_tables=every.block_tables.to(device),
         attn_mask=every.attn_mask.to(device),
         query_index=query_index,
         unpad_index=unpad_index,
-        groups=_groups(starts, lens, firsts, tables, num_blocks, block_size, device),
+        groups=groups,
+        context_lens=context_lens,
     )
 
 
-def _groups(starts, lens, firsts, tables, num_blocks, block_size, device):
+def _context_lens(seqs, starts, device) -> torch.Tensor:
+    """Keys each single-token sequence attends over: its position, plus itself."""
+    return torch.tensor([starts[i] + 1 for i in seqs], dtype=torch.int64, device=device)
+
+
+def _groups(starts, lens, firsts, tables, num_blocks, block_size, device, in_place):
     """Families of single-token sequences sharing a prefix as pseudo-sequences, the other
     single-token sequences by length (attention.length_groups), multi-token ones together;
-    None when that makes one group of plain sequences."""
+    None when that makes one group of plain sequences. `in_place`: the single-token sequences
+    are one group, read in place."""
     single = [i for i, n in enumerate(lens) if n == 1]
     multi = [i for i, n in enumerate(lens) if n > 1]
-    families = shared_prefix_families(single, tables, num_blocks)
-    in_family = {i for members, _ in families for i in members}
-    alone = [i for i in single if i not in in_family]
-    members = [[alone[j] for j in g] for g in length_groups([num_blocks[i] for i in alone])]
+    if in_place:
+        families, members = [], [single] if single else []
+    else:
+        families = shared_prefix_families(single, tables, num_blocks)
+        in_family = {i for members, _ in families for i in members}
+        alone = [i for i in single if i not in in_family]
+        members = [[alone[j] for j in g] for g in length_groups([num_blocks[i] for i in alone])]
     if multi:
         members.append(multi)
     if len(members) == 1 and not families:
         return None
+    # (padded rows, context lengths when the rows are read in place)
     padded = [
-        _padded(seqs, starts, lens, firsts, tables, num_blocks, block_size) for seqs in members
+        (
+            _padded(seqs, starts, lens, firsts, tables, num_blocks, block_size),
+            _context_lens(seqs, starts, device) if in_place and lens[seqs[0]] == 1 else None,
+        )
+        for seqs in members
     ]
     if families:
         # Pseudo-sequences of similar width together, as plain ones are.
         widths = [shared + sum(num_blocks[i] - shared for i in fam) for fam, shared in families]
         for g in length_groups(widths):
             picked = [families[j] for j in g]
-            padded.append(_shared_prefix(picked, starts, firsts, tables, num_blocks, block_size))
+            family_rows = _shared_prefix(picked, starts, firsts, tables, num_blocks, block_size)
+            padded.append((family_rows, None))
     return [
         AttentionGroup(
             query_index=p.query_index.to(device),
@@ -97,8 +121,9 @@ def _groups(starts, lens, firsts, tables, num_blocks, block_size, device):
             valid_index=None if p.valid.all() else torch.nonzero(p.valid).squeeze(1).to(device),
             block_tables=p.block_tables.to(device),
             attn_mask=p.attn_mask.to(device),
+            context_lens=context_lens,
         )
-        for p in padded
+        for p, context_lens in padded
     ]
 
 

@@ -16,6 +16,7 @@ from pdserve.engine.factuality import contrast_layers, plan_exits
 from pdserve.engine.sampler import Sampler, apply_repetition_penalty
 from pdserve.engine.scheduler import ScheduledBatch
 from pdserve.engine.spec_verify import verify
+from pdserve.models import native_attention
 from pdserve.models.llama import LlamaForCausalLM
 from pdserve.models.loader import DTYPES, load_model
 
@@ -209,6 +210,9 @@ class ModelRunner:
         self.device = device
         self.early_exit_steps = 0  # steps that kept early-layer states (DoLa/SLED requests)
         self.compiled_decode: CompiledDecode | None = None  # the --compile fast path
+        # Decode rows on CPU attend through the kernel that reads the KV blocks in place (built
+        # here, once per machine, so the first step does not wait for it).
+        self.reads_kv_in_place = device.type == "cpu" and native_attention.enabled()
         # [num_layers, 2 (K, V), num_blocks, block_size, kv_heads, head_dim]: a layer range of
         # a set of blocks is kv_cache[l0:l1, :, block_ids] (what KV transfer reads and writes).
         self.kv_cache = torch.zeros(
@@ -282,7 +286,9 @@ class ModelRunner:
                 last_rows.append(len(input_ids) - 1)
                 sample_idx.append(i)
         dev = self.device
-        ctx = attention_context(starts, batch.num_tokens, tables, slots, bs, dev)
+        ctx = attention_context(
+            starts, batch.num_tokens, tables, slots, bs, dev, self.reads_kv_in_place
+        )
         ids = torch.tensor(input_ids, dtype=torch.int64, device=dev)
         pos = torch.tensor(positions, dtype=torch.int64, device=dev)
         rows = torch.tensor(last_rows, dtype=torch.int64, device=dev)

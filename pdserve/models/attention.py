@@ -9,6 +9,10 @@ family: a pseudo-sequence whose queries are the members' tokens and whose mask g
 own blocks past the shared ones (pdserve/engine/attention_batch.py), so the shared blocks are
 gathered once per family.
 
+On CPU, plain decode rows skip the gather: a C++ kernel reads their blocks where they lie
+(native_attention.py), each row over its own context, so they need no length groups or
+families (the step's builder then sets `context_lens` instead).
+
 The model sees one `AttentionContext` per forward pass, built by the engine's model runner;
 the model itself never sees sequences, schedulers or block managers.
 """
@@ -19,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from pdserve.models.native_attention import paged_decode_attention
 
 # Decode sequences are split into groups by context length when a cut spares the
 # gather and attention of at least this many padding blocks (one group per layer costs a few
@@ -37,6 +43,10 @@ class AttentionGroup:
     valid_index: torch.Tensor | None  # [V] int64 valid entries of the [G * Gq] layout; None: all
     block_tables: torch.Tensor  # [G, group_max_blocks] int64, padded with block 0
     attn_mask: torch.Tensor  # [G, 1, Gq, group_max_blocks * block_size] bool
+    # [G] int64, set when the group's rows are plain decode sequences (Gq = 1) read in place by
+    # the CPU kernel (models/native_attention.py): row g attends over its first context_lens[g]
+    # slots. None: gathered and attended with the mask.
+    context_lens: torch.Tensor | None = None
 
 
 def length_groups(num_blocks: list[int]) -> list[list[int]]:
@@ -74,6 +84,10 @@ class AttentionContext:
     # whole batch): sequences with one new token by similar context length, those with more
     # (prefill chunks, drafts) apart, so none is padded to another's query or much longer context.
     groups: list[AttentionGroup] | None = None
+    # [B] int64, set when every sequence is a plain decode one (Q = 1) and is read in place by
+    # the CPU kernel (models/native_attention.py): sequence b attends over its first
+    # context_lens[b] slots. None: gathered and attended with the mask.
+    context_lens: torch.Tensor | None = None
 
 
 def paged_attention(
@@ -92,9 +106,17 @@ def paged_attention(
     if ctx.groups is not None:
         out = q.new_empty(q.shape[0], q.shape[1] * head_dim)
         for g in ctx.groups:
-            rows = _attend(q[g.query_index], layer_cache, g.block_tables, g.attn_mask)
-            out.index_copy_(0, g.out_rows, rows if g.valid_index is None else rows[g.valid_index])
+            if g.context_lens is not None:
+                rows = paged_decode_attention(
+                    q[g.out_rows], layer_cache, g.block_tables, g.context_lens
+                )
+            else:
+                rows = _attend(q[g.query_index], layer_cache, g.block_tables, g.attn_mask)
+                rows = rows if g.valid_index is None else rows[g.valid_index]
+            out.index_copy_(0, g.out_rows, rows)
         return out
+    if ctx.context_lens is not None:
+        return paged_decode_attention(q, layer_cache, ctx.block_tables, ctx.context_lens)
     out = _attend(
         q if ctx.query_index is None else q[ctx.query_index],
         layer_cache,
@@ -113,20 +135,24 @@ def _attend(
     """Attention of B sequences' queries over their blocks."""
     num_kv_heads, head_dim = layer_cache.shape[-2], layer_cache.shape[-1]
     group = qp.shape[-2] // num_kv_heads
-    # One gather for these sequences (index_select copies whole blocks; several times faster
-    # than advanced indexing): [2, B * max_blocks, block_size, KV, D].
+    # One gather for these sequences, through a head-major view of the pool ([2, KV, blocks,
+    # block_size, D]; index_select copies whole blocks, several times faster than advanced
+    # indexing), so each KV head's keys come out contiguous for all sequences at once:
+    # [2, KV, B, S, D]. SDPA then takes the KV heads as its batch and the sequences as its heads
+    # and reads K/V as they are; gathered sequence-major, SDPA copied them again.
     batch = block_tables.shape[0]
-    kv = layer_cache.index_select(1, block_tables.view(-1))
-    kv = kv.view(2, batch, -1, num_kv_heads, head_dim).transpose(2, 3)  # [2, B, KV, S, D]
+    kv = layer_cache.permute(0, 3, 1, 2, 4).index_select(2, block_tables.view(-1))
+    kv = kv.view(2, num_kv_heads, batch, -1, head_dim)
 
     qp = qp.reshape(batch, -1, num_kv_heads, group, head_dim)  # [B, Q, KV, G, D]
     num_q = qp.shape[1]
     # Grouped-query attention without repeating K/V: a KV head's G query heads become G * Q
-    # query rows of that head (the mask is repeated to match).
-    qp = qp.permute(0, 2, 3, 1, 4).reshape(batch, num_kv_heads, group * num_q, head_dim)
+    # query rows of that head (the mask is repeated to match): [KV, B, G * Q, D].
+    qp = qp.permute(2, 0, 3, 1, 4).reshape(num_kv_heads, batch, group * num_q, head_dim)
     # mask: [B, 1, Q, S]; with Q == 1 it broadcasts over the G rows
     if group > 1 and num_q > 1:
         mask = mask.repeat(1, 1, group, 1)
-    out = F.scaled_dot_product_attention(qp, kv[0], kv[1], attn_mask=mask)
-    out = out.view(batch, num_kv_heads, group, num_q, head_dim).permute(0, 3, 1, 2, 4)
+    # [1, B, G * Q, S]: the same mask for every KV head
+    out = F.scaled_dot_product_attention(qp, kv[0], kv[1], attn_mask=mask.transpose(0, 1))
+    out = out.view(num_kv_heads, batch, group, num_q, head_dim).permute(1, 3, 0, 2, 4)
     return out.reshape(batch * num_q, -1)

@@ -1,6 +1,6 @@
 """Beams and n choices over prompts long enough that their forks attend as shared-prefix
-families (attention_batch.py): still transformers' beams and scores, still a single request's
-seeded tokens."""
+families (attention_batch.py, when decode attention gathers the KV blocks): still
+transformers' beams and scores, still a single request's seeded tokens."""
 
 from __future__ import annotations
 
@@ -36,10 +36,18 @@ def families_seen(monkeypatch) -> list[int]:
     return seen
 
 
+def gathering(engine: LLMEngine) -> LLMEngine:
+    """`engine` with decode attention gathering the KV blocks, where families apply: read in
+    place (the CPU kernel, models/native_attention.py), a family's shared blocks are not
+    copied at all, so no families are formed."""
+    engine.runner.reads_kv_in_place = False
+    return engine
+
+
 def test_beams_attending_as_families_equal_transformers(models, families_seen):
     hf, config = models
     width, n, length_penalty, early_stopping = 4, 2, 1.0, False
-    engine = LLMEngine(config)
+    engine = gathering(LLMEngine(config))
     requests, expected = beam_cases(hf, LONG_PROMPTS, 7, width, n, length_penalty, early_stopping)
     got = run_engine(engine, requests)
     assert families_seen and max(families_seen) == len(LONG_PROMPTS)
@@ -54,7 +62,7 @@ def test_beams_attending_as_families_equal_transformers(models, families_seen):
 def test_seeded_choices_attending_as_a_family_equal_single_requests(make_engine, families_seen):
     prompt = random_prompts([30], seed=5)[0]
     params = dataclasses.replace(SAMPLED, n=3)
-    engine = make_engine()
+    engine = gathering(make_engine())
     got = run_choices(engine, "r", prompt, params)
     assert families_seen
     for i in range(3):

@@ -173,23 +173,30 @@ def test_greedy_batch_matches_transformers_generate(family_model):
     assert outputs == hf_greedy(hf, prompts, 10)
 
 
-def test_decode_in_length_groups_matches_transformers_generate(family_model):
-    """Short and long contexts in one decode batch attend in separate length groups."""
+@pytest.mark.parametrize("in_place", [False, True])
+def test_decode_in_length_groups_matches_transformers_generate(family_model, in_place):
+    """Short and long contexts in one decode batch: gathered, they attend in separate length
+    groups; read in place (the CPU kernel, models/native_attention.py), as one batch."""
     hf, engine = family_model
     gen = torch.Generator().manual_seed(4)
     prompts = [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in (3, 150, 4, 160)]
-    grouped: list[int] = []
-    prepare = engine.runner._prepare
+    shapes: list[tuple[int, bool]] = []  # (groups, read in place) of each decode-only step
+    prepare, reads_in_place = engine.runner._prepare, engine.runner.reads_kv_in_place
 
     def recording(batch):
         prepared = prepare(batch)
-        groups = prepared[2].groups
-        if groups is not None:
-            grouped.append(len(groups))
+        if all(n == 1 for n in batch.num_tokens):
+            ctx = prepared[2]
+            shapes.append((len(ctx.groups or [ctx]), ctx.context_lens is not None))
         return prepared
 
     engine.runner._prepare = recording
-    outputs = engine.generate(prompts, SamplingParams(max_tokens=10, ignore_eos=True))
-    engine.runner._prepare = prepare
-    assert grouped and all(n == 2 for n in grouped)
+    engine.runner.reads_kv_in_place = in_place and reads_in_place
+    try:
+        outputs = engine.generate(prompts, SamplingParams(max_tokens=10, ignore_eos=True))
+    finally:
+        engine.runner._prepare, engine.runner.reads_kv_in_place = prepare, reads_in_place
+    if in_place and not reads_in_place:
+        pytest.skip("the CPU decode kernel is not built here")
+    assert shapes and all(shape == ((1, True) if in_place else (2, False)) for shape in shapes)
     assert outputs == hf_greedy(hf, prompts, 10)

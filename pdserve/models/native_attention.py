@@ -1,0 +1,71 @@
+"""The CPU decode-attention kernel that reads the paged KV cache in place (csrc/
+paged_decode_attention.cpp), built on first use.
+
+Plain torch has no op that attends over a block table: `attention.paged_attention` gathers every
+sequence's whole context out of the pool each layer, and SDPA copies it once more. This kernel
+walks each sequence's blocks where they lie (BENCHMARKS.md, issue 19: the gather and SDPA were
+a quarter of a batch-32 decode step on CPU). It serves decode rows (one query per sequence);
+prefill chunks, drafts and GPUs keep the torch path.
+
+torch's C++ extension loader compiles it once per machine (about 25 s with g++ on 2 cores) into
+TORCH_EXTENSIONS_DIR (default ~/.cache/torch_extensions); later processes load the cached build,
+and concurrent first builds wait on the loader's lock. The build targets the CPU it runs on
+(-march=native), so the extension's name carries torch's CPU capability. When it cannot be built
+(no compiler, no ninja) or `PDSERVE_NATIVE_ATTENTION=0`, the torch path runs, after one warning.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).parent / "csrc" / "paged_decode_attention.cpp"
+# -fopenmp: at::parallel_for's OpenMP loop (the build links torch's own libgomp); -ffast-math
+# lets the dot products and exp vectorize (a rounding-level difference from SDPA's order).
+CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp"]
+DISABLE_ENV = "PDSERVE_NATIVE_ATTENTION"
+
+
+@functools.cache
+def enabled() -> bool:
+    """Whether decode attention on CPU goes through the kernel: not switched off by
+    PDSERVE_NATIVE_ATTENTION=0, and built here (on the first call: loaded from the cache or
+    compiled)."""
+    if os.environ.get(DISABLE_ENV, "1") == "0":
+        log.info("%s=0: decode attention gathers the KV blocks (plain torch)", DISABLE_ENV)
+        return False
+    from torch.utils import cpp_extension
+
+    name = f"pdserve_paged_decode_{torch.backends.cpu.get_cpu_capability().lower()}"
+    try:
+        # Loaded as a library: its TORCH_LIBRARY block registers torch.ops.pdserve_native.
+        cpp_extension.load(
+            name, [str(SOURCE)], extra_cflags=CFLAGS, is_python_module=False, verbose=False
+        )
+        return True
+    except Exception as exc:  # no compiler or ninja, a failed build: the torch path still works
+        log.warning(
+            "the CPU decode-attention kernel could not be built (%s); decode attention gathers "
+            "the KV blocks instead (slower)",
+            str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__,
+        )
+        return False
+
+
+def paged_decode_attention(
+    q: torch.Tensor,  # [B, H, D], one query per sequence (rope applied)
+    layer_cache: torch.Tensor,  # [2, num_blocks, block_size, KV, D]
+    block_tables: torch.Tensor,  # [B, max_blocks] int64
+    context_lens: torch.Tensor,  # [B] int64: sequence b attends over its first context_lens[b] slots
+) -> torch.Tensor:  # [B, H * D]
+    """Attention of each sequence's query over its context, read in place (`enabled()` first)."""
+    out = torch.ops.pdserve_native.paged_decode_attention(
+        q, layer_cache, block_tables, context_lens
+    )
+    return out.view(q.shape[0], -1)
