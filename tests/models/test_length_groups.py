@@ -41,6 +41,18 @@ def test_every_sequence_is_in_exactly_one_group():
 )
 def test_grouped_attention_equals_the_padded_batch(lasts, lens):
     """`lasts`: each sequence's last new position; `lens`: its new tokens."""
+    cache, starts, tables, slots, block_size, (q, k, v) = random_step(lasts, lens)
+    grouped = attention_context(starts, lens, tables, slots, block_size, torch.device("cpu"))
+    assert grouped.groups is not None and len(grouped.groups) >= 2
+    whole = dataclasses.replace(grouped, groups=None)
+    expected = paged_attention(q, k, v, cache.clone(), whole)
+    torch.testing.assert_close(paged_attention(q, k, v, cache.clone(), grouped), expected)
+
+
+def random_step(lasts: list[int], lens: list[int]):
+    """A step over a random cache (block size 4, 4 query and 2 KV heads of 8): `lasts` each
+    sequence's last new position, `lens` its new tokens. Returns the cache, each sequence's
+    first new position, block tables, slots, the block size and the new tokens' q, k, v."""
     gen = torch.Generator().manual_seed(1)
     block_size, kv_heads, heads, head_dim, num_blocks = 4, 2, 4, 8, 64
     cache = torch.randn(2, num_blocks, block_size, kv_heads, head_dim, generator=gen)
@@ -54,11 +66,5 @@ def test_grouped_attention_equals_the_padded_batch(lasts, lens):
             table[p // block_size] * block_size + p % block_size for p in range(start, last + 1)
         ]
     tokens = sum(lens)
-    q = torch.randn(tokens, heads, head_dim, generator=gen)
-    k = torch.randn(tokens, kv_heads, head_dim, generator=gen)
-    v = torch.randn(tokens, kv_heads, head_dim, generator=gen)
-    grouped = attention_context(starts, lens, tables, slots, block_size, torch.device("cpu"))
-    assert grouped.groups is not None and len(grouped.groups) >= 2
-    whole = dataclasses.replace(grouped, groups=None)
-    expected = paged_attention(q, k, v, cache.clone(), whole)
-    torch.testing.assert_close(paged_attention(q, k, v, cache.clone(), grouped), expected)
+    qkv = [torch.randn(tokens, h, head_dim, generator=gen) for h in (heads, kv_heads, kv_heads)]
+    return cache, starts, tables, slots, block_size, qkv

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from pdserve.engine.attention_batch import attention_context
 from pdserve.models import native_attention
 from pdserve.models.attention import paged_attention
+from tests.models.test_length_groups import random_step
 
 pytestmark = pytest.mark.skipif(
     os.environ.get(native_attention.DISABLE_ENV) == "0", reason="switched off for this run"
@@ -72,25 +73,6 @@ def test_the_kernel_equals_sdpa_over_the_gathered_context(
     )
 
 
-def _step(lasts, lens, gen):
-    """A step's pieces over a random cache: `lasts` each sequence's last new position, `lens`
-    its new tokens (tests/models/test_length_groups.py builds steps the same way)."""
-    block_size, kv_heads, heads, head_dim, num_blocks = 4, 2, 4, 8, 64
-    cache = torch.randn(2, num_blocks, block_size, kv_heads, head_dim, generator=gen)
-    blocks = torch.randperm(num_blocks, generator=gen).tolist()
-    starts = [last - n + 1 for last, n in zip(lasts, lens, strict=True)]
-    tables, slots = [], []
-    for last, start in zip(lasts, starts, strict=True):
-        table, blocks = blocks[: last // block_size + 1], blocks[last // block_size + 1 :]
-        tables.append(table)
-        slots += [
-            table[p // block_size] * block_size + p % block_size for p in range(start, last + 1)
-        ]
-    tokens = sum(lens)
-    qkv = [torch.randn(tokens, h, head_dim, generator=gen) for h in (heads, kv_heads, kv_heads)]
-    return cache, starts, tables, slots, block_size, qkv
-
-
 @pytest.mark.parametrize(
     ("lasts", "lens"),
     [
@@ -101,9 +83,7 @@ def _step(lasts, lens, gen):
     ],
 )
 def test_a_step_read_in_place_equals_the_gathered_step(lasts, lens):
-    cache, starts, tables, slots, block_size, (q, k, v) = _step(
-        lasts, lens, torch.Generator().manual_seed(2)
-    )
+    cache, starts, tables, slots, block_size, (q, k, v) = random_step(lasts, lens)
     cpu = torch.device("cpu")
     gathered = attention_context(starts, lens, tables, slots, block_size, cpu)
     in_place = attention_context(starts, lens, tables, slots, block_size, cpu, in_place=True)
