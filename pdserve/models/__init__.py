@@ -8,6 +8,8 @@
 - `linear.py` — `Linear`: nn.Linear with faster CPU GEMMs (few rows; oneDNN over a reordered
   weight from 4 rows).
 - `attention_op.py` — paged attention as one opaque torch op, for compiled decode graphs.
+- `native_attention.py` — the CPU decode-attention kernel (`csrc/paged_decode_attention.cpp`)
+  that reads the KV blocks in place, built on first use.
 - `loader.py` — Hugging Face directory (config.json + safetensors) -> model.
 - `presets.py` — sizes of the random-weight models (tiny, small).
 - `builtin.py` — `make_model(dir, preset, seed)`, `default_model_dir()`.
