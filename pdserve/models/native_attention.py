@@ -8,15 +8,17 @@ a quarter of a batch-32 decode step on CPU). It serves decode rows (one query pe
 prefill chunks, drafts and GPUs keep the torch path.
 
 torch's C++ extension loader compiles it once per machine (about 25 s with g++ on 2 cores) into
-TORCH_EXTENSIONS_DIR (default ~/.cache/torch_extensions); later processes load the cached build,
-and concurrent first builds wait on the loader's lock. The build targets the CPU it runs on
-(-march=native), so the extension's name carries torch's CPU capability. When it cannot be built
+a folder of TORCH_EXTENSIONS_DIR (default ~/.cache/torch_extensions) named by a hash of the
+source, flags, torch version and CPU capability (the build targets the CPU it runs on,
+-march=native); concurrent first builds wait on the loader's lock, and later processes load
+the library directly. When it cannot be built
 (no compiler, no ninja) or `PDSERVE_NATIVE_ATTENTION=0`, the torch path runs, after one warning.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
 from pathlib import Path
@@ -30,6 +32,19 @@ SOURCE = Path(__file__).parent / "csrc" / "paged_decode_attention.cpp"
 # lets the dot products and exp vectorize (a rounding-level difference from SDPA's order).
 CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp"]
 DISABLE_ENV = "PDSERVE_NATIVE_ATTENTION"
+NAME = "pdserve_paged_decode"
+
+
+def _build_directory() -> Path:
+    """Where the build lives: TORCH_EXTENSIONS_DIR (default ~/.cache/torch_extensions), in a
+    folder named by everything the binary depends on (the source, the flags, torch's version
+    and the CPU capability it was built for), so a changed source or another CPU gets its own
+    build and an existing one is always current."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    key = "\0".join([SOURCE.read_text(), *CFLAGS, torch.__version__, capability])
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions"
+    return Path(root) / f"{NAME}-{capability.lower()}-{digest}"
 
 
 @functools.cache
@@ -42,12 +57,25 @@ def enabled() -> bool:
         return False
     from torch.utils import cpp_extension
 
-    name = f"pdserve_paged_decode_{torch.backends.cpu.get_cpu_capability().lower()}"
+    build_dir = _build_directory()
+    library = build_dir / f"{NAME}.so"
     try:
-        # Loaded as a library: its TORCH_LIBRARY block registers torch.ops.pdserve_native.
-        cpp_extension.load(
-            name, [str(SOURCE)], extra_cflags=CFLAGS, is_python_module=False, verbose=False
-        )
+        if library.exists():
+            # Built before on this machine: load it as is. torch's loader would take
+            # its build lock and run ninja again in every new process, and a process killed
+            # while holding that lock would stall every later start.
+            torch.ops.load_library(str(library))
+        else:
+            # Loaded as a library: its TORCH_LIBRARY block registers torch.ops.pdserve_native.
+            build_dir.mkdir(parents=True, exist_ok=True)
+            cpp_extension.load(
+                NAME,
+                [str(SOURCE)],
+                extra_cflags=CFLAGS,
+                build_directory=str(build_dir),
+                is_python_module=False,
+                verbose=False,
+            )
         return True
     except Exception as exc:  # no compiler or ninja, a failed build: the torch path still works
         log.warning(

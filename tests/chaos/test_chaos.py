@@ -178,7 +178,8 @@ def test_redis_is_restarted_and_the_index_recovers(served, rng):
     # Requests keep completing; their routing lookups notice the outage and the recovery.
     while not (server.running and redis_pid(served.app) != old_pid and index.available):
         assert time.monotonic() < deadline, "redis-server was not restarted"
-        assert [o.tokens for o in run_load(served, [prompt], chaos=lambda: None)] == expected
+        outcomes = run_load(served, [prompt], chaos=lambda: None)
+        assert [o.tokens for o in outcomes] == expected, [(o.code, o.details) for o in outcomes]
         time.sleep(0.2)
     assert_recovered_clean_and_exact(served, rng)
 
