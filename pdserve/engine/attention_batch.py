@@ -51,28 +51,34 @@ def attention_context(
     """`in_place`: single-token sequences are read in place by the CPU decode kernel
     (models/native_attention.py), which reads each one's own blocks: they need no length
     groups or shared-prefix families, only their context lengths."""
+    num_blocks = [-(-(s + n) // block_size) for s, n in zip(starts, lens, strict=True)]
+    slot_mapping = torch.tensor(slots, dtype=torch.int64, device=device)
+    if in_place and max(lens) == 1:
+        # Every sequence read in place: its block table and context length are all it needs.
+        seqs = range(len(lens))
+        return AttentionContext(
+            slot_mapping=slot_mapping,
+            block_tables=_padded_tables(seqs, tables, num_blocks).to(device),
+            attn_mask=None,
+            query_index=None,
+            unpad_index=None,
+            context_lens=_context_lens(seqs, starts, device),
+        )
     firsts = [0] * len(lens)
     for i in range(1, len(lens)):
         firsts[i] = firsts[i - 1] + lens[i - 1]
-    num_blocks = [-(-(s + n) // block_size) for s, n in zip(starts, lens, strict=True)]
     every = _padded(range(len(lens)), starts, lens, firsts, tables, num_blocks, block_size)
-    num_q = max(lens)
-    query_index = unpad_index = context_lens = groups = None
-    if num_q > 1:
+    query_index = unpad_index = None
+    if max(lens) > 1:
         query_index = every.query_index.to(device)
         unpad_index = torch.nonzero(every.valid).squeeze(1).to(device)
-    if in_place and num_q == 1:
-        context_lens = _context_lens(range(len(lens)), starts, device)
-    else:
-        groups = _groups(starts, lens, firsts, tables, num_blocks, block_size, device, in_place)
     return AttentionContext(
-        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+        slot_mapping=slot_mapping,
         block_tables=every.block_tables.to(device),
         attn_mask=every.attn_mask.to(device),
         query_index=query_index,
         unpad_index=unpad_index,
-        groups=groups,
-        context_lens=context_lens,
+        groups=_groups(starts, lens, firsts, tables, num_blocks, block_size, device, in_place),
     )
 
 
@@ -194,7 +200,6 @@ def _padded(seqs, starts, lens, firsts, tables, num_blocks, block_size) -> _Padd
     seqs = list(seqs)
     num_q = max(lens[i] for i in seqs)
     width = max(num_blocks[i] for i in seqs)
-    padded = [tables[i][:width] + [0] * (width - len(tables[i][:width])) for i in seqs]
     start = torch.tensor([starts[i] for i in seqs], dtype=torch.int64)
     length = torch.tensor([lens[i] for i in seqs], dtype=torch.int64)
     first = torch.tensor([firsts[i] for i in seqs], dtype=torch.int64)
@@ -206,4 +211,11 @@ def _padded(seqs, starts, lens, firsts, tables, num_blocks, block_size) -> _Padd
     # Padding rows repeat the sequence's last token; their outputs are dropped.
     query_index = first[:, None] + torch.minimum(offs, length[:, None] - 1)
     valid = (offs < length[:, None]).flatten()
-    return _Padded(query_index, valid, torch.tensor(padded, dtype=torch.int64), mask)
+    return _Padded(query_index, valid, _padded_tables(seqs, tables, num_blocks), mask)
+
+
+def _padded_tables(seqs, tables, num_blocks) -> torch.Tensor:
+    """[len(seqs), widest] int64: each sequence's blocks it attends over, padded with block 0."""
+    width = max(num_blocks[i] for i in seqs)
+    padded = [tables[i][:width] + [0] * (width - len(tables[i][:width])) for i in seqs]
+    return torch.tensor(padded, dtype=torch.int64)

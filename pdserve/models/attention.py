@@ -77,7 +77,8 @@ class AttentionContext:
 
     slot_mapping: torch.Tensor  # [T] int64: kv-cache slot (block * block_size + offset) per token
     block_tables: torch.Tensor  # [B, max_blocks] int64, padded with block 0 (masked out)
-    attn_mask: torch.Tensor  # [B, 1, Q, max_blocks * block_size] bool: True = may attend
+    # [B, 1, Q, max_blocks * block_size] bool: True = may attend; None when read in place
+    attn_mask: torch.Tensor | None
     query_index: torch.Tensor | None  # [B, Q] int64 packed row per (seq, query); None when Q == 1
     unpad_index: torch.Tensor | None  # [T] int64 row of each packed token in the [B * Q] layout
     # When set, attention runs group by group instead (the fields above still describe the

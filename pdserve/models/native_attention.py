@@ -55,8 +55,6 @@ def enabled() -> bool:
     if os.environ.get(DISABLE_ENV, "1") == "0":
         log.info("%s=0: decode attention gathers the KV blocks (plain torch)", DISABLE_ENV)
         return False
-    from torch.utils import cpp_extension
-
     build_dir = _build_directory()
     library = build_dir / f"{NAME}.so"
     try:
@@ -66,6 +64,8 @@ def enabled() -> bool:
             # while holding that lock would stall every later start.
             torch.ops.load_library(str(library))
         else:
+            from torch.utils import cpp_extension
+
             # Loaded as a library: its TORCH_LIBRARY block registers torch.ops.pdserve_native.
             build_dir.mkdir(parents=True, exist_ok=True)
             cpp_extension.load(
