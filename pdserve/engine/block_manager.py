@@ -9,6 +9,14 @@ A full block is registered under `block_hash(parent, tokens)` once its K/V are c
 is also checked against the stored token ids, so a hash collision can never serve wrong KV.
 Stores and evictions are queued as KVEvents; the engine drains them with `take_events()`.
 
+The cache is prefix-closed: a block is registered only while its parent is, and evicting a
+block first unregisters every cached block that extends it (children before parents in the
+events). Such a block could never be hit anyway (`acquire_prefix` walks from the first block),
+and the prefix index relies on it: a worker that holds a block holds every block before it,
+so the router's lookup bisects instead of reading every block (prefix_index/lookup.py). Without
+it a block computed twice at once (two requests on one new prefix) leaves a gap: the copy that
+registered first is released and evicted while the other request's later blocks stay.
+
 Forks (n samples, beams): `fork(parent, child)` gives the child every block of the parent, one
 more reference each. A block is written only by a sequence that holds it alone:
 `copy_on_write(seq, start, end)`, called before a step writes positions [start, end), swaps
@@ -38,6 +46,8 @@ class BlockManager:
         self._free: deque[int] = deque(range(num_blocks))
         self._evictable: OrderedDict[int, None] = OrderedDict()
         self._cached: dict[int, int] = {}  # hash -> block id
+        self._parent: list[int | None] = [None] * num_blocks  # a registered block's parent hash
+        self._children: dict[int, set[int]] = {}  # hash -> cached hashes that extend it
         self._events: list[tuple[KVEventKind, int]] = []
 
     # ---- counts -------------------------------------------------------------------------
@@ -160,20 +170,27 @@ class BlockManager:
             return
         # A prompt's blocks are hashed once per sequence (`prompt_hashes`), not block by block.
         prompt = self.prompt_hashes(seq) if registered < seq.num_prompt_tokens // size else ()
+        cached = self._cached
         for i in range(registered, num_full):
             token_ids = seq.token_ids[i * size : (i + 1) * size]
-            if i < len(prompt):
-                h = prompt[i]
-            else:
-                h = block_hash(seq.block_hashes[-1] if seq.block_hashes else ROOT_HASH, token_ids)
+            parent = seq.block_hashes[-1] if seq.block_hashes else ROOT_HASH
+            h = prompt[i] if i < len(prompt) else block_hash(parent, token_ids)
             seq.block_hashes.append(h)
             block_id = seq.block_table[i]
             # Another block may already hold this prefix (computed concurrently); keep that
-            # one and let this copy become plain free space when released.
-            if h not in self._cached and self._hash[block_id] is None:
-                self._cached[h] = block_id
+            # one and let this copy become plain free space when released. A block whose
+            # parent left the cache stays out of it (the module docstring).
+            if (
+                h not in cached
+                and self._hash[block_id] is None
+                and (parent == ROOT_HASH or parent in cached)
+            ):
+                cached[h] = block_id
                 self._hash[block_id] = h
                 self._tokens[block_id] = tuple(token_ids)
+                self._parent[block_id] = parent
+                if parent != ROOT_HASH:
+                    self._children.setdefault(parent, set()).add(h)
                 self._events.append(("stored", h))
 
     def truncate(self, seq: Sequence, num_tokens: int) -> None:
@@ -229,12 +246,30 @@ class BlockManager:
             block_id = self._free.popleft()
         else:
             block_id, _ = self._evictable.popitem(last=False)  # least recently used
-            h = self._hash[block_id]
-            del self._cached[h]
-            self._hash[block_id] = self._tokens[block_id] = None
-            self._events.append(("removed", h))
+            self._evict(block_id)
         self._ref[block_id] = 1
         return block_id
+
+    def _evict(self, block_id: int) -> None:
+        """Unregisters a block and, before it, every cached block that extends it: those in
+        use stay with their sequences, unregistered; unused ones become free."""
+        order, stack = [], [self._hash[block_id]]
+        while stack:  # every descendant after its parent; not recursive: chains are long
+            h = stack.pop()
+            order.append(h)
+            stack.extend(self._children.pop(h, ()))
+        for h in reversed(order):  # leaves first, so the index never shows a gap
+            victim = self._cached.pop(h)
+            parent = self._parent[victim]
+            if parent != ROOT_HASH and parent in self._children:
+                self._children[parent].discard(h)
+                if not self._children[parent]:
+                    del self._children[parent]
+            self._hash[victim] = self._tokens[victim] = self._parent[victim] = None
+            self._events.append(("removed", h))
+            if victim != block_id and self._ref[victim] == 0:
+                del self._evictable[victim]
+                self._free.append(victim)
 
     def check_invariants(self) -> None:
         """Asserts the state partition above (used by tests)."""
@@ -247,3 +282,7 @@ class BlockManager:
             assert (block_id in evictable) <= (self._hash[block_id] is not None)
         for h, block_id in self._cached.items():
             assert self._hash[block_id] == h
+            parent = self._parent[block_id]
+            assert parent == ROOT_HASH or h in self._children.get(parent, ()), f"{h}: a gap"
+        for parent, children in self._children.items():
+            assert parent in self._cached and children <= self._cached.keys()

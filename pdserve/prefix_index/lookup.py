@@ -31,24 +31,26 @@ log = logging.getLogger(__name__)
 # a bound on the memory they hold; they are counts, not requests.
 MAX_QUEUED_WRITES = 10_000
 
-# Walks the prompt's chained block hashes in order and counts, for each worker holding the first
-# block in its live epoch, how many leading blocks it holds. A worker leaves the walk at its
-# first missing block (chained hashes: a later block without the earlier ones is useless), and
-# the walk ends when no worker is left, so a cold prompt costs one HGETALL.
-# The cost is the blocks of a prefix many workers share (a system prompt): each block key holds
-# every such worker. Consecutive blocks of one prefix almost always have the same holders, so
-# each block is first compared whole with the last one read (DUMP: a byte image of the hash,
-# made in C): equal images mean every worker still walking holds this block too, at O(1) in
-# Lua. Only where the image changes are the entries read, with HMGET for a few workers, else
-# HGETALL (Redis keeps hashes of up to 128-512 fields as a ziplist/listpack, where HMGET of F
-# fields scans the list F times). `depth` is the leading blocks the workers still walking hold.
+# Counts, for each worker holding the prompt's first block in its live epoch, how many leading
+# blocks it holds. A worker's blocks are prefix-closed (engine/block_manager.py: a block is cached
+# only while its parent is, and leaves first), so holding block i means holding blocks 0..i, and
+# each count is found by bisection: `search(lo, hi, workers)` knows that these workers hold block
+# lo and not block hi, reads the block halfway and splits them. A 256-block prompt costs ~2 reads
+# per distinct count and bisection level, not one per block (a system prompt's blocks each hold
+# 150 workers: reading them all was most of a lookup's Redis CPU). A block is first compared
+# whole with block lo (DUMP: a byte image of the hash, made in C): equal images mean the same
+# holders in the same epochs, at O(1) in Lua. Else its entries are read, with HMGET for a few
+# workers, else HGETALL (Redis keeps hashes of up to 128-512 fields as a listpack, where HMGET
+# of F fields scans the list F times). A cold prompt costs one HGETALL.
 # KEYS[1] = the first block's key; ARGV[1] = block key prefix, ARGV[2] = heartbeat key prefix,
-# ARGV[3] = the hashes of the following blocks, space-separated. Their keys are built here:
-# the names of 256 keys cost the router more to send than the lookup costs Redis, and they
-# share KEYS[1]'s hash tag, so they live in its Redis Cluster slot (schema.py).
+# ARGV[3] = the hashes of the following blocks, each right-aligned in HASH_WIDTH characters, so block i
+# is read at a fixed offset, without parsing them all. Their keys are built here: the names of
+# 256 keys cost the router more to send than the lookup costs Redis, and they share KEYS[1]'s
+# hash tag, so they live in its Redis Cluster slot (schema.py).
 # Returns {"worker": count, ...} as one JSON string: redis-py parses a reply in Python, ~1 us per
-# element, so a system prompt's 150 holders as a flat array cost the router more than the walk
-# costs Redis; one string is parsed by the json module's C decoder.
+# element, so a system prompt's 150 holders as a flat array cost the router more than the
+# lookup costs Redis; one string is parsed by the json module's C decoder.
+HASH_WIDTH = 19  # digits of the largest block hash, 2**63 - 1
 LOOKUP_LUA = """
 local first = redis.call('HGETALL', KEYS[1])
 if #first == 0 then return '{}' end
@@ -65,37 +67,62 @@ for i = 1, #names do
     active[#active + 1] = names[i]
   end
 end
-local n, depth, count = #active, 1, {}
-local previous = n > 0 and redis.call('DUMP', KEYS[1])
-for h in string.gmatch(ARGV[3], '%d+') do
-  if n == 0 then break end
-  local key = ARGV[1] .. h
-  local image = redis.call('DUMP', key)
-  if image ~= previous then
-    local held = {}
-    if image and n <= 8 then
-      local values = redis.call('HMGET', key, unpack(active))
-      for i = 1, n do held[active[i]] = values[i] end
-    elseif image then
-      local flat = redis.call('HGETALL', key)
-      for j = 1, #flat, 2 do held[flat[j]] = flat[j + 1] end
-    end
-    local still = {}
-    for i = 1, n do
-      local worker = active[i]
-      if held[worker] == epoch[worker] then
-        still[#still + 1] = worker
-      else
-        count[worker] = depth
-      end
-    end
-    active, n, previous = still, #still, image
-  end
-  if n > 0 then depth = depth + 1 end
+if #active == 0 then return '{}' end
+local rest = ARGV[3]
+local blocks = #rest / HASH_WIDTH + 1
+local function key(i)
+  if i == 0 then return KEYS[1] end
+  return ARGV[1] .. string.match(string.sub(rest, HASH_WIDTH * (i - 1) + 1, HASH_WIDTH * i), '%d+')
 end
-for i = 1, n do count[active[i]] = depth end
+local images = {}
+local function image(i)
+  local v = images[i]
+  if v == nil then
+    v = redis.call('DUMP', key(i)) or false
+    images[i] = v
+  end
+  return v
+end
+local function split(i, workers)
+  local k, held = key(i), {}
+  if #workers <= 8 then
+    local values = redis.call('HMGET', k, unpack(workers))
+    for j = 1, #workers do held[workers[j]] = values[j] end
+  else
+    local flat = redis.call('HGETALL', k)
+    for j = 1, #flat, 2 do held[flat[j]] = flat[j + 1] end
+  end
+  local yes, no = {}, {}
+  for j = 1, #workers do
+    local w = workers[j]
+    if held[w] == epoch[w] then yes[#yes + 1] = w else no[#no + 1] = w end
+  end
+  return yes, no
+end
+local count = {}
+local function search(lo, hi, workers)
+  if #workers == 0 then return end
+  if hi - lo == 1 then
+    for j = 1, #workers do count[workers[j]] = hi end
+    return
+  end
+  local mid = math.floor((lo + hi) / 2)
+  local seen = image(mid)
+  if seen and seen == image(lo) then return search(mid, hi, workers) end
+  local yes, no = split(mid, workers)
+  search(mid, hi, yes)
+  search(lo, mid, no)
+end
+if blocks == 1 then
+  search(0, 1, active)
+else
+  local whole, rest_of = split(blocks - 1, active)
+  for j = 1, #whole do count[whole[j]] = blocks end
+  search(0, blocks - 1, rest_of)
+end
 return cjson.encode(count)
-"""
+""".replace("HASH_WIDTH", str(HASH_WIDTH))
+_HASH_FORMAT = f"%{HASH_WIDTH}d"
 
 
 class PrefixIndex:
@@ -152,8 +179,9 @@ class PrefixIndex:
 
     def _lookup_arguments(self, block_hashes: Sequence[int]) -> tuple[list[str], list[str]]:
         keys = [self.keys.block(block_hashes[0])]
-        rest = " ".join(map(str, block_hashes[1:]))
-        return keys, [self.keys.block_prefix, self.keys.heartbeat_prefix, rest]
+        rest = block_hashes[1:]
+        fixed_width = (_HASH_FORMAT * len(rest)) % tuple(rest)  # one C call
+        return keys, [self.keys.block_prefix, self.keys.heartbeat_prefix, fixed_width]
 
     def in_background(self, write: Callable[..., None], *args: object) -> None:
         """Runs `write(*args)`, a statistics write that never raises (it goes through `link`),

@@ -271,3 +271,41 @@ def test_truncate_frees_the_blocks_past_the_kept_tokens():
     bm.release(other)
     assert bm.num_free_blocks == 8
     bm.check_invariants()
+
+
+def cached_run(bm: BlockManager, tokens: list[int]) -> int:
+    """Leading blocks of `tokens` in the cache, checked block by block (no acquiring)."""
+    hashes = prompt_block_hashes(tokens, BS)
+    held = [bm.is_cached(h) for h in hashes]
+    return held.index(False) if False in held else len(held)
+
+
+def test_a_prefix_computed_twice_at_once_leaves_no_gap_when_evicted():
+    """Two requests on one new prefix compute it at once: the first registers it, the other
+    keeps its copy unregistered and registers only what follows. When the registered copy is
+    evicted while the other request runs, the blocks that extend it leave the cache with it:
+    nothing can hit them, and the prefix index must never see a block without its parent."""
+    bm = BlockManager(9, BS)
+    first, second = seq([1] * 8 + [2] * 4), seq([1] * 8 + [3] * 4, 1)
+    for s in (first, second):  # both allocate before either computes: no hit
+        assert bm.ensure_blocks(s, s.num_tokens)
+    for s in (first, second):
+        s.num_computed_tokens = s.num_tokens
+        bm.cache_full_blocks(s)
+    assert bm.num_cached_blocks == 4  # [1]*4, [1]*4, then [2]*4 and [3]*4
+    bm.release(first)
+    bm.take_events()
+    other = seq([5] * 24, 2)
+    assert bm.ensure_blocks(other, 24)  # the 3 free blocks, then first's 3, tail first
+    events = bm.take_events()
+    second_tail = prompt_block_hashes(second.token_ids, BS)[2]
+    removed = [h for e in events if e.kind == "removed" for h in e.block_hashes]
+    first_hashes = prompt_block_hashes(first.token_ids, BS)
+    # Leaves first: second's block before the block it extends.
+    assert removed == [first_hashes[2], second_tail, first_hashes[1], first_hashes[0]]
+    assert not bm.is_cached(second_tail)  # it extended the evicted prefix: gone too
+    assert cached_run(bm, second.token_ids) == 0
+    bm.check_invariants()
+    bm.release(second)  # its blocks are unregistered: plain free space
+    bm.check_invariants()
+    assert bm.num_free_blocks == 3 and bm.num_cached_blocks == 0

@@ -34,14 +34,29 @@ def publisher(url: str, worker: str, ttl: float = 10.0, model: str = "m") -> Pre
 
 
 def test_lookup_counts_each_workers_leading_blocks(redis_url: str) -> None:
-    a, b, c = (publisher(redis_url, w) for w in ("a", "b", "c"))
+    a, b, c, d = (publisher(redis_url, w) for w in ("a", "b", "c", "d"))
     a.publish([stored(HASHES[:5])])
-    b.publish([stored(HASHES[:2]), stored(HASHES[3:])])  # a gap at block 2: only 2 count
+    b.publish([stored(HASHES[:2])])
     c.publish([stored(HASHES[1:])])  # lacks the first block: a later block alone is useless
+    d.publish([stored(HASHES)])
     index = PrefixIndex(redis_url, "m", BS)
-    assert index.lookup(HASHES) == {"a": 5, "b": 2}
-    assert index.lookup(HASHES[:1]) == {"a": 1, "b": 1}
+    assert index.lookup(HASHES) == {"a": 5, "b": 2, "d": 8}
+    for n in range(1, len(HASHES) + 1):  # every prompt length, odd ones too
+        expected = {w: min(n, held) for w, held in (("a", 5), ("b", 2), ("d", 8))}
+        assert index.lookup(HASHES[:n]) == expected
     assert index.lookup([]) == {}
+
+
+def test_a_gap_left_by_lost_entries_counts_between_the_gap_and_the_last_block(
+    redis_url: str,
+) -> None:
+    """A worker's own entries never have a gap (the block manager caches a block only while
+    its parent is cached); one can appear only when Redis loses an entry (say, a key evicted
+    under maxmemory). The worker still holds those blocks, so any count from the gap to its
+    last block is an estimate the engine corrects, and the lookup answers one of them."""
+    publisher(redis_url, "a").publish([stored(HASHES)])
+    redis.Redis.from_url(redis_url).delete(PrefixIndex(redis_url, "m", BS).keys.block(HASHES[3]))
+    assert 3 <= PrefixIndex(redis_url, "m", BS).lookup(HASHES)["a"] <= 8
 
 
 def test_chained_hashes_diverge_with_the_prompt(redis_url: str) -> None:
@@ -55,7 +70,7 @@ def test_chained_hashes_diverge_with_the_prompt(redis_url: str) -> None:
 def test_removed_blocks_stop_counting(redis_url: str) -> None:
     a = publisher(redis_url, "a")
     a.publish([stored(HASHES)])
-    a.publish([removed(HASHES[2:3])])
+    a.publish([removed(HASHES[:1:-1])])  # evicted as the block manager does: leaves first
     index = PrefixIndex(redis_url, "m", BS)
     assert index.lookup(HASHES) == {"a": 2}
     a.publish([removed(HASHES[:1]), stored(HASHES[:1])])  # order within a batch is kept
@@ -97,21 +112,23 @@ def test_lookup_sends_one_key_whatever_the_prompt_length(redis_url: str) -> None
 
 
 def test_prefix_shared_by_many_workers_counts_each_exactly(redis_url: str) -> None:
-    """A system prompt held by many workers: blocks whose holders equal the previous block's
-    take the fast path, and every difference (a gap, a stale epoch, another insertion order, a
+    """A system prompt held by many workers: blocks whose holders equal block lo's take the
+    fast path, and every difference (fewer blocks, a stale epoch, another insertion order, a
     dead worker) is still seen per worker."""
     long_prompt = list(range(100, 100 + 48 * BS))
     hashes = prompt_block_hashes(long_prompt, BS)
     workers = {f"w{i}": publisher(redis_url, f"w{i}") for i in range(20)}
     for pub in workers.values():
         pub.publish([stored(hashes[:32])])
-    workers["w3"].publish([removed(hashes[10:11])])  # a gap: blocks after it do not count
+    workers["w3"].publish([removed(hashes[31:9:-1])])  # evicted down to 10 blocks
     workers["w4"].publish([stored(hashes[32:])])  # the whole prompt
     workers["w5"].publish([removed(hashes[20:21]), stored(hashes[20:21])])  # moved to the end
+    workers["w8"].publish([removed(hashes[31:0:-1])])  # only the first block is left
     client = redis.Redis.from_url(redis_url)
-    client.hset(workers["w6"].keys.block(hashes[25]), "w6", str(workers["w6"].epoch - 1))
+    for h in hashes[25:32]:  # left by an older epoch of w6, which holds only 25 blocks now
+        client.hset(workers["w6"].keys.block(h), "w6", str(workers["w6"].epoch - 1))
     index = PrefixIndex(redis_url, "m", BS)
-    expected = {w: 32 for w in workers} | {"w3": 10, "w4": 48, "w6": 25}
+    expected = {w: 32 for w in workers} | {"w3": 10, "w4": 48, "w6": 25, "w8": 1}
     assert index.lookup(hashes) == expected
     client.delete(workers["w7"].keys.heartbeat("w7"))  # as when its heartbeat lapses
     del expected["w7"]
