@@ -60,14 +60,16 @@ for j = 1, #first, 2 do
   beats[#beats + 1] = ARGV[2] .. first[j]
 end
 local live = redis.call('MGET', unpack(beats))
-local epoch, active = {}, {}
+-- Workers are sets, {name = true}, with their size passed beside them.
+local epoch, active, n = {}, {}, 0
 for i = 1, #names do
   if live[i] == first[2 * i] then
     epoch[names[i]] = live[i]
-    active[#active + 1] = names[i]
+    active[names[i]] = true
+    n = n + 1
   end
 end
-if #active == 0 then return '{}' end
+if n == 0 then return '{}' end
 local rest = ARGV[3]
 local blocks = #rest / HASH_WIDTH + 1
 local function key(i)
@@ -83,42 +85,54 @@ local function image(i)
   end
   return v
 end
-local function split(i, workers)
-  local k, held = key(i), {}
-  if #workers <= 8 then
-    local values = redis.call('HMGET', k, unpack(workers))
-    for j = 1, #workers do held[workers[j]] = values[j] end
+-- Moves the workers of `set` holding block i into a new set, returned with its size: the cost
+-- is the block's entries, not the set's size (a system prompt's 150 holders are split again
+-- at every level of the bisection, by blocks that only a conversation's 1-3 holders hold).
+local function split(i, set, size)
+  local k, held, moved = key(i), {}, 0
+  if size <= 8 then
+    local ask = {}
+    for w in pairs(set) do ask[#ask + 1] = w end
+    local values = redis.call('HMGET', k, unpack(ask))
+    for j = 1, #ask do
+      if values[j] then
+        held[#held + 1] = ask[j]
+        held[#held + 1] = values[j]
+      end
+    end
   else
-    local flat = redis.call('HGETALL', k)
-    for j = 1, #flat, 2 do held[flat[j]] = flat[j + 1] end
+    held = redis.call('HGETALL', k)
   end
-  local yes, no = {}, {}
-  for j = 1, #workers do
-    local w = workers[j]
-    if held[w] == epoch[w] then yes[#yes + 1] = w else no[#no + 1] = w end
+  local yes = {}
+  for j = 1, #held, 2 do
+    local w = held[j]
+    if set[w] and held[j + 1] == epoch[w] then
+      yes[w], set[w], moved = true, nil, moved + 1
+    end
   end
-  return yes, no
+  return yes, moved
 end
 local count = {}
-local function search(lo, hi, workers)
-  if #workers == 0 then return end
+-- Every worker of `set` holds block lo and not block hi.
+local function search(lo, hi, set, size)
+  if size == 0 then return end
   if hi - lo == 1 then
-    for j = 1, #workers do count[workers[j]] = hi end
+    for w in pairs(set) do count[w] = hi end
     return
   end
   local mid = math.floor((lo + hi) / 2)
   local seen = image(mid)
-  if seen and seen == image(lo) then return search(mid, hi, workers) end
-  local yes, no = split(mid, workers)
-  search(mid, hi, yes)
-  search(lo, mid, no)
+  if seen and seen == image(lo) then return search(mid, hi, set, size) end
+  local yes, moved = split(mid, set, size)
+  search(mid, hi, yes, moved)
+  search(lo, mid, set, size - moved)
 end
 if blocks == 1 then
-  search(0, 1, active)
+  search(0, 1, active, n)
 else
-  local whole, rest_of = split(blocks - 1, active)
-  for j = 1, #whole do count[whole[j]] = blocks end
-  search(0, blocks - 1, rest_of)
+  local whole, moved = split(blocks - 1, active, n)
+  for w in pairs(whole) do count[w] = blocks end
+  search(0, blocks - 1, active, n - moved)
 end
 return cjson.encode(count)
 """.replace("HASH_WIDTH", str(HASH_WIDTH))
