@@ -9,7 +9,10 @@
   weight from 4 rows).
 - `attention_op.py` — paged attention as one opaque torch op, for compiled decode graphs.
 - `native_attention.py` — the CPU decode-attention kernel (`csrc/paged_decode_attention.cpp`)
-  that reads the KV blocks in place, built on first use.
+  that reads the KV blocks in place, and the build (on first use) of the C++ library it shares
+  with the fused ops.
+- `native_ops.py` — fused CPU ops of a layer's small steps (`csrc/fused_ops.cpp`): RMSNorm
+  with the residual add, SiLU * up, RoPE with the K/V store.
 - `loader.py` — Hugging Face directory (config.json + safetensors) -> model.
 - `presets.py` — sizes of the random-weight models (tiny, small).
 - `builtin.py` — `make_model(dir, preset, seed)`, `default_model_dir()`.

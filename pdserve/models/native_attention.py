@@ -1,5 +1,6 @@
 """The CPU decode-attention kernel that reads the paged KV cache in place (csrc/
-paged_decode_attention.cpp), built on first use.
+paged_decode_attention.cpp), and the build of the `pdserve_native` library it lives in, with
+the fused small ops of native_ops.py (csrc/fused_ops.cpp).
 
 Plain torch has no op that attends over a block table: `attention.paged_attention` gathers every
 sequence's whole context out of the pool each layer, and SDPA copies it once more. This kernel
@@ -7,12 +8,13 @@ walks each sequence's blocks where they lie (BENCHMARKS.md, issue 19: the gather
 a quarter of a batch-32 decode step on CPU). It serves decode rows (one query per sequence);
 prefill chunks, drafts and GPUs keep the torch path.
 
-torch's C++ extension loader compiles it once per machine (about 25 s with g++ on 2 cores) into
-a folder of TORCH_EXTENSIONS_DIR (default ~/.cache/torch_extensions) named by a hash of the
-source, flags, torch version and CPU capability (the build targets the CPU it runs on,
+torch's C++ extension loader compiles the library once per machine (about 40 s with g++ on 2
+cores) into a folder of TORCH_EXTENSIONS_DIR (default ~/.cache/torch_extensions) named by a hash
+of the sources, flags, torch version and CPU capability (the build targets the CPU it runs on,
 -march=native); concurrent first builds wait on the loader's lock, and later processes load
-the library directly. When it cannot be built
-(no compiler, no ninja) or `PDSERVE_NATIVE_ATTENTION=0`, the torch path runs, after one warning.
+the library directly. When it cannot be built (no compiler, no ninja) or
+`PDSERVE_NATIVE_ATTENTION=0`, the torch path runs, after one warning: that switch turns off the
+kernel and the fused ops together.
 """
 
 from __future__ import annotations
@@ -27,21 +29,24 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).parent / "csrc" / "paged_decode_attention.cpp"
+CSRC = Path(__file__).parent / "csrc"
+SOURCES = [CSRC / "paged_decode_attention.cpp", CSRC / "fused_ops.cpp"]
 # -fopenmp: at::parallel_for's OpenMP loop (the build links torch's own libgomp); -ffast-math
 # lets the dot products and exp vectorize (a rounding-level difference from SDPA's order).
 CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp"]
 DISABLE_ENV = "PDSERVE_NATIVE_ATTENTION"
-NAME = "pdserve_paged_decode"
+NAME = "pdserve_native"
 
 
 def _build_directory() -> Path:
     """Where the build lives: TORCH_EXTENSIONS_DIR (default ~/.cache/torch_extensions), in a
-    folder named by everything the binary depends on (the source, the flags, torch's version
+    folder named by everything the binary depends on (the sources, the flags, torch's version
     and the CPU capability it was built for), so a changed source or another CPU gets its own
     build and an existing one is always current."""
     capability = torch.backends.cpu.get_cpu_capability()
-    key = "\0".join([SOURCE.read_text(), *CFLAGS, torch.__version__, capability])
+    key = "\0".join(
+        [*(source.read_text() for source in SOURCES), *CFLAGS, torch.__version__, capability]
+    )
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions"
     return Path(root) / f"{NAME}-{capability.lower()}-{digest}"
@@ -49,11 +54,13 @@ def _build_directory() -> Path:
 
 @functools.cache
 def enabled() -> bool:
-    """Whether decode attention on CPU goes through the kernel: not switched off by
-    PDSERVE_NATIVE_ATTENTION=0, and built here (on the first call: loaded from the cache or
+    """Whether decode attention on CPU goes through the kernel (and the fused ops of
+    native_ops.py are there): not switched off by PDSERVE_NATIVE_ATTENTION=0, and built here (on the first call: loaded from the cache or
     compiled)."""
     if os.environ.get(DISABLE_ENV, "1") == "0":
-        log.info("%s=0: decode attention gathers the KV blocks (plain torch)", DISABLE_ENV)
+        log.info(
+            "%s=0: decode attention gathers the KV blocks, no fused ops (plain torch)", DISABLE_ENV
+        )
         return False
     build_dir = _build_directory()
     library = build_dir / f"{NAME}.so"
@@ -70,7 +77,7 @@ def enabled() -> bool:
             build_dir.mkdir(parents=True, exist_ok=True)
             cpp_extension.load(
                 NAME,
-                [str(SOURCE)],
+                [str(source) for source in SOURCES],
                 extra_cflags=CFLAGS,
                 build_directory=str(build_dir),
                 is_python_module=False,
@@ -79,8 +86,8 @@ def enabled() -> bool:
         return True
     except Exception as exc:  # no compiler or ninja, a failed build: the torch path still works
         log.warning(
-            "the CPU decode-attention kernel could not be built (%s); decode attention gathers "
-            "the KV blocks instead (slower)",
+            "the CPU decode-attention kernel and fused ops could not be built (%s); decode "
+            "attention gathers the KV blocks and the layers run plain torch ops instead (slower)",
             str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__,
         )
         return False
