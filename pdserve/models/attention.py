@@ -98,12 +98,31 @@ def paged_attention(
     layer_cache: torch.Tensor,  # [2, num_blocks, block_size, KV, D], this layer's K and V
     ctx: AttentionContext,
 ) -> torch.Tensor:  # [T, H * D]
-    num_kv_heads, head_dim = k.shape[1], k.shape[2]
     # Store first, so a sequence's new tokens see themselves through the same gather.
-    flat = layer_cache.view(2, -1, num_kv_heads, head_dim)
-    flat[0].index_copy_(0, ctx.slot_mapping, k)
-    flat[1].index_copy_(0, ctx.slot_mapping, v)
+    store_kv(k, v, layer_cache, ctx.slot_mapping)
+    return attend_stored(q, layer_cache, ctx)
 
+
+def store_kv(
+    k: torch.Tensor,  # [T, KV, D] (rope applied)
+    v: torch.Tensor,  # [T, KV, D]
+    layer_cache: torch.Tensor,  # [2, num_blocks, block_size, KV, D]
+    slot_mapping: torch.Tensor,  # [T] int64
+) -> None:
+    """Writes each new token's key and value into its slot of the layer cache."""
+    flat = layer_cache.view(2, -1, k.shape[1], k.shape[2])
+    flat[0].index_copy_(0, slot_mapping, k)
+    flat[1].index_copy_(0, slot_mapping, v)
+
+
+def attend_stored(
+    q: torch.Tensor,  # [T, H, D] (rope applied)
+    layer_cache: torch.Tensor,  # [2, num_blocks, block_size, KV, D], the step's K/V stored
+    ctx: AttentionContext,
+) -> torch.Tensor:  # [T, H * D]
+    """`paged_attention` once the step's keys and values are in the cache (`store_kv`, or
+    native_ops.rope_store_kv on CPU)."""
+    head_dim = layer_cache.shape[-1]
     if ctx.groups is not None:
         out = q.new_empty(q.shape[0], q.shape[1] * head_dim)
         for g in ctx.groups:

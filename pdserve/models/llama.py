@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pdserve.models.attention import AttentionContext, paged_attention
+from pdserve.models import native_ops
+from pdserve.models.attention import AttentionContext, attend_stored, paged_attention
 from pdserve.models.attention_op import compiled_paged_attention
 from pdserve.models.linear import Linear
 from pdserve.models.rope import rope_tables
@@ -104,6 +105,22 @@ class Attention(nn.Module):
         attend = compiled_paged_attention if torch.compiler.is_compiling() else paged_attention
         return self.o_proj(attend(q, k, v, layer_cache, ctx))
 
+    def forward_fused(
+        self,
+        x: torch.Tensor,  # [T, hidden]
+        positions: torch.Tensor,  # [T] int64
+        rope: tuple[torch.Tensor, torch.Tensor],  # the model's float32 rope_cos, rope_sin_signed
+        layer_cache: torch.Tensor,
+        ctx: AttentionContext,
+    ) -> torch.Tensor:  # [T, hidden]
+        """`forward` through the fused CPU ops (native_ops.applies): RoPE of q and k and the
+        store of k and v in one op."""
+        qkv = self.qkv_proj(x)
+        q = native_ops.rope_store_kv(
+            qkv, positions, *rope, layer_cache, ctx.slot_mapping, self.num_heads
+        )
+        return self.o_proj(attend_stored(q, layer_cache, ctx))
+
 
 class MLP(nn.Module):
     def __init__(self, config: LlamaConfig) -> None:
@@ -112,10 +129,18 @@ class MLP(nn.Module):
         self.gate_up_proj = Linear(hidden, 2 * inner, bias=bias)
         self.down_proj = Linear(inner, hidden, bias=bias)
         self.act = ACTIVATIONS[config.hidden_act]
+        self.silu = self.act is F.silu
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         return self.down_proj(self.act(gate) * up)
+
+    def forward_fused(self, x: torch.Tensor) -> torch.Tensor:
+        """`forward` through the fused CPU ops (native_ops.applies): SiLU and the product in
+        one op; other activations as `forward`."""
+        if not self.silu:
+            return self.forward(x)
+        return self.down_proj(native_ops.silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -129,6 +154,26 @@ class DecoderLayer(nn.Module):
     def forward(self, x, cos, sin, layer_cache, ctx) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, layer_cache, ctx)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+    def forward_fused(
+        self,
+        x: torch.Tensor,  # [T, hidden], the residual stream
+        h: torch.Tensor,  # input_layernorm(x), fused into the previous layer's last add
+        next_norm: RMSNorm | None,  # the next layer's input norm; None after the last layer
+        positions: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        layer_cache: torch.Tensor,
+        ctx: AttentionContext,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`forward` through the fused CPU ops (native_ops.applies), each residual add fused
+        with the norm after it: returns the new x and next_norm(x) (None without next_norm)."""
+        delta = self.self_attn.forward_fused(h, positions, rope, layer_cache, ctx)
+        norm = self.post_attention_layernorm
+        x, h = native_ops.add_rms_norm(x, delta, norm.weight, norm.eps)
+        delta = self.mlp.forward_fused(h)
+        if next_norm is None:
+            return x + delta, None
+        return native_ops.add_rms_norm(x, delta, next_norm.weight, next_norm.eps)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -180,6 +225,8 @@ class LlamaForCausalLM(nn.Module):
 
     def _run(self, input_ids, positions, kv_cache, ctx, rows, keep: frozenset[int]):
         x = self.embed_tokens(input_ids)
+        if self._fuses(x):
+            return self._run_fused(x, positions, kv_cache, ctx, rows, keep)
         cos = self.rope_cos[positions].to(x.dtype).unsqueeze(1)
         sin = self.rope_sin_signed[positions].to(x.dtype).unsqueeze(1)
         kept = [x.index_select(0, rows)] if 0 in keep else []
@@ -189,5 +236,32 @@ class LlamaForCausalLM(nn.Module):
                 kept.append(x.index_select(0, rows))
         return x, kept
 
+    def _fuses(self, x: torch.Tensor) -> bool:
+        """Whether this pass takes the fused CPU ops (native_ops.applies), which take the
+        norms' weights in the activations' dtype and the RoPE tables in float32."""
+        return (
+            native_ops.applies(x)
+            and self.norm.weight.dtype == x.dtype
+            and self.rope_cos.dtype == torch.float32
+        )
+
+    def _run_fused(self, x, positions, kv_cache, ctx, rows, keep: frozenset[int]):
+        """`_run` through the fused CPU ops: each layer's residual adds fused with the norms
+        after them, RoPE with the K/V store, SiLU with the product (DecoderLayer.forward_fused)."""
+        rope = (self.rope_cos, self.rope_sin_signed)
+        layers = self.layers
+        kept = [x.index_select(0, rows)] if 0 in keep else []
+        first = layers[0].input_layernorm
+        h = native_ops.rms_norm(x, first.weight, first.eps)
+        for i, layer in enumerate(layers):
+            next_norm = layers[i + 1].input_layernorm if i + 1 < len(layers) else None
+            x, h = layer.forward_fused(x, h, next_norm, positions, rope, kv_cache[i], ctx)
+            if i + 1 in keep:
+                kept.append(x.index_select(0, rows))
+        return x, kept
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [..., hidden] -> [..., vocab]
+        if native_ops.applies(hidden) and self.norm.weight.dtype == hidden.dtype:
+            normed = native_ops.rms_norm(hidden, self.norm.weight, self.norm.eps)
+            return self.lm_head(normed).float()
         return self.lm_head(self.norm(hidden)).float()
