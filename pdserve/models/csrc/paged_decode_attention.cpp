@@ -24,24 +24,18 @@
 
 namespace {
 
-// A row of the cache as float32: the row itself when the cache is float32, else converted
-// into `buffer`.
+// Element i of a cache row as float32. A bfloat16 is the top half of a float32: written as the
+// shift, the loops that read the cache vectorize (through BFloat16's conversion operator they
+// do not), so keys and values are converted as they are used, never copied out.
 template <typename T>
-inline const float* as_float(const T* row, float* buffer, int64_t n) {
-  if constexpr (std::is_same_v<T, float>) {
-    return row;
-  } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    // A bfloat16 is the top half of a float32: written as the shift, the loop vectorizes
-    // (through BFloat16's conversion operator it does not).
-    const uint16_t* bits = reinterpret_cast<const uint16_t*>(row);
-    for (int64_t i = 0; i < n; ++i) {
-      const uint32_t word = static_cast<uint32_t>(bits[i]) << 16;
-      std::memcpy(buffer + i, &word, sizeof(float));
-    }
-    return buffer;
+inline float load(const T* row, int64_t i) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    const uint32_t word = static_cast<uint32_t>(reinterpret_cast<const uint16_t*>(row)[i]) << 16;
+    float f;
+    std::memcpy(&f, &word, sizeof(float));
+    return f;
   } else {
-    for (int64_t i = 0; i < n; ++i) buffer[i] = static_cast<float>(row[i]);
-    return buffer;
+    return static_cast<float>(row[i]);
   }
 }
 
@@ -60,7 +54,7 @@ void attend(const T* q, const T* cache, const int64_t* block_tables, const int64
   const int64_t per_split = (kv_heads + splits - 1) / splits;
   at::parallel_for(0, batch * splits, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> queries(per_split * group * dim), acc(per_split * group * dim);
-    std::vector<float> row(per_split * dim), probs;
+    std::vector<float> probs;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / splits;
       const int64_t h0 = (task % splits) * per_split;
@@ -71,18 +65,18 @@ void attend(const T* q, const T* cache, const int64_t* block_tables, const int64
       const int64_t* table = block_tables + b * max_blocks;
       probs.resize(rows * len);
       const T* qb = q + (b * heads + h0 * group) * dim;
-      for (int64_t i = 0; i < rows * dim; ++i) queries[i] = static_cast<float>(qb[i]) * scale;
+      for (int64_t i = 0; i < rows * dim; ++i) queries[i] = load(qb, i) * scale;
       // Scores, block by block: each token's keys of these heads are one run of nh * dim.
       for (int64_t start = 0, j = 0; start < len; start += block_size, ++j) {
         const T* keys = cache + (table[j] * block_size * kv_heads + h0) * dim;
         const int64_t n = std::min(block_size, len - start);
         for (int64_t off = 0; off < n; ++off) {
-          const float* k = as_float(keys + off * row_stride, row.data(), nh * dim);
+          const T* k = keys + off * row_stride;
           for (int64_t r = 0; r < rows; ++r) {
             const float* qr = queries.data() + r * dim;
-            const float* kr = k + (r / group) * dim;
+            const T* kr = k + (r / group) * dim;
             float dot = 0.f;
-            for (int64_t d = 0; d < dim; ++d) dot += qr[d] * kr[d];
+            for (int64_t d = 0; d < dim; ++d) dot += qr[d] * load(kr, d);
             probs[r * len + start + off] = dot;
           }
         }
@@ -104,12 +98,12 @@ void attend(const T* q, const T* cache, const int64_t* block_tables, const int64
         const T* values = cache + value_offset + (table[j] * block_size * kv_heads + h0) * dim;
         const int64_t n = std::min(block_size, len - start);
         for (int64_t off = 0; off < n; ++off) {
-          const float* v = as_float(values + off * row_stride, row.data(), nh * dim);
+          const T* v = values + off * row_stride;
           for (int64_t r = 0; r < rows; ++r) {
             const float w = probs[r * len + start + off];
-            const float* vr = v + (r / group) * dim;
+            const T* vr = v + (r / group) * dim;
             float* a = acc.data() + r * dim;
-            for (int64_t d = 0; d < dim; ++d) a[d] += w * vr[d];
+            for (int64_t d = 0; d < dim; ++d) a[d] += w * load(vr, d);
           }
         }
       }
