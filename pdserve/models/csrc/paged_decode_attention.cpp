@@ -39,6 +39,15 @@ inline float load(const T* row, int64_t i) {
   }
 }
 
+// Asks for the cache lines of a row of n elements (a hint: no fault, no wait).
+template <typename T>
+inline void prefetch_row(const T* row, int64_t n) {
+  const char* bytes = reinterpret_cast<const char*>(row);
+  for (int64_t i = 0; i < n * static_cast<int64_t>(sizeof(T)); i += 64) {
+    __builtin_prefetch(bytes + i);
+  }
+}
+
 template <typename T>
 void attend(const T* q, const T* cache, const int64_t* block_tables, const int64_t* context_lens,
             T* out, int64_t batch, int64_t heads, int64_t kv_heads, int64_t dim,
@@ -67,11 +76,17 @@ void attend(const T* q, const T* cache, const int64_t* block_tables, const int64
       const T* qb = q + (b * heads + h0 * group) * dim;
       for (int64_t i = 0; i < rows * dim; ++i) queries[i] = load(qb, i) * scale;
       // Scores, block by block: each token's keys of these heads are one run of nh * dim.
+      // Blocks lie anywhere in the pool, where the hardware prefetcher does not follow: each
+      // token's value row and the next block's key row are prefetched while its keys are read.
       for (int64_t start = 0, j = 0; start < len; start += block_size, ++j) {
         const T* keys = cache + (table[j] * block_size * kv_heads + h0) * dim;
+        const T* next_keys = start + block_size < len
+            ? cache + (table[j + 1] * block_size * kv_heads + h0) * dim : nullptr;
         const int64_t n = std::min(block_size, len - start);
         for (int64_t off = 0; off < n; ++off) {
           const T* k = keys + off * row_stride;
+          prefetch_row(k + value_offset, nh * dim);
+          if (next_keys != nullptr) prefetch_row(next_keys + off * row_stride, nh * dim);
           for (int64_t r = 0; r < rows; ++r) {
             const float* qr = queries.data() + r * dim;
             const T* kr = k + (r / group) * dim;
