@@ -4,6 +4,11 @@ Numerics follow transformers' LlamaForCausalLM: RMSNorm and RoPE tables in float
 RoPE, a gated MLP (SwiGLU with the default `hidden_act`). q/k/v and gate/up projections are fused
 into one matmul each (the loader concatenates the checkpoint's separate weights) because fewer,
 larger matmuls are faster.
+
+Eager CPU inference runs the layers' small steps through fused C++ ops instead (native_ops.py,
+the `forward_fused` methods): each residual add with the norm after it, RoPE with the K/V store,
+SiLU with the product; they round where the torch formulas round. Compiled graphs, GPUs and
+autograd take the torch formulas.
 """
 
 from __future__ import annotations
