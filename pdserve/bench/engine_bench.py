@@ -163,7 +163,10 @@ def run(args: argparse.Namespace) -> int:
             dtype=args.dtype,
             device=args.device,
             compile=args.compile,
-        )
+        ),
+        # As the serving workers run it (pdserve/worker/worker_runtime.py): token ids out, the
+        # router decodes the text; transformers' generate returns token ids too.
+        emit_text=False,
     )
     recorder = engine.executor = StepRecorder(engine.executor)
     hf = (
