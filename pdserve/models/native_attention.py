@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = [CSRC / "paged_decode_attention.cpp", CSRC / "fused_ops.cpp"]
+HEADERS = [CSRC / "float_io.h"]  # included by the sources: part of what a build depends on
 # -fopenmp: at::parallel_for's OpenMP loop (the build links torch's own libgomp); -ffast-math
 # lets the dot products and exp vectorize (a rounding-level difference from SDPA's order).
 CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp"]
@@ -45,7 +46,7 @@ def _build_directory() -> Path:
     build and an existing one is always current."""
     capability = torch.backends.cpu.get_cpu_capability()
     key = "\0".join(
-        [*(source.read_text() for source in SOURCES), *CFLAGS, torch.__version__, capability]
+        [*(f.read_text() for f in (*SOURCES, *HEADERS)), *CFLAGS, torch.__version__, capability]
     )
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions"

@@ -18,54 +18,20 @@
 
 #include <ATen/Parallel.h>
 
+#include "float_io.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <tuple>
-#include <type_traits>
 #include <vector>
 
 namespace {
 
-template <typename T>
-inline float load(const T* p, int64_t i) {
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    const uint32_t word = static_cast<uint32_t>(reinterpret_cast<const uint16_t*>(p)[i]) << 16;
-    float f;
-    std::memcpy(&f, &word, sizeof(float));
-    return f;
-  } else {
-    return static_cast<float>(p[i]);
-  }
-}
-
-template <typename T>
-inline void store(T* p, int64_t i, float f) {
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    // Round to nearest even, as c10::BFloat16 does; NaN stays a (quiet) NaN. Integer tests
-    // only: -ffast-math drops float NaN checks.
-    uint32_t word;
-    std::memcpy(&word, &f, sizeof(float));
-    const uint32_t rounded = (word + 0x7FFFu + ((word >> 16) & 1u)) >> 16;
-    reinterpret_cast<uint16_t*>(p)[i] = static_cast<uint16_t>(
-        (word & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC0u : rounded);
-  } else {
-    p[i] = static_cast<T>(f);
-  }
-}
-
-// f rounded to T and back: what a torch op of dtype T leaves of an intermediate.
-template <typename T>
-inline float round_to(float f) {
-  if constexpr (std::is_same_v<T, float>) {
-    return f;
-  } else {
-    T t[1];
-    store(t, 0, f);
-    return load(t, 0);
-  }
-}
+using pdserve_native::load;
+using pdserve_native::round_to;
+using pdserve_native::store;
 
 // Rows per at::parallel_for task: below about 16K elements a row range runs on the calling
 // thread (at::parallel_for runs a range no longer than the grain inline), where waking the

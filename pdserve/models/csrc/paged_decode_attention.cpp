@@ -15,29 +15,16 @@
 
 #include <ATen/Parallel.h>
 
+#include "float_io.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
-#include <type_traits>
 #include <vector>
 
 namespace {
 
-// Element i of a cache row as float32. A bfloat16 is the top half of a float32: written as the
-// shift, the loops that read the cache vectorize (through BFloat16's conversion operator they
-// do not), so keys and values are converted as they are used, never copied out.
-template <typename T>
-inline float load(const T* row, int64_t i) {
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    const uint32_t word = static_cast<uint32_t>(reinterpret_cast<const uint16_t*>(row)[i]) << 16;
-    float f;
-    std::memcpy(&f, &word, sizeof(float));
-    return f;
-  } else {
-    return static_cast<float>(row[i]);
-  }
-}
+using pdserve_native::load;
 
 // Asks for the cache lines of a row of n elements (a hint: no fault, no wait).
 template <typename T>
