@@ -27,7 +27,6 @@ from typing import TypeVar
 
 from opentelemetry.trace import Span
 
-from kv_transfer.base import KVTransferError
 from pdserve.core.messages import PrefillResult, TokenBatch, WorkRequest
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.telemetry import carrier_of
@@ -91,7 +90,6 @@ class RequestFlow:
         choices = ChoiceOutputs(self._tokenizer, prompt_ids, sampling)
         units = [list(range(sampling.n))]  # the choices of each work still to run
         excluded: set[str] = set()
-        senders_failed: set[str] = set()  # prefill workers whose push failed once already
         failures, room_waits = 0, 0
         waiting_for_room_since: float | None = None
         while True:
@@ -143,12 +141,6 @@ class RequestFlow:
                 if route is None:  # routing itself broke: a bug, not a worker failure
                     raise
                 failed = exc.worker_id if isinstance(exc, _WorkerFailed) else route.decode_worker
-                if isinstance(exc, _TransferFailed) and failed not in senders_failed:
-                    # The sender answered: it is alive and computed the prompt, and its push
-                    # into the receiver failed (a receiver that died or restarted mid-push). So
-                    # the receiver is the suspect; the sender is, at its second failed push.
-                    senders_failed.add(failed)
-                    failed = exc.receiver
                 excluded.add(failed)
                 failures += 1
                 log.warning(
@@ -252,8 +244,6 @@ class RequestFlow:
             raise _WorkerFailed(route.prefill_worker, "prefill ended without a result") from exc
         except _WorkerFailed as exc:
             observability.transfer_failed(exc)
-            if isinstance(exc.__cause__, KVTransferError):  # the worker reported its push failed
-                raise _TransferFailed(exc, route.decode_worker) from exc.__cause__
             raise
 
     async def _guarded(
@@ -323,16 +313,6 @@ class _WorkerFailed(RuntimeError):
     def __init__(self, worker_id: str, message: str) -> None:
         super().__init__(f"{worker_id}: {message}")
         self.worker_id = worker_id
-
-
-class _TransferFailed(_WorkerFailed):
-    """The prefill worker reported that its push or commit into `receiver` failed."""
-
-    def __init__(self, failure: _WorkerFailed, receiver: str) -> None:
-        super().__init__(
-            failure.worker_id, f"KV transfer to {receiver} failed: {failure.__cause__}"
-        )
-        self.receiver = receiver
 
 
 class _NoRoom(RuntimeError):

@@ -189,26 +189,6 @@ def test_text_held_back_when_the_worker_died_is_sent_after_the_retry(tokenizer) 
     assert text_of(batches) == tokenizer.decode(outputs) == "a界b"
 
 
-def test_a_failed_push_blames_the_receiver_and_the_retry_keeps_the_prefill_worker(
-    tokenizer,
-) -> None:
-    # decode-0's KV endpoint fails the push (it restarted after reserving): the prefill worker
-    # answered and is kept, the retry goes to prefill-0 -> decode-1. Blaming the sender, as
-    # before, left no prefill worker for a retry and could send it to the broken receiver.
-    async def scenario():
-        c = await cluster(tokenizer, script_after_prompt(LETTERS))
-        c.decode["decode-0"].refuse_pushes = True
-        batches, progress = await c.generate(greedy(8))
-        await c.pool.stop()
-        return c, batches, progress
-
-    c, batches, progress = run(scenario)
-    assert progress.attempts == 2
-    assert ids_of(batches) == LETTERS
-    assert (progress.prefill_worker, progress.decode_worker) == ("prefill-0", "decode-1")
-    assert c.leaked_blocks() == {}
-
-
 def test_a_stop_string_spanning_the_retry_boundary_stops_the_request(tokenizer) -> None:
     end = tokenizer.encode("END", add_special_tokens=False)
     outputs = [LETTERS[0], end[0], end[1], end[2], LETTERS[1], LETTERS[2]]

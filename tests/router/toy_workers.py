@@ -17,7 +17,6 @@ import struct
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from kv_transfer.base import KVTransferError
 from pdserve.core.messages import (
     KVReservation,
     PrefillResult,
@@ -173,7 +172,6 @@ class ToyDecodeWorker(ToyWorker):
         super().__init__(*args, **kwargs)
         self.batch_tokens = batch_tokens  # tokens per streamed batch (the engine drains steps)
         self.refuse_reservations = False
-        self.refuse_pushes = False  # its KV endpoint fails pushes: restarted since it reserved
         self.reservations = 0
 
     async def reserve(self, work: WorkRequest) -> KVReservation | None:
@@ -270,8 +268,6 @@ class ToyPrefillWorker(ToyWorker):
             if result.finished:
                 return
             receiver = self.decode_workers[reservation.endpoint]
-            if receiver.dead or receiver.refuse_pushes:  # as a transport reports it
-                raise KVTransferError(f"KV endpoint {reservation.endpoint}: UNAVAILABLE")
             await receiver._alive()  # the push is written into the decode worker's process
             receiver.commit(reservation.transfer_id, token)
         finally:
