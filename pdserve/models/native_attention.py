@@ -64,12 +64,14 @@ def enabled() -> bool:
         )
         return False
     build_dir = _build_directory()
-    library = build_dir / f"{NAME}.so"
+    library, built = build_dir / f"{NAME}.so", build_dir / "built"
     try:
-        if library.exists():
+        if built.exists():
             # Built before on this machine: load it as is. torch's loader would take
             # its build lock and run ninja again in every new process, and a process killed
-            # while holding that lock would stall every later start.
+            # while holding that lock would stall every later start. (Not `library.exists()`:
+            # the linker writes the library in place, so a process starting during a build
+            # could find half of it.)
             torch.ops.load_library(str(library))
         else:
             from torch.utils import cpp_extension
@@ -84,6 +86,7 @@ def enabled() -> bool:
                 is_python_module=False,
                 verbose=False,
             )
+            built.touch()  # after the loader returned: the library is whole
         return True
     except Exception as exc:  # no compiler or ninja, a failed build: the torch path still works
         log.warning(

@@ -67,8 +67,11 @@ def test_add_rms_norm_equals_the_add_then_the_norm(dtype, shape):
     expected = weight * F.rms_norm((x + delta).float(), (shape[-1],), eps=1e-6).to(dtype)
     _close(normed, expected)
     # Non-contiguous inputs are read as their values.
-    t_total, t_normed = native_ops.add_rms_norm(x.mT, delta.mT, weight[: shape[-2]], 1e-6)
+    t_weight = weight[: shape[-2]]
+    t_total, t_normed = native_ops.add_rms_norm(x.mT, delta.mT, t_weight, 1e-6)
     assert torch.equal(t_total, x.mT + delta.mT)
+    t_sum = (x.mT + delta.mT).float()
+    _close(t_normed, t_weight * F.rms_norm(t_sum, (shape[-2],), eps=1e-6).to(dtype))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
