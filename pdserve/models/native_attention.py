@@ -56,8 +56,8 @@ def _build_directory() -> Path:
 @functools.cache
 def enabled() -> bool:
     """Whether decode attention on CPU goes through the kernel (and the fused ops of
-    native_ops.py are there): not switched off by PDSERVE_NATIVE_ATTENTION=0, and built here (on the first call: loaded from the cache or
-    compiled)."""
+    native_ops.py are there): not switched off by PDSERVE_NATIVE_ATTENTION=0, and built here
+    (on the first call: loaded from the cache or compiled)."""
     if os.environ.get(DISABLE_ENV, "1") == "0":
         log.info(
             "%s=0: decode attention gathers the KV blocks, no fused ops (plain torch)", DISABLE_ENV

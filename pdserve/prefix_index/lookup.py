@@ -32,16 +32,16 @@ log = logging.getLogger(__name__)
 MAX_QUEUED_WRITES = 10_000
 
 # Counts, for each worker holding the prompt's first block in its live epoch, how many leading
-# blocks it holds. A worker's blocks are prefix-closed (engine/block_manager.py: a block is
-# cached only while its parent is, and evicted after the blocks that extend it), so holding
-# block i means holding blocks 0..i, and each count is found by bisection: `search(lo, hi, workers)` knows that these workers hold block
-# lo and not block hi, reads the block halfway and splits them. A 256-block prompt costs ~2 reads
-# per distinct count and bisection level, not one per block (a system prompt's blocks each hold
-# 150 workers: reading them all was most of a lookup's Redis CPU). A block is first compared
-# whole with block lo (DUMP: a byte image of the hash, made in C): equal images mean the same
-# holders in the same epochs, at O(1) in Lua. Else its entries are read, with HMGET for a few
-# workers, else HGETALL (Redis keeps hashes of up to 128-512 fields as a listpack, where HMGET
-# of F fields scans the list F times). A cold prompt costs one HGETALL.
+# blocks it holds. A worker's blocks are prefix-closed (engine/block_manager.py: a block is cached
+# only while its parent is, and evicted after the blocks that extend it), so holding block i means
+# holding blocks 0..i, and each count is found by bisection: `search(lo, hi, workers)` knows that
+# these workers hold block lo and not block hi, reads the block halfway and splits them. A 256-block
+# prompt costs ~2 reads per distinct count and bisection level, not one per block (a system prompt's
+# blocks each hold 150 workers: reading them all was most of a lookup's Redis CPU). A block is first
+# compared whole with block lo (DUMP: a byte image of the hash, made in C): equal images mean the
+# same holders in the same epochs, at O(1) in Lua. Else its entries are read, with HMGET for a few
+# workers, else HGETALL (Redis keeps hashes of up to 128-512 fields as a listpack, where HMGET of F
+# fields scans the list F times). A cold prompt costs one HGETALL.
 # KEYS[1] = the first block's key; ARGV[1] = block key prefix, ARGV[2] = heartbeat key prefix,
 # ARGV[3] = the hashes of the following blocks, each right-aligned in HASH_WIDTH characters,
 # so block i is read at a fixed offset, without parsing them all. Their keys are built here:
