@@ -94,8 +94,20 @@ def _groups(starts, lens, firsts, tables, num_blocks, block_size, device, in_pla
     are one group, read in place."""
     single = [i for i, n in enumerate(lens) if n == 1]
     multi = [i for i, n in enumerate(lens) if n > 1]
+    groups = []
     if in_place:
-        families, members = [], [single] if single else []
+        families, members = [], []
+        if single:  # read in place: block tables and context lengths, no mask or query index
+            groups.append(
+                AttentionGroup(
+                    query_index=None,
+                    out_rows=torch.tensor([firsts[i] for i in single], device=device),
+                    valid_index=None,
+                    block_tables=_padded_tables(single, tables, num_blocks).to(device),
+                    attn_mask=None,
+                    context_lens=_context_lens(single, starts, device),
+                )
+            )
     else:
         families = shared_prefix_families(single, tables, num_blocks)
         in_family = {i for members, _ in families for i in members}
@@ -103,33 +115,26 @@ def _groups(starts, lens, firsts, tables, num_blocks, block_size, device, in_pla
         members = [[alone[j] for j in g] for g in length_groups([num_blocks[i] for i in alone])]
     if multi:
         members.append(multi)
-    if len(members) == 1 and not families:
+    if len(groups) + len(members) == 1 and not families:
         return None
-    # (padded rows, context lengths when the rows are read in place)
     padded = [
-        (
-            _padded(seqs, starts, lens, firsts, tables, num_blocks, block_size),
-            _context_lens(seqs, starts, device) if in_place and lens[seqs[0]] == 1 else None,
-        )
-        for seqs in members
+        _padded(seqs, starts, lens, firsts, tables, num_blocks, block_size) for seqs in members
     ]
     if families:
         # Pseudo-sequences of similar width together, as plain ones are.
         widths = [shared + sum(num_blocks[i] - shared for i in fam) for fam, shared in families]
         for g in length_groups(widths):
             picked = [families[j] for j in g]
-            family_rows = _shared_prefix(picked, starts, firsts, tables, num_blocks, block_size)
-            padded.append((family_rows, None))
-    return [
+            padded.append(_shared_prefix(picked, starts, firsts, tables, num_blocks, block_size))
+    return groups + [
         AttentionGroup(
             query_index=p.query_index.to(device),
             out_rows=p.query_index.flatten()[p.valid].to(device),
             valid_index=None if p.valid.all() else torch.nonzero(p.valid).squeeze(1).to(device),
             block_tables=p.block_tables.to(device),
             attn_mask=p.attn_mask.to(device),
-            context_lens=context_lens,
         )
-        for p, context_lens in padded
+        for p in padded
     ]
 
 

@@ -38,11 +38,12 @@ class AttentionGroup:
     instead of the whole batch's: Gq = the group's longest query. A row may also be a
     shared-prefix family (its members' queries over the shared blocks and each one's own)."""
 
-    query_index: torch.Tensor  # [G, Gq] int64 packed row per (seq, query); padding repeats
+    # [G, Gq] int64 packed row per (seq, query); padding repeats. None when read in place
+    query_index: torch.Tensor | None
     out_rows: torch.Tensor  # [V] int64 packed row of each valid (seq, query), in [G * Gq] order
     valid_index: torch.Tensor | None  # [V] int64 valid entries of the [G * Gq] layout; None: all
     block_tables: torch.Tensor  # [G, group_max_blocks] int64, padded with block 0
-    attn_mask: torch.Tensor  # [G, 1, Gq, group_max_blocks * block_size] bool
+    attn_mask: torch.Tensor | None  # [G, 1, Gq, group_max_blocks * block_size] bool; None: in place
     # [G] int64, set when the group's rows are plain decode sequences (Gq = 1) read in place by
     # the CPU kernel (models/native_attention.py): row g attends over its first context_lens[g]
     # slots. None: gathered and attended with the mask.

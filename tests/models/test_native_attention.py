@@ -96,6 +96,11 @@ def test_a_step_read_in_place_equals_the_gathered_step(lasts, lens):
         assert [g.out_rows.tolist() for g in read] == (
             [[sum(lens[:i]) for i in decode_rows]] if decode_rows else []
         )
+        # Read in place, they need no mask or query index (nothing would read them).
+        assert all(g.attn_mask is None and g.query_index is None for g in read)
+        assert [g.context_lens.tolist() for g in read] == (
+            [[starts[i] + 1 for i in decode_rows]] if decode_rows else []
+        )
     expected = paged_attention(q, k, v, cache.clone(), gathered)
     torch.testing.assert_close(paged_attention(q, k, v, cache.clone(), in_place), expected)
     assert gathered.context_lens is None
