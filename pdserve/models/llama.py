@@ -67,6 +67,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if native_ops.applies(x) and self.weight.dtype == x.dtype:
+            return native_ops.rms_norm(x, self.weight, self.eps)  # the same formula, one pass
         # Normalized in float32 and cast before the weight, as transformers does; the fused
         # op is one kernel where the written-out formula is six.
         h = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
@@ -256,8 +258,7 @@ class LlamaForCausalLM(nn.Module):
         rope = (self.rope_cos, self.rope_sin_signed)
         layers = self.layers
         kept = [x.index_select(0, rows)] if 0 in keep else []
-        first = layers[0].input_layernorm
-        h = native_ops.rms_norm(x, first.weight, first.eps)
+        h = layers[0].input_layernorm(x)
         for i, layer in enumerate(layers):
             next_norm = layers[i + 1].input_layernorm if i + 1 < len(layers) else None
             x, h = layer.forward_fused(x, h, next_norm, positions, rope, kv_cache[i], ctx)
@@ -266,7 +267,4 @@ class LlamaForCausalLM(nn.Module):
         return x, kept
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [..., hidden] -> [..., vocab]
-        if native_ops.applies(hidden) and self.norm.weight.dtype == hidden.dtype:
-            normed = native_ops.rms_norm(hidden, self.norm.weight, self.norm.eps)
-            return self.lm_head(normed).float()
         return self.lm_head(self.norm(hidden)).float()
