@@ -29,6 +29,7 @@ PRESETS: dict[str, dict] = {
 # Prompt token ids are drawn from [FIRST_TOKEN, LAST_TOKEN]: ids the built-in tokenizer does not
 # reserve (BOS 0, EOS 1) and small enough that Python shares their int objects.
 FIRST_TOKEN, LAST_TOKEN = 2, 256
+SAMPLE_STREAM = 1  # probe_sample's random stream, apart from the workload generator's
 
 
 class WorkloadError(ValueError):
@@ -116,7 +117,10 @@ def probe_sample(requests: list[PlanRequest], size: int, seed: int = 0) -> list[
     """`size` requests of the workload with prompts and unit-rate arrivals, the same for the
     same arguments. A timed trace keeps its first `size` requests and their relative gaps
     (scaled to a mean gap of 1); otherwise a random subset arrives as a Poisson process."""
-    rng = np.random.default_rng(seed)
+    # A stream of its own: a preset workload is generated from `default_rng(seed)`, whose first
+    # permutation places its rag prompts; drawn from the same stream, the sample's permutation
+    # picked exactly those positions (a `mixed` sample was all rag).
+    rng = np.random.default_rng([seed, SAMPLE_STREAM])
     timed = requests[0].arrival is not None
     if timed:
         chosen = sorted(requests, key=lambda r: r.arrival)[:size]

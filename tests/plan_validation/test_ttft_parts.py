@@ -45,9 +45,11 @@ def test_offline_parts_add_up_to_the_ttft_and_the_push_takes_the_link_time(disag
         p = parts[run.record.index]
         assert p["queue"] + p["prefill"] + p["handoff"] == pytest.approx(p["ttft"])
         assert p["client"] == 0.0 and p["handoff"] >= -1e-9 and p["prefill"] > 0.0
-        # every full block of the prompt is pushed (none is cached on the decode worker), then
-        # the commit waits for the decode worker's step in progress, if any
-        link_ms = len(run.probe.prompt) // 16 * bytes_per_block / deployment.link_bytes_per_s * 1e3
+        # every block of the prompt, the partial last one too, is pushed (none is cached on
+        # the decode worker), then the commit waits for the decode worker's step in progress
+        link_ms = (
+            -(-len(run.probe.prompt) // 16) * bytes_per_block / deployment.link_bytes_per_s * 1e3
+        )
         commit_waits.append(p["transfer"] - link_ms)
     assert min(commit_waits) == pytest.approx(0.0, abs=1e-9)  # the first found it idle
     assert all(wait >= -1e-9 for wait in commit_waits) and max(commit_waits) > 0

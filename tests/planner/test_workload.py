@@ -58,3 +58,12 @@ def test_an_untimed_sample_arrives_as_a_poisson_process():
     arrivals = [r.unit_arrival for r in sample]
     assert arrivals == sorted(arrivals)
     assert arrivals[-1] / len(arrivals) == pytest.approx(1.0, rel=0.1)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 7])
+def test_a_sample_of_the_mixed_preset_keeps_its_mix(seed):
+    # The preset places its rag prompts with the first permutation of `default_rng(seed)`; a
+    # sample drawn from that same stream picked exactly those places (it was all rag).
+    sample = probe_sample(load_workload("mixed", 3000, seed), 1000, seed)
+    rag = sum(r.tag == "rag" for r in sample) / len(sample)
+    assert 0.25 <= rag <= 0.35
