@@ -128,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _plan(args: argparse.Namespace):
     from pdserve.config import RouterConfig
+    from pdserve.planner.ceiling import compute_ceiling
     from pdserve.planner.deployment import Deployment
     from pdserve.planner.probe import SLO
     from pdserve.planner.search import Search, all_splits
@@ -203,6 +204,7 @@ def _plan(args: argparse.Namespace):
         "ttft_slo_ms": args.ttft_slo_ms,
         "tpot_slo_ms": args.tpot_slo_ms,
         "attainment": args.attainment,
+        "compute_ceiling": compute_ceiling(deployment, sample, workers),
     }
     return plan, context
 

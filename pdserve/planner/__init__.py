@@ -10,6 +10,7 @@ and router on a virtual clock (no Ray, no sleeping).
 - `cluster.py` — `VirtualCluster`: the workers behind the router's own `Routing`.
 - `probe.py` — `run_probe`: one split at one rate, and whether enough requests met the SLOs.
 - `search.py` — `Search`: goodput of every split by bisection over the rate.
+- `ceiling.py` — `compute_ceiling`: the requests/s a sample's FLOPs allow on every GPU.
 - `report.py` — the plan as a table and as JSON.
 - `online.py` — one window of a live router's traffic and measured costs planned (child process).
 """

@@ -33,6 +33,7 @@ def plan_table(plan: Plan, context: dict[str, Any], top: int) -> str:
             "below the best, goodput bracketed only (--bracket-runners-up; without it they are "
             f"searched within the precision): {', '.join(bracketed)}"
         )
+    lines += _ceiling(plan, c.get("compute_ceiling"), c["gpus"])
     saturated = [r.split.name for r in plan.results if r.saturated]
     if saturated:
         lines.append(
@@ -59,6 +60,23 @@ def _row(result: SplitResult, gpus_per_worker: int) -> str:
         f"{best.ttft.p50:>7.0f}/{best.ttft.p90:<8.0f}  {best.tpot.p50:>7.1f}/{best.tpot.p90:<8.1f}  "
         f"{util:>12}"
     )
+
+
+def _ceiling(plan: Plan, ceiling: float | None, gpus: int) -> list[str]:
+    """The compute ceiling (pdserve/planner/ceiling.py), and the goodputs above it."""
+    if ceiling is None:
+        return []
+    lines = [
+        f"compute ceiling: {ceiling:.2f} req/s (this sample's FLOPs on all {gpus} GPUs at the "
+        "profile's share of peak: no split serves more)"
+    ]
+    above = [r.split.name for r in plan.results if r.goodput > ceiling]
+    if above:
+        lines.append(
+            f"above the ceiling, so not sustainable: {', '.join(above)} (their probes ended before "
+            "the load built up; raise --requests-per-worker)"
+        )
+    return lines
 
 
 def _recommendation(plan: Plan) -> str:

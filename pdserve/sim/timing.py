@@ -97,15 +97,20 @@ class AnalyticalTiming:
         if not work.chunks:
             return 0.0
         s, eff = self.shape, self.efficiency
+        kv_bytes = s.kv_bytes_per_token * (work.context_tokens + work.new_tokens)
+        memory = (s.weight_bytes + kv_bytes) / (self.tp * self.gpu.hbm_bytes_per_s * eff.memory)
+        compute = self.compute_seconds(work)
+        return max(compute, memory) + self._all_reduce_seconds(work) + eff.step_overhead_s
+
+    def compute_seconds(self, work: StepWork) -> float:
+        """The step's FLOPs at the efficiency's share of peak: a lower bound on its time."""
+        s = self.shape
         flops = (
             2 * s.body_params * work.new_tokens
             + 2 * s.lm_head_params * work.num_sampled
             + s.attention_flops_per_pair * work.attention_pairs
         )
-        kv_bytes = s.kv_bytes_per_token * (work.context_tokens + work.new_tokens)
-        compute = flops / (self.tp * self.gpu.bf16_flops * eff.compute)
-        memory = (s.weight_bytes + kv_bytes) / (self.tp * self.gpu.hbm_bytes_per_s * eff.memory)
-        return max(compute, memory) + self._all_reduce_seconds(work) + eff.step_overhead_s
+        return flops / (self.tp * self.gpu.bf16_flops * self.efficiency.compute)
 
     def min_sampling_step_seconds(self) -> float:
         """The step of one new token after an empty context, sampling it. A step that samples

@@ -34,6 +34,7 @@ def test_a_small_plan_prints_the_best_splits_and_writes_every_one(
     plan = json.loads(out_json.read_text())
     assert {s["split"] for s in plan["splits"]} == {"colocated 2", "1P:1D"}
     assert plan["recommended"] in {"colocated 2", "1P:1D"}
+    assert plan["compute_ceiling"] > 0 and "compute ceiling: " in out
     best = plan["splits"][0]
     assert best["goodput"] > 0 and best["ttft_ms"]["p90"] <= 400
 
