@@ -131,7 +131,7 @@ def _plan(args: argparse.Namespace):
     from pdserve.planner.ceiling import compute_ceiling
     from pdserve.planner.deployment import Deployment
     from pdserve.planner.probe import SLO
-    from pdserve.planner.search import Search, all_splits
+    from pdserve.planner.search import Search, all_splits, steady_requests_per_worker
     from pdserve.planner.workload import load_workload, probe_sample
     from pdserve.sim.profiles import ProfileError
 
@@ -167,9 +167,9 @@ def _plan(args: argparse.Namespace):
             f"--workload: {len(too_long)} requests exceed the context of {deployment.max_model_len} "
             f"tokens (the first: prompt {too_long[0].prompt_len} + output {too_long[0].output_len})"
         )
-    sample = probe_sample(
-        workload, min(args.requests_per_worker * workers, len(workload)), args.seed
-    )
+    # Room for the longer probes that judge again a pass near a full batch (Search._probe).
+    per_worker = max(args.requests_per_worker, steady_requests_per_worker(deployment))
+    sample = probe_sample(workload, min(per_worker * workers, len(workload)), args.seed)
     slo = SLO(args.ttft_slo_ms, args.tpot_slo_ms, args.attainment)
     router = RouterConfig(
         policy=args.policy,
@@ -201,6 +201,7 @@ def _plan(args: argparse.Namespace):
         "workload": args.workload,
         "requests": len(workload),
         "requests_per_worker": args.requests_per_worker,
+        "steady_requests_per_worker": steady_requests_per_worker(deployment),
         "ttft_slo_ms": args.ttft_slo_ms,
         "tpot_slo_ms": args.tpot_slo_ms,
         "attainment": args.attainment,

@@ -105,6 +105,10 @@ class VirtualCluster:
             return 0.0
         return min(1.0, sum(busy) / len(busy) / elapsed_s)
 
+    def peak_running(self) -> int:
+        """The most sequences any worker ran in one step."""
+        return max((w.peak_running for w in self.workers.values()), default=0)
+
     def _dispatch(self, worker: VirtualWorker, outputs: list[RequestOutput]) -> None:
         listeners = self._listeners[worker.worker_id]
         for out in outputs:

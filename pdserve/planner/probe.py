@@ -67,6 +67,10 @@ class ProbeResult:
     tpot: LatencyStats
     prefill_utilisation: float
     decode_utilisation: float
+    # The most sequences one worker ran at once, as a share of max_num_seqs: near 1 a worker's
+    # batch fills up and requests queue behind it, a queue that a short probe ends before it
+    # builds (Search._probe judges such a pass again on a longer probe).
+    peak_batch: float = 0.0
 
 
 class _Verdict:
@@ -199,5 +203,6 @@ def run_probe(
         tpot=LatencyStats.of([r.tpot for r in done if r.tpot is not None]),
         prefill_utilisation=cluster.utilisation("prefill", elapsed),
         decode_utilisation=cluster.utilisation("decode", elapsed),
+        peak_batch=cluster.peak_running() / deployment.engine_config.max_num_seqs,
     )
     return result, runs

@@ -13,7 +13,7 @@ def plan_table(plan: Plan, context: dict[str, Any], top: int) -> str:
     lines = [
         f"plan: {c['model']} on {c['gpus']} x {c['gpu']} (tp {c['tp']}, profile {c['profile']}); "
         f"workload {c['workload']}: {c['requests']} requests, probes of "
-        f"{c['requests_per_worker']} per simulated worker; "
+        f"{c['requests_per_worker']} per simulated worker{_steady(plan, c)}; "
         f"SLO TTFT <= {c['ttft_slo_ms']:g} ms and TPOT <= {c['tpot_slo_ms']:g} ms for "
         f"{c['attainment']:.0%}",
         f"{'split':>14}  {'goodput req/s':>13}  {'per GPU':>8}  {'TTFT p50/p90 ms':>16}  "
@@ -59,6 +59,17 @@ def _row(result: SplitResult, gpus_per_worker: int) -> str:
         f"{result.split.name:>14}  {goodput:>13}  {result.goodput / gpus:>8.3f}  "
         f"{best.ttft.p50:>7.0f}/{best.ttft.p90:<8.0f}  {best.tpot.p50:>7.1f}/{best.tpot.p90:<8.1f}  "
         f"{util:>12}"
+    )
+
+
+def _steady(plan: Plan, context: dict[str, Any]) -> str:
+    """The longer probes of the splits whose passes came near a full batch (Search._probe)."""
+    steady = [r.split.name for r in plan.results if r.steady]
+    if not steady:
+        return ""
+    return (
+        f" ({context['steady_requests_per_worker']} once a pass came near a full batch: "
+        f"{', '.join(steady)})"
     )
 
 
@@ -121,6 +132,7 @@ def _split_json(result: SplitResult) -> dict[str, Any]:
         "pruned": result.pruned,
         "saturated": result.saturated,
         "below_best": result.below_best,
+        "steady_probes": result.steady,
         "probes": len(result.probes),
         "ttft_ms": None if best is None else {"p50": best.ttft.p50, "p90": best.ttft.p90},
         "tpot_ms": None if best is None else {"p50": best.tpot.p50, "p90": best.tpot.p90},

@@ -37,6 +37,7 @@ class VirtualWorker:
         self.role = role
         self.engine = engine
         self.busy_seconds = 0.0  # modelled time spent in steps
+        self.peak_running = 0  # most sequences one step ran (the batch, prefills included)
         self._meter = meter
         self._loop = loop
         self._on_outputs = on_outputs
@@ -95,6 +96,9 @@ class VirtualWorker:
         seconds_before, prefill_before = self._meter.seconds, self._meter.prefill_tokens
         outputs = self.engine.step()
         seconds = self._meter.seconds - seconds_before
+        running = len(self.engine.scheduler.running)
+        if running > self.peak_running:
+            self.peak_running = running
         if self._queued_since:
             self._note_scheduled()
         if not outputs and seconds == 0.0:

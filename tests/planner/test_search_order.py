@@ -21,7 +21,9 @@ WORKERS = 6  # colocated 6 and 3P:3D simulate 2 workers, 2P:4D and 4P:2D 3, the 
 def _search(deployment_dir, rank_all: bool = False) -> tuple[Plan, list[ProbeResult]]:
     deployment = Deployment(str(deployment_dir), max_num_seqs=16, max_num_batched_tokens=2048)
     workload = [PlanRequest(600 if i % 3 else 64, 48) for i in range(240)]
-    sample = probe_sample(workload, len(workload), seed=2)
+    # A seed whose best split and colocated are not within the precision of each other: there
+    # either may be recommended, by a bisection that happened to stop a step apart.
+    sample = probe_sample(workload, len(workload), seed=0)
     slo = SLO(ttft_ms=300, tpot_ms=25)
     router = RouterConfig(ttft_slo_ms=slo.ttft_ms, tpot_slo_ms=slo.tpot_ms)
     probed: list[ProbeResult] = []
