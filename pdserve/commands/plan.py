@@ -98,7 +98,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--bracket-runners-up",
         action="store_true",
         help="faster: a disaggregated split known to fall below the best goodput found is left "
-        "as a bracket instead of searched within --precision (the recommendation is the same)",
+        "as a bracket instead of searched within --precision (the recommendation is the same unless "
+        "the best splits lie within the precision of each other)",
     )
     parser.add_argument("--seed", type=int, default=0, help="workload and probe sample seed")
     parser.add_argument("--json", metavar="FILE", help="also write every split's result here")

@@ -106,7 +106,7 @@ class VirtualCluster:
         return min(1.0, sum(busy) / len(busy) / elapsed_s)
 
     def peak_running(self) -> int:
-        """The most sequences any worker ran in one step."""
+        """The most sequences any worker had running after a step."""
         return max((w.peak_running for w in self.workers.values()), default=0)
 
     def _dispatch(self, worker: VirtualWorker, outputs: list[RequestOutput]) -> None:

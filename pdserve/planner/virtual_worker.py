@@ -37,7 +37,7 @@ class VirtualWorker:
         self.role = role
         self.engine = engine
         self.busy_seconds = 0.0  # modelled time spent in steps
-        self.peak_running = 0  # most sequences one step ran (the batch, prefills included)
+        self.peak_running = 0  # most sequences running after a step (prefills included)
         self._meter = meter
         self._loop = loop
         self._on_outputs = on_outputs
