@@ -114,7 +114,7 @@ class Routing:
             raise Overloaded(decision.reason)
         if decision.status != "ok":
             raise NoWorkerAvailable(decision.reason)
-        self._remember(decision, request, hashes)
+        routed = self._remember(decision, request, hashes)
         prefills_routed = None
         if decision.prefill_worker:
             p = next(w for w in prefill if w.worker_id == decision.prefill_worker)
@@ -130,12 +130,19 @@ class Routing:
             estimate=decision.chosen,
             block_hashes=tuple(hashes) if decision.prefill_worker else (),
             prefills_routed=prefills_routed,
+            routed=routed,
         )
 
     def on_prefill_done(self, route: Route, result: PrefillResult | TokenBatch) -> None:
         """Learns the prefill's cost; records prefix reuse (hit and miss tokens) of the worker
         that computed the prompt."""
         hit = result.num_cached_tokens
+        # Its prompt is computed: the prefilling worker's queue no longer holds it, which the
+        # next poll (up to an interval away) would be the first to show. Until then the policy
+        # would see an idle prefill worker as busy with it, and prefill locally instead.
+        routed = self._routed_since_poll.get(route.prefill_worker or route.decode_worker)
+        if routed is not None and route.routed is not None:
+            routed.computed(route.routed, stays=route.prefill_worker is None)
         if route.prefill_worker and isinstance(result, PrefillResult):
             # A prefill admitted beside others shares their engine steps (its queue_s stays 0
             # while its prefill_s grows with their work), so only one that had its worker to
@@ -159,19 +166,21 @@ class Routing:
 
     def _remember(
         self, decision: RoutingDecision, request: RoutingRequest, hashes: Sequence[int]
-    ) -> None:
-        """What the chosen workers will hold and compute, before any poll or index shows it."""
+    ) -> tuple[float, int]:
+        """What the chosen workers will hold and compute, before any poll or index shows it.
+        Returns the prefilling worker's entry (when, prompt tokens to compute)."""
         prefiller = decision.prefill_worker or decision.decode_worker
-        now = self.clock()
-        tokens = request.uncached_tokens(decision.chosen.prefill_cached_blocks)
-        for worker_id in {decision.decode_worker, prefiller}:
-            self._routed(worker_id).add(now, tokens if worker_id == prefiller else 0)
+        entry = (self.clock(), request.uncached_tokens(decision.chosen.prefill_cached_blocks))
+        self._routed(prefiller).add(entry)
+        if decision.decode_worker != prefiller:
+            self._routed(decision.decode_worker).add((entry[0], 0))  # joins its batch later
         self._prefills_routed[prefiller] = self._prefills_routed.get(prefiller, 0) + 1
         # The prefilling worker caches the prompt's full blocks, and a request queued behind it
         # there reuses them (the scheduler computes a shared prefix once). A decode worker
         # receiving them holds them only once the push commits (`on_prefill_done`): crediting it
         # now would make a local prefill there look cheap while it would compute the whole prompt.
         self.recent.add(prefiller, hashes)
+        return entry
 
     def _routed(self, worker_id: str) -> _Routed:
         return self._routed_since_poll.setdefault(worker_id, _Routed())
@@ -225,10 +234,25 @@ class _Routed:
     requests: int = 0
     tokens: int = 0
 
-    def add(self, at: float, tokens: int) -> None:
-        self.entries.append((at, tokens))
+    def add(self, entry: tuple[float, int]) -> None:
+        self.entries.append(entry)
         self.requests += 1
-        self.tokens += tokens
+        self.tokens += entry[1]
+
+    def computed(self, entry: tuple[float, int], stays: bool) -> None:
+        """The prompt of `entry` is computed: its tokens no longer queue here, nor does its
+        request unless it `stays` (a local prefill goes on to decode here). Nothing when a
+        poll has dropped it already (equal entries are interchangeable)."""
+        try:
+            i = self.entries.index(entry)
+        except ValueError:
+            return
+        self.tokens -= entry[1]
+        if stays:
+            self.entries[i] = (entry[0], 0)
+        else:
+            del self.entries[i]
+            self.requests -= 1
 
     def forget_until(self, sent_at: float | None) -> None:
         """Drops what a snapshot from a poll sent at `sent_at` includes (None: everything)."""

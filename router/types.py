@@ -78,6 +78,9 @@ class Route:
     # Prefills routed to the prefill worker so far, set when it was idle at routing time: if
     # the count is unchanged when this prefill ends, it ran alone and its timing is a sample.
     prefills_routed: int | None = None
+    # The (when, prompt tokens to compute) the router counts on the prefilling worker until a
+    # poll shows this request, or its prefill ends (Routing.on_prefill_done).
+    routed: tuple[float, int] | None = None
 
 
 @dataclass
