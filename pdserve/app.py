@@ -150,6 +150,7 @@ class ServingApp:
             max_retries=config.router.max_retries,
             progress_timeout_s=config.router.progress_timeout_s,
             on_prefill_done=self.routing.on_prefill_done,
+            on_prompt_computed=self.routing.on_prompt_computed,
             block_size=config.engine.block_size,
         )
         info = {"block_size": config.engine.block_size, "kv_transport": config.kv.transport}

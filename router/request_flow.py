@@ -62,8 +62,12 @@ class RequestFlow:
         progress_timeout_s: float,
         room_wait_s: float = 2.0,
         on_prefill_done: Callable[[Route, PrefillResult | TokenBatch], None] | None = None,
+        on_prompt_computed: Callable[[Route], None] | None = None,
         block_size: int = 0,  # only to report cached blocks as tokens in traces
     ) -> None:
+        """`on_prefill_done(route, result)`: the prefill is over (a remote one pushed and
+        committed). `on_prompt_computed(route)`: a remote prefill's first answer, before the
+        push (a local one's is `on_prefill_done`)."""
         self._pool = pool
         self._choose_route = choose_route
         self._tokenizer = tokenizer
@@ -71,6 +75,7 @@ class RequestFlow:
         self._progress_timeout_s = progress_timeout_s
         self._room_wait_s = room_wait_s
         self._on_prefill_done = on_prefill_done
+        self._on_prompt_computed = on_prompt_computed
         self._block_size = block_size
 
     async def run(
@@ -206,6 +211,8 @@ class RequestFlow:
         results = prefill.prefill(work, reservation)
         async with aclosing(results):
             result = await self._prefill_stage(route, results)
+            if self._on_prompt_computed:
+                self._on_prompt_computed(route)
             progress.cached_tokens = _of_client_prompt(result.num_cached_tokens, progress)
             progress.queue_s, progress.prefill_s = result.queue_s, result.prefill_s
             if not work.sampling.beam_search:  # a beam search starts on the decode worker

@@ -137,12 +137,7 @@ class Routing:
         """Learns the prefill's cost; records prefix reuse (hit and miss tokens) of the worker
         that computed the prompt."""
         hit = result.num_cached_tokens
-        # Its prompt is computed: the prefilling worker's queue no longer holds it, which the
-        # next poll (up to an interval away) would be the first to show. Until then the policy
-        # would see an idle prefill worker as busy with it, and prefill locally instead.
-        routed = self._routed_since_poll.get(route.prefill_worker or route.decode_worker)
-        if routed is not None and route.routed is not None:
-            routed.computed(route.routed, stays=route.prefill_worker is None)
+        self.on_prompt_computed(route)  # a local prefill's; a remote one's first answer did it
         if route.prefill_worker and isinstance(result, PrefillResult):
             # A prefill admitted beside others shares their engine steps (its queue_s stays 0
             # while its prefill_s grows with their work), so only one that had its worker to
@@ -163,6 +158,15 @@ class Routing:
         self.index.in_background(
             self.index.record_reuse, worker, hit, max(0, result.num_prompt_tokens - hit)
         )
+
+    def on_prompt_computed(self, route: Route) -> None:
+        """The route's prompt is computed (a remote prefill's first answer, before its push):
+        the prefilling worker's queue no longer holds it, which the next poll, up to an
+        interval away, would be the first to show. Until then the policy saw an idle prefill
+        worker as busy with it, and prefilled locally instead. Idempotent."""
+        routed = self._routed_since_poll.get(route.prefill_worker or route.decode_worker)
+        if routed is not None and route.routed is not None:
+            routed.computed(route.routed, stays=route.prefill_worker is None)
 
     def _remember(
         self, decision: RoutingDecision, request: RoutingRequest, hashes: Sequence[int]

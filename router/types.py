@@ -79,7 +79,7 @@ class Route:
     # the count is unchanged when this prefill ends, it ran alone and its timing is a sample.
     prefills_routed: int | None = None
     # The (when, prompt tokens to compute) the router counts on the prefilling worker until a
-    # poll shows this request, or its prefill ends (Routing.on_prefill_done).
+    # poll shows this request, or its prompt is computed (Routing.on_prompt_computed).
     routed: tuple[float, int] | None = None
 
 

@@ -153,6 +153,7 @@ class VirtualRequest:
             self._token(out.new_token_ids)
             self._end(ok=True)
             return
+        self.cluster.routing.on_prompt_computed(self.route)
         self._token(out.new_token_ids)  # the first answer: streamed before the push
         blocks = [out.block_ids[i] for i in self.reservation.missing_block_indices]
         num_bytes = len(blocks) * worker.engine.bytes_per_block

@@ -83,6 +83,7 @@ async def cluster(
     progress_timeout_s: float = 5.0,
     room_wait_s: float = 2.0,
     max_retries: int = 2,
+    on_prompt_computed=None,
 ) -> Cluster:
     model = ToyModel(script, VOCAB)
     decoders = {
@@ -106,6 +107,7 @@ async def cluster(
         progress_timeout_s=progress_timeout_s,
         room_wait_s=room_wait_s,
         on_prefill_done=routing.on_prefill_done,
+        on_prompt_computed=on_prompt_computed or routing.on_prompt_computed,
         block_size=BLOCK_SIZE,
     )
     return Cluster(pool, flow, prefillers, decoders)
@@ -408,8 +410,15 @@ def test_the_first_token_reaches_the_client_before_the_push_and_a_failed_push_co
 ) -> None:
     # The prefill worker's first answer (the first token) is streamed at once, while its push
     # into the frozen decode worker hangs; the failed attempt's retry continues after it.
+    computed = []  # when the router heard that a prefill worker's prompt was computed
+
     async def scenario():
-        c = await cluster(tokenizer, script_after_prompt(LETTERS), progress_timeout_s=0.5)
+        c = await cluster(
+            tokenizer,
+            script_after_prompt(LETTERS),
+            progress_timeout_s=0.5,
+            on_prompt_computed=lambda route: computed.append(time.perf_counter()),
+        )
         c.decode["decode-0"].freeze_after_reserving = True
         progress = Progress(received=time.perf_counter(), prompt_tokens=len(PROMPT))
         arrivals = []
@@ -423,6 +432,9 @@ def test_the_first_token_reaches_the_client_before_the_push_and_a_failed_push_co
     c, arrivals, progress = run(scenario)
     (first_at, first), (second_at, _) = arrivals[0], arrivals[1]
     assert first.token_ids == LETTERS[:1]
+    # The router heard of the computed prompt with the first token, not after the push: the
+    # prefill worker's queue no longer holds it (Routing.on_prompt_computed).
+    assert computed and computed[0] <= first_at
     # The second token came only after the progress timeout failed the stalled push over.
     assert second_at - first_at >= 0.5 and progress.attempts == 2
     assert ids_of([b for _, b in arrivals]) == LETTERS

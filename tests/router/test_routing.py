@@ -121,7 +121,9 @@ def test_a_computed_prompt_stops_counting_as_queued_before_the_next_poll() -> No
     prompt = list(range(500, 600))
     remote = r.choose(prompt, 8, set())
     assert (r._load(prefill).inflight, r._load(prefill).inflight_prompt_tokens) == (1, 100)
-    r.on_prefill_done(remote, done(remote, prompt))
+    r.on_prompt_computed(remote)  # its first answer, before the push
+    assert (r._load(prefill).inflight, r._load(prefill).inflight_prompt_tokens) == (0, 0)
+    r.on_prefill_done(remote, done(remote, prompt))  # once pushed: nothing more to take back
     assert (r._load(prefill).inflight, r._load(prefill).inflight_prompt_tokens) == (0, 0)
     assert r._load(decode).inflight == 1  # it decodes there now; the next poll shows it
 
