@@ -132,7 +132,12 @@ def _plan(args: argparse.Namespace):
     from pdserve.planner.ceiling import compute_ceiling
     from pdserve.planner.deployment import Deployment
     from pdserve.planner.probe import SLO
-    from pdserve.planner.search import Search, all_splits, steady_requests_per_worker
+    from pdserve.planner.search import (
+        Search,
+        all_splits,
+        sampled_requests_per_worker,
+        steady_requests_per_worker,
+    )
     from pdserve.planner.workload import load_workload, probe_sample
     from pdserve.sim.profiles import ProfileError
 
@@ -168,8 +173,7 @@ def _plan(args: argparse.Namespace):
             f"--workload: {len(too_long)} requests exceed the context of {deployment.max_model_len} "
             f"tokens (the first: prompt {too_long[0].prompt_len} + output {too_long[0].output_len})"
         )
-    # Room for the longer probes that judge again a pass near a full batch (Search._probe).
-    per_worker = max(args.requests_per_worker, steady_requests_per_worker(deployment))
+    per_worker = sampled_requests_per_worker(deployment, args.requests_per_worker)
     sample = probe_sample(workload, min(per_worker * workers, len(workload)), args.seed)
     slo = SLO(args.ttft_slo_ms, args.tpot_slo_ms, args.attainment)
     router = RouterConfig(

@@ -29,7 +29,7 @@ from typing import Any
 from pdserve.config import RouterConfig
 from pdserve.planner.deployment import Deployment
 from pdserve.planner.probe import SLO
-from pdserve.planner.search import Plan, Search, all_splits, steady_requests_per_worker
+from pdserve.planner.search import Plan, Search, all_splits, sampled_requests_per_worker
 from pdserve.planner.workload import PlanRequest, probe_sample
 
 MIN_REQUESTS = 20  # a window with fewer served requests says too little to plan from
@@ -90,9 +90,7 @@ def plan_window(window: TrafficWindow) -> dict[str, Any]:
         fits = [(p, o) for p, o, _ in window.requests if p + o <= limit]
         if len(fits) < MIN_REQUESTS:
             raise ValueError("too few requests of the window fit the model's context")
-        # Room for the longer probes that judge again a pass near a full batch.
-        per_worker = max(window.requests_per_worker, steady_requests_per_worker(deployment))
-        size = per_worker * window.workers
+        size = sampled_requests_per_worker(deployment, window.requests_per_worker) * window.workers
         sample = probe_sample(_plan_requests(fits, size), size)
         slo = SLO(window.ttft_slo_ms, window.tpot_slo_ms, window.attainment)
         router = RouterConfig(

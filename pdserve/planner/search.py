@@ -189,6 +189,12 @@ def steady_requests_per_worker(deployment: Deployment) -> int:
     return STEADY_REQUESTS_PER_SEQ * deployment.engine_config.max_num_seqs
 
 
+def sampled_requests_per_worker(deployment: Deployment, requests_per_worker: int) -> int:
+    """Requests per worker a Search's sample must hold: its probes', and room for the longer
+    ones that judge again a pass near a full batch (`Search._probe`)."""
+    return max(requests_per_worker, steady_requests_per_worker(deployment))
+
+
 def simulated_workers(split: Split, replicas: int) -> int:
     """Workers one probe of `split` simulates (one of its replicas): what a probe costs."""
     return (split.prefill + split.decode) // replicas
