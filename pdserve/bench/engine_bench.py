@@ -288,8 +288,9 @@ def run(args: argparse.Namespace) -> int:
         from pdserve.bench.op_profile import format_profile, profile_ops
 
         prefill(max_batch, args.steps)
-        profile = profile_ops(decode)
-        print(f"\npdserve decode steps at batch {max_batch}, by self CPU time (torch.profiler):")
+        profile = profile_ops(decode, args.device)
+        timed = "GPU kernel time" if profile.device == "cuda" else "self CPU time"
+        print(f"\npdserve decode steps at batch {max_batch}, by {timed} (torch.profiler):")
         print(format_profile(profile, args.steps - 1))
     if args.profile_out:
         # Mixed steps besides the table's uniform ones: prompts of varied lengths arriving

@@ -48,8 +48,8 @@ def attention_context(
     device: torch.device,
     in_place: bool = False,
 ) -> AttentionContext:
-    """`in_place`: single-token sequences are read in place by the CPU decode kernel
-    (models/native_attention.py), which reads each one's own blocks: they need no length
+    """`in_place`: single-token sequences are read in place by the decode kernel
+    (models/attention.read_in_place), which reads each one's own blocks: they need no length
     groups or shared-prefix families, only their context lengths."""
     num_blocks = [-(-(s + n) // block_size) for s, n in zip(starts, lens, strict=True)]
     slot_mapping = torch.tensor(slots, dtype=torch.int64, device=device)

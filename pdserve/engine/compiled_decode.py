@@ -8,8 +8,10 @@ position, slot and block table): they compute and store exactly row 0's K/V, so 
 touch another block, and their logits are dropped. On CUDA the graph is compiled with
 mode="reduce-overhead" (CUDA graphs) and the KV cache marked as a static address; on CPU with
 inductor's default mode. Attention is one opaque op in the graph (models/attention_op.py),
-so the graph writes the KV cache in place. Mixed and prefill steps stay eager
-(ModelRunner.run).
+so the graph writes the KV cache in place; where the eager steps read decode rows' KV blocks in
+place (models/attention.reads_in_place: the CPU kernel, Triton's on a GPU), so does the graph,
+which then attends over each row's own context instead of gathering the whole padded table.
+Mixed and prefill steps stay eager (ModelRunner.run).
 """
 
 from __future__ import annotations
@@ -75,8 +77,11 @@ class CompiledDecode:
         block_size: int,
         max_num_seqs: int,
         device: torch.device,
+        in_place: bool = False,
     ) -> None:
+        """`in_place`: attention reads each row's blocks in place (ModelRunner.reads_kv_in_place)."""
         self.model = model
+        self.in_place = in_place
         self.kv_cache = kv_cache
         self.block_size = block_size
         self.device = device
@@ -140,14 +145,19 @@ class CompiledDecode:
         block_tables: torch.Tensor,  # [Bp, W]
         kv_cache: torch.Tensor,
     ) -> torch.Tensor:  # [Bp, vocab]
-        key_pos = torch.arange(block_tables.shape[1] * self.block_size, device=positions.device)
-        mask = (key_pos[None, :] <= positions[:, None])[:, None, None, :]  # [Bp, 1, 1, S]
+        if self.in_place:  # each row over its own context: its position, plus itself
+            mask, context_lens = None, positions + 1
+        else:
+            key_pos = torch.arange(block_tables.shape[1] * self.block_size, device=positions.device)
+            mask = (key_pos[None, :] <= positions[:, None])[:, None, None, :]  # [Bp, 1, 1, S]
+            context_lens = None
         ctx = AttentionContext(
             slot_mapping=slot_mapping,
             block_tables=block_tables,
             attn_mask=mask,
             query_index=None,
             unpad_index=None,
+            context_lens=context_lens,
         )
         hidden = self.model(input_ids, positions, kv_cache, ctx)
         return self.model.compute_logits(hidden)

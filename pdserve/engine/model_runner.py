@@ -16,7 +16,7 @@ from pdserve.engine.factuality import contrast_layers, plan_exits
 from pdserve.engine.sampler import Sampler, apply_repetition_penalty
 from pdserve.engine.scheduler import ScheduledBatch
 from pdserve.engine.spec_verify import verify
-from pdserve.models import native_attention
+from pdserve.models.attention import reads_in_place
 from pdserve.models.llama import LlamaForCausalLM
 from pdserve.models.loader import DTYPES, load_model
 
@@ -47,6 +47,7 @@ class TorchExecutor:
                 config.block_size,
                 config.max_num_seqs,
                 torch.device(config.device),
+                in_place=self.runner.reads_kv_in_place,
             )
         self.sampler = Sampler()
 
@@ -210,9 +211,9 @@ class ModelRunner:
         self.device = device
         self.early_exit_steps = 0  # steps that kept early-layer states (DoLa/SLED requests)
         self.compiled_decode: CompiledDecode | None = None  # the --compile fast path
-        # Decode rows on CPU attend through the kernel that reads the KV blocks in place (built
-        # here, once per machine, so the first step does not wait for it).
-        self.reads_kv_in_place = device.type == "cpu" and native_attention.enabled()
+        # Decode rows attend through a kernel that reads the KV blocks in place (on CPU built
+        # here, once per machine, so the first step does not wait for it; on a GPU Triton's).
+        self.reads_kv_in_place = reads_in_place(device, config.head_dim, block_size)
         # [num_layers, 2 (K, V), num_blocks, block_size, kv_heads, head_dim]: a layer range of
         # a set of blocks is kv_cache[l0:l1, :, block_ids] (what KV transfer reads and writes).
         self.kv_cache = torch.zeros(

@@ -11,6 +11,8 @@
 - `native_attention.py` — the CPU decode-attention kernel (`csrc/paged_decode_attention.cpp`)
   that reads the KV blocks in place, and the build (on first use) of the C++ library it shares
   with the fused ops.
+- `triton_attention.py` — the GPU decode-attention kernel (Triton) that reads the KV blocks in
+  place.
 - `native_ops.py` — fused CPU ops of a layer's small steps (`csrc/fused_ops.cpp`): RMSNorm
   with the residual add, SiLU * up, RoPE with the K/V store.
 - `loader.py` — Hugging Face directory (config.json + safetensors) -> model.

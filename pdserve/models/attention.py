@@ -9,9 +9,10 @@ family: a pseudo-sequence whose queries are the members' tokens and whose mask g
 own blocks past the shared ones (pdserve/engine/attention_batch.py), so the shared blocks are
 gathered once per family.
 
-On CPU, plain decode rows skip the gather: a C++ kernel reads their blocks where they lie
-(native_attention.py), each row over its own context, so they need no length groups or
-families (the step's builder then sets `context_lens` instead).
+Plain decode rows skip the gather: a kernel reads their blocks where they lie, each row over its
+own context (on CPU a C++ kernel, native_attention.py; on a GPU a Triton one,
+triton_attention.py), so they need no length groups or families (the step's builder then sets
+`context_lens` instead).
 
 The model sees one `AttentionContext` per forward pass, built by the engine's model runner;
 the model itself never sees sequences, schedulers or block managers.
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from pdserve.models.native_attention import paged_decode_attention
+from pdserve.models import native_attention, triton_attention
 
 # Decode sequences are split into groups by context length when a cut spares the
 # gather and attention of at least this many padding blocks (one group per layer costs a few
@@ -44,10 +45,30 @@ class AttentionGroup:
     valid_index: torch.Tensor | None  # [V] int64 valid entries of the [G * Gq] layout; None: all
     block_tables: torch.Tensor  # [G, group_max_blocks] int64, padded with block 0
     attn_mask: torch.Tensor | None  # [G, 1, Gq, group_max_blocks * block_size] bool; None: in place
-    # [G] int64, set when the group's rows are plain decode sequences (Gq = 1) read in place by
-    # the CPU kernel (models/native_attention.py): row g attends over its first context_lens[g]
-    # slots. None: gathered and attended with the mask.
+    # [G] int64, set when the group's rows are plain decode sequences (Gq = 1) read in place
+    # (`read_in_place`): row g attends over its first context_lens[g] slots. None: gathered and
+    # attended with the mask.
     context_lens: torch.Tensor | None = None
+
+
+def reads_in_place(device: torch.device, head_dim: int, block_size: int) -> bool:
+    """Whether decode rows on `device` can be read in place (`read_in_place`)."""
+    if device.type == "cpu":
+        return native_attention.enabled()
+    if device.type == "cuda":
+        return triton_attention.enabled() and triton_attention.supports(head_dim, block_size)
+    return False
+
+
+def read_in_place(
+    q: torch.Tensor,  # [B, H, D], one query per sequence (rope applied)
+    layer_cache: torch.Tensor,  # [2, num_blocks, block_size, KV, D]
+    block_tables: torch.Tensor,  # [B, max_blocks] int64
+    context_lens: torch.Tensor,  # [B] int64: sequence b attends over its first context_lens[b] slots
+) -> torch.Tensor:  # [B, H * D]
+    """Decode attention through the kernel of q's device, reading the KV blocks where they lie."""
+    kernel = native_attention if q.device.type == "cpu" else triton_attention
+    return kernel.paged_decode_attention(q, layer_cache, block_tables, context_lens)
 
 
 def length_groups(num_blocks: list[int]) -> list[list[int]]:
@@ -86,9 +107,9 @@ class AttentionContext:
     # whole batch): sequences with one new token by similar context length, those with more
     # (prefill chunks, drafts) apart, so none is padded to another's query or much longer context.
     groups: list[AttentionGroup] | None = None
-    # [B] int64, set when every sequence is a plain decode one (Q = 1) and is read in place by
-    # the CPU kernel (models/native_attention.py): sequence b attends over its first
-    # context_lens[b] slots. None: gathered and attended with the mask.
+    # [B] int64, set when every sequence is a plain decode one (Q = 1) and is read in place
+    # (`read_in_place`): sequence b attends over its first context_lens[b] slots. None: gathered
+    # and attended with the mask.
     context_lens: torch.Tensor | None = None
 
 
@@ -128,16 +149,14 @@ def attend_stored(
         out = q.new_empty(q.shape[0], q.shape[1] * head_dim)
         for g in ctx.groups:
             if g.context_lens is not None:
-                rows = paged_decode_attention(
-                    q[g.out_rows], layer_cache, g.block_tables, g.context_lens
-                )
+                rows = read_in_place(q[g.out_rows], layer_cache, g.block_tables, g.context_lens)
             else:
                 rows = _attend(q[g.query_index], layer_cache, g.block_tables, g.attn_mask)
                 rows = rows if g.valid_index is None else rows[g.valid_index]
             out.index_copy_(0, g.out_rows, rows)
         return out
     if ctx.context_lens is not None:
-        return paged_decode_attention(q, layer_cache, ctx.block_tables, ctx.context_lens)
+        return read_in_place(q, layer_cache, ctx.block_tables, ctx.context_lens)
     out = _attend(
         q if ctx.query_index is None else q[ctx.query_index],
         layer_cache,

@@ -6,7 +6,7 @@ Plain torch has no op that attends over a block table: `attention.paged_attentio
 sequence's whole context out of the pool each layer, and SDPA copies it once more. This kernel
 walks each sequence's blocks where they lie (BENCHMARKS.md, issue 19: the gather and SDPA were
 a quarter of a batch-32 decode step on CPU). It serves decode rows (one query per sequence);
-prefill chunks, drafts and GPUs keep the torch path.
+prefill chunks and drafts keep the torch path (GPUs: triton_attention.py).
 
 torch's C++ extension loader compiles the library once per machine (about 40 s with g++ on 2
 cores) into a folder of TORCH_EXTENSIONS_DIR (default ~/.cache/torch_extensions) named by a hash

@@ -1,11 +1,15 @@
 """The --compile decode fast path: greedy tokens equal the eager engine's token for token over
-batches that hit several padded sizes, under preemption and with prefix-cache hits."""
+batches that hit several padded sizes, under preemption and with prefix-cache hits, with the
+decode rows' KV blocks read in place (the kernel of the device) and gathered (no kernel)."""
 
 from __future__ import annotations
 
 import time
 
+import pytest
+
 from pdserve.core.sampling_params import SamplingParams
+from pdserve.engine import model_runner
 from pdserve.engine.compiled_decode import batch_buckets, bucket_for, use_compile, width_bucket
 from tests.engine.conftest import random_prompts
 
@@ -40,7 +44,15 @@ def test_compile_defaults_to_cuda_only():
     assert use_compile(True, "cpu") and not use_compile(False, "cuda")
 
 
-def test_compiled_decode_matches_eager(make_engine):
+@pytest.fixture(params=["read in place", "gathered"])
+def kv_reads(request, monkeypatch) -> str:
+    """Both ways the eager and compiled steps attend: the runner decides once, for both."""
+    if request.param == "gathered":
+        monkeypatch.setattr(model_runner, "reads_in_place", lambda *_: False)
+    return request.param
+
+
+def test_compiled_decode_matches_eager(make_engine, kv_reads):
     prompts = random_prompts(LENGTHS, seed=1)
     # The second pass hits the prefix cache: the longest prompts first, their blocks the
     # latest freed (the small pool evicted the others).
@@ -56,6 +68,7 @@ def test_compiled_decode_matches_eager(make_engine):
     assert got == expected
     stats = engine.stats()
     compiled = engine.executor.runner.compiled_decode
+    assert compiled.in_place == (kv_reads == "read in place")
     assert stats["compiled_decode_steps"] > 0
     assert stats["num_preemptions"] > 0
     assert stats["prefix_hit_tokens"] > 0
@@ -70,10 +83,10 @@ def test_eager_engine_has_no_compiled_path(make_engine):
     assert "compiled_decode_steps" not in engine.stats()
 
 
-def test_compiled_decode_matches_eager_across_widths_above_the_floor(make_engine):
+def test_compiled_decode_matches_eager_across_widths_above_the_floor(make_engine, kv_reads):
     """Contexts of 33-63 blocks of 4 tokens, one request at a time: block tables padded to
     widths 40, 48, 56 and 64 (steps of 8 blocks between 32 and 64), each its own graph, the
-    padded entries masked out."""
+    padded entries masked out or never read."""
     prompts = random_prompts([129, 150, 200, 230], seed=2)
     params = SamplingParams(max_tokens=20, ignore_eos=True)
     eager = make_engine(num_kv_blocks=80)

@@ -1,0 +1,224 @@
+"""The GPU decode-attention kernel that reads the paged KV cache in place (Triton), the CUDA
+counterpart of the CPU kernel in native_attention.py.
+
+Without it a decode step gathers every sequence's whole (padded) context out of the pool each
+layer before SDPA reads it: on an H100 that gather was 46% of a compiled batch-32 step of the
+Llama-3.1-8B shape at 1024-token contexts, against 25% for the weight matmuls (BENCHMARKS.md,
+"Fifth lease"). Here each program walks one sequence's blocks through its block table for one
+KV head and its G query heads, reading each key and value row once, where it lies.
+
+Flash-decoding split: a long context is cut into partitions of PARTITION_BLOCKS blocks, each a
+program of its own (so a small batch still fills the GPU), and a second kernel combines the
+partitions' softmax statistics. Accumulation is in float32 whatever the cache's dtype.
+
+Runs wherever Triton runs: CUDA, and the CPU through Triton's interpreter (TRITON_INTERPRET=1,
+how tests check it on machines without a GPU). `PDSERVE_TRITON_ATTENTION=0` turns it off (the
+gather path runs).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import math
+import os
+from typing import Any, NamedTuple
+
+import torch
+
+DISABLE_ENV = "PDSERVE_TRITON_ATTENTION"
+# Blocks per partition: 256 tokens of 16-token blocks. A batch of 32 sequences x 8 KV heads at
+# a 1024-token context makes 32 * 8 * 4 programs, several per multiprocessor.
+PARTITION_BLOCKS = 16
+
+
+@functools.cache
+def enabled() -> bool:
+    """Whether decode attention on CUDA reads the KV cache in place: Triton is installed and
+    PDSERVE_TRITON_ATTENTION is not 0."""
+    if os.environ.get(DISABLE_ENV, "1") == "0":
+        return False
+    return importlib.util.find_spec("triton") is not None
+
+
+def supports(head_dim: int, block_size: int) -> bool:
+    """Triton's block shapes are powers of two."""
+    return _power_of_two(head_dim) and _power_of_two(block_size)
+
+
+def _power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def paged_decode_attention(
+    q: torch.Tensor,  # [B, H, D], one query per sequence (rope applied)
+    layer_cache: torch.Tensor,  # [2, num_blocks, block_size, KV, D]
+    block_tables: torch.Tensor,  # [B, W] int64
+    context_lens: torch.Tensor,  # [B] int64, >= 1: sequence b attends over its first slots
+) -> torch.Tensor:  # [B, H * D]
+    """Attention of each sequence's query over its context, read in place."""
+    kernels = _kernels()
+    batch, heads, dim = q.shape
+    _, _, block_size, kv_heads, _ = layer_cache.shape
+    group = heads // kv_heads
+    group_pad = _next_power_of_two(group)
+    splits = max(1, -(-block_tables.shape[1] // PARTITION_BLOCKS))
+    q = q.contiguous()
+    tables = block_tables.contiguous()
+    partial = torch.empty(
+        batch, kv_heads, splits, group_pad, dim, dtype=torch.float32, device=q.device
+    )
+    stats = torch.empty(2, batch, kv_heads, splits, group_pad, dtype=torch.float32, device=q.device)
+    keys, values = layer_cache[0], layer_cache[1]
+    kernels.partition[(batch, kv_heads, splits)](
+        q,
+        keys,
+        values,
+        tables,
+        context_lens,
+        partial,
+        stats[0],
+        stats[1],
+        tables.shape[1],
+        keys.stride(0),
+        keys.stride(1),
+        keys.stride(2),
+        1.0 / math.sqrt(dim),
+        HEADS=heads,
+        GROUP=group,
+        GROUP_PAD=group_pad,
+        DIM=dim,
+        BLOCK_SIZE=block_size,
+        PARTITION=PARTITION_BLOCKS,
+        SPLITS=splits,
+    )
+    out = torch.empty(batch, heads * dim, dtype=q.dtype, device=q.device)
+    kernels.combine[(batch, heads)](
+        partial,
+        stats[0],
+        stats[1],
+        out,
+        KV_HEADS=kv_heads,
+        GROUP=group,
+        GROUP_PAD=group_pad,
+        DIM=dim,
+        SPLITS=splits,
+        SPLITS_PAD=_next_power_of_two(splits),
+    )
+    return out
+
+
+def _next_power_of_two(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+class _Kernels(NamedTuple):
+    partition: Any  # triton.JITFunction
+    combine: Any
+
+
+@functools.cache
+def _kernels() -> _Kernels:
+    """The jitted kernels, made on first use: Triton reads TRITON_INTERPRET when a kernel is
+    defined, and importing triton is not free."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def partition(
+        q_ptr,
+        k_ptr,
+        v_ptr,
+        tables_ptr,
+        lens_ptr,
+        acc_ptr,
+        max_ptr,
+        sum_ptr,
+        table_width,
+        stride_block,
+        stride_slot,
+        stride_head,
+        scale,
+        HEADS: tl.constexpr,
+        GROUP: tl.constexpr,
+        GROUP_PAD: tl.constexpr,
+        DIM: tl.constexpr,
+        BLOCK_SIZE: tl.constexpr,
+        PARTITION: tl.constexpr,
+        SPLITS: tl.constexpr,
+    ):
+        # One program: sequence b, KV head h, partition s of its blocks. Writes the partition's
+        # unnormalised output [GROUP, DIM], its running maximum and its sum of exponentials.
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        s = tl.program_id(2)
+        kv_heads = tl.num_programs(1)
+        context = tl.load(lens_ptr + b)
+        blocks = tl.cdiv(context, BLOCK_SIZE)
+        first = s * PARTITION
+        last = tl.minimum(first + PARTITION, blocks)
+        g = tl.arange(0, GROUP_PAD)
+        d = tl.arange(0, DIM)
+        t = tl.arange(0, BLOCK_SIZE)
+        rows = g < GROUP
+        q_rows = q_ptr + (b * HEADS + h * GROUP + g)[:, None] * DIM + d[None, :]
+        q = tl.load(q_rows, mask=rows[:, None], other=0.0).to(tl.float32) * scale
+        running_max = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+        running_sum = tl.zeros([GROUP_PAD], tl.float32)
+        acc = tl.zeros([GROUP_PAD, DIM], tl.float32)
+        row_offsets = t[:, None] * stride_slot + h * stride_head + d[None, :]
+        for i in range(first, last):
+            block = tl.load(tables_ptr + b * table_width + i)
+            k = tl.load(k_ptr + block * stride_block + row_offsets).to(tl.float32)
+            v = tl.load(v_ptr + block * stride_block + row_offsets).to(tl.float32)
+            scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2)  # [GROUP_PAD, BLOCK_SIZE]
+            scores = tl.where((i * BLOCK_SIZE + t < context)[None, :], scores, float("-inf"))
+            new_max = tl.maximum(running_max, tl.max(scores, axis=1))
+            correction = tl.exp(running_max - new_max)
+            p = tl.exp(scores - new_max[:, None])
+            running_sum = running_sum * correction + tl.sum(p, axis=1)
+            acc = acc * correction[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+            running_max = new_max
+        at = (b * kv_heads + h) * SPLITS + s
+        tl.store(acc_ptr + (at * GROUP_PAD + g)[:, None] * DIM + d[None, :], acc)
+        tl.store(max_ptr + at * GROUP_PAD + g, running_max)
+        tl.store(sum_ptr + at * GROUP_PAD + g, running_sum)
+
+    @triton.jit
+    def combine(
+        acc_ptr,
+        max_ptr,
+        sum_ptr,
+        out_ptr,
+        KV_HEADS: tl.constexpr,
+        GROUP: tl.constexpr,
+        GROUP_PAD: tl.constexpr,
+        DIM: tl.constexpr,
+        SPLITS: tl.constexpr,
+        SPLITS_PAD: tl.constexpr,
+    ):
+        # One program: sequence b, query head q. Rescales each partition to the global maximum.
+        # Partition 0 always holds a key (context >= 1); an empty one has maximum -inf, weight 0.
+        b = tl.program_id(0)
+        head = tl.program_id(1)
+        h = head // GROUP
+        g = head % GROUP
+        s = tl.arange(0, SPLITS_PAD)
+        d = tl.arange(0, DIM)
+        valid = s < SPLITS
+        at = (b * KV_HEADS + h) * SPLITS + s
+        maxima = tl.load(max_ptr + at * GROUP_PAD + g, mask=valid, other=float("-inf"))
+        sums = tl.load(sum_ptr + at * GROUP_PAD + g, mask=valid, other=0.0)
+        top = tl.max(maxima, axis=0)
+        weights = tl.where(maxima > float("-inf"), tl.exp(maxima - top), 0.0)
+        parts = tl.load(
+            acc_ptr + (at * GROUP_PAD + g)[:, None] * DIM + d[None, :],
+            mask=valid[:, None],
+            other=0.0,
+        )
+        total = tl.sum(sums * weights, axis=0)
+        out = tl.sum(parts * weights[:, None], axis=0) / total
+        heads = KV_HEADS * GROUP
+        tl.store(out_ptr + (b * heads + head) * DIM + d, out.to(out_ptr.dtype.element_ty))
+
+    return _Kernels(partition, combine)

@@ -1,0 +1,84 @@
+"""The GPU decode-attention kernel (pdserve/models/triton_attention.py), checked on the CPU by
+Triton's interpreter: the same attention as SDPA over each sequence's gathered context, for
+grouped and ungrouped heads, contexts of one token to several partitions, float32 and
+bfloat16. On a GPU, `pdserve selftest --device cuda` checks the engine's tokens through it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from pdserve.models import triton_attention
+from pdserve.models.attention import reads_in_place
+
+pytest.importorskip("triton", reason="the test extras install Triton (pyproject.toml)")
+
+# (batch, heads, kv_heads, dim, block_size, table width in blocks); partitions are
+# PARTITION_BLOCKS blocks: the widths make 1 to 3 of them, the last partly or wholly unused.
+SHAPES = [
+    (1, 8, 2, 64, 16, 3),
+    (4, 12, 4, 64, 16, 40),  # 3 query heads per KV head (padded to 4), 3 partitions
+    (5, 8, 8, 32, 4, 17),  # no grouped-query sharing, 2 partitions
+    (2, 4, 1, 128, 8, 20),  # one KV head
+]
+
+
+def check_against_sdpa(device: str = "cpu") -> None:
+    """On the CPU, run under TRITON_INTERPRET=1 (a subprocess of the test): Triton reads it when
+    the kernels are defined, on first use. On a GPU: `python -c "from
+    tests.models.test_triton_attention import check_against_sdpa as c; c('cuda')"`."""
+    from tests.models.test_native_attention import _reference
+
+    for dtype in (torch.float32, torch.bfloat16):
+        for batch, heads, kv_heads, dim, block_size, width in SHAPES:
+            gen = torch.Generator().manual_seed(batch * dim + width)
+            num_blocks = batch * width + 3
+            cache = torch.randn(2, num_blocks, block_size, kv_heads, dim, generator=gen)
+            cache = cache.to(dtype)
+            tables = torch.randperm(num_blocks, generator=gen)[: batch * width].view(batch, -1)
+            lens = torch.randint(1, width * block_size + 1, (batch,), generator=gen)
+            lens[0] = width * block_size  # a full table
+            lens[-1] = 1 if batch > 1 else lens[-1]  # a one-token context
+            q = torch.randn(batch, heads, dim, generator=gen).to(dtype)
+            on = [x.to(device) for x in (q, cache, tables, lens)]
+            out = triton_attention.paged_decode_attention(*on).cpu()
+            assert out.shape == (batch, heads * dim) and out.dtype == dtype
+            tolerance = (
+                {"atol": 1e-5, "rtol": 1e-5}
+                if dtype == torch.float32
+                else {"atol": 2e-2, "rtol": 2e-2}
+            )
+            torch.testing.assert_close(
+                out.view(batch, heads, dim).float(), _reference(q, cache, tables, lens), **tolerance
+            )
+    print("ok")
+
+
+def test_the_kernel_equals_sdpa_over_the_gathered_context():
+    code = "from tests.models.test_triton_attention import check_against_sdpa as c; c()"
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+def test_gpus_read_in_place_where_triton_can_shape_the_blocks():
+    cuda = torch.device("cuda")
+    assert reads_in_place(cuda, head_dim=128, block_size=16)
+    assert not reads_in_place(cuda, head_dim=80, block_size=16)  # not a power of two
+    assert not reads_in_place(cuda, head_dim=64, block_size=12)
+    assert not reads_in_place(torch.device("meta"), head_dim=64, block_size=16)
+
+
+def test_switched_off_by_the_environment():
+    code = "from pdserve.models import triton_attention as t; print(t.enabled())"
+    env = {**os.environ, triton_attention.DISABLE_ENV: "0"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "False"
