@@ -27,6 +27,7 @@ import numpy as np
 
 from router.cost_model import CostModel, LinearFit
 from router.estimates import Estimate, RoutingRequest, Weights, WorkerLoad
+from router.load_rows import LoadRows
 
 
 class LazyEstimates(Mapping[str, Estimate]):
@@ -104,7 +105,7 @@ class OptionMatrix:
         w, full, total = limits.weights, request.full_blocks, request.total_blocks
         prefill = prefill if remote else []
         n_p, n_d = len(prefill), len(decode)
-        both = _Workers([*prefill, *decode], cached, full)  # prefill rows, then decode rows
+        both = _Workers.of(prefill, decode, cached, full)  # prefill rows, then decode rows
         p, d = both.rows(slice(0, n_p)), both.rows(slice(n_p, None))
         uncached = _uncached(request, both.cached)
         queue_ok = _queue_ok(both, uncached, limits)  # admission of each worker as prefiller
@@ -244,6 +245,37 @@ class _Workers:
         numbers = chain.from_iterable(w.numbers for w in workers)
         table[1:] = np.fromiter(numbers, np.int64, 6 * n).reshape(n, 6).T
         self._set(table)
+
+    @classmethod
+    def of(
+        cls,
+        prefill: Sequence[WorkerLoad],
+        decode: Sequence[WorkerLoad],
+        cached: dict[str, int],
+        full: int,
+    ) -> _Workers:
+        """The prefill workers, then the decode workers. From the router's LoadRows their
+        numbers are copied as arrays and only the workers holding a prefix are looked at;
+        other sequences are read worker by worker."""
+        parts = [rows for rows in (prefill, decode) if len(rows)]
+        if not all(isinstance(rows, LoadRows) for rows in parts):
+            return cls([*prefill, *decode], cached, full)
+        table = np.empty((7, sum(map(len, parts))), dtype=np.int64)
+        np.concatenate([rows.numbers for rows in parts], axis=1, out=table[1:])
+        held, blocks, offset = [], [], 0
+        for rows in parts:
+            position = rows.position
+            for worker_id, n in cached.items():
+                at = position.get(worker_id)
+                if at is not None:
+                    held.append(offset + at)
+                    blocks.append(n)
+            offset += len(rows)
+        table[0] = 0
+        table[0, held] = np.minimum(blocks, full)
+        out = cls.__new__(cls)
+        out._set(table)
+        return out
 
     def _set(self, table: np.ndarray) -> None:
         self._table = table

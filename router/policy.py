@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pdserve.config import RouterConfig
 from router.cost_model import CostModel
 from router.estimates import Estimate, RoutingRequest, Weights, WorkerLoad, estimate, objective
+from router.load_rows import LoadRows
 from router.option_matrix import LazyEstimates, Limits, OptionMatrix
 
 POLICIES = ("cost", "round_robin", "least_loaded", "prefix")
@@ -55,6 +56,13 @@ class RoutingDecision:
     def reject(cls, reason: str, estimates: dict[str, Estimate] | None = None,
                status: str = "resource_exhausted") -> RoutingDecision:  # fmt: skip
         return cls(status=status, reason=reason, estimates=estimates or {})
+
+
+def _healthy(workers: Sequence[WorkerLoad]) -> Sequence[WorkerLoad]:
+    """The healthy ones; the router's LoadRows as they are when all are (no copy)."""
+    if isinstance(workers, LoadRows) and workers.all_healthy:
+        return workers
+    return [w for w in workers if w.healthy]
 
 
 class RoutingPolicy:
@@ -103,15 +111,16 @@ class RoutingPolicy:
             return RoutingDecision.reject(
                 f"router overloaded: {pending_requests} requests pending (max_pending_requests={limit})"
             )
-        decode = [d for d in decode_workers if d.healthy]
-        prefill = [p for p in prefill_workers if p.healthy]
+        decode, prefill = _healthy(decode_workers), _healthy(prefill_workers)
         if not decode:
             return RoutingDecision.reject("no healthy decode worker", status="unavailable")
         cached = dict(cached_blocks or {})
         if self.vectorised and self.config.policy == "cost":
             chosen = self._pick_vectorised(request, prefill, decode, cached)
             if chosen is not None:
-                everything = LazyEstimates(lambda: self._options(request, prefill, decode, cached))
+                # Built later, from the loads of now (the router's rows change as it routes).
+                p_now, d_now = list(prefill), list(decode)
+                everything = LazyEstimates(lambda: self._options(request, p_now, d_now, cached))
                 return self._accept(request, chosen, everything)
         options = self._options(request, prefill, decode, cached)
         estimates = {o.name: o for o in options}

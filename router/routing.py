@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from pdserve.core.messages import PrefillResult, TokenBatch, WorkerStats
 from pdserve.core.prompt_tokens import block_hashes_of
 from router.estimates import RoutingRequest, WorkerLoad
+from router.load_rows import LoadRows
 from router.policy import RoutingDecision, RoutingPolicy
 from router.recent_prefixes import RecentPrefixes, merge
 from router.types import AtCapacity, NoWorkerAvailable, Overloaded, Route
@@ -45,6 +46,7 @@ class Routing:
 
     def __post_init__(self) -> None:
         self.pool.stats_listeners.append(self._learn_from_stats)
+        self.pool.unhealthy_listeners.append(self._load)
         # What was routed to each worker since the poll behind its snapshot was sent: load the
         # snapshot cannot show. Tokens are the prompt tokens to compute, only the uncached
         # part, so a cache hit does not make its holder look busy.
@@ -52,14 +54,23 @@ class Routing:
         # Prefills routed to each worker so far: a prefill's timing is a sample of its compute
         # cost only if it ran alone (nothing queued when routed, nothing routed there until done).
         self._prefills_routed: dict[str, int] = {}
-        # Each worker's last WorkerLoad with what it was made of (stats snapshot, health, routed
-        # requests and tokens): a decision reads every worker, and between two polls only the
-        # workers it routes to change. The snapshot is compared by identity: a poll stores a new
-        # WorkerStats (Ray and the planner's VirtualWorker.stats both make one), never edits one.
-        self._loads: dict[str, tuple[WorkerStats, bool, int, int, WorkerLoad]] = {}
+        # What each worker's last WorkerLoad was made of (stats snapshot, health, routed requests
+        # and tokens), to make it again only when one changed. The snapshot is compared by
+        # identity: a poll stores a new WorkerStats (Ray and the planner's VirtualWorker.stats
+        # both make one), never edits one.
+        self._load_inputs: dict[str, tuple[WorkerStats, bool, int, int]] = {}
+        # Each role's loads in pool order, a worker's row replaced as its load changes (a poll's
+        # answer, a routed or computed prompt, a change of health: `_load`'s callers), so a
+        # decision reads every worker without touching each one.
+        self._rows = {
+            role: LoadRows(w.worker_id for w in self.pool.of_role(role, healthy_only=False))
+            for role in ("prefill", "decode")
+        }
+        for worker in self.pool.workers.values():
+            self._load(worker)
 
     def pending(self) -> int:
-        return sum(w.inflight for w in self.pool.of_role("decode", healthy_only=False))
+        return self.pool.inflight("decode")
 
     async def choose_async(
         self, prompt_ids: list[int], max_tokens: int, exclude: set[str]
@@ -86,16 +97,11 @@ class Routing:
         exclude: set[str],
     ) -> Route:
         cached = merge(indexed, self.recent.lookup(hashes, self.pool.workers.keys()))
-        prefill = [
-            self._load(w)
-            for w in self.pool.of_role("prefill", healthy_only=False)
-            if w.worker_id not in exclude
-        ]
-        decode = [
-            self._load(w)
-            for w in self.pool.of_role("decode", healthy_only=False)
-            if w.worker_id not in exclude
-        ]
+        prefill: Sequence[WorkerLoad] = self._rows["prefill"]
+        decode: Sequence[WorkerLoad] = self._rows["decode"]
+        if exclude:  # a retry: the failed workers are not options
+            prefill = [load for load in prefill if load.worker_id not in exclude]
+            decode = [load for load in decode if load.worker_id not in exclude]
         bytes_per_block = next(
             (w.stats.bytes_per_block for w in self.pool.workers.values() if w.stats), 0
         )
@@ -114,12 +120,14 @@ class Routing:
             raise Overloaded(decision.reason)
         if decision.status != "ok":
             raise NoWorkerAvailable(decision.reason)
+        prefiller_idle = False  # read before `_remember` counts this request there
+        if decision.prefill_worker:
+            p = self._rows["prefill"].of(decision.prefill_worker)
+            prefiller_idle = not (p.load or p.queued_tokens)
         routed = self._remember(decision, request, hashes)
         prefills_routed = None
-        if decision.prefill_worker:
-            p = next(w for w in prefill if w.worker_id == decision.prefill_worker)
-            if not (p.load or p.queued_tokens):  # idle when routed: its timing may be sampled
-                prefills_routed = self._prefills_routed[decision.prefill_worker]
+        if prefiller_idle:  # idle when routed: its timing may be sampled
+            prefills_routed = self._prefills_routed[decision.prefill_worker]
         return Route(
             decode_worker=decision.decode_worker,
             prefill_worker=decision.prefill_worker,
@@ -164,9 +172,11 @@ class Routing:
         the prefilling worker's queue no longer holds it, which the next poll, up to an
         interval away, would be the first to show. Until then the policy saw an idle prefill
         worker as busy with it, and prefilled locally instead. Idempotent."""
-        routed = self._routed_since_poll.get(route.prefill_worker or route.decode_worker)
+        worker_id = route.prefill_worker or route.decode_worker
+        routed = self._routed_since_poll.get(worker_id)
         if routed is not None and route.routed is not None:
             routed.computed(route.routed, stays=route.prefill_worker is None)
+            self._load(self.pool.workers[worker_id])
 
     def _remember(
         self, decision: RoutingDecision, request: RoutingRequest, hashes: Sequence[int]
@@ -176,8 +186,10 @@ class Routing:
         prefiller = decision.prefill_worker or decision.decode_worker
         entry = (self.clock(), request.uncached_tokens(decision.chosen.prefill_cached_blocks))
         self._routed(prefiller).add(entry)
+        self._load(self.pool.workers[prefiller])
         if decision.decode_worker != prefiller:
             self._routed(decision.decode_worker).add((entry[0], 0))  # joins its batch later
+            self._load(self.pool.workers[decision.decode_worker])
         self._prefills_routed[prefiller] = self._prefills_routed.get(prefiller, 0) + 1
         # The prefilling worker caches the prompt's full blocks, and a request queued behind it
         # there reuses them (the scheduler computes a shared prefix once). A decode worker
@@ -190,12 +202,13 @@ class Routing:
         return self._routed_since_poll.setdefault(worker_id, _Routed())
 
     def _load(self, worker: Worker) -> WorkerLoad:
-        stats, healthy = worker.stats, worker.healthy
-        if stats is None:
-            return WorkerLoad(worker.worker_id, healthy=False)
+        """The worker's WorkerLoad now; made anew, and set as its row, when its inputs changed."""
+        stats, healthy, rows = worker.stats, worker.healthy, self._rows[worker.role]
+        if stats is None:  # never polled: its row is still the unhealthy placeholder
+            return rows.of(worker.worker_id)
         routed = self._routed_since_poll.get(worker.worker_id)
         requests, tokens = (routed.requests, routed.tokens) if routed else (0, 0)
-        known = self._loads.get(worker.worker_id)
+        known = self._load_inputs.get(worker.worker_id)
         if (
             known is not None
             and known[0] is stats
@@ -203,11 +216,12 @@ class Routing:
             and known[2] == requests
             and known[3] == tokens
         ):
-            return known[4]
+            return rows.of(worker.worker_id)
         load = WorkerLoad.from_stats(
             stats, healthy=healthy, inflight=requests, inflight_prompt_tokens=tokens
         )
-        self._loads[worker.worker_id] = (stats, healthy, requests, tokens, load)
+        self._load_inputs[worker.worker_id] = (stats, healthy, requests, tokens)
+        rows.set(load)
         return load
 
     def _learn_from_stats(
@@ -221,10 +235,7 @@ class Routing:
         if previous is not None and previous.epoch != stats.epoch:
             self.recent.forget(worker.worker_id)
         self.policy.cost.observe_stats(stats)
-        # Its load is made now, as its answer arrives, not by the next decision: after a round
-        # of polls that decision would otherwise make every worker's (~7 us each, ~1.8 ms at
-        # 256 workers) while a request waits for it.
-        self._load(worker)
+        self._load(worker)  # as its answer arrives: no decision makes it
 
 
 @dataclass

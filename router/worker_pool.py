@@ -68,6 +68,10 @@ class WorkerPool:
         self._pollers: list[asyncio.Task] = []
         self.stats_listeners: list[StatsListener] = []  # (worker, previous stats, new stats)
         self.health_listeners: list[Callable[[], None]] = []  # after every poll of any worker
+        self.unhealthy_listeners: list[Callable[[Worker], None]] = []  # a worker marked unhealthy
+        # Requests in flight per role, the sum of its workers' `inflight` (admission control
+        # reads it at every decision).
+        self._inflight = {"prefill": 0, "decode": 0}
 
     @classmethod
     def of_ray_actors(
@@ -97,6 +101,12 @@ class WorkerPool:
         if worker.healthy:
             log.warning("worker %s marked unhealthy: %s", worker_id, reason)
         worker.healthy = False
+        for listener in self.unhealthy_listeners:
+            listener(worker)
+
+    def inflight(self, role: str) -> int:
+        """Requests in flight on the workers of `role`."""
+        return self._inflight[role]
 
     def silent_for(self, worker_id: str) -> float:
         """Seconds since the worker last answered a poll (infinite if it never did)."""
@@ -109,11 +119,13 @@ class WorkerPool:
         workers = [self.workers[w] for w in worker_ids]
         for worker in workers:
             worker.inflight += 1
+            self._inflight[worker.role] += 1
         try:
             yield
         finally:
             for worker in workers:
                 worker.inflight -= 1
+                self._inflight[worker.role] -= 1
 
     async def poll_once(self) -> None:
         await asyncio.gather(*(self._poll(w) for w in self.workers.values()))

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from pdserve.config import RouterConfig
 from router.cost_model import CostModel
 from router.estimates import RoutingRequest, WorkerLoad
+from router.load_rows import LoadRows
 from router.option_matrix import Limits, OptionMatrix
 from router.policy import RoutingPolicy
 
@@ -71,6 +72,13 @@ def situations(draw):
     return request, prefill, decode, cached, config, cost
 
 
+def _rows(loads: list[WorkerLoad]) -> LoadRows:
+    rows = LoadRows(w.worker_id for w in loads)
+    for load in loads:
+        rows.set(load)
+    return rows
+
+
 @settings(max_examples=400, deadline=None)
 @given(situations(), st.integers(0, 5))
 def test_vectorised_decision_is_the_enumerations(situation, turn) -> None:
@@ -79,13 +87,18 @@ def test_vectorised_decision_is_the_enumerations(situation, turn) -> None:
     request, prefill, decode, cached, config, cost = situation
     fast = RoutingPolicy(config, cost)
     slow = RoutingPolicy(config, cost, vectorised=False)
-    for _ in range(turn):  # advance both rotations alike
-        next(fast._turn), next(slow._turn)
+    from_rows = RoutingPolicy(config, cost)  # the loads as the router keeps them (LoadRows)
+    for _ in range(turn):  # advance every rotation alike
+        next(fast._turn), next(slow._turn), next(from_rows._turn)
     got = fast.decide(request, prefill, decode, cached)
     want = slow.decide(request, prefill, decode, cached)
     assert (got.status, got.reason) == (want.status, want.reason)
     assert got.chosen == want.chosen
     assert dict(got.estimates) == dict(want.estimates)
+    # A prefix held by a worker no longer in the pool changes nothing.
+    rows = from_rows.decide(request, _rows(prefill), _rows(decode), {**cached, "gone": 400})
+    assert (rows.status, rows.reason, rows.chosen) == (want.status, want.reason, want.chosen)
+    assert dict(rows.estimates) == dict(want.estimates)
 
     healthy_p = [p for p in prefill if p.healthy]
     healthy_d = [d for d in decode if d.healthy]

@@ -159,7 +159,8 @@ def test_a_polled_workers_load_is_made_at_the_answer_not_by_the_next_decision(
     monkeypatch,
 ) -> None:
     # After a round of polls the next decision would make every worker's load while its
-    # request waits (~1.8 ms at 256 workers): each load is made as its answer arrives instead.
+    # request waits (~1.8 ms at 256 workers): each load is made as its answer arrives instead,
+    # and a decision remakes only the loads of the workers it routes to.
     r = routing(disaggregate="auto")
     made: list[str] = []
     from_stats = WorkerLoad.from_stats
@@ -174,11 +175,57 @@ def test_a_polled_workers_load_is_made_at_the_answer_not_by_the_next_decision(
                                                 num_blocks=4096, num_free_blocks=4096,
                                                 num_waiting=2))  # fmt: skip
     assert sorted(made) == ["decode-0", "prefill-0"]
-    made.clear()
-    route = r.choose(SYSTEM, 8, set())
-    assert made == []  # every load was ready
+    for _ in range(2):
+        made.clear()
+        route = r.choose(SYSTEM, 8, set())
+        # Only the loads this route changed are made again, as it is routed.
+        assert sorted(made) == sorted(
+            {route.decode_worker, route.prefill_worker or route.decode_worker}
+        )
     assert r._load(r.pool.workers["decode-0"]).num_waiting == 2
-    r.choose(SYSTEM, 8, set())  # the first route changed its workers' loads: made again
-    assert sorted(made) == sorted(
-        {route.decode_worker, route.prefill_worker or route.decode_worker}
-    )
+
+
+def test_each_workers_row_is_its_load_after_polls_routes_failures_and_retries() -> None:
+    # A decision reads each role's LoadRows as they are: every change of a worker's load must
+    # have replaced its row (router/load_rows.py).
+    pool = WorkerPool(dict.fromkeys(["prefill-0", "prefill-1"]), dict.fromkeys(["decode-0", "decode-1", "decode-2"]))  # fmt: skip
+    r = Routing(pool, RoutingPolicy(RouterConfig(disaggregate="auto")), BLOCK)
+
+    def poll(worker, waiting: int) -> None:
+        stats = WorkerStats(worker.worker_id, worker.role, epoch=1, num_waiting=waiting,
+                            waiting_prompt_tokens=100 * waiting, num_running=waiting + 1,
+                            num_blocks=4096, num_free_blocks=4000 - waiting)  # fmt: skip
+        pool.record_stats(worker, stats, sent_at=r.clock())
+
+    def rows_are_loads() -> None:
+        for role, rows in r._rows.items():
+            expected = []
+            for worker in pool.of_role(role, healthy_only=False):
+                routed = r._routed_since_poll.get(worker.worker_id)
+                expected.append(
+                    WorkerLoad.from_stats(
+                        worker.stats,
+                        healthy=worker.healthy,
+                        inflight=routed.requests if routed else 0,
+                        inflight_prompt_tokens=routed.tokens if routed else 0,
+                    )
+                )
+            assert list(rows) == expected
+            assert rows.numbers.T.tolist() == [list(load.numbers) for load in expected]
+            assert rows.all_healthy == all(load.healthy for load in expected)
+
+    for i, worker in enumerate(pool.workers.values()):
+        poll(worker, i % 3)
+    rows_are_loads()
+    routes = [r.choose(SYSTEM + [1000 + i], 8, set()) for i in range(4)]
+    rows_are_loads()
+    r.on_prompt_computed(routes[0])
+    rows_are_loads()
+    pool.mark_unhealthy("decode-1", "test")
+    rows_are_loads()
+    retry = r.choose(SYSTEM + [2000], 8, {routes[1].decode_worker})
+    assert retry.decode_worker not in {"decode-1", routes[1].decode_worker}
+    rows_are_loads()
+    poll(pool.workers["decode-1"], 2)  # healthy again
+    poll(pool.workers[routes[2].decode_worker], 0)
+    rows_are_loads()
