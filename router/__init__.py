@@ -25,6 +25,7 @@ contracts in pyproject.toml); it knows workers only through `router/types.py` an
 - `policy.py` — `RoutingPolicy`: options, admission control, the choice.
 - `estimates.py` — TTFT, TPOT and stall of each option, and the objective.
 - `option_matrix.py` — the cost policy's pick over every option at once, as numpy arrays.
+- `load_rows.py` — each role's worker loads, kept as arrays as they change, for the decisions.
 - `cost_model.py` — prefill, decode-step and transfer costs, learned online.
 - `observability.py` — the request's spans and latency metrics.
 - `traffic_window.py` — the requests served lately, for the online planner.

@@ -64,7 +64,7 @@ def read_in_place(
     q: torch.Tensor,  # [B, H, D], one query per sequence (rope applied)
     layer_cache: torch.Tensor,  # [2, num_blocks, block_size, KV, D]
     block_tables: torch.Tensor,  # [B, max_blocks] int64
-    context_lens: torch.Tensor,  # [B] int64: sequence b attends over its first context_lens[b] slots
+    context_lens: torch.Tensor,  # [B] int64: sequence b attends over its first slots
 ) -> torch.Tensor:  # [B, H * D]
     """Decode attention through the kernel of q's device, reading the KV blocks where they lie."""
     kernel = native_attention if q.device.type == "cpu" else triton_attention

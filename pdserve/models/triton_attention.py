@@ -197,7 +197,7 @@ def _kernels() -> _Kernels:
         SPLITS: tl.constexpr,
         SPLITS_PAD: tl.constexpr,
     ):
-        # One program: sequence b, query head q. Rescales each partition to the global maximum.
+        # One program: sequence b, query head `head`. Rescales each partition to the global maximum.
         # Partition 0 always holds a key (context >= 1); an empty one has maximum -inf, weight 0.
         b = tl.program_id(0)
         head = tl.program_id(1)

@@ -188,7 +188,8 @@ def test_a_polled_workers_load_is_made_at_the_answer_not_by_the_next_decision(
 def test_each_workers_row_is_its_load_after_polls_routes_failures_and_retries() -> None:
     # A decision reads each role's LoadRows as they are: every change of a worker's load must
     # have replaced its row (router/load_rows.py).
-    pool = WorkerPool(dict.fromkeys(["prefill-0", "prefill-1"]), dict.fromkeys(["decode-0", "decode-1", "decode-2"]))  # fmt: skip
+    prefill, decode = ["prefill-0", "prefill-1"], ["decode-0", "decode-1", "decode-2"]
+    pool = WorkerPool(dict.fromkeys(prefill), dict.fromkeys(decode))  # no actor is ever called
     r = Routing(pool, RoutingPolicy(RouterConfig(disaggregate="auto")), BLOCK)
 
     def poll(worker, waiting: int) -> None:
