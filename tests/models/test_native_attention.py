@@ -126,10 +126,17 @@ def test_bad_input_is_an_error_not_a_stray_read():
             native_attention.paged_decode_attention(*args[:-1])
 
 
-def test_switched_off_by_the_environment():
-    code = "from pdserve.models import native_attention as n; print(n.enabled())"
-    env = {**os.environ, native_attention.DISABLE_ENV: "0"}
+def enabled_when_switched_off(module) -> str:
+    """What `module.enabled()` says in a new process with its DISABLE_ENV set to 0."""
+    code = (
+        f"from pdserve.models import {module.__name__.rsplit('.', 1)[1]} as m; print(m.enabled())"
+    )
+    env = {**os.environ, module.DISABLE_ENV: "0"}
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
-    assert out.stdout.strip() == "False"
+    return out.stdout.strip()
+
+
+def test_switched_off_by_the_environment():
+    assert enabled_when_switched_off(native_attention) == "False"

@@ -14,6 +14,7 @@ import torch
 
 from pdserve.models import triton_attention
 from pdserve.models.attention import reads_in_place
+from tests.models.test_native_attention import enabled_when_switched_off
 
 pytest.importorskip("triton", reason="the test extras install Triton (pyproject.toml)")
 
@@ -76,9 +77,4 @@ def test_gpus_read_in_place_where_triton_can_shape_the_blocks():
 
 
 def test_switched_off_by_the_environment():
-    code = "from pdserve.models import triton_attention as t; print(t.enabled())"
-    env = {**os.environ, triton_attention.DISABLE_ENV: "0"}
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
-    )
-    assert out.stdout.strip() == "False"
+    assert enabled_when_switched_off(triton_attention) == "False"
