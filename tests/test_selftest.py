@@ -23,6 +23,7 @@ def test_cpu_selftest_prints_one_table(capsys):
         line = next(line for line in lines[1:] if line.strip().startswith(check))
         return line.strip()[len(check) :].split()
 
+    assert row("decode attention (tiny)") == ["in", "place", "C++", "kernel"]
     assert row("parity vs transformers (tiny)")[0] == "ok"
     assert row("compiled vs eager (tiny)")[0] == "ok"
     for transport in ("grpc", "collective"):
@@ -31,7 +32,7 @@ def test_cpu_selftest_prints_one_table(capsys):
     for batch in (1, 32):
         rate, unit = row(f"decode batch {batch} (tiny)")[:2]
         assert float(rate) > 0 and unit == "tok/s"
-    assert len(lines) == 1 + 2 + 2 + 2  # the header, parity, transfer and decode rows
+    assert len(lines) == 1 + 3 + 2 + 2  # the header, attention and parity, transfer, decode
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error without CUDA")

@@ -61,8 +61,14 @@ def run(args: argparse.Namespace) -> int:
     models = [(args.preset, builtin)] + ([("--model", args.model)] if args.model else [])
     for label, model_dir in models:
         expected = _transformers_greedy(model_dir, args.device)
-        eager = _engine_greedy(model_dir, args.device, compiled=False)
-        compiled = _engine_greedy(model_dir, args.device, compiled=True)
+        eager, in_place = _engine_greedy(model_dir, args.device, compiled=False)
+        compiled, _ = _engine_greedy(model_dir, args.device, compiled=True)
+        # Which decode attention the checks ran: the kernel of the device, or the gather.
+        kernel = "C++ kernel" if args.device == "cpu" else "Triton kernel"
+        _row(
+            f"decode attention ({label})",
+            *(("in place", kernel) if in_place else ("gathered", "gather + SDPA")),
+        )
         for check, got in (("parity vs transformers", eager), ("compiled vs eager", compiled)):
             reference = expected if check.endswith("transformers") else eager
             same = sum(a == b for a, b in zip(got, reference, strict=True))
@@ -126,12 +132,14 @@ def _engine(model_dir: str, device: str, compiled: bool, max_num_seqs: int = 64)
     return LLMEngine(config)
 
 
-def _engine_greedy(model_dir: str, device: str, compiled: bool) -> list[list[int]]:
+def _engine_greedy(model_dir: str, device: str, compiled: bool) -> tuple[list[list[int]], bool]:
+    """The engine's greedy tokens, and whether its decode rows read the KV blocks in place."""
     from pdserve.core.sampling_params import SamplingParams
 
     engine = _engine(model_dir, device, compiled)
     params = SamplingParams(max_tokens=PARITY_TOKENS, ignore_eos=True)
-    return engine.generate(_prompts(engine.model.config.vocab_size), params)
+    tokens = engine.generate(_prompts(engine.model.config.vocab_size), params)
+    return tokens, engine.executor.runner.reads_kv_in_place
 
 
 def _transformers_greedy(model_dir: str, device: str) -> list[list[int]]:
