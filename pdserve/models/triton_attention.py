@@ -62,6 +62,9 @@ def paged_decode_attention(
     _, _, block_size, kv_heads, _ = layer_cache.shape
     group = heads // kv_heads
     group_pad = _next_power_of_two(group)
+    # The partitions are a launch-time number, not compiled into the kernels: an eager step's
+    # table width grows with its longest context, and each new constant would compile a kernel
+    # in the middle of serving (the merge compiles once per power of two of it).
     splits = max(1, -(-block_tables.shape[1] // PARTITION_BLOCKS))
     q = q.contiguous()
     tables = block_tables.contiguous()
@@ -90,7 +93,6 @@ def paged_decode_attention(
         DIM=dim,
         BLOCK_SIZE=block_size,
         PARTITION=PARTITION_BLOCKS,
-        SPLITS=splits,
     )
     out = torch.empty(batch, heads * dim, dtype=q.dtype, device=q.device)
     kernels.combine[(batch, heads)](
@@ -98,11 +100,11 @@ def paged_decode_attention(
         stats[0],
         stats[1],
         out,
+        splits,
         KV_HEADS=kv_heads,
         GROUP=group,
         GROUP_PAD=group_pad,
         DIM=dim,
-        SPLITS=splits,
         SPLITS_PAD=_next_power_of_two(splits),
     )
     return out
@@ -145,7 +147,6 @@ def _kernels() -> _Kernels:
         DIM: tl.constexpr,
         BLOCK_SIZE: tl.constexpr,
         PARTITION: tl.constexpr,
-        SPLITS: tl.constexpr,
     ):
         # One program: sequence b, KV head h, partition s of its blocks. Writes the partition's
         # unnormalised output [GROUP, DIM], its running maximum and its sum of exponentials.
@@ -153,6 +154,7 @@ def _kernels() -> _Kernels:
         h = tl.program_id(1)
         s = tl.program_id(2)
         kv_heads = tl.num_programs(1)
+        splits = tl.num_programs(2)
         context = tl.load(lens_ptr + b)
         blocks = tl.cdiv(context, BLOCK_SIZE)
         first = s * PARTITION
@@ -179,7 +181,7 @@ def _kernels() -> _Kernels:
             running_sum = running_sum * correction + tl.sum(p, axis=1)
             acc = acc * correction[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
             running_max = new_max
-        at = (b * kv_heads + h) * SPLITS + s
+        at = (b * kv_heads + h) * splits + s
         tl.store(acc_ptr + (at * GROUP_PAD + g)[:, None] * DIM + d[None, :], acc)
         tl.store(max_ptr + at * GROUP_PAD + g, running_max)
         tl.store(sum_ptr + at * GROUP_PAD + g, running_sum)
@@ -190,11 +192,11 @@ def _kernels() -> _Kernels:
         max_ptr,
         sum_ptr,
         out_ptr,
+        splits,
         KV_HEADS: tl.constexpr,
         GROUP: tl.constexpr,
         GROUP_PAD: tl.constexpr,
         DIM: tl.constexpr,
-        SPLITS: tl.constexpr,
         SPLITS_PAD: tl.constexpr,
     ):
         # One program: sequence b, query head `head`. Rescales each partition to the global maximum.
@@ -205,8 +207,8 @@ def _kernels() -> _Kernels:
         g = head % GROUP
         s = tl.arange(0, SPLITS_PAD)
         d = tl.arange(0, DIM)
-        valid = s < SPLITS
-        at = (b * KV_HEADS + h) * SPLITS + s
+        valid = s < splits
+        at = (b * KV_HEADS + h) * splits + s
         maxima = tl.load(max_ptr + at * GROUP_PAD + g, mask=valid, other=float("-inf"))
         sums = tl.load(sum_ptr + at * GROUP_PAD + g, mask=valid, other=0.0)
         top = tl.max(maxima, axis=0)
