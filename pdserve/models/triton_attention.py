@@ -4,12 +4,20 @@ counterpart of the CPU kernel in native_attention.py.
 Without it a decode step gathers every sequence's whole (padded) context out of the pool each
 layer before SDPA reads it: on an H100 that gather was 46% of a compiled batch-32 step of the
 Llama-3.1-8B shape at 1024-token contexts, against 25% for the weight matmuls (BENCHMARKS.md,
-"Fifth lease"). Here each program walks one sequence's blocks through its block table for one
+"Fifth lease"). Here each program walks one sequence's tokens through its block table for one
 KV head and its G query heads, reading each key and value row once, where it lies.
 
-Flash-decoding split: a long context is cut into partitions of PARTITION_BLOCKS blocks, each a
-program of its own (so a small batch still fills the GPU), and a second kernel combines the
-partitions' softmax statistics. Accumulation is in float32 whatever the cache's dtype.
+Each iteration reads a tile of TILE_TOKENS keys and values (several blocks: each row's address
+comes from its block's table entry) and multiplies them on the tensor cores (`tl.dot`), the G
+query heads padded to the 16 rows a tensor-core multiply needs. Decode attention is bound by
+reading the cache; the first version, one block per iteration with elementwise products, read it
+at ~0.6 TB/s on an H100.
+
+Flash-decoding split: a context is cut into partitions of whole tiles, each a program of its
+own, and a second kernel combines the partitions' softmax statistics. The partition count is
+chosen from the batch: enough programs for every multiprocessor (a batch of one sequence still
+fills the GPU), no more (each partition's partial output is written and read back).
+Accumulation is in float32 whatever the cache's dtype.
 
 Runs wherever Triton runs: CUDA, and the CPU through Triton's interpreter (TRITON_INTERPRET=1,
 how tests check it on machines without a GPU). `PDSERVE_TRITON_ATTENTION=0` turns it off (the
@@ -27,9 +35,14 @@ from typing import Any, NamedTuple
 import torch
 
 DISABLE_ENV = "PDSERVE_TRITON_ATTENTION"
-# Blocks per partition: 256 tokens of 16-token blocks. A batch of 32 sequences x 8 KV heads at
-# a 1024-token context makes 32 * 8 * 4 programs, several per multiprocessor.
-PARTITION_BLOCKS = 16
+# Keys per iteration: four 16-token blocks, a [64, head_dim] tile for the tensor cores.
+TILE_TOKENS = 64
+# Rows of a tensor-core multiply: the query heads of one KV head are padded to at least this.
+DOT_ROWS = 16
+# Programs per multiprocessor that the partitions aim for (on CUDA; the interpreter takes
+# INTERPRETER_PROGRAMS, so that the tests' small shapes are split too).
+PROGRAMS_PER_MULTIPROCESSOR = 4
+INTERPRETER_PROGRAMS = 64
 
 
 @functools.cache
@@ -42,8 +55,9 @@ def enabled() -> bool:
 
 
 def supports(head_dim: int, block_size: int) -> bool:
-    """Triton's block shapes are powers of two."""
-    return _power_of_two(head_dim) and _power_of_two(block_size)
+    """Triton's block shapes are powers of two, and a tensor-core multiply's inner size is at
+    least 16."""
+    return _power_of_two(head_dim) and head_dim >= 16 and _power_of_two(block_size)
 
 
 def _power_of_two(n: int) -> bool:
@@ -61,17 +75,21 @@ def paged_decode_attention(
     batch, heads, dim = q.shape
     _, _, block_size, kv_heads, _ = layer_cache.shape
     group = heads // kv_heads
-    group_pad = _next_power_of_two(group)
-    # The partitions are a launch-time number, not compiled into the kernels: an eager step's
-    # table width grows with its longest context, and each new constant would compile a kernel
-    # in the middle of serving (the merge compiles once per power of two of it).
-    splits = max(1, -(-block_tables.shape[1] // PARTITION_BLOCKS))
+    group_pad = max(DOT_ROWS, _next_power_of_two(group))
+    tile = max(TILE_TOKENS, block_size)
+    # The table's width, not the longest context, bounds the partitions, so a compiled step
+    # (static tables) launches the same grid every time. Both numbers are launch-time values,
+    # not compiled into the kernels: an eager step's table width grows with its longest context,
+    # and each new constant would compile a kernel in the middle of serving (the merge compiles
+    # once per power of two of the partition count).
+    tiles = max(1, -(-block_tables.shape[1] * block_size // tile))
+    wanted = -(-_programs_wanted(q.device) // (batch * kv_heads))
+    partition_tiles = -(-tiles // max(1, min(tiles, wanted)))
+    splits = -(-tiles // partition_tiles)
     q = q.contiguous()
     tables = block_tables.contiguous()
-    partial = torch.empty(
-        batch, kv_heads, splits, group_pad, dim, dtype=torch.float32, device=q.device
-    )
-    stats = torch.empty(2, batch, kv_heads, splits, group_pad, dtype=torch.float32, device=q.device)
+    partial = torch.empty(batch, kv_heads, splits, group, dim, dtype=torch.float32, device=q.device)
+    stats = torch.empty(2, batch, kv_heads, splits, group, dtype=torch.float32, device=q.device)
     keys, values = layer_cache[0], layer_cache[1]
     kernels.partition[(batch, kv_heads, splits)](
         q,
@@ -83,6 +101,7 @@ def paged_decode_attention(
         stats[0],
         stats[1],
         tables.shape[1],
+        partition_tiles,
         keys.stride(0),
         keys.stride(1),
         keys.stride(2),
@@ -92,7 +111,9 @@ def paged_decode_attention(
         GROUP_PAD=group_pad,
         DIM=dim,
         BLOCK_SIZE=block_size,
-        PARTITION=PARTITION_BLOCKS,
+        TILE=tile,
+        # float32 caches multiply in full precision (TF32 would lose it); 16-bit ones ignore it
+        PRECISION="ieee" if keys.dtype == torch.float32 else "tf32",
     )
     out = torch.empty(batch, heads * dim, dtype=q.dtype, device=q.device)
     kernels.combine[(batch, heads)](
@@ -103,11 +124,21 @@ def paged_decode_attention(
         splits,
         KV_HEADS=kv_heads,
         GROUP=group,
-        GROUP_PAD=group_pad,
         DIM=dim,
         SPLITS_PAD=_next_power_of_two(splits),
     )
     return out
+
+
+def _programs_wanted(device: torch.device) -> int:
+    if device.type != "cuda":
+        return INTERPRETER_PROGRAMS
+    return PROGRAMS_PER_MULTIPROCESSOR * _multiprocessors(device.index or 0)
+
+
+@functools.cache
+def _multiprocessors(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def _next_power_of_two(n: int) -> int:
@@ -137,6 +168,7 @@ def _kernels() -> _Kernels:
         max_ptr,
         sum_ptr,
         table_width,
+        partition_tiles,
         stride_block,
         stride_slot,
         stride_head,
@@ -146,9 +178,10 @@ def _kernels() -> _Kernels:
         GROUP_PAD: tl.constexpr,
         DIM: tl.constexpr,
         BLOCK_SIZE: tl.constexpr,
-        PARTITION: tl.constexpr,
+        TILE: tl.constexpr,
+        PRECISION: tl.constexpr,
     ):
-        # One program: sequence b, KV head h, partition s of its blocks. Writes the partition's
+        # One program: sequence b, KV head h, partition s of its tiles. Writes the partition's
         # unnormalised output [GROUP, DIM], its running maximum and its sum of exponentials.
         b = tl.program_id(0)
         h = tl.program_id(1)
@@ -156,35 +189,40 @@ def _kernels() -> _Kernels:
         kv_heads = tl.num_programs(1)
         splits = tl.num_programs(2)
         context = tl.load(lens_ptr + b)
-        blocks = tl.cdiv(context, BLOCK_SIZE)
-        first = s * PARTITION
-        last = tl.minimum(first + PARTITION, blocks)
+        first = s * partition_tiles
+        last = tl.minimum(first + partition_tiles, tl.cdiv(context, TILE))
         g = tl.arange(0, GROUP_PAD)
         d = tl.arange(0, DIM)
-        t = tl.arange(0, BLOCK_SIZE)
+        t = tl.arange(0, TILE)
         rows = g < GROUP
         q_rows = q_ptr + (b * HEADS + h * GROUP + g)[:, None] * DIM + d[None, :]
-        q = tl.load(q_rows, mask=rows[:, None], other=0.0).to(tl.float32) * scale
+        q = tl.load(q_rows, mask=rows[:, None], other=0.0).to(k_ptr.dtype.element_ty)
         running_max = tl.full([GROUP_PAD], float("-inf"), tl.float32)
         running_sum = tl.zeros([GROUP_PAD], tl.float32)
         acc = tl.zeros([GROUP_PAD, DIM], tl.float32)
-        row_offsets = t[:, None] * stride_slot + h * stride_head + d[None, :]
         for i in range(first, last):
-            block = tl.load(tables_ptr + b * table_width + i)
-            k = tl.load(k_ptr + block * stride_block + row_offsets).to(tl.float32)
-            v = tl.load(v_ptr + block * stride_block + row_offsets).to(tl.float32)
-            scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2)  # [GROUP_PAD, BLOCK_SIZE]
-            scores = tl.where((i * BLOCK_SIZE + t < context)[None, :], scores, float("-inf"))
+            token = i * TILE + t
+            valid = token < context
+            # Each row's block from the table; rows past the context read nothing (their
+            # slots may hold anything, NaN included).
+            block = tl.load(tables_ptr + b * table_width + token // BLOCK_SIZE, mask=valid, other=0)
+            rows_at = block * stride_block + (token % BLOCK_SIZE) * stride_slot + h * stride_head
+            offsets = rows_at[:, None] + d[None, :]
+            k = tl.load(k_ptr + offsets, mask=valid[:, None], other=0.0)  # [TILE, DIM]
+            v = tl.load(v_ptr + offsets, mask=valid[:, None], other=0.0)
+            scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [GROUP_PAD, TILE]
+            scores = tl.where(valid[None, :], scores, float("-inf"))
             new_max = tl.maximum(running_max, tl.max(scores, axis=1))
             correction = tl.exp(running_max - new_max)
             p = tl.exp(scores - new_max[:, None])
             running_sum = running_sum * correction + tl.sum(p, axis=1)
-            acc = acc * correction[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+            weighted = tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+            acc = acc * correction[:, None] + weighted
             running_max = new_max
         at = (b * kv_heads + h) * splits + s
-        tl.store(acc_ptr + (at * GROUP_PAD + g)[:, None] * DIM + d[None, :], acc)
-        tl.store(max_ptr + at * GROUP_PAD + g, running_max)
-        tl.store(sum_ptr + at * GROUP_PAD + g, running_sum)
+        tl.store(acc_ptr + (at * GROUP + g)[:, None] * DIM + d[None, :], acc, mask=rows[:, None])
+        tl.store(max_ptr + at * GROUP + g, running_max, mask=rows)
+        tl.store(sum_ptr + at * GROUP + g, running_sum, mask=rows)
 
     @triton.jit
     def combine(
@@ -195,7 +233,6 @@ def _kernels() -> _Kernels:
         splits,
         KV_HEADS: tl.constexpr,
         GROUP: tl.constexpr,
-        GROUP_PAD: tl.constexpr,
         DIM: tl.constexpr,
         SPLITS_PAD: tl.constexpr,
     ):
@@ -209,12 +246,12 @@ def _kernels() -> _Kernels:
         d = tl.arange(0, DIM)
         valid = s < splits
         at = (b * KV_HEADS + h) * splits + s
-        maxima = tl.load(max_ptr + at * GROUP_PAD + g, mask=valid, other=float("-inf"))
-        sums = tl.load(sum_ptr + at * GROUP_PAD + g, mask=valid, other=0.0)
+        maxima = tl.load(max_ptr + at * GROUP + g, mask=valid, other=float("-inf"))
+        sums = tl.load(sum_ptr + at * GROUP + g, mask=valid, other=0.0)
         top = tl.max(maxima, axis=0)
         weights = tl.where(maxima > float("-inf"), tl.exp(maxima - top), 0.0)
         parts = tl.load(
-            acc_ptr + (at * GROUP_PAD + g)[:, None] * DIM + d[None, :],
+            acc_ptr + (at * GROUP + g)[:, None] * DIM + d[None, :],
             mask=valid[:, None],
             other=0.0,
         )

@@ -18,13 +18,15 @@ from tests.models.test_native_attention import enabled_when_switched_off
 
 pytest.importorskip("triton", reason="the test extras install Triton (pyproject.toml)")
 
-# (batch, heads, kv_heads, dim, block_size, table width in blocks); partitions are
-# PARTITION_BLOCKS blocks: the widths make 1 to 3 of them, the last partly or wholly unused.
+# (batch, heads, kv_heads, dim, block_size, table width in blocks). Tiles are TILE_TOKENS keys;
+# under the interpreter the contexts are cut into partitions for INTERPRETER_PROGRAMS programs:
+# from one partition of one tile to four of three, the last partly or wholly unused.
 SHAPES = [
-    (1, 8, 2, 64, 16, 3),
-    (4, 12, 4, 64, 16, 40),  # 3 query heads per KV head (padded to 4), 3 partitions
-    (5, 8, 8, 32, 4, 17),  # no grouped-query sharing, 2 partitions
-    (2, 4, 1, 128, 8, 20),  # one KV head
+    (1, 8, 2, 64, 16, 3),  # one tile, one partition
+    (4, 12, 4, 64, 16, 40),  # 3 query heads per KV head, 10 tiles in 4 partitions
+    (5, 8, 8, 32, 4, 17),  # no grouped-query sharing, 2 tiles of 16 blocks, 2 partitions
+    (2, 4, 1, 128, 8, 20),  # one KV head, 3 partitions of a tile
+    (1, 4, 1, 16, 128, 2),  # 128-token blocks (a tile each), the smallest head size
 ]
 
 
@@ -34,6 +36,8 @@ def check_against_sdpa(device: str = "cpu") -> None:
     tests.models.test_triton_attention import check_against_sdpa as c; c('cuda')"`."""
     from tests.models.test_native_attention import _reference
 
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        _interpret_bfloat16_dots()
     for dtype in (torch.float32, torch.bfloat16):
         for batch, heads, kv_heads, dim, block_size, width in SHAPES:
             gen = torch.Generator().manual_seed(batch * dim + width)
@@ -57,6 +61,28 @@ def check_against_sdpa(device: str = "cpu") -> None:
                 out.view(batch, heads, dim).float(), _reference(q, cache, tables, lens), **tolerance
             )
     print("ok")
+
+
+def _interpret_bfloat16_dots() -> None:
+    """Triton's interpreter (3.9) keeps bfloat16 as its uint16 bits and `tl.dot` multiplies those
+    bits as integers (it converts only 8-bit floats first). Widen them to float32, which holds
+    every bfloat16 exactly, so that the kernel checked is the kernel a GPU runs."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    create_dot = interpreter.InterpreterBuilder.create_dot
+
+    def widened(handle):
+        if handle.dtype.scalar != tl.bfloat16:
+            return handle
+        bits = handle.data.astype(np.uint32) << 16
+        return interpreter.TensorHandle(bits.view(np.float32), tl.float32)
+
+    def dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        return create_dot(self, widened(a), widened(b), d, input_precision, max_num_imprecise_acc)
+
+    interpreter.InterpreterBuilder.create_dot = dot
 
 
 def test_the_kernel_equals_sdpa_over_the_gathered_context():
