@@ -22,6 +22,8 @@ types in `pdserve.core`. This package imports none of ray, grpc or redis.
   its sequences in attention groups when their lengths differ widely.
 - `compiled_decode.py` — `CompiledDecode`: decode-only steps as compiled static-shape graphs
   (`--compile`; CUDA graphs on CUDA), batch and block tables padded to buckets.
+- `cuda_graphs.py` — `CudaGraphs`: the compiled decode step's CUDA graphs, captured by hand and
+  replayed after one copy of the step's inputs.
 - `memory_profile.py` — the KV pool on CUDA from `--gpu-memory-utilization`: a profiled step.
 - `sampler.py` — repetition penalty; greedy / temperature / top-k / top-p / seeded sampling,
   logprobs.

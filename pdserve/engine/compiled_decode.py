@@ -3,14 +3,15 @@ and samples, no DoLa/SLED exits, no drafts) runs as a compiled graph with static
 
 The batch is padded up to a bucket size (1, 2, 4, 8, ... up to max_num_seqs, like vLLM's
 CUDA-graph capture sizes) and the block tables to one of four widths per doubling of the
-context (width_bucket), so a few graphs serve every step; the paged KV layout is the eager model's. Padding rows repeat row 0 (its token,
-position, slot and block table): they compute and store exactly row 0's K/V, so they never
-touch another block, and their logits are dropped. On CUDA the graph is compiled with
-mode="reduce-overhead" (CUDA graphs) and the KV cache marked as a static address; on CPU with
-inductor's default mode. Attention is one opaque op in the graph (models/attention_op.py),
-so the graph writes the KV cache in place; where the eager steps read decode rows' KV blocks in
-place (models/attention.reads_in_place: the CPU kernel, Triton's on a GPU), so does the graph,
-which then attends over each row's own context instead of gathering the whole padded table.
+context (width_bucket), so a few graphs serve every step; the paged KV layout is the eager
+model's. Padding rows repeat row 0 (its token, position, slot and block table): they compute
+and store exactly row 0's K/V, so they never touch another block, and their logits are dropped.
+A step's inputs travel as one flat int64 buffer. The graph is compiled with inductor's default
+mode; on CUDA each shape's graph is then captured as a CUDA graph and replayed
+(cuda_graphs.py). Attention is one opaque op in the graph (models/attention_op.py), so the
+graph writes the KV cache in place; where the eager steps read decode rows' KV blocks in place
+(models/attention.reads_in_place: the CPU kernel, Triton's on a GPU), so does the graph, which
+then attends over each row's own context instead of gathering the whole padded table.
 Mixed and prefill steps stay eager (ModelRunner.run).
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from pdserve.engine.cuda_graphs import CudaGraphs
 from pdserve.engine.factuality import plan_exits
 from pdserve.engine.scheduler import ScheduledBatch
 from pdserve.models.attention import AttentionContext
@@ -95,11 +97,8 @@ class CompiledDecode:
         dynamo = torch._dynamo.config
         dynamo.recompile_limit = max(dynamo.recompile_limit, limit)
         dynamo.accumulated_recompile_limit = max(dynamo.accumulated_recompile_limit, 4 * limit)
-        if device.type == "cuda":
-            torch._dynamo.mark_static_address(kv_cache)
-            self._step = torch.compile(self._forward, mode="reduce-overhead", dynamic=False)
-        else:
-            self._step = torch.compile(self._forward, dynamic=False)
+        self._step = torch.compile(self._forward, dynamic=False)
+        self._graphs = CudaGraphs(device) if device.type == "cuda" else None
 
     def handles(self, batch: ScheduledBatch) -> bool:
         """Whether `batch` is decode-only: one new token per sequence, each sampling, no
@@ -122,29 +121,35 @@ class CompiledDecode:
         positions = [seq.num_computed_tokens for seq in batch.seqs]
         width = width_bucket(max(p // bs + 1 for p in positions), bs)
         rows = list(range(real)) + [0] * (padded - real)
-        table_rows = [tables[r][:width] + [0] * (width - len(tables[r][:width])) for r in rows]
-        dev = self.device
-        ids = torch.tensor([batch.seqs[r].token_ids[-1] for r in rows], device=dev)
-        pos = torch.tensor([positions[r] for r in rows], dtype=torch.int64, device=dev)
-        slots = torch.tensor(
-            [tables[r][positions[r] // bs] * bs + positions[r] % bs for r in rows],
-            dtype=torch.int64,
-            device=dev,
-        )
-        table_t = torch.tensor(table_rows, dtype=torch.int64, device=dev)
+        # ids, positions, slots, then the block tables: one host-to-device copy
+        flat = [batch.seqs[r].token_ids[-1] for r in rows]
+        flat += [positions[r] for r in rows]
+        flat += [tables[r][positions[r] // bs] * bs + positions[r] % bs for r in rows]
+        for r in rows:
+            table = tables[r][:width]
+            flat += table
+            flat += [0] * (width - len(table))
+        inputs = torch.tensor(flat, dtype=torch.int64)
         self.steps += 1
         self.shapes.add((padded, width))
-        logits = self._step(ids, pos, slots, table_t, self.kv_cache)
-        return logits[:real].clone()  # a CUDA graph's output buffer is reused by the next run
+
+        def forward(on_device: torch.Tensor) -> torch.Tensor:
+            return self._step(on_device, self.kv_cache, width)
+
+        if self._graphs is None:
+            return forward(inputs)[:real]
+        logits = self._graphs.run((padded, width), inputs, forward)
+        return logits[:real].clone()  # the graph's output buffer is reused by the next run
 
     def _forward(
         self,
-        input_ids: torch.Tensor,  # [Bp]
-        positions: torch.Tensor,  # [Bp]
-        slot_mapping: torch.Tensor,  # [Bp]
-        block_tables: torch.Tensor,  # [Bp, W]
+        inputs: torch.Tensor,  # [Bp * (3 + W)]: ids, positions, slots, then the block tables
         kv_cache: torch.Tensor,
+        width: int,  # W
     ) -> torch.Tensor:  # [Bp, vocab]
+        padded = inputs.shape[0] // (3 + width)
+        input_ids, positions, slot_mapping, tables = inputs.split([padded] * 3 + [padded * width])
+        block_tables = tables.view(padded, width)
         if self.in_place:  # each row over its own context: its position, plus itself
             mask, context_lens = None, positions + 1
         else:
