@@ -16,7 +16,9 @@ keywords that ask for it. `--decoding dola|sled` contrasts 4 evenly spaced prema
 ratio is the rule's tok/s over greedy's (target >= 1 / 1.3).
 
 `--op-profile` profiles pdserve's decode steps at the largest batch (op_profile.py): time per
-op and the share of a step outside the weight matmuls (issue 19 point 1).
+op and the share of a step outside the weight matmuls (issue 19 point 1). `--step-phases` times
+the same steps by the engine's phases without a profiler (step_phases.py): scheduling, the
+model as the host sees it, waiting for the GPU, sampling, outputs.
 
 `--profile-out FILE` also records every measured step of the engine (prefill tokens, decode
 sequences, context tokens and seconds, through `StepRecorder`), fits them with
@@ -110,6 +112,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also profile pdserve's decode steps at the largest batch: time per op, and the "
         "share of the step outside weight matmuls",
+    )
+    parser.add_argument(
+        "--step-phases",
+        action="store_true",
+        help="also time pdserve's decode steps at the largest batch by phase (scheduling, "
+        "model, waiting for the GPU, sampling, outputs), without a profiler",
     )
     parser.add_argument(
         "--compile",
@@ -292,6 +300,18 @@ def run(args: argparse.Namespace) -> int:
         timed = "GPU kernel time" if profile.device == "cuda" else "self CPU time"
         print(f"\npdserve decode steps at batch {max_batch}, by {timed} (torch.profiler):")
         print(format_profile(profile, args.steps - 1))
+    if args.step_phases:
+        from pdserve.bench.step_phases import StepPhases, format_phases
+
+        prefill(max_batch, args.steps)
+        phases = StepPhases(engine, args.device)
+        try:
+            while engine.has_unfinished():
+                phases.record(engine.step)
+        finally:
+            phases.close()
+        print(f"\npdserve decode steps at batch {max_batch}, by phase:")
+        print(format_phases(phases))
     if args.profile_out:
         # Mixed steps besides the table's uniform ones: prompts of varied lengths arriving
         # one per step share steps with the earlier ones' decodes, so the fit can tell the

@@ -44,6 +44,43 @@ def test_op_profile_splits_decode_steps_into_matmuls_and_the_rest(capsys):
     assert float(matmuls) > 0 and float(matmuls) + float(rest) == pytest.approx(100, abs=0.11)
 
 
+def test_step_phases_time_decode_steps_by_the_engines_phases(capsys):
+    argv = ["bench", "engine", "--preset", "tiny", "--batch-sizes", "1,4", "--steps", "6"]
+    assert main([*argv, "--repeats", "1", "--step-phases"]) == 0
+    out = capsys.readouterr().out.split("by phase:")[1]
+    rows = dict(re.findall(r"^(\w[\w ()]+?)\s+([\d.]+)\s+[\d.]+%$", out, re.MULTILINE))
+    # On CPU the model runs on the host: no GPU wait.
+    assert set(rows) == {"scheduling", "model (host)", "sampling", "outputs", "other"}
+    assert float(rows["model (host)"]) > 0 and float(rows["sampling"]) > 0
+    assert re.search(r"step [\d.]+ ms wall \(medians of \d+ decode steps\)", out)
+
+
+def test_step_phases_put_the_engines_calls_back():
+    from pdserve.bench.step_phases import StepPhases
+    from pdserve.config import EngineConfig
+    from pdserve.core.sampling_params import SamplingParams
+    from pdserve.engine.engine import LLMEngine
+    from pdserve.models.builtin import builtin_model_dir
+
+    engine = LLMEngine(EngineConfig(model=str(builtin_model_dir("tiny"))), emit_text=False)
+    executor = engine.executor
+    sampler = executor.sampler
+    engine.add_request("a", [5, 6, 7], SamplingParams(max_tokens=4, ignore_eos=True))
+    phases = StepPhases(engine, "cpu")
+    while engine.has_unfinished():
+        phases.record(engine.step)
+    phases.close()
+    step = phases.steps[-1]
+    assert sum(v for k, v in step.items() if k != "wall") == pytest.approx(step["wall"])
+    assert executor.sampler is sampler
+    for owner, name in [
+        (engine.scheduler, "schedule"),
+        (executor.runner, "run"),
+        (engine, "_postprocess"),
+    ]:
+        assert name not in vars(owner)
+
+
 def test_several_prompt_lengths_print_a_table_each_from_the_same_engines(capsys):
     argv = ["bench", "engine", "--preset", "tiny", "--batch-sizes", "2", "--steps", "3"]
     assert main([*argv, "--repeats", "1", "--decoding", "beam4", "--prompt-len", "8,40"]) == 0
