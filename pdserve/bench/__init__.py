@@ -33,6 +33,8 @@
   families vs one table each, by shared blocks (`python -m pdserve.bench.shared_prefix_bench`).
 - `op_profile.py` — torch.profiler self time per op as shares of a step's wall time, and the
   share outside weight matmuls (`bench engine --op-profile`).
+- `step_phases.py` — a decode step's wall time by the engine's phases (`bench engine
+  --step-phases`), without a profiler.
 - `step_recorder.py` — records an engine's steps (work, seconds) and fits them into a
   `--sim-profile` file.
 - `transfer_bench.py` — `bench transfer`: KV transfer GB/s vs raw TCP; `nixl_ceiling.py`
