@@ -17,6 +17,7 @@ from os.path import commonprefix
 
 import torch
 
+from pdserve.engine.host_tensors import padded_rows
 from pdserve.models.attention import AttentionContext, AttentionGroup, length_groups
 
 # A family of decode sequences attends as one pseudo-sequence when it shares at least this
@@ -221,6 +222,4 @@ def _padded(seqs, starts, lens, firsts, tables, num_blocks, block_size) -> _Padd
 
 def _padded_tables(seqs, tables, num_blocks) -> torch.Tensor:
     """[len(seqs), widest] int64: each sequence's blocks it attends over, padded with block 0."""
-    width = max(num_blocks[i] for i in seqs)
-    padded = [tables[i][:width] + [0] * (width - len(tables[i][:width])) for i in seqs]
-    return torch.tensor(padded, dtype=torch.int64)
+    return padded_rows([tables[i] for i in seqs], max(num_blocks[i] for i in seqs))

@@ -21,6 +21,7 @@ import torch
 
 from pdserve.engine.cuda_graphs import CudaGraphs
 from pdserve.engine.factuality import plan_exits
+from pdserve.engine.host_tensors import append_padded, int64_tensor
 from pdserve.engine.scheduler import ScheduledBatch
 from pdserve.models.attention import AttentionContext
 from pdserve.models.llama import LlamaForCausalLM
@@ -125,11 +126,7 @@ class CompiledDecode:
         flat = [batch.seqs[r].token_ids[-1] for r in rows]
         flat += [positions[r] for r in rows]
         flat += [tables[r][positions[r] // bs] * bs + positions[r] % bs for r in rows]
-        for r in rows:
-            table = tables[r][:width]
-            flat += table
-            flat += [0] * (width - len(table))
-        inputs = torch.tensor(flat, dtype=torch.int64)
+        inputs = int64_tensor(append_padded(flat, [tables[r] for r in rows], width))
         self.steps += 1
         self.shapes.add((padded, width))
 
