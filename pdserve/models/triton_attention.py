@@ -15,8 +15,9 @@ at ~0.6 TB/s on an H100.
 
 Flash-decoding split: a context is cut into partitions of whole tiles, each a program of its
 own, and a second kernel combines the partitions' softmax statistics. The partition count is
-chosen from the batch: enough programs for every multiprocessor (a batch of one sequence still
-fills the GPU), no more (each partition's partial output is written and read back).
+chosen from the batch: about PROGRAMS_PER_MULTIPROCESSOR programs per multiprocessor (a small
+batch's long contexts are spread over the GPU), no more (each partition's partial output is
+written and read back), and never a partition shorter than a tile.
 Accumulation is in float32 whatever the cache's dtype.
 
 Runs wherever Triton runs: CUDA, and the CPU through Triton's interpreter (TRITON_INTERPRET=1,
@@ -133,7 +134,8 @@ def paged_decode_attention(
 def _programs_wanted(device: torch.device) -> int:
     if device.type != "cuda":
         return INTERPRETER_PROGRAMS
-    return PROGRAMS_PER_MULTIPROCESSOR * _multiprocessors(device.index or 0)
+    index = torch.cuda.current_device() if device.index is None else device.index
+    return PROGRAMS_PER_MULTIPROCESSOR * _multiprocessors(index)
 
 
 @functools.cache
