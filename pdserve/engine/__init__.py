@@ -24,6 +24,8 @@ types in `pdserve.core`. This package imports none of ray, grpc or redis.
   (`--compile`; CUDA graphs on CUDA), batch and block tables padded to buckets.
 - `cuda_graphs.py` — `CudaGraphs`: the compiled decode step's CUDA graphs, captured by hand and
   replayed after one copy of the step's inputs.
+- `host_tensors.py` — a step's int64 inputs as CPU tensors, without torch.tensor's per-element
+  conversion.
 - `memory_profile.py` — the KV pool on CUDA from `--gpu-memory-utilization`: a profiled step.
 - `sampler.py` — repetition penalty; greedy / temperature / top-k / top-p / seeded sampling,
   logprobs.
