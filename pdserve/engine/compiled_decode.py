@@ -99,7 +99,7 @@ class CompiledDecode:
         dynamo.recompile_limit = max(dynamo.recompile_limit, limit)
         dynamo.accumulated_recompile_limit = max(dynamo.accumulated_recompile_limit, 4 * limit)
         self._step = torch.compile(self._forward, dynamic=False)
-        self._graphs = CudaGraphs(device) if device.type == "cuda" else None
+        self._graphs = CudaGraphs(device, self.buckets[-1]) if device.type == "cuda" else None
 
     def handles(self, batch: ScheduledBatch) -> bool:
         """Whether `batch` is decode-only: one new token per sequence, each sampling, no
@@ -136,7 +136,7 @@ class CompiledDecode:
         if self._graphs is None:
             return forward(inputs)[:real]
         logits = self._graphs.run((padded, width), inputs, forward)
-        return logits[:real].clone()  # the graph's output buffer is reused by the next run
+        return logits[:real].clone()  # the results buffer is reused by the next run
 
     def _forward(
         self,
