@@ -35,6 +35,9 @@ class CudaGraphs:
         self.device = device
         self.max_rows = max_rows
         self.pool = torch.cuda.graph_pool_handle()
+        # One stream for every warm-up: the memory their runs free stays cached for it, and
+        # a stream per capture would each keep some.
+        self._warm_up_stream = torch.cuda.Stream(device)
         self._captured: dict[Hashable, _Captured] = {}
         self._results: torch.Tensor | None = None  # [max_rows, ...], made at the first capture
 
@@ -60,8 +63,7 @@ class CudaGraphs:
         self, inputs: torch.Tensor, forward: Callable[[torch.Tensor], torch.Tensor]
     ) -> _Captured:
         static = inputs.to(self.device)
-        current = torch.cuda.current_stream(self.device)
-        side = torch.cuda.Stream(self.device)
+        current, side = torch.cuda.current_stream(self.device), self._warm_up_stream
         side.wait_stream(current)
         # Outside the capture, compile and let the kernels' first launches allocate and tune.
         # These runs write this step's K/V rows, which the replay then writes again (the same
