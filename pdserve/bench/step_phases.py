@@ -51,6 +51,10 @@ class StepPhases:
             {**self._current, "other": wall - sum(self._current.values()), "wall": wall}
         )
 
+    def median(self, phase: str) -> float:
+        """Median seconds per step of `phase` ("wall": the whole step); 0 where it never ran."""
+        return statistics.median(step.get(phase, 0.0) for step in self.steps)
+
     def close(self) -> None:
         """Puts the wrapped calls back."""
         for restore in reversed(self._restore):
@@ -87,12 +91,12 @@ class StepPhases:
 def format_phases(phases: StepPhases) -> str:
     """A table of each phase's median milliseconds per step and its share of the median step."""
     steps = phases.steps
-    wall = statistics.median(s["wall"] for s in steps)
+    wall = phases.median("wall")
     lines = [f"{'phase':<22} {'ms/step':>8} {'of step':>8}"]
     for phase in PHASES:
         if not any(phase in s for s in steps):
             continue
-        ms = statistics.median(s.get(phase, 0.0) for s in steps)
-        lines.append(f"{phase:<22} {ms * 1e3:>8.3f} {ms / wall:>7.1%}")
+        seconds = phases.median(phase)
+        lines.append(f"{phase:<22} {seconds * 1e3:>8.3f} {seconds / wall:>7.1%}")
     lines.append(f"step {wall * 1e3:.3f} ms wall (medians of {len(steps)} decode steps)")
     return "\n".join(lines)

@@ -4,7 +4,9 @@
 - compiled: the `--compile` decode fast path (compiled_decode.py) equals the eager engine;
 - kv transfer: a loopback transfer over each transport available here (grpc, collective,
   nixl when importable) in MB/s, by `pdserve bench transfer`'s measurement (host-memory caches);
-- decode: tok/s of the eager and the compiled engine at batch 1 and 32 (--bench-batches).
+- decode: tok/s of the eager and the compiled engine at batch 1 and 32 (--bench-batches), and
+  where a compiled step of the largest batch goes (bench/step_phases.py): on a GPU, the host's
+  part against the wait for the GPU.
 Exits 1 when a parity check fails; `--device cuda` without CUDA is a one-line error.
 """
 
@@ -78,15 +80,32 @@ def run(args: argparse.Namespace) -> int:
             _row(f"{check} ({label})", verdict, detail)
     for transport, mb_s, tcp_mb_s in _transfer_rates(args):
         _row(f"kv transfer {transport}", f"{mb_s:.0f} MB/s", f"raw TCP {tcp_mb_s:.0f}")
-    for batch in (int(b) for b in args.bench_batches.split(",")):
-        eager_rate = _decode_rate(builtin, args, batch, compiled=False)
-        compiled_rate = _decode_rate(builtin, args, batch, compiled=True)
+    batches = [int(b) for b in args.bench_batches.split(",")]
+    for batch in batches:
+        eager_rate, _ = _decode_rate(builtin, args, batch, compiled=False)
+        compiled_rate, phases = _decode_rate(
+            builtin, args, batch, compiled=True, phases=batch == max(batches)
+        )
         _row(
             f"decode batch {batch} ({args.preset})",
             f"{compiled_rate:.0f} tok/s",
             f"compiled; eager {eager_rate:.0f} tok/s ({compiled_rate / eager_rate:.2f}x)",
         )
+        if phases is not None:
+            _row(f"decode step batch {batch} ({args.preset})", *_phases_row(phases))
     return 0 if ok else 1
+
+
+def _phases_row(phases: Any) -> tuple[str, str]:
+    """A compiled step's median wall time, and its phases' medians (step_phases.py)."""
+
+    def ms(phase: str) -> float:
+        return phases.median(phase) * 1e3
+
+    parts = [("model (host)", "model on the host"), ("waiting for the GPU", "GPU wait"),
+             ("sampling", "sampling"), ("outputs", "outputs")]  # fmt: skip
+    shown = [f"{label} {ms(phase):.3f}" for phase, label in parts if ms(phase) > 0]
+    return f"{ms('wall'):.3f} ms", "compiled, medians: " + ", ".join(shown) + " ms"
 
 
 def _row(check: str, result: str, detail: str) -> None:
@@ -194,29 +213,39 @@ def _transfer_rates(args: argparse.Namespace) -> list[tuple[str, float, float]]:
     return rates
 
 
-def _decode_rate(model_dir: str, args: argparse.Namespace, batch: int, compiled: bool) -> float:
+def _decode_rate(
+    model_dir: str, args: argparse.Namespace, batch: int, compiled: bool, phases: bool = False
+) -> tuple[float, Any]:
     """Decode tok/s of `batch` requests: from every one having its first token to all having
-    bench_steps more; the second of two runs (the first compiles and warms up)."""
+    bench_steps more; the second of two runs (the first compiles and warms up). With `phases`
+    a third run's decode steps are timed by phase (a StepPhases, else None)."""
     import torch
 
+    from pdserve.bench.step_phases import StepPhases
     from pdserve.core.sampling_params import SamplingParams
 
     engine = _engine(model_dir, args.device, compiled, max_num_seqs=batch)
     vocab = engine.model.config.vocab_size
     gen = torch.Generator().manual_seed(1)
     params = SamplingParams(max_tokens=args.bench_steps + 1, ignore_eos=True)
-    seconds = 0.0
-    for attempt in range(2):
+    seconds, timed = 0.0, None
+    for attempt in range(3 if phases else 2):
         for i in range(batch):
             prompt = torch.randint(3, vocab, (BENCH_PROMPT_LEN,), generator=gen).tolist()
             engine.add_request(f"selftest-{attempt}-{i}", prompt, params)
         started: set[str] = set()
         while len(started) < batch:
             started.update(out.request_id for out in engine.step())
+        if attempt == 2:  # timers on: the rate above was measured without them
+            timed = StepPhases(engine, args.device)
+            while engine.has_unfinished():
+                timed.record(engine.step)
+            timed.close()
+            break
         begin = time.perf_counter()
         while engine.has_unfinished():
             engine.step()
         if args.device == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - begin
-    return batch * args.bench_steps / seconds
+    return batch * args.bench_steps / seconds, timed
