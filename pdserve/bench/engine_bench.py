@@ -301,17 +301,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"\npdserve decode steps at batch {max_batch}, by {timed} (torch.profiler):")
         print(format_profile(profile, args.steps - 1))
     if args.step_phases:
-        from pdserve.bench.step_phases import StepPhases, format_phases
+        from pdserve.bench.step_phases import format_phases, time_decode_steps
 
         prefill(max_batch, args.steps)
-        phases = StepPhases(engine, args.device)
-        try:
-            while engine.has_unfinished():
-                phases.record(engine.step)
-        finally:
-            phases.close()
         print(f"\npdserve decode steps at batch {max_batch}, by phase:")
-        print(format_phases(phases))
+        print(format_phases(time_decode_steps(engine, args.device)))
     if args.profile_out:
         # Mixed steps besides the table's uniform ones: prompts of varied lengths arriving
         # one per step share steps with the earlier ones' decodes, so the fit can tell the

@@ -100,3 +100,14 @@ def format_phases(phases: StepPhases) -> str:
         lines.append(f"{phase:<22} {seconds * 1e3:>8.3f} {seconds / wall:>7.1%}")
     lines.append(f"step {wall * 1e3:.3f} ms wall (medians of {len(steps)} decode steps)")
     return "\n".join(lines)
+
+
+def time_decode_steps(engine: Any, device: str) -> StepPhases:
+    """Steps `engine` until it has no work, each step timed by phase; the calls put back."""
+    phases = StepPhases(engine, device)
+    try:
+        while engine.has_unfinished():
+            phases.record(engine.step)
+    finally:
+        phases.close()
+    return phases

@@ -221,7 +221,7 @@ def _decode_rate(
     a third run's decode steps are timed by phase (a StepPhases, else None)."""
     import torch
 
-    from pdserve.bench.step_phases import StepPhases
+    from pdserve.bench.step_phases import time_decode_steps
     from pdserve.core.sampling_params import SamplingParams
 
     engine = _engine(model_dir, args.device, compiled, max_num_seqs=batch)
@@ -237,10 +237,7 @@ def _decode_rate(
         while len(started) < batch:
             started.update(out.request_id for out in engine.step())
         if attempt == 2:  # timers on: the rate above was measured without them
-            timed = StepPhases(engine, args.device)
-            while engine.has_unfinished():
-                timed.record(engine.step)
-            timed.close()
+            timed = time_decode_steps(engine, args.device)
             break
         begin = time.perf_counter()
         while engine.has_unfinished():
