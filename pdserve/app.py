@@ -119,7 +119,9 @@ class ServingApp:
         await self.pool.start()
         self._stack.append(("pool", self.pool.stop))
 
-        index = PrefixIndex(redis_url, model_dir.name, config.engine.block_size)
+        index = PrefixIndex(
+            redis_url, model_dir.name, config.engine.block_size, mirror=config.router.index_mirror
+        )
         self._stack.append(("prefix index", index.aclose))  # its queued writes first
 
         def speculation_counts(worker, old, stats) -> None:

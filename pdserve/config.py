@@ -317,6 +317,10 @@ class RouterConfig:
         1.0, "weight of TPOT against TTFT in the routing objective", minimum=0
     )
     progress_timeout_s: float = setting(5.0, "fail over from a worker silent this long", minimum=0)
+    # pdserve/prefix_index/mirror.py: no Redis round trip per routing decision.
+    index_mirror: bool = setting(
+        True, "keep a copy of the prefix index in the router, fed by the workers' KV events"
+    )
     # The client API edge: request size, TLS, shutdown (router/server.py, router/tls.py).
     max_prompt_bytes: int = setting(
         4 * MiB, "largest text prompt in UTF-8 bytes; the gRPC receive limit follows", minimum=1

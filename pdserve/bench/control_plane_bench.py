@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import os
 import resource
 import time
 from pathlib import Path
@@ -52,6 +53,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="comma-separated modes, each timed: never (each worker prefills its own requests: "
         "one option per worker), auto or always (every prefill x decode pair too)",
     )
+    p.add_argument(
+        "--lookup",
+        default="redis,mirror",
+        help="comma-separated, each timed: redis (one lookup script call per decision) or "
+        "mirror (the router's copy of the index, pdserve/prefix_index/mirror.py)",
+    )
+    p.add_argument(
+        "--churn-blocks-per-s",
+        type=float,
+        default=20_000.0,
+        help="KV event load while the decisions are timed again: blocks stored and evicted per "
+        "second by extra publishers in a child process (0: skip that pass)",
+    )
     p.add_argument("--policy", default="cost", choices=("cost", "round_robin", "least_loaded"))
     p.add_argument("--fill-processes", type=int, default=2)
     p.add_argument(
@@ -73,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(
             f"--disaggregate: expected auto, always or never, got {args.disaggregate!r}"
         )
+    if not set(args.lookup.split(",")) <= {"redis", "mirror"}:
+        raise SystemExit(f"--lookup: expected redis or mirror, got {args.lookup!r}")
     try:
         settings = PlanSettings(
             workers=args.workers,
@@ -115,7 +131,9 @@ def measure(settings: PlanSettings, args: argparse.Namespace) -> dict[str, Any]:
             "fill": {"seconds": fill_s, "process_peak_rss_mb": fill_rss / 1e6},
         }
         report["routing"] = [
-            routing_report(plan, server.url, args, mode) for mode in args.disaggregate.split(",")
+            routing_report(plan, server.url, args, mode, lookup)
+            for mode in args.disaggregate.split(",")
+            for lookup in args.lookup.split(",")
         ]
         if args.events_seconds > 0:
             from pdserve.bench.control_plane_events import EventLoad, measure_publishing
@@ -169,7 +187,10 @@ def index_report(client, model: str, plan, fills, before: dict, after: dict) -> 
     }
 
 
-def routing_report(plan, redis_url: str, args: argparse.Namespace, mode: str) -> dict[str, Any]:
+def routing_report(
+    plan, redis_url: str, args: argparse.Namespace, mode: str, lookup: str
+) -> dict[str, Any]:
+    from pdserve.bench.control_plane_churn import Churn, ChurnProcess
     from pdserve.bench.control_plane_fill import MODEL_NAME
     from pdserve.bench.control_plane_routing import (
         LoadSettings,
@@ -182,7 +203,7 @@ def routing_report(plan, redis_url: str, args: argparse.Namespace, mode: str) ->
     from pdserve.bench.control_plane_workload import probes
     from pdserve.bench.metrics import LatencyStats
     from pdserve.config import RouterConfig
-    from pdserve.core.block_hash import prompt_block_hashes
+    from pdserve.core.block_hash import forget_hashed_blocks, prompt_block_hashes
     from pdserve.heap import freeze_startup_heap
     from pdserve.prefix_index.lookup import PrefixIndex
     from router.policy import RoutingPolicy
@@ -191,7 +212,18 @@ def routing_report(plan, redis_url: str, args: argparse.Namespace, mode: str) ->
     bs = plan.settings.block_size
     count = args.decisions if mode == "never" else args.pair_decisions
     prompts = probes(plan, count, seed=args.seed + 1)
-    index = PrefixIndex(redis_url, MODEL_NAME, bs)
+    # Each lookup's decisions hash their prompts from cold: the router's memo of recently
+    # hashed blocks knows only what this run routed (shared prefixes within the run count).
+    forget_hashed_blocks()
+    rss_before = _rss_mb(os.getpid(), "VmRSS")
+    built = time.perf_counter()
+    index = PrefixIndex(redis_url, MODEL_NAME, bs, mirror=lookup == "mirror")
+    if index.mirror is not None and not index.mirror.wait_caught_up(timeout_s=600):
+        raise SystemExit("the index mirror did not build within 600 s")
+    mirror = {
+        "build_s": time.perf_counter() - built,
+        "rss_mb": _rss_mb(os.getpid(), "VmRSS") - rss_before,  # what the copy added
+    }
     config = RouterConfig(policy=args.policy, disaggregate=mode, max_pending_requests=1 << 30)
 
     def routing() -> Routing:
@@ -207,15 +239,25 @@ def routing_report(plan, redis_url: str, args: argparse.Namespace, mode: str) ->
         # frozen heap also holds this bench's plan of the index, which no router holds.
         freeze_startup_heap("control-plane bench")
         times = await time_decisions(routing(), prompts, args.max_tokens, poll_every=64)
+        churned = None
+        if args.churn_blocks_per_s > 0:
+            churn = Churn(redis_url, MODEL_NAME, bs, blocks_per_s=args.churn_blocks_per_s)
+            applied = index.mirror.events if index.mirror is not None else 0
+            with ChurnProcess(churn) as flowing:
+                churned = await time_decisions(routing(), prompts, args.max_tokens, 64)
+                rate = flowing.blocks_per_s()
+            applied = (index.mirror.events - applied) if index.mirror is not None else 0
+            churned = (churned, rate, applied / churned.wall_s)
         # Decisions share one event loop and await their Redis round trips without holding
         # it: the loop's work per decision bounds the rate, which a few hundred show.
         rate = await concurrent_decisions(
             routing(), prompts[:300], args.max_tokens, args.concurrency
         )
         await index.link.aclose()  # this loop's asyncio client; the lookups below are sync
-        return times, rate
+        return times, rate, churned
 
-    times, concurrent_rate = asyncio.run(decide())
+    times, concurrent_rate, churned = asyncio.run(decide())
+    forget_hashed_blocks()  # the hashing column: each prompt hashed from cold
     time_lookups(index, prompts, bs, times)
     chains = [prompt_block_hashes(p.prompt, bs) for p in prompts]
     lookup_rate = threaded_lookups(index, chains, args.concurrency)
@@ -224,6 +266,8 @@ def routing_report(plan, redis_url: str, args: argparse.Namespace, mode: str) ->
     workers, prefill = plan.settings.workers, plan.settings.prefill_workers
     pairs = prefill * (workers - prefill)
     return {
+        "lookup": lookup,
+        "mirror": mirror if lookup == "mirror" else None,
         "decisions": len(times.total),
         "workers": plan.settings.workers,
         "policy": args.policy,
@@ -246,6 +290,13 @@ def routing_report(plan, redis_url: str, args: argparse.Namespace, mode: str) ->
         "lookup_mismatches": times.lookup_mismatches,
         "longest_holder_chosen": times.longest_holder_chosen,
         "prompts_with_holder": times.with_holder,
+        "with_events": None
+        if churned is None
+        else {
+            "decision_ms": dataclasses.asdict(LatencyStats.of(churned[0].total)),
+            "blocks_per_s": churned[1],
+            "mirror_events_per_s": churned[2],
+        },
     }
 
 
@@ -268,11 +319,11 @@ def print_report(report: dict[str, Any]) -> None:
             rt[k] for k in ("decision_ms", "decision_cpu_ms", "lookup_ms", "hashing_ms")
         )
         rows += [
-            (f"disaggregate={rt['disaggregate']} ({rt['options']} options): decision p50 / p99 / max",
-             f"{d['p50']:.3f} / {d['p99']:.3f} / {d['max']:.3f} ms"),
+            (f"disaggregate={rt['disaggregate']} ({rt['options']} options), lookup={rt['lookup']}: "
+             "decision p50 / p99 / max", f"{d['p50']:.3f} / {d['p99']:.3f} / {d['max']:.3f} ms"),
             ("  router CPU per decision p50 / p99", f"{cpu['p50']:.3f} / {cpu['p99']:.3f} ms"),
             ("  hashing p50 / p99", f"{h['p50']:.3f} / {h['p99']:.3f} ms"),
-            ("  Redis lookup p50 / p99 (redis CPU per lookup)",
+            ("  lookup p50 / p99 (redis CPU per lookup)",
              f"{lk['p50']:.3f} / {lk['p99']:.3f} ms ({rt['redis_cpu_per_lookup_ms']:.3f} ms)"),
             (f"  p99 <= {rt['p99_target_ms']} ms", str(rt["p99_met"])),
             (f"  decisions/s sequential / {rt['concurrency']} concurrent",
@@ -282,6 +333,13 @@ def print_report(report: dict[str, Any]) -> None:
             ("  routed to a longest-prefix holder",
              f"{rt['longest_holder_chosen']}/{rt['prompts_with_holder']}"),
         ]  # fmt: skip
+        if rt["with_events"]:
+            ev = rt["with_events"]
+            rows.append((f"  with {ev['blocks_per_s']:,.0f} blocks/s of KV events: decision p50 / p99",
+                         f"{ev['decision_ms']['p50']:.3f} / {ev['decision_ms']['p99']:.3f} ms"))  # fmt: skip
+        if rt["mirror"]:
+            rows.append(("  mirror: built in / process memory added",
+                         f"{rt['mirror']['build_s']:.1f} s / {rt['mirror']['rss_mb']:.0f} MB"))  # fmt: skip
     for name, value in rows:
         table.add_row(name, value)
     for role, pub in report.get("publishing", {}).items():

@@ -1,7 +1,8 @@
 """PrefixIndex: the router's view of which worker holds how much of a prompt's prefix (Redis).
 
 Workers write the index (pdserve/prefix_index/publisher.py); the layout is pdserve/prefix_index/schema.py.
-`lookup` answers, in one round trip, each live worker's cached leading blocks. No method raises
+`lookup` answers, in one round trip, each live worker's cached leading blocks; with `mirror` on,
+from the router's own copy of the index (mirror.py) once that is built. No method raises
 on a Redis outage: lookups return {} ("unknown"), `available` turns False and routing goes on
 load alone; the first call that succeeds after the outage turns it back (workers resync
 themselves on their next heartbeat).
@@ -21,6 +22,7 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+from pdserve.prefix_index.mirror import IndexMirror
 from pdserve.prefix_index.redis_link import RedisLink
 from pdserve.prefix_index.reuse_stats import ModelReuse, add_reuse, parse_reuse
 from pdserve.prefix_index.schema import IndexKeys
@@ -150,7 +152,10 @@ class PrefixIndex:
         *,
         namespace: str = "pdserve",
         socket_timeout_s: float = 0.3,
+        mirror: bool = False,
     ) -> None:
+        """`mirror`: answer lookups from a copy of the index in this process, fed by the event
+        stream, instead of one Redis round trip each (mirror.py)."""
         self.model = model
         self.block_size = block_size
         self.keys = IndexKeys(model, namespace)
@@ -162,6 +167,7 @@ class PrefixIndex:
         self._queued_writes = 0
         self._closed = False  # writes after close() are dropped
         self.dropped_writes = 0
+        self.mirror = IndexMirror(redis_url, self.keys).start() if mirror else None
 
     @property
     def available(self) -> bool:
@@ -171,6 +177,9 @@ class PrefixIndex:
     def lookup(self, block_hashes: Sequence[int]) -> dict[str, int]:
         """worker_id -> number of leading blocks of `block_hashes` it holds (workers holding none
         are absent). `block_hashes` are chained (pdserve.core.block_hash.prompt_block_hashes)."""
+        found = self.mirror.lookup(block_hashes) if self.mirror is not None else None
+        if found is not None:
+            return found
         if not block_hashes:
             return {}
         keys, args = self._lookup_arguments(block_hashes)
@@ -179,6 +188,9 @@ class PrefixIndex:
 
     async def lookup_async(self, block_hashes: Sequence[int]) -> dict[str, int]:
         """`lookup` awaited on the caller's event loop, which goes on serving meanwhile."""
+        found = self.mirror.lookup(block_hashes) if self.mirror is not None else None
+        if found is not None:
+            return found
         if not block_hashes:
             return {}
         keys, args = self._lookup_arguments(block_hashes)
@@ -263,6 +275,8 @@ class PrefixIndex:
             writer, self._writer, self._closed = self._writer, None, True
         if writer is not None:
             writer.shutdown(wait=True)
+        if self.mirror is not None:
+            self.mirror.stop()
         self.link.close()
 
     async def aclose(self) -> None:

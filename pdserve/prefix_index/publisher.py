@@ -17,7 +17,13 @@ from collections.abc import Iterable
 from typing import Protocol
 
 from pdserve.prefix_index.redis_link import RedisLink
-from pdserve.prefix_index.schema import DROP_WORKER_LUA, HEARTBEAT_LUA, IndexKeys, epoch_str
+from pdserve.prefix_index.schema import (
+    DROP_WORKER_LUA,
+    EVENTS_MAXLEN,
+    HEARTBEAT_LUA,
+    IndexKeys,
+    epoch_str,
+)
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +58,7 @@ class PrefixIndexPublisher:
         self._lock = threading.RLock()
         self._held: set[int] = set()
         self._epoch: str | None = None
+        self._published = 0  # updates in the event stream since the last reset (schema.py)
         self.needs_resync = True  # nothing is in Redis until the first successful resync
         self.fenced = False  # a newer epoch of this worker exists: stop writing
 
@@ -153,6 +160,7 @@ class PrefixIndexPublisher:
                     client=pipe,
                 )
                 pipe.delete(self.keys.heartbeat(self.worker_id))
+                self._event(pipe, op="drop")
                 pipe.execute()
 
             self.link.call(drop, None)
@@ -171,7 +179,10 @@ class PrefixIndexPublisher:
             pipe.srem(self.keys.worker_blocks(self.worker_id), *removed)
         if stored:
             pipe.sadd(self.keys.worker_blocks(self.worker_id), *stored)
+        number = self._published + 1
+        self._event(pipe, op="update", q=number, r=_joined(removed), s=_joined(stored))
         pipe.execute()
+        self._published = number
         return True
 
     def _beat_once(self, client) -> int:
@@ -193,8 +204,15 @@ class PrefixIndexPublisher:
         if hashes:
             pipe.sadd(self.keys.worker_blocks(self.worker_id), *hashes)
         self._beat(keys=self._beat_keys(), args=self._beat_args(), client=pipe)
+        self._event(pipe, op="reset")
         pipe.execute()
+        self._published = 0
         return 1
+
+    def _event(self, pipe, **fields: object) -> None:
+        """Appends this write to the event stream, in the same pipeline (schema.py)."""
+        fields = {"w": self.worker_id, "e": self._epoch, **fields}
+        pipe.xadd(self.keys.events, fields, maxlen=EVENTS_MAXLEN, approximate=True)
 
     def _beat_keys(self) -> list[str]:
         return [self.keys.heartbeat(self.worker_id), self.keys.workers]
@@ -221,3 +239,7 @@ class PrefixIndexPublisher:
             self.worker_id,
             self._epoch,
         )
+
+
+def _joined(hashes: list[int]) -> str:
+    return ",".join(map(str, hashes))

@@ -11,12 +11,23 @@ and declares only the first). With namespace "pdserve" and model "m":
   pdserve:{m}:reuse           HASH  hit_tokens, miss_tokens, requests, w:<worker>:<counter>
   pdserve:{m}:spec            HASH  draft_tokens, accepted_tokens, verify_steps, w:<worker>:<counter>
   pdserve:{m}:plan            STR   JSON: the online planner's latest plan (--plan-interval)
+  pdserve:{m}:events          STREAM the writes above as events, for routers' mirrors (below)
   pdserve:models              SET   model names with reuse statistics
 
 An entry counts only while the worker's heartbeat key exists and holds the entry's epoch, so a
 restarted worker's old entries and a dead worker's entries stop counting at once, before any
 cleanup (the router's sweeper.py deletes them later). Epochs are non-negative integers,
 compared as numbers; a newer one fences older ones.
+
+The event stream repeats each worker write in order, so that a router can keep the index in its
+own memory (mirror.py) instead of asking Redis per decision. Entry fields: `w` worker, `e` epoch
+and `op`:
+  "update"  `q` the worker's publish number in this epoch (1, 2, ...: a gap means lost entries),
+            `r` removed and `s` stored hashes, comma-separated, applied in that order;
+  "reset"   the worker's block set was rewritten (a new epoch, or a resync): read it again;
+  "drop"    the worker unregistered: its entries are gone.
+Redis trims the stream to about EVENTS_MAXLEN entries; a reader that falls further behind sees
+a gap in some worker's `q` (or, after a Redis restart, an error) and reads that state again.
 """
 
 from __future__ import annotations
@@ -52,6 +63,11 @@ redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 if previous == ARGV[2] then return 1 end
 return 0
 """
+
+
+# ~8 s of a 256-worker cluster's publishes at ~10 per worker per second (BENCHMARKS.md, the
+# control plane's publishing load), ~2 kB each: ~40 MB of Redis memory at most.
+EVENTS_MAXLEN = 20_000
 
 
 @dataclass(frozen=True)
@@ -104,6 +120,10 @@ class IndexKeys:
     def plan(self) -> str:
         """The online planner's latest plan (JSON), for `pdserve stats`."""
         return self.base + "plan"
+
+    @property
+    def events(self) -> str:
+        return self.base + "events"
 
     @property
     def models(self) -> str:

@@ -25,7 +25,9 @@ def publisher(url: str, worker: str, ttl: float, model: str = "m") -> PrefixInde
 
 
 def keys_of(client: redis.Redis, model: str = "m") -> set[str]:
-    return set(client.keys(f"pdserve:{{{model}}}:*"))
+    """The index's keys, less its event stream: a log bounded by its length (schema.py), which
+    holds no entry of its own for the sweeper to remove."""
+    return set(client.keys(f"pdserve:{{{model}}}:*")) - {f"pdserve:{{{model}}}:events"}
 
 
 def eventually(check, timeout_s: float = 5.0) -> bool:
