@@ -20,7 +20,7 @@ _PARENT = struct.Struct("<q")
 
 def block_hash(parent_hash: int, token_ids: Sequence[int]) -> int:
     """Hash of one full block given its parent's hash (ROOT_HASH for the first block)."""
-    return _chain(parent_hash, struct.pack(f"<{len(token_ids)}I", *token_ids))
+    return _digest(_PARENT.pack(parent_hash) + struct.pack(f"<{len(token_ids)}I", *token_ids))
 
 
 # An empty 8-byte blake2b state: each block hashes on a copy of it, the same digest as
@@ -29,33 +29,32 @@ def block_hash(parent_hash: int, token_ids: Sequence[int]) -> int:
 _EMPTY_STATE = hashlib.blake2b(digest_size=8)
 
 
-def _chain(
-    parent_hash: int,
-    packed_tokens: bytes,
-    new_state=_EMPTY_STATE.copy,
-    pack_parent=_PARENT.pack,
-    from_bytes=int.from_bytes,
+def _digest(
+    parent_and_tokens: bytes, new_state=_EMPTY_STATE.copy, from_bytes=int.from_bytes
 ) -> int:
-    # The defaults bind the callees once: the router chains 256 blocks per 4096-token prompt.
-    # (One buffer hashed at once is the same digest as the parent then the tokens, fewer calls.)
+    """The hash of a block from its parent's hash (8 bytes, little-endian) and its tokens (4
+    bytes each, little-endian), as one buffer: the same digest as the two in turn, fewer calls.
+    The defaults bind the callees once: the router hashes 256 blocks per 4096-token prompt."""
     state = new_state()
-    state.update(pack_parent(parent_hash) + packed_tokens)
+    state.update(parent_and_tokens)
     return from_bytes(state.digest(), "little") & _MASK
 
 
-# Blocks hashed lately, (parent hash, packed tokens) -> hash, split by parent into MEMO_SHARDS
-# shards of two generations each: a lookup that misses a shard's young generation and hits its
-# old one moves the entry back, and a young generation, once it holds its share of MEMO_BLOCKS,
-# becomes the old one. Prompts share prefixes (system prompts, each conversation's history),
-# and a dict lookup on those bytes costs ~1/5 of a blake2b call, so the router hashes a
-# 4096-token prompt whose prefix it has seen in ~80 us instead of ~330. The key is the whole
-# input of the hash, so a hit is the hash itself, never a guess. Shards, because a dict grows
-# by rebuilding itself whole inside the call that adds the entry: ~1 ms at 32k entries, a
-# 16th of that per shard. At most 2 * MEMO_BLOCKS entries of ~250 bytes (~16 MB) per process.
+# Blocks hashed lately, hash input (parent hash and packed tokens, one bytes object) -> hash,
+# split by parent into MEMO_SHARDS shards of two generations each: a lookup that misses a
+# shard's young generation and hits its old one moves the entry back, and a young generation,
+# once it holds its share of MEMO_BLOCKS, becomes the old one. Prompts share prefixes (system
+# prompts, each conversation's history), and a dict lookup on those bytes costs ~1/4 of a
+# blake2b call, so the router hashes a 4096-token prompt whose prefix it has seen in ~80 us
+# instead of ~300. The key is the whole input of the hash, so a hit is the hash itself, never a
+# guess; and it is bytes, which the garbage collector does not track (a tuple key would add
+# 256 tracked objects per prompt). Shards, because a dict grows by rebuilding itself whole
+# inside the call that adds the entry: ~1 ms at 32k entries, a 16th of that per shard. At most
+# 2 * MEMO_BLOCKS entries of ~250 bytes (~16 MB) per process.
 MEMO_BLOCKS = 1 << 15
 MEMO_SHARDS = 16
-_young: list[dict[tuple[int, bytes], int]] = [{} for _ in range(MEMO_SHARDS)]
-_old: list[dict[tuple[int, bytes], int]] = [{} for _ in range(MEMO_SHARDS)]
+_young: list[dict[bytes, int]] = [{} for _ in range(MEMO_SHARDS)]
+_old: list[dict[bytes, int]] = [{} for _ in range(MEMO_SHARDS)]
 
 
 def prompt_block_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
@@ -66,18 +65,19 @@ def prompt_block_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
     packed = struct.pack(f"<{full}I", *token_ids[:full])
     step = 4 * block_size
     shard_blocks = MEMO_BLOCKS // MEMO_SHARDS
+    pack_parent = _PARENT.pack
     hashes: list[int] = []
     parent = ROOT_HASH
     for start in range(0, len(packed), step):
-        key = (parent, packed[start : start + step])
+        data = pack_parent(parent) + packed[start : start + step]
         shard = parent % MEMO_SHARDS
         young = _young[shard]
-        h = young.get(key)
+        h = young.get(data)
         if h is None:
-            h = _old[shard].get(key)
+            h = _old[shard].get(data)
             if h is None:
-                h = _chain(parent, key[1])
-            young[key] = h
+                h = _digest(data)
+            young[data] = h
             if len(young) >= shard_blocks:  # a new generation; racing threads only lose entries
                 _old[shard], _young[shard] = young, {}
         parent = h
