@@ -45,7 +45,8 @@
 - `control_plane_bench.py` — `bench control-plane`: the routing decision and the Redis index
   at 256 workers and 1M blocks; `control_plane_workload.py` (what the workers cache, the routed
   prompts), `control_plane_fill.py` (sim engines publish the index), `control_plane_routing.py`
-  (times `Routing.choose`), `control_plane_events.py` (publishing load per worker).
+  (times `Routing.choose`), `control_plane_churn.py` (KV events flowing while decisions are
+  timed), `control_plane_events.py` (publishing load per worker).
 - `fidelity_bench.py` — `bench fidelity`: sim workers with a profile calibrated on the CPU
   engine vs the real CPU system, same requests; `fidelity_calibration.py` records the steps
   and KV pushes of serving workers; `child_system.py` serves a second system from a child

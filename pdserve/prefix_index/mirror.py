@@ -29,6 +29,7 @@ from collections.abc import Iterable, Sequence
 
 import redis
 
+from pdserve.metrics import INDEX_MIRROR_EVENTS, INDEX_MIRROR_READS, INDEX_MIRROR_UP
 from pdserve.prefix_index.redis_link import connect
 from pdserve.prefix_index.schema import IndexKeys
 
@@ -89,6 +90,8 @@ class IndexMirror:
         self._stopped.set()
         if self._thread is not None:
             self._thread.join(timeout=self.liveness_s + 5)
+        self.ready = False
+        INDEX_MIRROR_UP.set(0)
         self._client.close()
 
     def lookup(self, block_hashes: Sequence[int]) -> dict[str, int] | None:
@@ -167,6 +170,7 @@ class IndexMirror:
                 if self.ready:
                     log.warning("prefix index mirror: Redis unreachable, rebuilding (%s)", exc)
                 self.ready = False
+                INDEX_MIRROR_UP.set(0)
                 self._stopped.wait(RETRY_S)
                 continue
             with self._caught_up:
@@ -183,7 +187,9 @@ class IndexMirror:
         self._last_id = newest[0][0] if newest else "0-0"
         self._read_liveness()  # loads every live worker
         self.builds += 1
+        INDEX_MIRROR_READS.labels("build").inc()
         self.ready = True
+        INDEX_MIRROR_UP.set(1)
 
     def _read(self) -> None:
         reply = self._client.xread(
@@ -196,6 +202,7 @@ class IndexMirror:
                 self._apply(fields)
                 self._last_id = entry_id
                 self.events += 1
+            INDEX_MIRROR_EVENTS.inc(len(entries))
 
     def _apply(self, fields: dict[str, str]) -> None:
         worker_id, epoch, op = fields["w"], fields["e"], fields["op"]
@@ -254,6 +261,7 @@ class IndexMirror:
         if self._beats.get(worker_id) == epoch:
             self._live |= bit
         self.reloads += 1
+        INDEX_MIRROR_READS.labels("worker").inc()
 
     def _unload(self, worker_id: str) -> None:
         bit = self._bit.get(worker_id)

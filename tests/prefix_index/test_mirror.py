@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+from prometheus_client import REGISTRY
 
 from pdserve.core.block_hash import prompt_block_hashes
 from pdserve.core.kv_events import KVEvent
@@ -151,6 +152,10 @@ def test_updates_trimmed_away_unread_are_read_again_from_the_worker_set(
     assert indexes[1].mirror.reloads == reloads + 1  # a alone
 
 
+def metric(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
 def test_the_mirror_rebuilds_after_redis_restarts_and_answers_nothing_while_it_is_down(
     own_redis: RedisServer, monkeypatch
 ) -> None:
@@ -158,11 +163,14 @@ def test_the_mirror_rebuilds_after_redis_restarts_and_answers_nothing_while_it_i
     url = own_redis.url
     a = publisher(url, "a")
     a.publish([stored(HASHES)])
+    builds = metric("pdserve_index_mirror_reads_total", scope="build")
     index = PrefixIndex(url, "m", BS, mirror=True, socket_timeout_s=0.2)
     index.mirror.liveness_s = 0.1
     try:
         assert index.mirror.wait_caught_up()
         assert index.lookup(HASHES) == {"a": 48}
+        assert metric("pdserve_index_mirror_up") == 1
+        assert metric("pdserve_index_mirror_reads_total", scope="build") == builds + 1
         own_redis.restart()  # an empty Redis: the stream and every entry are gone
         deadline = time.monotonic() + 5
         while index.mirror.builds < 2 and time.monotonic() < deadline:
@@ -176,6 +184,8 @@ def test_the_mirror_rebuilds_after_redis_restarts_and_answers_nothing_while_it_i
         while index.mirror.ready and time.monotonic() < deadline:
             time.sleep(0.02)
         assert index.lookup(HASHES) == {}  # not ready, and Redis down: "unknown"
+        assert metric("pdserve_index_mirror_up") == 0
+        assert metric("pdserve_index_mirror_reads_total", scope="build") == builds + 2
     finally:
         index.close()
 
