@@ -169,12 +169,21 @@ class IndexMirror:
             except (redis.RedisError, OSError) as exc:
                 if self.ready:
                     log.warning("prefix index mirror: Redis unreachable, rebuilding (%s)", exc)
-                self.ready = False
-                INDEX_MIRROR_UP.set(0)
-                self._stopped.wait(RETRY_S)
+                self._drop_copy()
+                continue
+            except Exception:  # an entry this code cannot read: a stale copy must not stay
+                log.exception("prefix index mirror: unreadable stream entry, rebuilding")
+                self._drop_copy()
                 continue
             with self._caught_up:
                 self._caught_up.notify_all()
+
+    def _drop_copy(self) -> None:
+        """Lookups go to Redis until the next build (after RETRY_S), which starts after the
+        stream's newest entry, so an unreadable one is skipped."""
+        self.ready = False
+        INDEX_MIRROR_UP.set(0)
+        self._stopped.wait(RETRY_S)
 
     def _build(self) -> None:
         """Everything from Redis: the stream's position first, then each worker's block set, so

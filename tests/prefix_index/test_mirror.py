@@ -152,6 +152,23 @@ def test_updates_trimmed_away_unread_are_read_again_from_the_worker_set(
     assert indexes[1].mirror.reloads == reloads + 1  # a alone
 
 
+def test_an_unreadable_stream_entry_rebuilds_the_copy_and_is_skipped(
+    redis_url: str, indexes, monkeypatch
+) -> None:
+    """A writer of another version (or a bug) appends an entry the reader cannot parse: the
+    copy is dropped and rebuilt from Redis rather than left stale with its reader dead."""
+    monkeypatch.setattr(mirror_module, "RETRY_S", 0.05)
+    a = publisher(redis_url, "a")
+    a.publish([stored(HASHES[:3])])
+    assert same_answer(indexes) == {"a": 3}
+    mirror = indexes[1].mirror
+    builds = mirror.builds
+    redis.Redis.from_url(redis_url).xadd(a.keys.events, {"w": "a", "op": "update"})  # no epoch
+    a.publish([stored(HASHES[3:5])])
+    assert same_answer(indexes) == {"a": 5}
+    assert mirror.builds == builds + 1 and mirror._thread.is_alive()
+
+
 def metric(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
 
