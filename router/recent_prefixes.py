@@ -45,7 +45,7 @@ class RecentPrefixes:
         # `hash % SHARDS`. A lookup walks the prompt once for all workers (each block narrows
         # the set still walking) instead of once per worker.
         self._shards: list[dict[int, dict[str, int]]] = [{} for _ in range(SHARDS)]
-        self._entries = 0  # (worker, block) pairs in `_holders`
+        self._entries = 0  # (worker, block) pairs in the shards
         # Every route in order, hence by expiry. A route forgets only the pairs it was the
         # latest to send: one renewed by a later route stays until that one goes. So a route
         # costs two dict operations per block to add and one lookup each to forget, where an

@@ -1,14 +1,14 @@
 """IndexMirror: the prefix index kept in the router's memory, fed by the workers' event stream.
 
-Asking Redis per routing decision costs a round trip plus Redis CPU that grows with the index
-(the lookup script walks a prompt's blocks: ~0.3 ms of Redis CPU per 4096-token lookup at 200k
-indexed blocks, 1.2-2 ms at 1M), so one Redis core bounds the whole cluster's decisions/s.
+Asking Redis per routing decision costs a round trip (~0.9 ms at 1M indexed blocks) plus Redis
+CPU (the lookup script bisects a prompt's blocks: ~0.2 ms per 4096-token lookup at 200k blocks,
+0.4-0.6 ms at 1M; BENCHMARKS.md), so one Redis core also bounds the cluster's decisions/s.
 Dynamo's KV router keeps the index in the router instead, fed by the workers' KV events; this
 does the same with the events the publishers append to the index's stream (schema.py). Redis
 stays the durable index: a mirror builds itself from it at start, after a Redis outage or
 restart, and for one worker whenever that worker's events show a gap.
 
-Answers equal the Redis lookup's (`tests/prefix_index/test_lookup.py` runs its cases on both):
+Answers equal the Redis lookup's (`tests/prefix_index/test_mirror.py` compares the two):
 an entry counts while its worker's heartbeat holds the entry's epoch, and liveness is read from
 Redis every `liveness_s` seconds, so a dead worker stops counting within that time (the Redis
 lookup sees it at once; the router's own health checks see it too). Events reach the mirror a
@@ -214,6 +214,7 @@ class IndexMirror:
             INDEX_MIRROR_EVENTS.inc(len(entries))
 
     def _apply(self, fields: dict[str, str]) -> None:
+        """One stream entry (schema.py); an `op` this version does not know is ignored."""
         worker_id, epoch, op = fields["w"], fields["e"], fields["op"]
         known = self._epoch.get(worker_id)
         if known is not None and _newer(known, epoch):
