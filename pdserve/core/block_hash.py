@@ -45,12 +45,13 @@ def _digest(
 # shard's young generation and hits its old one moves the entry back, and a young generation,
 # once it holds its share of MEMO_BLOCKS, becomes the old one. Prompts share prefixes (system
 # prompts, each conversation's history), and a dict lookup on those bytes costs a fraction of
-# a blake2b call, so the router hashes a 4096-token prompt whose blocks it has seen in ~80-95 us
-# instead of ~230 (~320 with blake2b's constructor per block, before `_EMPTY_STATE`). The key is the whole input of the hash, so a hit is the hash itself, never a
-# guess; and it is bytes, which the garbage collector does not track (a tuple key would add
-# 256 tracked objects per prompt). Shards, because a dict grows by rebuilding itself whole
-# inside the call that adds the entry: ~1 ms at 32k entries, a 16th of that per shard. At most
-# 2 * MEMO_BLOCKS entries of ~250 bytes (~16 MB) per process.
+# a blake2b call, so the router hashes a 4096-token prompt whose blocks it has seen in ~80-95
+# us instead of ~230 (~320 with blake2b's constructor per block, before `_EMPTY_STATE`). The
+# key is the whole input of the hash, so a hit is the hash itself, never a guess; and it is
+# bytes, which the garbage collector does not track (a tuple key would add 256 tracked objects
+# per prompt). Shards, because a dict grows by rebuilding itself whole inside the call that
+# adds the entry: ~1 ms at 32k entries, a 16th of that per shard. At most 2 * MEMO_BLOCKS
+# entries of ~250 bytes (~16 MB) per process.
 MEMO_BLOCKS = 1 << 15
 MEMO_SHARDS = 16
 _young: list[dict[bytes, int]] = [{} for _ in range(MEMO_SHARDS)]
