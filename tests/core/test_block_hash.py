@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import random
+import shutil
+import struct
+
+import pytest
 
 from pdserve.core.block_hash import ROOT_HASH, block_hash, prompt_block_hashes
 
@@ -25,22 +30,40 @@ def test_prompt_hashes_chain_block_hash_over_full_blocks_only() -> None:
     assert len(prompt_block_hashes(list(range(40)), 16)) == 2  # the partial tail has no hash
 
 
-def test_remembered_blocks_hash_as_fresh_ones_across_generations(monkeypatch) -> None:
-    """The memo of recently hashed blocks answers only for the same (parent, tokens) input:
-    prompts sharing a prefix, prompts that diverge, the same tokens under another parent, and
-    entries that moved to the old generation and back all hash as block_hash does."""
+def test_the_c_chain_hashes_as_blake2b_over_one_or_more_chunks(monkeypatch) -> None:
+    """pdserve/core/_block_chain.c against hashlib, whatever the block's length: BLAKE2b
+    compresses 128 bytes at a time, and a block of 30 tokens plus its parent is exactly 128."""
+    native = pytest.importorskip("pdserve.core._block_chain")
+    rng = random.Random(2)
+    for block_size in (1, 4, 16, 29, 30, 31, 32, 61, 62, 64, 100):
+        for length in (0, block_size - 1, block_size, 3 * block_size + 1):
+            prompt = [rng.randrange(1 << 32) for _ in range(length)]
+            packed = struct.pack(f"<{length}I", *prompt)
+            for root in (ROOT_HASH, rng.getrandbits(63)):
+                expected, parent = [], root
+                for i in range(length // block_size):
+                    data = (
+                        struct.pack("<q", parent) + packed[4 * block_size * i :][: 4 * block_size]
+                    )
+                    digest = hashlib.blake2b(data, digest_size=8).digest()
+                    parent = int.from_bytes(digest, "little") & ((1 << 63) - 1)
+                    expected.append(parent)
+                assert native.chain(packed, 4 * block_size, root) == expected
+    with pytest.raises(ValueError, match="block_bytes"):
+        native.chain(b"", 0, 0)
+    # And prompt_block_hashes without it (an install with no C compiler) gives the same.
     from pdserve.core import block_hash as module
 
-    monkeypatch.setattr(module, "MEMO_BLOCKS", 8 * module.MEMO_SHARDS)  # 8 blocks a generation
-    module.forget_hashed_blocks()
-    rng = random.Random(1)
-    system = [rng.randrange(50_000) for _ in range(64)]
-    prompts = [system + [rng.randrange(50_000) for _ in range(rng.randrange(0, 80))]
-               for _ in range(30)]  # fmt: skip
-    prompts += [list(reversed(system)), system[16:] + system[:16], system * 2]
-    for prompt in prompts + prompts[::-1]:  # the second pass hits old and young entries
-        assert prompt_block_hashes(prompt, 16) == chained(prompt, 16)
-    assert all(len(young) < 8 for young in module._young)
-    assert all(len(old) <= 8 for old in module._old) and any(module._old)
-    module.forget_hashed_blocks()
-    assert not any(module._young) and not any(module._old)
+    prompt = [rng.randrange(1 << 32) for _ in range(300)]
+    with_c = prompt_block_hashes(prompt, 16)
+    monkeypatch.setattr(module, "_native_chain", None)
+    assert prompt_block_hashes(prompt, 16) == with_c == chained(prompt, 16)
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler: the Python hashes serve")
+def test_the_c_chain_is_built_where_a_compiler_is() -> None:
+    """`pip install -e .` builds it (optional in pyproject.toml, so a failed build would pass
+    silently and the router would hash ~4x slower)."""
+    from pdserve.core import block_hash
+
+    assert block_hash._native_chain is not None
