@@ -6,8 +6,10 @@ A private redis-server is filled with the index of `--workers` workers through t
 publishing path (sim engines' KV events -> PrefixIndexPublisher; control_plane_fill.py), with
 system prompts cached on many workers and conversation histories on one to three
 (control_plane_workload.py). Then the router's routing decision (`Routing.choose`: hashing,
-the Redis lookup, the policy over every worker's load) is timed for `--prompt-tokens` prompts,
-one at a time and with concurrent requests on one event loop (control_plane_routing.py), and
+the lookup, the policy over every worker's load) is timed for `--prompt-tokens` prompts, one at
+a time, with KV events flowing (control_plane_churn.py) and with concurrent requests on one
+event loop (control_plane_routing.py), for each `--lookup`: the Redis script, or the router's
+copy of the index (pdserve/prefix_index/mirror.py); and
 the publishing load of one prefill and one decode worker is measured at stated token rates
 (control_plane_events.py). Reported: decision latency p50/p99 and its parts, decisions/s,
 Redis memory per indexed block, Redis commands and bytes per worker per second, peak memory.
