@@ -214,15 +214,16 @@ def routing_report(
     bs = plan.settings.block_size
     count = args.decisions if mode == "never" else args.pair_decisions
     prompts = probes(plan, count, seed=args.seed + 1)
-    rss_before = _rss_mb(os.getpid(), "VmRSS")
-    built = time.perf_counter()
+    rss_before, built = _rss_mb(os.getpid(), "VmRSS"), time.perf_counter()
     index = PrefixIndex(redis_url, MODEL_NAME, bs, mirror=lookup == "mirror")
-    if index.mirror is not None and not index.mirror.wait_caught_up(timeout_s=600):
-        raise SystemExit("the index mirror did not build within 600 s")
-    mirror = {
-        "build_s": time.perf_counter() - built,
-        "rss_mb": _rss_mb(os.getpid(), "VmRSS") - rss_before,  # what the copy added
-    }
+    mirror = None
+    if index.mirror is not None:
+        if not index.mirror.wait_caught_up(timeout_s=600):
+            raise SystemExit("the index mirror did not build within 600 s")
+        mirror = {
+            "build_s": time.perf_counter() - built,
+            "rss_mb": _rss_mb(os.getpid(), "VmRSS") - rss_before,  # what the copy added
+        }
     config = RouterConfig(policy=args.policy, disaggregate=mode, max_pending_requests=1 << 30)
 
     def routing() -> Routing:
@@ -265,7 +266,7 @@ def routing_report(
     pairs = prefill * (workers - prefill)
     return {
         "lookup": lookup,
-        "mirror": mirror if lookup == "mirror" else None,
+        "mirror": mirror,
         "decisions": len(times.total),
         "workers": plan.settings.workers,
         "policy": args.policy,

@@ -177,22 +177,18 @@ class PrefixIndex:
     def lookup(self, block_hashes: Sequence[int]) -> dict[str, int]:
         """worker_id -> number of leading blocks of `block_hashes` it holds (workers holding none
         are absent). `block_hashes` are chained (pdserve.core.block_hash.prompt_block_hashes)."""
-        found = self.mirror.lookup(block_hashes) if self.mirror is not None else None
+        found = self._answer_here(block_hashes)
         if found is not None:
             return found
-        if not block_hashes:
-            return {}
         keys, args = self._lookup_arguments(block_hashes)
         reply = self.link.call(lambda client: self._lookup(keys=keys, args=args, client=client), "")
         return json.loads(reply) if reply else {}
 
     async def lookup_async(self, block_hashes: Sequence[int]) -> dict[str, int]:
         """`lookup` awaited on the caller's event loop, which goes on serving meanwhile."""
-        found = self.mirror.lookup(block_hashes) if self.mirror is not None else None
+        found = self._answer_here(block_hashes)
         if found is not None:
             return found
-        if not block_hashes:
-            return {}
         keys, args = self._lookup_arguments(block_hashes)
 
         def run(client):  # EVALSHA, loading the script on NOSCRIPT (a restarted Redis)
@@ -202,6 +198,13 @@ class PrefixIndex:
 
         reply = await self.link.acall(run, "")
         return json.loads(reply) if reply else {}
+
+    def _answer_here(self, block_hashes: Sequence[int]) -> dict[str, int] | None:
+        """The answer without asking Redis (the router's copy, or an empty prompt); None when
+        only the lookup script can give it."""
+        if not block_hashes:
+            return {}
+        return self.mirror.lookup(block_hashes) if self.mirror is not None else None
 
     def _lookup_arguments(self, block_hashes: Sequence[int]) -> tuple[list[str], list[str]]:
         keys = [self.keys.block(block_hashes[0])]
