@@ -15,12 +15,21 @@ import itertools
 import time
 from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-# The block table is split by hash into this many dicts: a dict grows (and, as entries come and
-# go, compacts) by rebuilding itself whole, ~4 ms at 100k entries, inside whichever routing
-# decision adds the entry that triggers it; a 64th of them rebuilds in ~0.1 ms.
-SHARDS = 64
+# A worker's table is rebuilt without its forgotten entries once it holds this many more than
+# twice the blocks of the worker's remembered routes: rebuilding a small table often would cost
+# more than the rebuilds save.
+SLACK = 1024
+
+
+@dataclass
+class _Held:
+    """One worker's memory: block hash -> serial of the latest route that sent it there. An
+    entry counts while its route is remembered (serial >= the oldest remembered route's)."""
+
+    serials: dict[int, int] = field(default_factory=dict)
+    routed_blocks: int = 0  # blocks of this worker's remembered routes (renewed ones included)
 
 
 @dataclass
@@ -29,87 +38,89 @@ class _Route:
 
     serial: int
     worker_id: str
-    block_hashes: tuple[int, ...]
+    held: _Held
+    blocks: int
+    first: int  # its first block's hash
     expiry: float
 
 
 class RecentPrefixes:
-    def __init__(self, ttl_s: float = 10.0, max_blocks: int = 1 << 17,
+    def __init__(self, ttl_s: float = 10.0, max_blocks: int = 1 << 18,
                  clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
-        """At most `max_blocks` (worker, block) entries: beyond, the oldest routes are
-        forgotten whole."""
+        """At most `max_blocks` blocks in the remembered routes (a block sent twice counts
+        twice): beyond, the oldest routes are forgotten whole."""
         self.ttl_s = ttl_s
         self.max_blocks = max_blocks
         self._clock = clock
-        # Block hash -> {worker: serial of the latest route that sent it there}, in shard
-        # `hash % SHARDS`. A lookup walks the prompt once for all workers (each block narrows
-        # the set still walking) instead of once per worker.
-        self._shards: list[dict[int, dict[str, int]]] = [{} for _ in range(SHARDS)]
-        self._entries = 0  # (worker, block) pairs in the shards
-        # Every route in order, hence by expiry. A route forgets only the pairs it was the
-        # latest to send: one renewed by a later route stays until that one goes. So a route
-        # costs two dict operations per block to add and one lookup each to forget, where an
-        # ordered map of pairs moved on every renewal cost several.
-        self._routes: deque[_Route] = deque()
-        self._routed_blocks = 0  # blocks of the routes in `_routes` (renewed ones included)
+        # A route's blocks go into its worker's table in one C-level `dict.update` and are
+        # never deleted one by one: routes are forgotten oldest first, so forgetting one moves
+        # `_oldest` past its serial, and an entry older than that no longer counts. Each block
+        # cost two dict operations to add and one to forget when entries were deleted, half of
+        # a routing decision at 256-block prompts.
+        self._held: dict[str, _Held] = {}
+        self._oldest = 0  # serial of the oldest route still remembered
+        # First block hash -> {worker: serial of the latest route starting with it}: with
+        # chained hashes a worker holds a prompt's prefix only if one of its routes starts with
+        # the prompt's first block, so a lookup visits those workers alone.
+        self._first: dict[int, dict[str, int]] = {}
+        self._routes: deque[_Route] = deque()  # in serial order, hence by expiry
+        self._routed_blocks = 0  # blocks of the routes in `_routes`
         self._serials = itertools.count()
 
     def add(self, worker_id: str, block_hashes: Sequence[int]) -> None:
-        route = _Route(next(self._serials), worker_id, tuple(block_hashes),
-                       self._clock() + self.ttl_s)  # fmt: skip
-        shards, serial, new = self._shards, route.serial, 0
-        for h in route.block_hashes:
-            holders = shards[h % SHARDS]
-            held = holders.get(h)
-            if held is None:
-                holders[h] = {worker_id: serial}
-                new += 1
-            else:
-                new += worker_id not in held
-                held[worker_id] = serial
-        self._entries += new
-        self._routes.append(route)
-        self._routed_blocks += len(route.block_hashes)
-        # Renewals leave old routes behind: they are bounded too, by twice the entries.
-        while self._entries > self.max_blocks or self._routed_blocks > 2 * self.max_blocks:
+        if not block_hashes:
+            return
+        serial = next(self._serials)
+        held = self._held.get(worker_id)
+        if held is None:
+            held = self._held[worker_id] = _Held()
+        held.serials.update(dict.fromkeys(block_hashes, serial))
+        blocks = len(block_hashes)
+        held.routed_blocks += blocks
+        first = block_hashes[0]
+        self._first.setdefault(first, {})[worker_id] = serial
+        self._routes.append(_Route(serial, worker_id, held, blocks, first,
+                                   self._clock() + self.ttl_s))  # fmt: skip
+        self._routed_blocks += blocks
+        while self._routed_blocks > self.max_blocks:
             self._forget_oldest()
+        if len(held.serials) > 2 * held.routed_blocks + SLACK:
+            # Every entry still counting belongs to a remembered route, so at most
+            # `routed_blocks` stay: the table's size stays within twice what it remembers.
+            oldest = self._oldest
+            held.serials = {h: s for h, s in held.serials.items() if s >= oldest}
 
     def lookup(self, block_hashes: Sequence[int], worker_ids: Collection[str]) -> dict[str, int]:
         """worker_id (of `worker_ids`) -> leading blocks of `block_hashes` routed there within
         the TTL. Chained hashes: a worker stops at its first missing block."""
         self._expire()
-        shards = self._shards
-        first = shards[block_hashes[0] % SHARDS].get(block_hashes[0]) if block_hashes else None
-        if not first:
+        starting = self._first.get(block_hashes[0]) if block_hashes else None
+        if not starting:
             return {}
-        walking = {w for w in first if w in worker_ids}
-        found: dict[str, int] = {}
-        depth = 1  # leading blocks every worker still walking holds
-        for i in range(1, len(block_hashes) if walking else 0):
-            h = block_hashes[i]
-            held = shards[h % SHARDS].get(h)
-            if held is None:
-                break
-            if not walking <= held.keys():
-                for worker_id in walking - held.keys():
-                    found[worker_id] = depth
-                walking &= held.keys()
-                if not walking:
-                    break
-            depth += 1
-        for worker_id in walking:
-            found[worker_id] = depth
+        oldest, n, found = self._oldest, len(block_hashes), {}
+        for worker_id in starting:
+            held = self._held.get(worker_id)
+            if held is None or worker_id not in worker_ids:
+                continue
+            serials = held.serials
+            if serials.get(block_hashes[0], -1) < oldest:
+                continue
+            # A remembered route that sent block i sent every block before it (chained
+            # hashes), and a later route renewing one keeps it: a worker's blocks are a prefix
+            # of the prompt, found by bisection. `low` blocks are held, `high` are not.
+            low, high = 1, n + 1
+            while high - low > 1:
+                mid = (low + high) // 2
+                if serials.get(block_hashes[mid - 1], -1) >= oldest:
+                    low = mid
+                else:
+                    high = mid
+            found[worker_id] = low
         return found
 
     def forget(self, worker_id: str) -> None:
         """The worker restarted: whatever it was sent is gone with its old cache."""
-        for holders in self._shards:
-            for h in [h for h, held in holders.items() if worker_id in held]:
-                held = holders[h]
-                del held[worker_id]
-                self._entries -= 1
-                if not held:
-                    del holders[h]
+        self._held.pop(worker_id, None)  # its remembered routes keep the old table, alone
 
     def _expire(self) -> None:
         now, routes = self._clock(), self._routes
@@ -118,17 +129,17 @@ class RecentPrefixes:
 
     def _forget_oldest(self) -> None:
         route = self._routes.popleft()
-        self._routed_blocks -= len(route.block_hashes)
-        shards, worker_id, serial, dropped = self._shards, route.worker_id, route.serial, 0
-        for h in route.block_hashes:
-            holders = shards[h % SHARDS]
-            held = holders.get(h)
-            if held is not None and held.get(worker_id) == serial:  # not renewed since
-                del held[worker_id]
-                dropped += 1
-                if not held:
-                    del holders[h]
-        self._entries -= dropped
+        self._oldest = route.serial + 1
+        self._routed_blocks -= route.blocks
+        held = route.held
+        held.routed_blocks -= route.blocks
+        if not held.routed_blocks and self._held.get(route.worker_id) is held:
+            del self._held[route.worker_id]  # nothing of it is remembered
+        starting = self._first.get(route.first)
+        if starting is not None and starting.get(route.worker_id) == route.serial:
+            del starting[route.worker_id]
+            if not starting:
+                del self._first[route.first]
 
 
 def merge(*views: Mapping[str, int]) -> dict[str, int]:

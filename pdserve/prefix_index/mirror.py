@@ -25,7 +25,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import islice
 
 import redis
 
@@ -35,7 +36,18 @@ from pdserve.prefix_index.schema import IndexKeys
 
 log = logging.getLogger(__name__)
 
-EVENTS_PER_READ = 1000
+# The reader thread holds the GIL while it parses and applies what it read, and the router's
+# event loop, wanting it back, waits that long: with 20k blocks/s of events (~70 us of work per
+# 128-block entry) a read held it ~0.5 ms at p50 and ~3 ms at p99 on this 2-core VM, and a
+# decision's p99 grew by 1-2 ms. So a read takes a few entries, and the thread offers the GIL
+# back (`time.sleep(0)`: a ~50 us nap, long enough for a waiting thread to take it) once it has
+# held it HOLD_S, checked after each entry and every HOLD_CHECK hashes of a worker's reload.
+# The thread still keeps up while the loop is never idle: the loop hands the GIL over at least
+# every `sys.getswitchinterval()` (5 ms) and whenever numpy runs a large array op, and each
+# hand-over applies >= HOLD_S of events (`bench control-plane`: 20k blocks/s kept up with).
+EVENTS_PER_READ = 16
+HOLD_S = 0.0001
+HOLD_CHECK = 256
 # The copy's block table is split by hash into this many dicts: a dict grows by rebuilding
 # itself whole, with the GIL held, and one of a million entries takes ~35 ms to rebuild, a stall
 # of the router's event loop; one of 1/256th of them takes ~0.1 ms.
@@ -73,6 +85,7 @@ class IndexMirror:
         self._last_id = "0-0"
         self._next_liveness = 0.0
         self._liveness_read_at = 0.0
+        self._holding_since = 0.0  # when this thread last took the GIL back
         self.ready = False  # built and reading; lookups answer None (ask Redis) until then
         self.events = 0  # stream entries applied
         self.builds = 0  # whole rebuilds from Redis (start, outages)
@@ -206,11 +219,13 @@ class IndexMirror:
             count=EVENTS_PER_READ,
             block=int(self.liveness_s * 1000),
         )
+        self._holding_since = time.perf_counter()  # the GIL is taken back after the read
         for _stream, entries in reply or ():
             for entry_id, fields in entries:
                 self._apply(fields)
                 self._last_id = entry_id
                 self.events += 1
+                self._offer_gil()
             INDEX_MIRROR_EVENTS.inc(len(entries))
 
     def _apply(self, fields: dict[str, str]) -> None:
@@ -244,19 +259,29 @@ class IndexMirror:
 
     def _set(self, bit: int, hashes: Iterable[int]) -> None:
         shards = self._shards
-        for h in hashes:
-            holders = shards[h % SHARDS]
-            holders[h] = holders.get(h, 0) | bit
+        for chunk in _chunks(hashes):  # a worker's reload sets all its blocks
+            for h in chunk:
+                holders = shards[h % SHARDS]
+                holders[h] = holders.get(h, 0) | bit
+            self._offer_gil()
 
     def _clear(self, bit: int, hashes: Iterable[int]) -> None:
         shards = self._shards
-        for h in hashes:
-            holders = shards[h % SHARDS]
-            rest = holders.get(h, 0) & ~bit
-            if rest:
-                holders[h] = rest
-            else:
-                holders.pop(h, None)
+        for chunk in _chunks(hashes):
+            for h in chunk:
+                holders = shards[h % SHARDS]
+                rest = holders.get(h, 0) & ~bit
+                if rest:
+                    holders[h] = rest
+                else:
+                    holders.pop(h, None)
+            self._offer_gil()
+
+    def _offer_gil(self) -> None:
+        """Lets a waiting thread (the event loop) run if this one has held the GIL HOLD_S."""
+        if time.perf_counter() - self._holding_since >= HOLD_S:
+            time.sleep(0)
+            self._holding_since = time.perf_counter()
 
     def _reload(self, worker_id: str, epoch: str) -> None:
         """The worker's entries as Redis has them now, for `epoch` (the events after this point
@@ -319,7 +344,14 @@ class IndexMirror:
 
 
 def _hashes(joined: str) -> list[int]:
-    return [int(h) for h in joined.split(",")] if joined else []
+    return list(map(int, joined.split(","))) if joined else []
+
+
+def _chunks(hashes: Iterable[int]) -> Iterator[list[int]]:
+    """`hashes` in lists of HOLD_CHECK."""
+    it = iter(hashes)
+    while chunk := list(islice(it, HOLD_CHECK)):
+        yield chunk
 
 
 def _newer(a: str, b: str) -> bool:

@@ -50,6 +50,8 @@ def test_small_index_report_is_consistent(tmp_path, capsys) -> None:
         assert rt["prompts_with_holder"] > 150  # 90% of the prompts share a cached prefix
         assert rt["with_events"]["blocks_per_s"] > 1000  # decisions timed again, events flowing
         assert rt["with_events"]["decision_ms"]["count"] == 200
+        waits = rt["with_events"]["decision_wait_ms"]  # wall minus the router thread's CPU
+        assert waits["count"] == 200
     # The copy was built from Redis, followed the events and asked Redis nothing per lookup.
     assert by_redis["mirror"] is None and mirrored["mirror"]["build_s"] > 0
     assert mirrored["with_events"]["mirror_events_per_s"] > 10

@@ -46,6 +46,15 @@ def indexes(redis_url: str) -> Iterator[tuple[PrefixIndex, PrefixIndex]]:
     by_redis.close()
 
 
+@pytest.fixture(params=[False, True], ids=["whole", "yielding"])
+def holds(request, monkeypatch) -> None:
+    """Whether the reader offers the GIL back after every entry and every 3 hashes it sets or
+    clears (a worker's reload in chunks), instead of rarely."""
+    if request.param:
+        monkeypatch.setattr(mirror_module, "HOLD_S", 0.0)
+        monkeypatch.setattr(mirror_module, "HOLD_CHECK", 3)
+
+
 def same_answer(indexes: tuple[PrefixIndex, PrefixIndex], hashes=HASHES) -> dict[str, int]:
     """Both answers, checked equal (the mirror's after it applied everything now in Redis)."""
     by_redis, mirrored = indexes
@@ -57,7 +66,7 @@ def same_answer(indexes: tuple[PrefixIndex, PrefixIndex], hashes=HASHES) -> dict
 
 
 def test_the_mirror_answers_as_redis_through_stores_evictions_and_reorders(
-    redis_url: str, indexes
+    redis_url: str, holds, indexes
 ) -> None:
     workers = {f"w{i}": publisher(redis_url, f"w{i}") for i in range(12)}
     for pub in workers.values():
@@ -76,7 +85,7 @@ def test_the_mirror_answers_as_redis_through_stores_evictions_and_reorders(
     assert same_answer(indexes, []) == {}
 
 
-def test_a_mirror_started_after_the_workers_builds_itself_from_redis(redis_url: str) -> None:
+def test_a_mirror_started_after_the_workers_builds_itself_from_redis(redis_url: str, holds) -> None:
     a, b = publisher(redis_url, "a"), publisher(redis_url, "b")
     a.publish([stored(HASHES)])
     b.publish([stored(HASHES[:7])])
@@ -93,7 +102,7 @@ def test_a_mirror_started_after_the_workers_builds_itself_from_redis(redis_url: 
 
 
 def test_restarts_fence_the_old_incarnation_and_unregistering_empties_the_worker(
-    redis_url: str, indexes
+    redis_url: str, holds, indexes
 ) -> None:
     old = publisher(redis_url, "a")
     old.publish([stored(HASHES)])

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from unittest import mock
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pdserve.core.block_hash import prompt_block_hashes
+from router import recent_prefixes
 from router.recent_prefixes import RecentPrefixes, merge
 
 HASHES = prompt_block_hashes(list(range(64)), 16)  # 4 chained blocks
@@ -48,6 +52,7 @@ def test_views_merge_to_the_longest_prefix_per_worker() -> None:
     assert merge({"p0": 2, "p1": 5}, {"p0": 4}, {}) == {"p0": 4, "p1": 5}
 
 
+@pytest.mark.parametrize("slack", [recent_prefixes.SLACK, -(1 << 30)])  # < 0: rebuilt at every add
 @settings(max_examples=300, deadline=None)
 @given(
     st.lists(
@@ -62,11 +67,10 @@ def test_views_merge_to_the_longest_prefix_per_worker() -> None:
     ),
     st.integers(3, 40),
 )
-def test_lookup_answers_what_the_remembered_routes_hold(steps, max_blocks) -> None:
+def test_lookup_answers_what_the_remembered_routes_hold(slack, steps, max_blocks) -> None:
     """Against a model kept as the list of routes themselves: a worker holds a block while a
     route that sent it there is remembered (not expired, not dropped for room, not before a
-    restart); routes are dropped oldest first while more than `max_blocks` (worker, block)
-    pairs are held or the routes hold more than twice that many blocks."""
+    restart); routes are dropped oldest first while they hold more than `max_blocks` blocks."""
     chains = [prompt_block_hashes([c % 2] * 16 + [c] * 80, 16) for c in range(4)]  # shared heads
     clock = Clock()
     recent = RecentPrefixes(ttl_s=5.0, max_blocks=max_blocks, clock=clock)
@@ -75,27 +79,28 @@ def test_lookup_answers_what_the_remembered_routes_hold(steps, max_blocks) -> No
     def held() -> set[tuple[str, int]]:
         return {(w, h) for w, hashes, _, valid in routes if valid for h in hashes}
 
-    for action, worker, chain, blocks in steps:
-        hashes = chains[chain][:blocks]
-        if action == "add":
-            recent.add(worker, hashes)
-            routes.append([worker, hashes, clock.now + 5.0, True])
-            while len(held()) > max_blocks or sum(len(r[1]) for r in routes) > 2 * max_blocks:
-                routes.pop(0)
-        elif action == "forget":
-            recent.forget(worker)
-            for route in routes:
-                route[3] = route[3] and route[0] != worker
-        elif action == "tick":
-            clock.now += 3.0  # a route added before the last tick is still remembered
-        else:
-            while routes and routes[0][2] <= clock.now:
-                routes.pop(0)
-            pairs, expected = held(), {}
-            for w in ("w0", "w2"):
-                count = 0
-                while count < len(hashes) and (w, hashes[count]) in pairs:
-                    count += 1
-                if count:
-                    expected[w] = count
-            assert recent.lookup(hashes, ["w0", "w2"]) == expected
+    with mock.patch.object(recent_prefixes, "SLACK", slack):
+        for action, worker, chain, blocks in steps:
+            hashes = chains[chain][:blocks]
+            if action == "add":
+                recent.add(worker, hashes)
+                routes.append([worker, hashes, clock.now + 5.0, True])
+                while sum(len(r[1]) for r in routes) > max_blocks:
+                    routes.pop(0)
+            elif action == "forget":
+                recent.forget(worker)
+                for route in routes:
+                    route[3] = route[3] and route[0] != worker
+            elif action == "tick":
+                clock.now += 3.0  # a route added before the last tick is still remembered
+            else:
+                while routes and routes[0][2] <= clock.now:
+                    routes.pop(0)
+                pairs, expected = held(), {}
+                for w in ("w0", "w2"):
+                    count = 0
+                    while count < len(hashes) and (w, hashes[count]) in pairs:
+                        count += 1
+                    if count:
+                        expected[w] = count
+                assert recent.lookup(hashes, ["w0", "w2"]) == expected
