@@ -343,9 +343,9 @@ def print_report(report: dict[str, Any]) -> None:
             ev = rt["with_events"]
             rows.append((f"  with {ev['blocks_per_s']:,.0f} blocks/s of KV events: decision p50 / p99",
                          f"{ev['decision_ms']['p50']:.3f} / {ev['decision_ms']['p99']:.3f} ms"))  # fmt: skip
-            cpu, wait = ev["decision_cpu_ms"], ev["decision_wait_ms"]
+            ev_cpu, ev_wait = ev["decision_cpu_ms"], ev["decision_wait_ms"]
             rows.append(("    router CPU p50 / p99; waiting (a core, the GIL) p99",
-                         f"{cpu['p50']:.3f} / {cpu['p99']:.3f}; {wait['p99']:.3f} ms"))  # fmt: skip
+                         f"{ev_cpu['p50']:.3f} / {ev_cpu['p99']:.3f}; {ev_wait['p99']:.3f} ms"))  # fmt: skip
         if rt["mirror"]:
             rows.append(("  mirror: built in / process memory added",
                          f"{rt['mirror']['build_s']:.1f} s / {rt['mirror']['rss_mb']:.0f} MB"))  # fmt: skip

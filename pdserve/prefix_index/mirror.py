@@ -40,11 +40,11 @@ log = logging.getLogger(__name__)
 # event loop, wanting it back, waits that long: with 20k blocks/s of events (~70 us of work per
 # 128-block entry) a read held it ~0.5 ms at p50 and ~3 ms at p99 on this 2-core VM, and a
 # decision's p99 grew by 1-2 ms. So a read takes a few entries, and the thread offers the GIL
-# back (`time.sleep(0)`: a ~50 us nap, long enough for a waiting thread to take it) once it has
-# held it HOLD_S, checked after each entry and every HOLD_CHECK hashes of a worker's reload.
-# The thread still keeps up while the loop is never idle: the loop hands the GIL over at least
-# every `sys.getswitchinterval()` (5 ms) and whenever numpy runs a large array op, and each
-# hand-over applies >= HOLD_S of events (`bench control-plane`: 20k blocks/s kept up with).
+# back once it has held it HOLD_S (`time.sleep(0)`: a ~50 us nap, the kernel's timer slack,
+# in which a waiting thread takes it), checked after each entry and every HOLD_CHECK hashes of
+# a worker's reload. It still keeps up while the loop is never idle: the loop hands the GIL
+# over at least every `sys.getswitchinterval()` (5 ms) and whenever numpy runs a large array
+# op, and each hand-over applies >= HOLD_S of events (`bench control-plane`: 20k blocks/s).
 EVENTS_PER_READ = 16
 HOLD_S = 0.0001
 HOLD_CHECK = 256
