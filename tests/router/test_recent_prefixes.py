@@ -48,6 +48,24 @@ def test_a_restarted_worker_is_forgotten_and_memory_is_bounded() -> None:
     assert recent.lookup(HASHES, ["p0", "d0"]) == {}
 
 
+def test_forgotten_routes_leave_no_tables_behind() -> None:
+    """Entries of forgotten routes are not deleted one by one, yet memory stays bounded by what
+    is remembered: a worker's table is rebuilt without them, and a worker nothing is remembered
+    of, or a first block no remembered route starts with, is dropped."""
+    recent = RecentPrefixes(max_blocks=64)
+    for i in range(3000):  # distinct prompts of 8 blocks to 3 workers, always at the cap
+        recent.add(f"w{i % 3}", prompt_block_hashes([i] * 128, 16))
+    assert recent._routed_blocks <= 64
+    assert len(recent._first) <= 8  # one per remembered route
+    for held in recent._held.values():
+        assert len(held.serials) <= 2 * held.routed_blocks + recent_prefixes.SLACK
+    recent = RecentPrefixes(ttl_s=1.0, clock=(clock := Clock()))
+    recent.add("w0", HASHES)
+    clock.now = 2.0
+    assert recent.lookup(HASHES, ["w0"]) == {}  # expired: and its tables are gone
+    assert not recent._held and not recent._first
+
+
 def test_views_merge_to_the_longest_prefix_per_worker() -> None:
     assert merge({"p0": 2, "p1": 5}, {"p0": 4}, {}) == {"p0": 4, "p1": 5}
 
