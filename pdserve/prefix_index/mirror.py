@@ -266,11 +266,11 @@ class IndexMirror:
             self._offer_gil()
 
     def _clear(self, bit: int, hashes: Iterable[int]) -> None:
-        shards = self._shards
+        shards, keep = self._shards, ~bit
         for chunk in _chunks(hashes):
             for h in chunk:
                 holders = shards[h % SHARDS]
-                rest = holders.get(h, 0) & ~bit
+                rest = holders.get(h, 0) & keep
                 if rest:
                     holders[h] = rest
                 else:
