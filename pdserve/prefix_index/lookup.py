@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pdserve.prefix_index.mirror import IndexMirror
 from pdserve.prefix_index.redis_link import RedisLink
 from pdserve.prefix_index.reuse_stats import ModelReuse, add_reuse, parse_reuse
-from pdserve.prefix_index.schema import IndexKeys
+from pdserve.prefix_index.schema import LIVENESS_LUA, IndexKeys, parse_liveness
 
 log = logging.getLogger(__name__)
 
@@ -262,12 +262,11 @@ class PrefixIndex:
         """worker_id -> epoch of every worker whose heartbeat is current."""
 
         def read(client) -> dict[str, int]:
-            registered = client.hgetall(self.keys.workers)
-            names = sorted(registered)
-            if not names:
-                return {}
-            beats = client.mget([self.keys.heartbeat(w) for w in names])
-            return {w: int(b) for w, b in zip(names, beats, strict=True) if b == registered[w]}
+            reply = client.register_script(LIVENESS_LUA)(
+                keys=[self.keys.workers], args=[self.keys.heartbeat_prefix]
+            )
+            registered, live = parse_liveness(reply)
+            return {w: int(registered[w]) for w in live}
 
         return self.link.call(read, {})
 

@@ -32,7 +32,7 @@ import redis
 
 from pdserve.metrics import INDEX_MIRROR_EVENTS, INDEX_MIRROR_READS, INDEX_MIRROR_UP
 from pdserve.prefix_index.redis_link import connect
-from pdserve.prefix_index.schema import IndexKeys
+from pdserve.prefix_index.schema import LIVENESS_LUA, IndexKeys, parse_liveness
 
 log = logging.getLogger(__name__)
 
@@ -42,11 +42,13 @@ log = logging.getLogger(__name__)
 # decision's p99 grew by 1-2 ms. So a read takes a few entries, and the thread offers the GIL
 # back once it has held it HOLD_S (`time.sleep(0)`: a ~50 us nap, the kernel's timer slack,
 # in which a waiting thread takes it), checked after each entry and every HOLD_CHECK hashes of
-# a worker's reload. It still keeps up while the loop is never idle: the loop hands the GIL
-# over at least every `sys.getswitchinterval()` (5 ms) and whenever numpy runs a large array
-# op, and each hand-over applies >= HOLD_S of events (`bench control-plane`: 20k blocks/s).
+# a worker's reload. A loop that never waits hands the GIL over only every
+# `sys.getswitchinterval()` (5 ms; and whenever numpy runs a large array op), so ~0.1 ms per
+# 5 ms could fall behind a busy stream: while a read comes back full (more is waiting), the
+# thread holds BEHIND_HOLD_S instead, and catches up at the decisions' expense.
 EVENTS_PER_READ = 16
 HOLD_S = 0.0001
+BEHIND_HOLD_S = 0.0005
 HOLD_CHECK = 256
 # The copy's block table is split by hash into this many dicts: a dict grows by rebuilding
 # itself whole, with the GIL held, and one of a million entries takes ~35 ms to rebuild, a stall
@@ -69,6 +71,7 @@ class IndexMirror:
         self.keys = keys
         self.liveness_s = liveness_s
         self._client = connect(redis_url, socket_timeout_s)
+        self._liveness = self._client.register_script(LIVENESS_LUA)
         # block hash -> bits of the workers holding it here, in shard `hash % SHARDS`
         self._shards: list[dict[int, int]] = [{} for _ in range(SHARDS)]
         # worker -> the hashes it holds here, as dict keys: a dict of ints is not tracked by the
@@ -86,6 +89,7 @@ class IndexMirror:
         self._next_liveness = 0.0
         self._liveness_read_at = 0.0
         self._holding_since = 0.0  # when this thread last took the GIL back
+        self._hold_s = HOLD_S  # how long it keeps it: longer while the stream is ahead
         self.ready = False  # built and reading; lookups answer None (ask Redis) until then
         self.events = 0  # stream entries applied
         self.builds = 0  # whole rebuilds from Redis (start, outages)
@@ -221,6 +225,7 @@ class IndexMirror:
         )
         self._holding_since = time.perf_counter()  # the GIL is taken back after the read
         for _stream, entries in reply or ():
+            self._hold_s = BEHIND_HOLD_S if len(entries) == EVENTS_PER_READ else HOLD_S
             for entry_id, fields in entries:
                 self._apply(fields)
                 self._last_id = entry_id
@@ -278,8 +283,8 @@ class IndexMirror:
             self._offer_gil()
 
     def _offer_gil(self) -> None:
-        """Lets a waiting thread (the event loop) run if this one has held the GIL HOLD_S."""
-        if time.perf_counter() - self._holding_since >= HOLD_S:
+        """Lets a waiting thread (the event loop) run if this one has held the GIL long enough."""
+        if time.perf_counter() - self._holding_since >= self._hold_s:
             time.sleep(0)
             self._holding_since = time.perf_counter()
 
@@ -312,10 +317,10 @@ class IndexMirror:
         A worker without a live heartbeat is unloaded: it resynchronises (a reset event) when
         it beats again, as PrefixIndexPublisher.heartbeat does after a lapse. The bits of
         workers no longer registered are freed for new ones (their entries are gone)."""
-        registered = self._client.hgetall(self.keys.workers)
-        names = sorted(registered)
-        beats = self._client.mget([self.keys.heartbeat(w) for w in names]) if names else []
-        self._beats = {w: b for w, b in zip(names, beats, strict=True) if b == registered[w]}
+        registered, live_workers = parse_liveness(
+            self._liveness(keys=[self.keys.workers], args=[self.keys.heartbeat_prefix])
+        )
+        self._beats = {w: registered[w] for w in live_workers}
         for worker_id in [w for w in self._epoch if self._beats.get(w) != self._epoch[w]]:
             self._unload(worker_id)
         for worker_id, epoch in self._beats.items():

@@ -152,6 +152,20 @@ def test_restarted_worker_entries_are_gone(redis_url: str) -> None:
     assert index.live_workers() == {"a": new.epoch}
 
 
+def test_live_workers_are_the_registered_ones_whose_heartbeat_holds_their_epoch(
+    redis_url: str,
+) -> None:
+    index = PrefixIndex(redis_url, "m", BS)
+    assert index.live_workers() == {}  # nobody registered: the script's empty answer
+    a, b = publisher(redis_url, "a"), publisher(redis_url, "b", ttl=0.2)
+    assert index.live_workers() == {"a": a.epoch, "b": b.epoch}
+    time.sleep(0.3)  # b's heartbeat lapsed; it stays registered
+    assert index.live_workers() == {"a": a.epoch}
+    assert b.heartbeat()
+    assert index.live_workers() == {"a": a.epoch, "b": b.epoch}
+    index.close()
+
+
 def test_entries_of_a_stale_epoch_never_count(redis_url: str) -> None:
     a = publisher(redis_url, "a")
     a.publish([stored(HASHES[:2])])
