@@ -44,11 +44,13 @@ log = logging.getLogger(__name__)
 # in which a waiting thread takes it), checked after each entry and every HOLD_CHECK hashes of
 # a worker's reload. A loop that never waits hands the GIL over only every
 # `sys.getswitchinterval()` (5 ms; and whenever numpy runs a large array op), so ~0.1 ms per
-# 5 ms could fall behind a busy stream: while a read comes back full (more is waiting), the
-# thread holds BEHIND_HOLD_S instead, and catches up at the decisions' expense.
+# 5 ms can fall behind a busy stream. Once BEHIND_AFTER_READS reads in a row came back full
+# (more was waiting each time: the copy is not catching up), the thread holds BEHIND_HOLD_S
+# instead, and catches up at the decisions' expense; a burst of events does not.
 EVENTS_PER_READ = 16
 HOLD_S = 0.0001
 BEHIND_HOLD_S = 0.0005
+BEHIND_AFTER_READS = 8
 HOLD_CHECK = 256
 # The copy's block table is split by hash into this many dicts: a dict grows by rebuilding
 # itself whole, with the GIL held, and one of a million entries takes ~35 ms to rebuild, a stall
@@ -89,7 +91,8 @@ class IndexMirror:
         self._next_liveness = 0.0
         self._liveness_read_at = 0.0
         self._holding_since = 0.0  # when this thread last took the GIL back
-        self._hold_s = HOLD_S  # how long it keeps it: longer while the stream is ahead
+        self._hold_s = HOLD_S  # how long it keeps it: longer while it is behind the stream
+        self._full_reads = 0  # reads in a row that left more entries waiting
         self.ready = False  # built and reading; lookups answer None (ask Redis) until then
         self.events = 0  # stream entries applied
         self.builds = 0  # whole rebuilds from Redis (start, outages)
@@ -207,6 +210,7 @@ class IndexMirror:
         the events after that position replay onto a state at least as new as it (each event
         sets or clears entries, so the replay ends where Redis is)."""
         newest = self._client.xrevrange(self.keys.events, count=1)
+        self._hold_s = BEHIND_HOLD_S  # a catch-up: lookups ask Redis until it is done
         self._shards = [{} for _ in range(SHARDS)]
         self._held, self._epoch, self._published = {}, {}, {}
         self._live = 0
@@ -224,8 +228,11 @@ class IndexMirror:
             block=int(self.liveness_s * 1000),
         )
         self._holding_since = time.perf_counter()  # the GIL is taken back after the read
+        read = sum(len(entries) for _stream, entries in reply or ())
+        self._full_reads = self._full_reads + 1 if read == EVENTS_PER_READ else 0
+        behind = self._full_reads >= BEHIND_AFTER_READS
+        self._hold_s = BEHIND_HOLD_S if behind else HOLD_S
         for _stream, entries in reply or ():
-            self._hold_s = BEHIND_HOLD_S if len(entries) == EVENTS_PER_READ else HOLD_S
             for entry_id, fields in entries:
                 self._apply(fields)
                 self._last_id = entry_id
