@@ -18,8 +18,8 @@ static const uint64_t IV[8] = {
     0x510e527fade682d1ULL, 0x9b05688c2b3e6c1fULL, 0x1f83d9abfb41bd6bULL, 0x5be0cd19137e2179ULL,
 };
 
-/* Message word order of each of the 12 rounds (rounds 10 and 11 repeat 0 and 1). */
-static const uint8_t SIGMA[12][16] = {
+/* Message word order of each round; rounds 10 and 11 use rows 0 and 1 again (r % 10). */
+static const uint8_t SIGMA[10][16] = {
     {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15},
     {14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3},
     {11, 8, 12, 0, 5, 2, 15, 13, 10, 14, 3, 6, 7, 1, 9, 4},
@@ -30,8 +30,6 @@ static const uint8_t SIGMA[12][16] = {
     {13, 11, 7, 14, 12, 1, 3, 9, 5, 0, 15, 4, 8, 6, 2, 10},
     {6, 15, 14, 9, 11, 3, 0, 8, 12, 2, 13, 7, 1, 4, 10, 5},
     {10, 2, 8, 4, 7, 6, 1, 5, 15, 11, 9, 14, 3, 12, 13, 0},
-    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15},
-    {14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3},
 };
 
 static inline uint64_t rotr64(uint64_t x, unsigned n) { return (x >> n) | (x << (64 - n)); }
@@ -65,7 +63,7 @@ static void compress(uint64_t h[8], const uint8_t chunk[128], uint64_t bytes, in
     v[12] ^= bytes; /* the counter's high word stays 0: inputs are far below 2^64 bytes */
     if (last) v[14] = ~v[14];
     for (int r = 0; r < 12; r++) {
-        const uint8_t *s = SIGMA[r];
+        const uint8_t *s = SIGMA[r % 10];
         MIX(0, 4, 8, 12, m[s[0]], m[s[1]]);
         MIX(1, 5, 9, 13, m[s[2]], m[s[3]]);
         MIX(2, 6, 10, 14, m[s[4]], m[s[5]]);

@@ -161,6 +161,7 @@ class PrefixIndex:
         self.keys = IndexKeys(model, namespace)
         self.link = RedisLink(redis_url, name="router", socket_timeout_s=socket_timeout_s)
         self._lookup = self.link.client.register_script(LOOKUP_LUA)
+        self._liveness = self.link.client.register_script(LIVENESS_LUA)
         self._async_lookup = None  # the same script on the link's asyncio client
         self._writes_lock = threading.Lock()
         self._writer: ThreadPoolExecutor | None = None  # made on first use
@@ -262,8 +263,8 @@ class PrefixIndex:
         """worker_id -> epoch of every worker whose heartbeat is current."""
 
         def read(client) -> dict[str, int]:
-            reply = client.register_script(LIVENESS_LUA)(
-                keys=[self.keys.workers], args=[self.keys.heartbeat_prefix]
+            reply = self._liveness(
+                keys=[self.keys.workers], args=[self.keys.heartbeat_prefix], client=client
             )
             registered, live = parse_liveness(reply)
             return {w: int(registered[w]) for w in live}
