@@ -174,6 +174,12 @@ class EngineConfig:
         "run decode-only steps as a compiled static-shape graph (torch.compile; CUDA graphs "
         "on CUDA); default: on for CUDA, off on CPU",
     )
+    async_scheduling: bool | None = setting(
+        None,
+        "schedule and launch the next plain greedy decode step while the current one runs, its "
+        "tokens landing one step later (vLLM's async scheduling); default: on for CUDA, off on "
+        "CPU (where the host runs the model itself)",
+    )
     gpu_memory_utilization: float = setting(
         0.9,
         "share of the GPU's memory the worker may use; on CUDA the KV pool gets what weights "

@@ -28,18 +28,21 @@ def test_cpu_selftest_prints_one_table(capsys):
     assert row("decode attention (tiny)") == ["in", "place", "C++", "kernel"]
     assert row("parity vs transformers (tiny)")[0] == "ok"
     assert row("compiled vs eager (tiny)")[0] == "ok"
+    assert row("async scheduling vs not (tiny)")[0] == "ok"
     for transport in ("grpc", "collective"):
         rate, unit = row(f"kv transfer {transport}")[:2]
         assert float(rate) > 0 and unit == "MB/s"
     for batch in (1, 32):
-        rate, unit = row(f"decode batch {batch} (tiny)")[:2]
+        rate, unit, *detail = row(f"decode batch {batch} (tiny)")
         assert float(rate) > 0 and unit == "tok/s"
+        assert re.fullmatch(r"compiled, async scheduling; one step at a time [\d.]+ tok/s "
+                            r"\([\d.]+x\); eager [\d.]+ tok/s \([\d.]+x\)", " ".join(detail))  # fmt: skip
     # The largest batch's compiled step by phase; on CPU no wait for a GPU.
     step = " ".join(row("decode step batch 32 (tiny)"))
     assert re.fullmatch(r"[\d.]+ ms compiled, medians: model on the host [\d.]+, "
                         r"sampling [\d.]+, outputs [\d.]+ ms", step), step  # fmt: skip
     # the header, attention and parity, transfer, decode, the step's phases
-    assert len(lines) == 1 + 3 + 2 + 2 + 1
+    assert len(lines) == 1 + 4 + 2 + 2 + 1
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error without CUDA")

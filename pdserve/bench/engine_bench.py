@@ -127,6 +127,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "CUDA only)",
     )
     parser.add_argument(
+        "--async-scheduling",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="launch each plain decode step before the previous one's tokens are back "
+        "(EngineConfig.async_scheduling; default: on CUDA only)",
+    )
+    parser.add_argument(
         "--threads",
         type=int,
         default=None,
@@ -171,12 +178,16 @@ def run(args: argparse.Namespace) -> int:
             dtype=args.dtype,
             device=args.device,
             compile=args.compile,
+            async_scheduling=args.async_scheduling,
         ),
         # As the serving workers run it (pdserve/worker/worker_runtime.py): token ids out, the
         # router decodes the text; transformers' generate returns token ids too.
         emit_text=False,
     )
-    recorder = engine.executor = StepRecorder(engine.executor)
+    # Only to fit a profile: the recorder times steps one at a time (no async scheduling).
+    recorder = StepRecorder(engine.executor) if args.profile_out else None
+    if recorder is not None:
+        engine.executor = recorder
     hf = (
         transformers.AutoModelForCausalLM.from_pretrained(
             model_dir, dtype=getattr(torch, args.dtype)
@@ -277,13 +288,15 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"model {model_dir} | prompt {prompt_len} tokens, {args.steps} new tokens, "
             f"{args.decoding}, {args.dtype}, {torch.get_num_threads()} threads, "
-            f"compiled decode {'on' if use_compile(args.compile, args.device) else 'off'}"
+            f"compiled decode {'on' if use_compile(args.compile, args.device) else 'off'}, "
+            f"async scheduling {'on' if engine.async_scheduling else 'off'}"
         )
         if decoding.layer_field:
             print(f"{decoding.layer_field} {layers}")
         for measure in (ours, theirs):  # warm-up: first calls pay for allocation and dispatch
             measure(2, 4)
-        recorder.samples.clear()
+        if recorder is not None:
+            recorder.samples.clear()
         print(f"{'batch':>5} {'pdserve tok/s':>14} {baseline:>20} {'ratio':>7}")
         for batch in batch_sizes:
             rate_ours, rate_theirs = decode_rate(ours, batch), decode_rate(theirs, batch)

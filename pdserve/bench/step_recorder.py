@@ -23,6 +23,10 @@ from pdserve.sim.timing import StepSpread, StepWork
 class StepRecorder:
     """An executor that runs `inner` and keeps one (StepWork, seconds) sample per step."""
 
+    # A sample is one step's whole time: the engine does not launch the next step before a
+    # step's tokens are back (engine/overlapped_steps.py) through a recorder.
+    overlaps_steps = False
+
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.samples: list[tuple[StepWork, float]] = []

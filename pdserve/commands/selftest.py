@@ -1,12 +1,14 @@
 """`pdserve selftest --device cuda|cpu`: the checks a lent GPU is for, in minutes, as one table.
 
 - parity: pdserve's greedy tokens equal transformers' on the built-in model (and `--model`);
-- compiled: the `--compile` decode fast path (compiled_decode.py) equals the eager engine;
+- compiled: the `--compile` decode fast path (compiled_decode.py) equals the eager engine,
+  and with async scheduling (engine/overlapped_steps.py) equals it stepping one at a time;
 - kv transfer: a loopback transfer over each transport available here (grpc, collective,
   nixl when importable) in MB/s, by `pdserve bench transfer`'s measurement (host-memory caches);
-- decode: tok/s of the eager and the compiled engine at batch 1 and 32 (--bench-batches), and
-  where a compiled step of the largest batch goes (bench/step_phases.py): on a GPU, the host's
-  part against the wait for the GPU.
+- decode: tok/s of the compiled engine with async scheduling, stepping one at a time, and of
+  the eager engine, at batch 1 and 32 (--bench-batches), and where a compiled step of the
+  largest batch goes (bench/step_phases.py): on a GPU, the host's part against the wait for the
+  GPU.
 Exits 1 when a parity check fails; `--device cuda` without CUDA is a one-line error.
 """
 
@@ -65,14 +67,19 @@ def run(args: argparse.Namespace) -> int:
         expected = _transformers_greedy(model_dir, args.device)
         eager, in_place = _engine_greedy(model_dir, args.device, compiled=False)
         compiled, _ = _engine_greedy(model_dir, args.device, compiled=True)
+        overlapped, _ = _engine_greedy(model_dir, args.device, compiled=True, overlap=True)
         # Which decode attention the checks ran: the kernel of the device, or the gather.
         kernel = "C++ kernel" if args.device == "cpu" else "Triton kernel"
         _row(
             f"decode attention ({label})",
             *(("in place", kernel) if in_place else ("gathered", "gather + SDPA")),
         )
-        for check, got in (("parity vs transformers", eager), ("compiled vs eager", compiled)):
-            reference = expected if check.endswith("transformers") else eager
+        checks = (
+            ("parity vs transformers", eager, expected),
+            ("compiled vs eager", compiled, eager),
+            ("async scheduling vs not", overlapped, compiled),
+        )
+        for check, got, reference in checks:
             same = sum(a == b for a, b in zip(got, reference, strict=True))
             ok &= same == len(reference)
             verdict = "ok" if same == len(reference) else "FAIL"
@@ -86,10 +93,13 @@ def run(args: argparse.Namespace) -> int:
         compiled_rate, phases = _decode_rate(
             builtin, args, batch, compiled=True, phases=batch == max(batches)
         )
+        overlapped_rate, _ = _decode_rate(builtin, args, batch, compiled=True, overlap=True)
         _row(
             f"decode batch {batch} ({args.preset})",
-            f"{compiled_rate:.0f} tok/s",
-            f"compiled; eager {eager_rate:.0f} tok/s ({compiled_rate / eager_rate:.2f}x)",
+            f"{overlapped_rate:.0f} tok/s",
+            f"compiled, async scheduling; one step at a time {compiled_rate:.0f} tok/s "
+            f"({overlapped_rate / compiled_rate:.2f}x); eager {eager_rate:.0f} tok/s "
+            f"({overlapped_rate / eager_rate:.2f}x)",
         )
         if phases is not None:
             _row(f"decode step batch {batch} ({args.preset})", *_phases_row(phases))
@@ -129,7 +139,10 @@ def _prompts(vocab: int) -> list[list[int]]:
     return [torch.randint(3, vocab, (n,), generator=gen).tolist() for n in PROMPT_LENGTHS]
 
 
-def _engine(model_dir: str, device: str, compiled: bool, max_num_seqs: int = 64) -> Any:
+def _engine(
+    model_dir: str, device: str, compiled: bool, max_num_seqs: int = 64, overlap: bool = False
+) -> Any:
+    """An engine stepping one at a time, or with `overlap` with async scheduling."""
     import gc
 
     from pdserve.config import EngineConfig
@@ -144,6 +157,7 @@ def _engine(model_dir: str, device: str, compiled: bool, max_num_seqs: int = 64)
         model=model_dir,
         device=device,
         compile=compiled,
+        async_scheduling=overlap,
         max_num_seqs=max_num_seqs,
         kv_cache_bytes=256 * 2**20,  # CPU
         gpu_memory_utilization=0.5,  # CUDA: sized by a profiled step (memory_profile.py)
@@ -151,11 +165,13 @@ def _engine(model_dir: str, device: str, compiled: bool, max_num_seqs: int = 64)
     return LLMEngine(config)
 
 
-def _engine_greedy(model_dir: str, device: str, compiled: bool) -> tuple[list[list[int]], bool]:
+def _engine_greedy(
+    model_dir: str, device: str, compiled: bool, overlap: bool = False
+) -> tuple[list[list[int]], bool]:
     """The engine's greedy tokens, and whether its decode rows read the KV blocks in place."""
     from pdserve.core.sampling_params import SamplingParams
 
-    engine = _engine(model_dir, device, compiled)
+    engine = _engine(model_dir, device, compiled, overlap=overlap)
     params = SamplingParams(max_tokens=PARITY_TOKENS, ignore_eos=True)
     tokens = engine.generate(_prompts(engine.model.config.vocab_size), params)
     return tokens, engine.executor.runner.reads_kv_in_place
@@ -214,7 +230,12 @@ def _transfer_rates(args: argparse.Namespace) -> list[tuple[str, float, float]]:
 
 
 def _decode_rate(
-    model_dir: str, args: argparse.Namespace, batch: int, compiled: bool, phases: bool = False
+    model_dir: str,
+    args: argparse.Namespace,
+    batch: int,
+    compiled: bool,
+    phases: bool = False,
+    overlap: bool = False,
 ) -> tuple[float, Any]:
     """Decode tok/s of `batch` requests: from every one having its first token to all having
     bench_steps more; the second of two runs (the first compiles and warms up). With `phases`
@@ -224,7 +245,7 @@ def _decode_rate(
     from pdserve.bench.step_phases import time_decode_steps
     from pdserve.core.sampling_params import SamplingParams
 
-    engine = _engine(model_dir, args.device, compiled, max_num_seqs=batch)
+    engine = _engine(model_dir, args.device, compiled, max_num_seqs=batch, overlap=overlap)
     vocab = engine.model.config.vocab_size
     gen = torch.Generator().manual_seed(1)
     params = SamplingParams(max_tokens=args.bench_steps + 1, ignore_eos=True)

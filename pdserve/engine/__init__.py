@@ -9,6 +9,8 @@ types in `pdserve.core`. This package imports none of ray, grpc or redis.
 - `step_outputs.py` — `StepOutputs`, the engine's steps from a step's sampled tokens to
   sequences' tokens and `RequestOutput`s (the per-token path, with a short path for the usual
   token).
+- `overlapped_steps.py` — `OverlappedSteps`, the engine's async scheduling: plain greedy
+  decode steps launched before the previous step's tokens are back, landing a step later.
 - `executor.py` — the executor seam (`Executor`, `make_executor`): torch or sim, imported on
   use.
 - `scheduler.py` — continuous batching, chunked prefill, preemption by recompute.

@@ -33,6 +33,12 @@ def use_compile(setting: bool | None, device: str) -> bool:
     return device.startswith("cuda") if setting is None else setting
 
 
+def resolve_placeholders(ids: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """`ids` with each placeholder -(r + 1) replaced by tokens[r], where the tensors are (a step
+    launched before the previous one's tokens reached the host: engine/overlapped_steps.py)."""
+    return torch.where(ids < 0, tokens[(-1 - ids).clamp(min=0)], ids)
+
+
 def batch_buckets(max_num_seqs: int) -> list[int]:
     """Padded batch sizes: powers of two below max_num_seqs, then max_num_seqs itself."""
     sizes = []
@@ -113,8 +119,11 @@ class CompiledDecode:
         params = [seq.params for seq in batch.seqs]
         return plan_exits(params, config.num_layers, config.tie_word_embeddings) is None
 
-    def run(self, batch: ScheduledBatch) -> torch.Tensor:
-        """Logits [B, vocab] (float32) of a batch `handles` accepted, in batch order."""
+    def run(
+        self, batch: ScheduledBatch, placeholder_tokens: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Logits [B, vocab] (float32) of a batch `handles` accepted, in batch order.
+        `placeholder_tokens`: what ids -(r + 1) stand for (ModelRunner.run)."""
         bs = self.block_size
         real = len(batch.seqs)
         padded = bucket_for(real, self.buckets)
@@ -133,9 +142,16 @@ class CompiledDecode:
         def forward(on_device: torch.Tensor) -> torch.Tensor:
             return self._step(on_device, self.kv_cache, width)
 
+        def resolve(on_device: torch.Tensor) -> None:  # the ids lead the buffer
+            ids = on_device[:padded]
+            ids.copy_(resolve_placeholders(ids, placeholder_tokens))
+
+        prepare = None if placeholder_tokens is None else resolve
         if self._graphs is None:
+            if prepare is not None:
+                prepare(inputs)
             return forward(inputs)[:real]
-        logits = self._graphs.run((padded, width), inputs, forward)
+        logits = self._graphs.run((padded, width), inputs, forward, prepare)
         return logits[:real].clone()  # the results buffer is reused by the next run
 
     def _forward(

@@ -46,23 +46,32 @@ class CudaGraphs:
         key: Hashable,
         inputs: torch.Tensor,
         forward: Callable[[torch.Tensor], torch.Tensor],
+        prepare: Callable[[torch.Tensor], None] | None = None,
     ) -> torch.Tensor:
         """`forward(inputs on the device)` through the graph captured for `key` (captured now
-        on first use). `inputs` (on the host) must have the same shape for the same key. The
-        result is a view of the results buffer: read it before the next run."""
+        on first use). `inputs` (on the host) must have the same shape for the same key.
+        `prepare` amends the inputs in place once on the device, before the graph reads them.
+        The result is a view of the results buffer: read it before the next run."""
         captured = self._captured.get(key)
         if captured is None:
-            captured = self._captured[key] = self._capture(inputs, forward)
+            captured = self._captured[key] = self._capture(inputs, forward, prepare)
         # From pageable host memory the copy is staged at once, so `inputs` may be freed.
         captured.inputs.copy_(inputs, non_blocking=True)
+        if prepare is not None:
+            prepare(captured.inputs)
         captured.graph.replay()
         assert self._results is not None
         return self._results[: captured.rows]
 
     def _capture(
-        self, inputs: torch.Tensor, forward: Callable[[torch.Tensor], torch.Tensor]
+        self,
+        inputs: torch.Tensor,
+        forward: Callable[[torch.Tensor], torch.Tensor],
+        prepare: Callable[[torch.Tensor], None] | None,
     ) -> _Captured:
         static = inputs.to(self.device)
+        if prepare is not None:  # the warm-up runs read real inputs too
+            prepare(static)
         current, side = torch.cuda.current_stream(self.device), self._warm_up_stream
         side.wait_stream(current)
         # Outside the capture, compile and let the kernels' first launches allocate and tune.

@@ -14,7 +14,9 @@ imports torch only through the torch executor.
 
 Requests with n > 1 and beam search run as forked sequences sharing KV blocks: the
 `ForkedChoices` steps the engine inherits (forked_choices.py). A step's sampled tokens become
-sequences' tokens and outputs in the `StepOutputs` steps it inherits (step_outputs.py).
+sequences' tokens and outputs in the `StepOutputs` steps it inherits (step_outputs.py). With
+`async_scheduling`, plain decode steps are launched before the previous one's tokens are back,
+and land one step later (`OverlappedSteps`, overlapped_steps.py).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from pdserve.engine.block_manager import BlockManager
 from pdserve.engine.executor import Executor, make_executor
 from pdserve.engine.forked_choices import ForkedChoices
 from pdserve.engine.outputs import RequestOutput, Reservation
+from pdserve.engine.overlapped_steps import InFlight, OverlappedSteps
 from pdserve.engine.premature_layers import request_layers
 from pdserve.engine.scheduler import Scheduler
 from pdserve.engine.sequence import Sequence, SequenceStatus
@@ -46,7 +49,7 @@ from pdserve.tokenizer import IncrementalDetokenizer, Tokenizer
 __all__ = ["Executor", "LLMEngine", "RequestOutput", "Reservation", "SamplingParams", "KVEvent"]
 
 
-class LLMEngine(ForkedChoices, StepOutputs):
+class LLMEngine(ForkedChoices, StepOutputs, OverlappedSteps):
     def __init__(
         self,
         config: EngineConfig,
@@ -91,7 +94,16 @@ class LLMEngine(ForkedChoices, StepOutputs):
         self._beams: dict[str, BeamRequest] = {}  # beam-search requests by request id
         self._pending: list[RequestOutput] = []  # outputs produced outside step()
         self._arrivals = itertools.count()
-        self._counters = dict.fromkeys(("prefill_tokens_computed", "decode_tokens", "steps"), 0)
+        self._counters = dict.fromkeys(
+            ("prefill_tokens_computed", "decode_tokens", "steps", "overlapped_steps"), 0
+        )
+        # Plain decode steps launched before the previous one's tokens are back
+        # (overlapped_steps.py); not with speculation, whose drafts need the last token.
+        overlap = config.async_scheduling
+        if overlap is None:
+            overlap = config.device.startswith("cuda")
+        self.async_scheduling = overlap and self._speculation is None
+        self._in_flight: InFlight | None = None  # the launched step whose tokens are not back
 
     @property
     def model(self) -> Any:
@@ -148,8 +160,9 @@ class LLMEngine(ForkedChoices, StepOutputs):
             self.abort(request_id)
 
     def has_unfinished(self) -> bool:
-        """Whether step() has work (waiting or running requests, or outputs to deliver)."""
-        return self.scheduler.has_work() or bool(self._pending)
+        """Whether step() has work (waiting or running requests, a step in flight, or outputs to
+        deliver)."""
+        return self.scheduler.has_work() or bool(self._pending) or self._in_flight is not None
 
     def generate(
         self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]
@@ -168,20 +181,27 @@ class LLMEngine(ForkedChoices, StepOutputs):
     # ---- the step -----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         started = time.perf_counter()
+        outputs, self._pending = self._pending, []
+        overlap = self._overlaps_next()
+        if not overlap:  # the next batch needs every token: the step in flight lands first
+            outputs += self._land_in_flight()
         spec = self._speculation
         drafted = spec.propose(self.scheduler.running) if spec else []
         batch = self.scheduler.schedule()
         if spec:
             spec.fit(drafted, batch)
-        outputs, self._pending = self._pending, []
         if batch.seqs:
             self._fork_choices(batch)
             if batch.block_copies:
                 self.executor.copy_blocks(batch.block_copies)
                 if spec:
                     spec.copy_blocks(batch.block_copies)
-            sampled = self.executor.execute(batch, started)
-            outputs += self._postprocess(batch, *sampled)
+            if overlap:
+                outputs += self._launch(batch)
+                self._counters["overlapped_steps"] += 1
+            else:
+                sampled = self.executor.execute(batch, started)
+                outputs += self._postprocess(batch, *sampled)
         if spec:
             spec.end_step()
         self._counters["steps"] += 1
@@ -321,7 +341,7 @@ class LLMEngine(ForkedChoices, StepOutputs):
         if params.beam_search and not getattr(self.executor, "offers_beam_candidates", False):
             raise ValueError("beam_width: beam search needs the torch executor (not sim)")
         tied = bool(self.model_config.get("tie_word_embeddings", False))
-        request_layers(params, self.num_layers, tied)  # ValueError naming the field
+        layers = request_layers(params, self.num_layers, tied)  # ValueError naming the field
         return Sequence(
             request_id=request_id,
             token_ids=prompt,
@@ -331,6 +351,13 @@ class LLMEngine(ForkedChoices, StepOutputs):
             prefill_only=prefill_only,
             prompt_block_hashes=known_hashes,
             detokenizer=self._detokenizer(prompt, params),
+            overlaps=(
+                params.greedy
+                and not (prefill_only or params.logprobs or params.beam_search)
+                and params.n == 1
+                and params.repetition_penalty == 1.0
+                and layers is None
+            ),
         )
 
     def _detokenizer(

@@ -16,7 +16,11 @@ from pdserve.tokenizer import Tokenizer
 
 class Executor(Protocol):
     """What runs the model for the engine: computes a step's chunks and samples its tokens,
-    and owns the KV cache (a tensor, or for the sim executor a shape without bytes)."""
+    and owns the KV cache (a tensor, or for the sim executor a shape without bytes).
+
+    An executor whose `overlaps_steps` attribute is true also has `launch(batch, follows)` and
+    `collect(launched)`: a step started without waiting for its tokens, and its tokens later
+    (the torch one, model_runner.py; the engine's async scheduling, overlapped_steps.py)."""
 
     model_config: dict[str, Any]  # the HF config.json
     vocab_size: int

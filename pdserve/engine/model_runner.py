@@ -5,13 +5,14 @@ into tensors, runs the forward pass and returns the logits of the sequences that
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
 from pdserve.config import EngineConfig
 from pdserve.engine import memory_profile
 from pdserve.engine.attention_batch import attention_context
-from pdserve.engine.compiled_decode import CompiledDecode, use_compile
+from pdserve.engine.compiled_decode import CompiledDecode, resolve_placeholders, use_compile
 from pdserve.engine.factuality import contrast_layers, plan_exits
 from pdserve.engine.sampler import Sampler, apply_repetition_penalty
 from pdserve.engine.scheduler import ScheduledBatch
@@ -21,11 +22,21 @@ from pdserve.models.llama import LlamaForCausalLM
 from pdserve.models.loader import DTYPES, load_model
 
 
+class Launched(NamedTuple):
+    """A step launched without waiting for its tokens (TorchExecutor.launch)."""
+
+    sample_idx: list[int]
+    tokens: torch.Tensor  # [N] int64 on the model's device: what a later launch's placeholders read
+    host_tokens: torch.Tensor  # [N] int64 on the host, complete once `ready` has happened
+    ready: torch.cuda.Event | None  # recorded after the copy to the host (None on CPU)
+
+
 class TorchExecutor:
     """Runs the model of `model_dir` (engine.Executor): forward pass, sampling, KV reads and
     writes on the cache tensor."""
 
     offers_beam_candidates = True  # beam rows get their best candidates (batch.beam_candidates)
+    overlaps_steps = True  # launch/collect (engine/overlapped_steps.py)
 
     def __init__(self, config: EngineConfig, model_dir: Path) -> None:
         if config.num_threads:
@@ -75,6 +86,28 @@ class TorchExecutor:
         if len(draft_logits):
             self._verify_drafts(logits, draft_logits, sample_idx, sampled, batch)
         return sample_idx, tokens, logprobs
+
+    def launch(self, batch: ScheduledBatch, follows: Launched | None) -> Launched:
+        """Starts `batch`, whose rows are all plain greedy decodes (Sequence.overlaps), without
+        waiting for its tokens. A placeholder -(r + 1) among its input ids is row r's token of
+        `follows`, the step launched before it, taken on the device."""
+        logits, sample_idx = self.runner.run(batch, follows.tokens if follows else None)
+        tokens = logits.argmax(dim=-1)  # what the sampler gives a greedy row
+        if tokens.device.type != "cuda":  # the model ran on the host: its tokens are here
+            return Launched(sample_idx, tokens, tokens, None)
+        host_tokens = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+        host_tokens.copy_(tokens, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        return Launched(sample_idx, tokens, host_tokens, ready)
+
+    def collect(self, launched: Launched) -> tuple[list[int], list[int], list[float | None]]:
+        """A launched step's (sample indices, tokens, logprobs), as `execute` returns them;
+        waits for the device to finish it."""
+        if launched.ready is not None:
+            launched.ready.synchronize()
+        tokens = launched.host_tokens.tolist()
+        return launched.sample_idx, tokens, [None] * len(tokens)
 
     def _verify_drafts(
         self,
@@ -228,16 +261,23 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[int]]:
+    def run(
+        self, batch: ScheduledBatch, placeholder_tokens: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, list[int]]:
         """Computes every scheduled chunk. Returns logits [N + D, vocab] (float32) and the
-        indices in `batch.seqs` of the N sequences whose tokens are now all computed. The first
+        indices in `batch.seqs` of the N sequences whose tokens are now all computed.
+        `placeholder_tokens`: the tokens that input ids -(r + 1) stand for (row r's), on the
+        device (engine/overlapped_steps.py). The first
         N rows are theirs (the last position's): the model's, or what DoLa/SLED make of them
         for requests that ask (factuality.py). The D rows after them are the draft rows of the
         sampled sequences with speculative drafts, in sample order: for d drafts, the d
         positions before the last (the last real token and all drafts but the last)."""
         if self.compiled_decode is not None and self.compiled_decode.handles(batch):
-            return self.compiled_decode.run(batch), list(range(len(batch.seqs)))
+            logits = self.compiled_decode.run(batch, placeholder_tokens)
+            return logits, list(range(len(batch.seqs)))
         input_ids, positions, ctx, last_rows, sample_idx = self._prepare(batch)
+        if placeholder_tokens is not None:
+            input_ids = resolve_placeholders(input_ids, placeholder_tokens)
         config = self.model.config
         plan = plan_exits(
             [batch.seqs[i].params for i in sample_idx],

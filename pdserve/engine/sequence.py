@@ -65,6 +65,10 @@ class Sequence:
     # is the draft's distribution q of each (a [num_draft_tokens, vocab] tensor).
     num_draft_tokens: int = 0
     draft_probs: Any = None
+    # A plain decode that may be scheduled before its previous token is back
+    # (overlapped_steps.py): greedy, one choice, no logprobs, penalty, beams, DoLa/SLED or
+    # prefill_only. While a step is in flight, its last token is a placeholder: -(row + 1).
+    overlaps: bool = False
 
     @property
     def num_tokens(self) -> int:

@@ -80,6 +80,25 @@ def test_handoff_decodes_like_the_colocated_engine():
     asyncio.run(scenario())
 
 
+def test_a_decode_worker_with_async_scheduling_streams_the_colocated_tokens():
+    """Handoffs decoding together on a decode worker whose steps overlap
+    (engine/overlapped_steps.py): each request's tokens land a step later, the same ones."""
+    prompts = [PROMPT, PROMPT[3:] + [7, 8], list(range(50, 71))]
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+
+    async def scenario() -> None:
+        async with running_workers(decode_engine={"async_scheduling": True}) as workers:
+            decode, prefill = workers
+            got = await asyncio.gather(
+                *(handoff(decode, prefill, f"r{i}", p, params) for i, p in enumerate(prompts))
+            )
+            assert got == [colocated(p, params) for p in prompts]
+            assert await wait_idle(decode) == 0
+            assert decode._runtime.engine.stats()["overlapped_steps"] > 0
+
+    asyncio.run(scenario())
+
+
 @pytest.mark.parametrize(
     ("field", "commit"),
     [

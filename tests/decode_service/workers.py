@@ -22,12 +22,16 @@ KV = KVTransferConfig(
 
 @contextlib.asynccontextmanager
 async def running_workers(
-    decode_kv: dict | None = None, prefill_kv: dict | None = None, **both
+    decode_kv: dict | None = None,
+    prefill_kv: dict | None = None,
+    decode_engine: dict | None = None,
+    **both,
 ) -> AsyncIterator[tuple[DecodeWorker, PrefillWorker]]:
-    """KV settings: `both` for both workers, plus `decode_kv` / `prefill_kv` for one."""
+    """KV settings: `both` for both workers, plus `decode_kv` / `prefill_kv` for one;
+    `decode_engine`: EngineConfig settings of the decode worker."""
     kv = {"decode": {**both, **(decode_kv or {})}, "prefill": {**both, **(prefill_kv or {})}}
-    decode = DecodeWorker("decode-0", spec(**kv["decode"]))
-    prefill = PrefillWorker("prefill-0", spec(**kv["prefill"]))
+    decode = DecodeWorker("decode-0", spec(decode_engine, **kv["decode"]))
+    prefill = PrefillWorker("prefill-0", spec(None, **kv["prefill"]))
     await asyncio.gather(decode.ready(), prefill.ready())
     try:
         yield decode, prefill
@@ -38,9 +42,10 @@ async def running_workers(
             await asyncio.to_thread(worker._runtime.shutdown)
 
 
-def spec(**kv_overrides) -> WorkerSpec:
+def spec(engine_overrides: dict | None = None, **kv_overrides) -> WorkerSpec:
     return WorkerSpec(
-        engine=dataclasses.replace(ENGINE), kv=dataclasses.replace(KV, **kv_overrides)
+        engine=dataclasses.replace(ENGINE, **(engine_overrides or {})),
+        kv=dataclasses.replace(KV, **kv_overrides),
     )
 
 
