@@ -5,10 +5,10 @@
   and with async scheduling (engine/overlapped_steps.py) equals it stepping one at a time;
 - kv transfer: a loopback transfer over each transport available here (grpc, collective,
   nixl when importable) in MB/s, by `pdserve bench transfer`'s measurement (host-memory caches);
-- decode: tok/s of the compiled engine with async scheduling, stepping one at a time, and of
-  the eager engine, at batch 1 and 32 (--bench-batches), and where a compiled step of the
-  largest batch goes (bench/step_phases.py): on a GPU, the host's part against the wait for the
-  GPU.
+- decode: tok/s of the compiled engine with async scheduling and stepping one at a time (one
+  engine, the two alternated), and of the eager engine, at batch 1 and 32 (--bench-batches),
+  and where a compiled step of the largest batch goes (bench/step_phases.py): on a GPU, the
+  host's part against the wait for the GPU.
 Exits 1 when a parity check fails; `--device cuda` without CUDA is a one-line error.
 """
 
@@ -89,11 +89,11 @@ def run(args: argparse.Namespace) -> int:
         _row(f"kv transfer {transport}", f"{mb_s:.0f} MB/s", f"raw TCP {tcp_mb_s:.0f}")
     batches = [int(b) for b in args.bench_batches.split(",")]
     for batch in batches:
-        eager_rate, _ = _decode_rate(builtin, args, batch, compiled=False)
-        compiled_rate, phases = _decode_rate(
+        eager_rate = _decode_rates(builtin, args, batch, compiled=False)[0][False]
+        rates, phases = _decode_rates(
             builtin, args, batch, compiled=True, phases=batch == max(batches)
         )
-        overlapped_rate, _ = _decode_rate(builtin, args, batch, compiled=True, overlap=True)
+        compiled_rate, overlapped_rate = rates[False], rates[True]
         _row(
             f"decode batch {batch} ({args.preset})",
             f"{overlapped_rate:.0f} tok/s",
@@ -229,41 +229,44 @@ def _transfer_rates(args: argparse.Namespace) -> list[tuple[str, float, float]]:
     return rates
 
 
-def _decode_rate(
-    model_dir: str,
-    args: argparse.Namespace,
-    batch: int,
-    compiled: bool,
-    phases: bool = False,
-    overlap: bool = False,
-) -> tuple[float, Any]:
-    """Decode tok/s of `batch` requests: from every one having its first token to all having
-    bench_steps more; the second of two runs (the first compiles and warms up). With `phases`
-    a third run's decode steps are timed by phase (a StepPhases, else None)."""
+def _decode_rates(
+    model_dir: str, args: argparse.Namespace, batch: int, compiled: bool, phases: bool = False
+) -> tuple[dict[bool, float], Any]:
+    """Decode tok/s of `batch` requests, from every one having its first token to all having
+    bench_steps more: {False: stepping one at a time, True: with async scheduling (compiled
+    engines only)}. One engine: a first round compiles and warms up, then the modes alternate
+    over two rounds each and each keeps its faster round (a lent machine's host is noisy from
+    run to run). With `phases` a last round's decode steps are timed by phase (a StepPhases,
+    else None)."""
     import torch
 
     from pdserve.bench.step_phases import time_decode_steps
     from pdserve.core.sampling_params import SamplingParams
 
-    engine = _engine(model_dir, args.device, compiled, max_num_seqs=batch, overlap=overlap)
+    engine = _engine(model_dir, args.device, compiled, max_num_seqs=batch)
     vocab = engine.model.config.vocab_size
     gen = torch.Generator().manual_seed(1)
     params = SamplingParams(max_tokens=args.bench_steps + 1, ignore_eos=True)
-    seconds, timed = 0.0, None
-    for attempt in range(3 if phases else 2):
+    modes = (False, True) if compiled else (False,)
+    rates = dict.fromkeys(modes, 0.0)
+    rounds = [False, *modes, *modes] + (["phases"] if phases else [])
+    timed = None
+    for attempt, mode in enumerate(rounds):
         for i in range(batch):
             prompt = torch.randint(3, vocab, (BENCH_PROMPT_LEN,), generator=gen).tolist()
             engine.add_request(f"selftest-{attempt}-{i}", prompt, params)
         started: set[str] = set()
         while len(started) < batch:
             started.update(out.request_id for out in engine.step())
-        if attempt == 2:  # timers on: the rate above was measured without them
+        if mode == "phases":  # timers on: the rates above were measured without them
             timed = time_decode_steps(engine, args.device)
             break
+        engine.async_scheduling = mode
         begin = time.perf_counter()
         while engine.has_unfinished():
             engine.step()
         if args.device == "cuda":
             torch.cuda.synchronize()
-        seconds = time.perf_counter() - begin
-    return batch * args.bench_steps / seconds, timed
+        if attempt:  # the first round compiled and warmed up
+            rates[mode] = max(rates[mode], batch * args.bench_steps / (time.perf_counter() - begin))
+    return rates, timed
