@@ -265,13 +265,13 @@ class ModelRunner:
         self, batch: ScheduledBatch, placeholder_tokens: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, list[int]]:
         """Computes every scheduled chunk. Returns logits [N + D, vocab] (float32) and the
-        indices in `batch.seqs` of the N sequences whose tokens are now all computed.
-        `placeholder_tokens`: the tokens that input ids -(r + 1) stand for (row r's), on the
-        device (engine/overlapped_steps.py). The first
+        indices in `batch.seqs` of the N sequences whose tokens are now all computed. The first
         N rows are theirs (the last position's): the model's, or what DoLa/SLED make of them
         for requests that ask (factuality.py). The D rows after them are the draft rows of the
         sampled sequences with speculative drafts, in sample order: for d drafts, the d
-        positions before the last (the last real token and all drafts but the last)."""
+        positions before the last (the last real token and all drafts but the last).
+        `placeholder_tokens`: on the device, the tokens that input ids -(r + 1) stand for (row
+        r's; engine/overlapped_steps.py)."""
         if self.compiled_decode is not None and self.compiled_decode.handles(batch):
             logits = self.compiled_decode.run(batch, placeholder_tokens)
             return logits, list(range(len(batch.seqs)))
