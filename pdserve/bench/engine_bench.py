@@ -7,10 +7,10 @@ in both (transformers through a stopping criterion called at the end of every st
 --repeats runs. Fresh prompts for every run keep the engine's prefix cache from shortening a
 measured prefill.
 
-`--decoding beam4|n4` (default greedy) measures another decoding rule in both engines, whole
-requests this time (prefill included: a beam search emits nothing before its end): tok/s is
-the tokens the requests return (n4: 4 choices each) over the seconds from adding the batch to
-its end. Each rule is one line of DECODINGS: the SamplingParams fields and the `generate`
+`--decoding beam4|n4|sample|top-p` (default greedy) measures another decoding rule in both
+engines, whole requests this time (prefill included: a beam search emits nothing before its
+end): tok/s is the tokens the requests return (n4: 4 choices each) over the seconds from
+adding the batch to its end. Each rule is one line of DECODINGS: the SamplingParams fields and the `generate`
 keywords that ask for it. `--decoding dola|sled` contrasts 4 evenly spaced premature layers
 (docs/decoding.md) and compares decode steps with pdserve's own greedy in the same run: the
 ratio is the rule's tok/s over greedy's (target >= 1 / 1.3).
@@ -59,6 +59,15 @@ DECODINGS = {
         {"n": 4, "temperature": 1.0, "seed": 0},
         {"do_sample": True, "temperature": 1.0, "top_k": 0, "num_return_sequences": 4},
         returned=4,
+    ),
+    # Sampled decode steps: temperature alone (transformers' default top-k of 50 turned off),
+    # and with top-p.
+    "sample": Decoding(
+        {"temperature": 0.8, "seed": 0}, {"do_sample": True, "temperature": 0.8, "top_k": 0}
+    ),
+    "top-p": Decoding(
+        {"temperature": 0.8, "top_p": 0.95, "seed": 0},
+        {"do_sample": True, "temperature": 0.8, "top_p": 0.95, "top_k": 0},
     ),
     "dola": Decoding(layer_field="dola_layers"),
     "sled": Decoding({"sled": True}, layer_field="sled_layers"),
