@@ -10,8 +10,9 @@ the batch, and a decode worker continues a prefill worker's stream exactly.
 Only the kept tokens are put in order: top-k takes the k best (`topk`), and top-p looks for
 its nucleus among the `NUCLEUS_CANDIDATES` best before sorting a whole row; a row without
 either draws in vocabulary order, unsorted. At a 128k vocabulary and 32 sampled rows, sorting
-every row took 0.41 s and an exponential noise per token 0.12 s (of a 0.61 s sampling step,
-measured on a 2-core VM: BENCHMARKS.md, "Sampling"); these rows are drawn on the host.
+every row took 0.41 s and an exponential noise per token 0.12 s (of a 0.61 s sampling step on
+a 2-core VM), 0.02-0.03 s now unless a nucleus covers most of the vocabulary (BENCHMARKS.md,
+"Sampling"). These rows are drawn on the host, where the generators are.
 
 Before choosing, a request with `repetition_penalty` != 1 has the logit of every token it has
 seen (prompt and output) divided by the penalty where positive and multiplied by it where
