@@ -41,7 +41,7 @@ from pdserve.models.hf_config import read_config
 from pdserve.models.loader import DTYPES, load_model
 
 # Mixed into a seeded request's per-token seed so the draft's draws are independent of the
-# noise the target's sampler and verification draw for the same token.
+# uniforms the target's sampler and verification draw for the same token.
 _DRAFT_STREAM = 0x5D2AF7
 
 

@@ -39,7 +39,7 @@ def token_seed(seed: int, n: int) -> int:
 
 class Sampler:
     def __init__(self, seed: int | None = None) -> None:
-        self._generator = torch.Generator()  # noise of unseeded requests
+        self._generator = torch.Generator()  # the draws of unseeded requests
         if seed is None:
             self._generator.seed()
         else:
@@ -90,17 +90,18 @@ class Sampler:
         self, logits: torch.Tensor, params: list[SamplingParams], token_indices: list[int]
     ) -> torch.Tensor:  # [M, vocab] -> [M] token ids
         probs, ids = kept_tokens(logits, params)
-        uniform = torch.stack(
-            [
-                torch.rand((), generator=self.generator_for(p, n), dtype=torch.float64)
-                for p, n in zip(params, token_indices, strict=True)
-            ]
-        )
-        # In float64 a uniform below 1 stays below the total, so the draw lands on a kept token.
-        cdf = probs.double().cumsum(dim=-1)
-        target = (uniform * cdf[:, -1])[:, None]
-        choice = torch.searchsorted(cdf, target, right=True).clamp_(max=probs.shape[-1] - 1)
-        return ids.gather(1, choice).squeeze(1)
+        generators = [self.generator_for(p, n) for p, n in zip(params, token_indices, strict=True)]
+        return ids.gather(1, inverse_cdf(probs, generators)[:, None]).squeeze(1)
+
+
+def inverse_cdf(weights: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
+    """A categorical draw per row of `weights` ([M, K], >= 0, not all 0): the column where one
+    uniform from the row's generator falls in the row's cumulative sum."""
+    uniform = torch.stack([torch.rand((), generator=g, dtype=torch.float64) for g in generators])
+    # In float64 a uniform below 1 stays below the total, so the draw lands on a positive weight.
+    cdf = weights.double().cumsum(dim=-1)
+    target = (uniform * cdf[:, -1])[:, None]
+    return torch.searchsorted(cdf, target, right=True).clamp_(max=weights.shape[-1] - 1)[:, 0]
 
 
 # Tokens a top-p row puts in order first: its nucleus is searched among them, and only when it
@@ -115,7 +116,7 @@ def kept_tokens(
     ids, K covering every token a sampled row may draw: the rows' top k, the nucleus within the
     NUCLEUS_CANDIDATES best, or (when a nucleus reaches past them) the sorted vocabulary; the
     vocabulary in its own order when no row filters. The kept tokens and their probabilities
-    are `sorted_filtered_probs`' own, in its order or (unfiltered) the vocabulary's."""
+    are the same whichever of these holds them (those of the whole row sorted)."""
     scaled = _with_temperature(logits, params)
     rows, vocab = scaled.shape
     everything = torch.logsumexp(scaled, dim=-1)
@@ -134,18 +135,6 @@ def kept_tokens(
             return _filtered_sorted(values, everything, params, vocab), order
     values, order = scaled.sort(dim=-1, descending=True)
     return _filtered_sorted(values, everything, params, vocab), order
-
-
-def sorted_filtered_probs(
-    logits: torch.Tensor, params: list[SamplingParams]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """What a sampled row draws from: temperature, then top-k, then top-p. Returns the
-    probabilities sorted in descending order of logit (filtered ones 0, the rest not
-    renormalised after top-p) and that order."""
-    scaled = _with_temperature(logits, params)
-    values, order = scaled.sort(dim=-1, descending=True)
-    everything = torch.logsumexp(scaled, dim=-1)
-    return _filtered_sorted(values, everything, params, scaled.shape[-1]), order
 
 
 def _with_temperature(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
@@ -177,9 +166,9 @@ def _filtered_sorted(
 def filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """The distribution each sampled row draws its token from ([N, vocab], vocab order, rows
     summing to 1): the sampler's temperature / top-k / top-p filtering of `logits`."""
-    probs, order = sorted_filtered_probs(logits.float(), params)
+    probs, ids = kept_tokens(logits.float(), params)
     probs = probs / probs.sum(dim=-1, keepdim=True)
-    return torch.zeros_like(probs).scatter_(1, order, probs)
+    return torch.zeros(logits.shape, dtype=probs.dtype).scatter_(1, ids, probs)
 
 
 def apply_repetition_penalty(

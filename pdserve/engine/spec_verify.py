@@ -15,8 +15,10 @@ token after the last draft.
   none), x is accepted with probability min(1, p(x) / q(x)); at the first rejection the token
   is drawn from norm(max(0, p - q)) and verification stops; after d acceptances one more token
   is drawn from row d. Every emitted token is then distributed as the target's own sample.
-  The uniform and then the noise of the token at output index n come from one generator: for
-  a seeded request one seeded by (seed, seed_offset + n), so it is reproducible.
+  The uniform of the acceptance test and then the uniform of the draw of the token at output
+  index n come from one generator: for a seeded request one seeded by (seed, seed_offset + n),
+  so it is reproducible. A draw is the sampler's: one uniform through the cumulative
+  distribution (`sampler.inverse_cdf`).
 - Logprobs are as the Sampler's: log-softmax of the row's logits (before temperature).
 """
 
@@ -25,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from pdserve.core.sampling_params import SamplingParams
-from pdserve.engine.sampler import filtered_probs
+from pdserve.engine.sampler import filtered_probs, inverse_cdf
 from pdserve.engine.scheduler import Verified
 
 
@@ -40,7 +42,7 @@ def verify(
     sequence judges its draft i + 1; row d gives the token after them); drafts: [B, d] token
     ids; q: the drafts' [B, d, vocab] distributions, or None (point masses); params: each
     sequence's; generators[b][i] (i = 0..d): the generator of sequence b's i-th token from its
-    first draft's position on (its uniform, then its noise when it is drawn)."""
+    first draft's position on (its acceptance uniform, then its draw's when it is drawn)."""
     batch, rows, vocab = logits.shape
     d = rows - 1
     next_tokens = logits.argmax(dim=-1)  # greedy: the target's choice at every row
@@ -110,7 +112,5 @@ def _rejection_sample(
         # p <= q everywhere only where p == q, whose draft is always accepted.
         residual = torch.where(residual.sum(1, keepdim=True) > 0, residual, p_row)
         weights = torch.where((accepted < d)[:, None], residual, weights)
-    noise = torch.empty(batch, vocab)
-    for b, (gens, n) in enumerate(zip(generators, accepted.tolist(), strict=True)):
-        noise[b].exponential_(generator=gens[n])
-    return accepted, (weights / noise).argmax(dim=1)
+    drawing = [gens[n] for gens, n in zip(generators, accepted.tolist(), strict=True)]
+    return accepted, inverse_cdf(weights, drawing)

@@ -11,7 +11,7 @@ from scipy.stats import chisquare
 
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.engine import sampler as sampler_module
-from pdserve.engine.sampler import Sampler, filtered_probs, kept_tokens, sorted_filtered_probs
+from pdserve.engine.sampler import Sampler, filtered_probs, kept_tokens
 
 VOCAB = 300
 DRAWS = 6000
@@ -59,17 +59,21 @@ def test_draws_follow_the_filtered_distribution(case):
     assert result.pvalue > MIN_P_VALUE, f"{case}: p-value {result.pvalue}"
 
 
-def test_kept_tokens_are_the_filters_own_in_one_batch():
+def test_kept_tokens_are_the_filters_own_in_one_batch(monkeypatch):
     """Rows of several kinds together: each row's kept tokens and probabilities are those of
-    sorted_filtered_probs, found among the candidates (the largest top k here, 40), in the
-    sorted rows when one row's nucleus reaches past them, or in vocabulary order unfiltered."""
+    the whole rows sorted, whether found among the candidates (the largest top k here, 40), in
+    the sorted rows when one row's nucleus reaches past them, or in vocabulary order
+    unfiltered."""
     cases = list(CASES.values())
     logits = torch.stack([row(scale, seed=i) for i, (scale, _) in enumerate(cases)])
     params = [p for _, p in cases]
     for batch, width in (([1, 2, 4], 40), ([1, 2, 3, 4], VOCAB), ([0], VOCAB)):
-        probs, ids = kept_tokens(logits[batch], [params[i] for i in batch])
+        rows, rules = logits[batch], [params[i] for i in batch]
+        probs, ids = kept_tokens(rows, rules)
         assert probs.shape[-1] == width
-        full, order = sorted_filtered_probs(logits[batch], [params[i] for i in batch])
+        with monkeypatch.context() as m:  # no candidates: every filtered row sorted whole
+            m.setattr(sampler_module, "NUCLEUS_CANDIDATES", VOCAB)
+            full, order = kept_tokens(rows, rules)
         for r in range(len(batch)):
             kept = probs[r] > 0
             expected = {int(t): float(p) for t, p in zip(order[r], full[r], strict=True) if p > 0}
