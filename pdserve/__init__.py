@@ -9,7 +9,9 @@ worker actors share), `prefix_index` (Redis), `commands` (the CLI), `bench`, `pb
 Modules:
 - `app.py` — `ServingApp` / `BackgroundApp`: everything `pdserve serve` starts and stops.
 - `startup_checks.py` — what `pdserve serve` checks before it starts anything (`StartupError`).
-- `config.py` — every setting as a dataclass; CLI flags map onto them.
+- `config.py` — the serving settings as dataclasses (`ServeConfig` gathers them all); CLI
+  flags map onto them.
+- `engine_config.py` — the engine's settings: `EngineConfig`, `SimConfig`, `SpeculativeConfig`.
 - `config_fields.py` — `setting()`: a field's default, help, flag and bounds; `check_fields`.
 - `cli.py` — the `pdserve` command; subcommands are imported only when run.
 - `client.py` — `GenerationClient` / `AsyncGenerationClient` for the Generation API.

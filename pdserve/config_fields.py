@@ -10,6 +10,7 @@ from dataclasses import MISSING, field
 from typing import Any
 
 MAX_PORT = 65535
+MiB = 1 << 20  # a setting's unit for sizes given in MiB on the command line
 
 
 class ConfigError(ValueError):

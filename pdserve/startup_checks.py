@@ -10,8 +10,9 @@ from pathlib import Path
 
 import jinja2
 
-from pdserve.config import EngineConfig, ServeConfig
+from pdserve.config import ServeConfig
 from pdserve.core.model_limits import max_model_len
+from pdserve.engine_config import EngineConfig
 from pdserve.tokenizer import Tokenizer
 from router.http.chat_template import ChatTemplate
 from router.validation import ModelLimits

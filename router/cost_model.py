@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from pdserve.config import EngineConfig
+from pdserve.engine_config import EngineConfig
 
 
 @dataclass

@@ -1,5 +1,5 @@
-"""Settings are defined once (pdserve/config.py): the `pdserve serve` flags, their defaults and
-their checks all come from the dataclass fields."""
+"""Settings are defined once (pdserve/config.py, pdserve/engine_config.py): the `pdserve serve`
+flags, their defaults and their checks all come from the dataclass fields."""
 
 from __future__ import annotations
 
@@ -14,16 +14,14 @@ from pdserve.commands.config_args import add_config_arguments, config_from_args,
 from pdserve.commands.serve import add_arguments, serve_config
 from pdserve.config import (
     ConfigError,
-    EngineConfig,
     KVTransferConfig,
     LogConfig,
-    MiB,
     RouterConfig,
     ServeConfig,
-    SimConfig,
-    SpeculativeConfig,
     WorkerConfig,
 )
+from pdserve.config_fields import MiB
+from pdserve.engine_config import EngineConfig, SimConfig, SpeculativeConfig
 
 SETTINGS = (
     EngineConfig,

@@ -9,7 +9,8 @@ import shutil
 import pytest
 
 from pdserve.commands.serve import speculation_note
-from pdserve.config import EngineConfig, ServeConfig, SpeculativeConfig
+from pdserve.config import ServeConfig
+from pdserve.engine_config import EngineConfig, SpeculativeConfig
 from pdserve.startup_checks import StartupError, check_speculation
 from pdserve.worker.pools import engine_for_role
 from tests.test_cli import FAST_S, run_pdserve

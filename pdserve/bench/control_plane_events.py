@@ -67,8 +67,8 @@ def measure_publishing(load: EventLoad) -> dict[str, Any]:
 def _measure_role(role: str, load: EventLoad, model: Path, tmp: Path) -> dict[str, Any]:
     import redis
 
-    from pdserve.config import EngineConfig, SimConfig
     from pdserve.engine.engine import LLMEngine
+    from pdserve.engine_config import EngineConfig, SimConfig
     from pdserve.prefix_index.feeder import IndexFeeder
     from pdserve.prefix_index.redis_server import RedisServer
 

@@ -55,9 +55,9 @@ def fill_worker(
     plan: IndexPlan, worker: int, redis_url: str, model_dir: str, heartbeat_ttl_s: float
 ) -> WorkerFill:
     """Runs `worker`'s engine over the prompts it caches, publishing its KV events."""
-    from pdserve.config import EngineConfig, SimConfig
     from pdserve.core.sampling_params import SamplingParams
     from pdserve.engine.engine import LLMEngine
+    from pdserve.engine_config import EngineConfig, SimConfig
     from pdserve.prefix_index.publisher import PrefixIndexPublisher
 
     s = plan.settings

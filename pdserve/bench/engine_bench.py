@@ -155,10 +155,10 @@ def run(args: argparse.Namespace) -> int:
     import transformers
 
     from pdserve.bench.step_recorder import StepRecorder, write_profile
-    from pdserve.config import EngineConfig
     from pdserve.core.sampling_params import SamplingParams
     from pdserve.engine.compiled_decode import use_compile
     from pdserve.engine.engine import LLMEngine
+    from pdserve.engine_config import EngineConfig
     from pdserve.models.builtin import builtin_model_dir
 
     if args.threads:

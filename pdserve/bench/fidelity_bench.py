@@ -99,7 +99,7 @@ def measure(args: argparse.Namespace, say: Any = print) -> dict:
     {"ttft_p50": sim/real, ...}}, "diagnosis": what each system's workers spent}, and with
     --with-mean-sim "sim_mean" and "ratios_mean" of the sim without the profile's spread."""
     from pdserve.bench.step_recorder import write_profile
-    from pdserve.config import SimConfig
+    from pdserve.engine_config import SimConfig
     from pdserve.sim.profiles import parse_profile
 
     model_dir, model_config = load_model(args)

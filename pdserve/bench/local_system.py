@@ -86,7 +86,8 @@ def serve_locally(
 ):
     """A BackgroundApp on this machine, each worker pinned to its own core."""
     from pdserve.app import BackgroundApp
-    from pdserve.config import EngineConfig, KVTransferConfig, RouterConfig, ServeConfig
+    from pdserve.config import KVTransferConfig, RouterConfig, ServeConfig
+    from pdserve.engine_config import EngineConfig
 
     config = ServeConfig(
         engine=EngineConfig(model=str(model_dir), num_threads=1, **(engine or {})),

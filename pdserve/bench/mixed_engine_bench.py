@@ -100,9 +100,9 @@ def run(args: argparse.Namespace) -> int:
     import torch
     import transformers
 
-    from pdserve.config import EngineConfig
     from pdserve.core.sampling_params import SamplingParams
     from pdserve.engine.engine import LLMEngine
+    from pdserve.engine_config import EngineConfig
     from pdserve.models.builtin import builtin_model_dir
 
     if args.threads:

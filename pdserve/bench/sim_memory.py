@@ -94,7 +94,7 @@ def run_memory() -> dict[str, float]:
 
 
 def measure(args: argparse.Namespace, say: Any = print) -> dict:
-    from pdserve.config import SimConfig
+    from pdserve.engine_config import SimConfig
 
     model_dir, model_config = load_model(args)
     requests = mixed_requests(args, model_config, args.num_requests, seed=0)

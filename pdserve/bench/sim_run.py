@@ -167,13 +167,8 @@ def serve_sim(model_dir: Path, cluster: SimCluster, model_config: dict | None = 
     import json
 
     from pdserve.app import BackgroundApp
-    from pdserve.config import (
-        EngineConfig,
-        KVTransferConfig,
-        RouterConfig,
-        ServeConfig,
-        SimConfig,
-    )
+    from pdserve.config import KVTransferConfig, RouterConfig, ServeConfig
+    from pdserve.engine_config import EngineConfig, SimConfig
 
     config_json = model_config or json.loads((Path(model_dir) / "config.json").read_text())
     blocks = cluster.num_kv_blocks or gpu_kv_blocks(config_json, cluster)

@@ -288,8 +288,8 @@ def fit_alpha(tokens_per_verification: float, k: int) -> float:
 
 
 def _engine(args: argparse.Namespace, model: str, mode: str, draft: str | None, batch: int):
-    from pdserve.config import EngineConfig, SpeculativeConfig
     from pdserve.engine.engine import LLMEngine
+    from pdserve.engine_config import EngineConfig, SpeculativeConfig
 
     longest = args.prompt_len + args.warmup_tokens + args.steps + args.num_speculative_tokens
     spec = SpeculativeConfig()

@@ -27,12 +27,12 @@ def report(
 ) -> None:
     import torch
 
-    from pdserve.config import EngineConfig, SpeculativeConfig
     from pdserve.core.sampling_params import SamplingParams
     from pdserve.engine.block_manager import BlockManager
     from pdserve.engine.draft_proposer import DraftProposer
     from pdserve.engine.engine import LLMEngine
     from pdserve.engine.sequence import Sequence
+    from pdserve.engine_config import EngineConfig, SpeculativeConfig
 
     block_size = 16
     num_blocks = 2 * (-(-max(lengths) // block_size) + 1)

@@ -1,4 +1,4 @@
-"""CLI flags derived from the config dataclasses (pdserve/config.py), and configs built back.
+"""CLI flags derived from the config dataclasses (pdserve/config.py, pdserve/engine_config.py), and configs built back.
 
 Every field made with `setting()` becomes one flag in its dataclass's argument group, with the
 field's type, choices, default (shown in --help) and unit; a nested dataclass field gets its

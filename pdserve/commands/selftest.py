@@ -145,8 +145,8 @@ def _engine(
     """An engine stepping one at a time, or with `overlap` with async scheduling."""
     import gc
 
-    from pdserve.config import EngineConfig
     from pdserve.engine.engine import LLMEngine
+    from pdserve.engine_config import EngineConfig
 
     gc.collect()  # the previous check's engine and its KV pool
     if device.startswith("cuda"):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pdserve.config import EngineConfig
+from pdserve.engine_config import EngineConfig
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 DEFAULT_MAX_POSITION_EMBEDDINGS = 2048

@@ -30,12 +30,13 @@ from pathlib import Path
 
 import torch
 
-from pdserve.config import ConfigError, EngineConfig
+from pdserve.config import ConfigError
 from pdserve.core.block_hash import ROOT_HASH, block_hash
 from pdserve.engine.model_runner import ModelRunner, copy_kv_blocks
 from pdserve.engine.sampler import filtered_probs, token_seed
 from pdserve.engine.scheduler import ScheduledBatch
 from pdserve.engine.sequence import Sequence, SequenceStatus
+from pdserve.engine_config import EngineConfig
 from pdserve.models.builtin import default_model_dir
 from pdserve.models.hf_config import read_config
 from pdserve.models.loader import DTYPES, load_model

@@ -27,7 +27,6 @@ from collections.abc import Sequence as Seq
 from pathlib import Path
 from typing import Any
 
-from pdserve.config import EngineConfig
 from pdserve.core import model_limits
 from pdserve.core.kv_events import KVEvent, KVEventSink
 from pdserve.core.prompt_tokens import known_block_hashes
@@ -43,6 +42,7 @@ from pdserve.engine.scheduler import Scheduler
 from pdserve.engine.sequence import Sequence, SequenceStatus
 from pdserve.engine.speculation import make_speculation, speculation_stats
 from pdserve.engine.step_outputs import StepOutputs
+from pdserve.engine_config import EngineConfig
 from pdserve.models.builtin import default_model_dir
 from pdserve.tokenizer import IncrementalDetokenizer, Tokenizer
 

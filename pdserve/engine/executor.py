@@ -8,9 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol
 
-from pdserve.config import EngineConfig
 from pdserve.core import model_limits
 from pdserve.engine.scheduler import ScheduledBatch
+from pdserve.engine_config import EngineConfig
 from pdserve.tokenizer import Tokenizer
 
 

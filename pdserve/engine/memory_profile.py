@@ -10,11 +10,11 @@ from typing import Any
 
 import torch
 
-from pdserve.config import EngineConfig
 from pdserve.core import model_limits
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.engine.scheduler import ScheduledBatch
 from pdserve.engine.sequence import Sequence
+from pdserve.engine_config import EngineConfig
 
 
 def kv_pool_blocks(

@@ -9,7 +9,6 @@ from typing import NamedTuple
 
 import torch
 
-from pdserve.config import EngineConfig
 from pdserve.engine import memory_profile
 from pdserve.engine.attention_batch import attention_context
 from pdserve.engine.compiled_decode import CompiledDecode, resolve_placeholders, use_compile
@@ -17,6 +16,7 @@ from pdserve.engine.factuality import contrast_layers, plan_exits
 from pdserve.engine.sampler import Sampler, apply_repetition_penalty
 from pdserve.engine.scheduler import ScheduledBatch
 from pdserve.engine.spec_verify import verify
+from pdserve.engine_config import EngineConfig
 from pdserve.models.attention import reads_in_place
 from pdserve.models.llama import LlamaForCausalLM
 from pdserve.models.loader import DTYPES, load_model

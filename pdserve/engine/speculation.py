@@ -32,7 +32,6 @@ from __future__ import annotations
 
 from collections import deque
 
-from pdserve.config import EngineConfig, SpeculativeConfig
 from pdserve.engine.block_manager import BlockManager
 from pdserve.engine.scheduler import ScheduledBatch, Verified
 from pdserve.engine.sequence import Sequence, SequenceStatus
@@ -44,6 +43,7 @@ from pdserve.engine.spec_payoff import (
     step_clock,
 )
 from pdserve.engine.speculative import Proposer, make_proposer
+from pdserve.engine_config import EngineConfig, SpeculativeConfig
 
 
 def may_speculate(seq: Sequence) -> bool:

@@ -43,8 +43,9 @@ from __future__ import annotations
 from array import array
 from typing import Any, Protocol
 
-from pdserve.config import ConfigError, EngineConfig, SpeculativeConfig
+from pdserve.config import ConfigError
 from pdserve.engine.sequence import Sequence
+from pdserve.engine_config import EngineConfig, SpeculativeConfig
 
 
 class Proposer(Protocol):

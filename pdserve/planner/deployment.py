@@ -12,9 +12,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pdserve.config import EngineConfig, SimConfig, default_cache_dir
+from pdserve.config import default_cache_dir
 from pdserve.core import model_limits
 from pdserve.engine.engine import LLMEngine
+from pdserve.engine_config import EngineConfig, SimConfig
 from pdserve.sim.executor import SimExecutor, read_model_config
 from pdserve.sim.gpus import gpu_spec
 from pdserve.sim.model_shape import gpu_kv_blocks

@@ -9,7 +9,8 @@ from typing import Any
 import ray
 
 from decode_service.worker import DecodeWorker
-from pdserve.config import EngineConfig, ServeConfig, SpeculativeConfig
+from pdserve.config import ServeConfig
+from pdserve.engine_config import EngineConfig, SpeculativeConfig
 from pdserve.worker.worker_spec import WorkerSpec
 from prefill_service.worker import PrefillWorker
 

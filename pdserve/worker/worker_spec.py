@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pdserve.config import EngineConfig, KVTransferConfig, LogConfig, WorkerConfig
+from pdserve.config import KVTransferConfig, LogConfig, WorkerConfig
+from pdserve.engine_config import EngineConfig
 
 
 @dataclass

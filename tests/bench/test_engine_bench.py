@@ -57,9 +57,9 @@ def test_step_phases_time_decode_steps_by_the_engines_phases(capsys):
 
 def test_step_phases_put_the_engines_calls_back():
     from pdserve.bench.step_phases import StepPhases
-    from pdserve.config import EngineConfig
     from pdserve.core.sampling_params import SamplingParams
     from pdserve.engine.engine import LLMEngine
+    from pdserve.engine_config import EngineConfig
     from pdserve.models.builtin import builtin_model_dir
 
     engine = LLMEngine(EngineConfig(model=str(builtin_model_dir("tiny"))), emit_text=False)

@@ -11,8 +11,8 @@ import pytest
 from pdserve.bench.spec_bench import expected_tokens, fit_alpha, leviathan_limit
 from pdserve.bench.spec_workloads import repeating_prompts
 from pdserve.cli import main
-from pdserve.config import EngineConfig
 from pdserve.engine.engine import LLMEngine
+from pdserve.engine_config import EngineConfig
 from pdserve.models.builtin import builtin_model_dir
 
 ROW = re.compile(

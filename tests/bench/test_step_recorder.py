@@ -9,9 +9,9 @@ import pytest
 
 from pdserve.bench.step_recorder import StepRecorder, fastest_per_work, write_profile
 from pdserve.cli import main
-from pdserve.config import EngineConfig
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.engine.engine import LLMEngine
+from pdserve.engine_config import EngineConfig
 from pdserve.sim.profiles import parse_profile
 from pdserve.sim.timing import Chunk, LinearTiming, StepWork
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from pdserve.config import EngineConfig
 from pdserve.core import model_limits
 from pdserve.engine.engine import LLMEngine
+from pdserve.engine_config import EngineConfig
 from pdserve.models.builtin import make_model
 
 GiB, MiB = 2**30, 2**20

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from pdserve.config import EngineConfig
 from pdserve.core import model_limits
 from pdserve.engine.engine import LLMEngine
+from pdserve.engine_config import EngineConfig
 from pdserve.models.builtin import make_model
 from pdserve.pb import generate_pb2
 from pdserve.startup_checks import StartupError, load_model_limits

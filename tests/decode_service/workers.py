@@ -9,8 +9,9 @@ import dataclasses
 from collections.abc import AsyncIterator
 
 from decode_service.worker import DecodeWorker
-from pdserve.config import EngineConfig, KVTransferConfig
+from pdserve.config import KVTransferConfig
 from pdserve.core.messages import TokenBatch
+from pdserve.engine_config import EngineConfig
 from pdserve.worker.worker_spec import WorkerSpec
 from prefill_service.worker import PrefillWorker
 

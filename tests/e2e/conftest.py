@@ -7,7 +7,8 @@ import dataclasses
 import grpc
 import pytest
 
-from pdserve.config import EngineConfig, KVTransferConfig, RouterConfig, ServeConfig
+from pdserve.config import KVTransferConfig, RouterConfig, ServeConfig
+from pdserve.engine_config import EngineConfig
 from pdserve.pb import generate_pb2_grpc
 
 # Small enough for 2 CI cores; large enough that 32 concurrent requests never run out of blocks.

@@ -22,8 +22,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from pdserve import telemetry
 from pdserve.bench.span_receiver import SpanReceiver
 from pdserve.client import GenerationClient
-from pdserve.config import SpeculativeConfig
 from pdserve.core.sampling_params import SamplingParams
+from pdserve.engine_config import SpeculativeConfig
 from pdserve.prefix_index.spec_stats import read_speculation_stats
 from tests.e2e.conftest import ENGINE, serve_config
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pdserve.config import EngineConfig
 from pdserve.engine.engine import LLMEngine
+from pdserve.engine_config import EngineConfig
 from pdserve.models.builtin import make_model
 
 

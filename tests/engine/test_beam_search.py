@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pdserve.config import EngineConfig
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.engine.engine import LLMEngine
+from pdserve.engine_config import EngineConfig
 from tests.engine.conftest import random_prompts
 
 transformers = pytest.importorskip("transformers")

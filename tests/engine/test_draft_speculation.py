@@ -10,9 +10,9 @@ import dataclasses
 
 import pytest
 
-from pdserve.config import EngineConfig, SpeculativeConfig
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.engine.engine import LLMEngine
+from pdserve.engine_config import EngineConfig, SpeculativeConfig
 from pdserve.models.draft_of import write_draft_of
 from tests.engine.conftest import random_prompts
 from tests.engine.test_disaggregation import handoff

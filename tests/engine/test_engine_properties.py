@@ -18,8 +18,8 @@ from pdserve.core.sampling_params import SamplingParams
 def engine(tiny_dir, request):
     """With speculation (prompt lookup over these few token ids proposes often), every step also
     appends drafts, trims them to the budget and rolls rejected ones back."""
-    from pdserve.config import EngineConfig, SpeculativeConfig
     from pdserve.engine.engine import LLMEngine
+    from pdserve.engine_config import EngineConfig, SpeculativeConfig
 
     spec = SpeculativeConfig(method=request.param, num_speculative_tokens=5, min_acceptance=0.0)
     return LLMEngine(

@@ -15,9 +15,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pdserve.config import EngineConfig
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.engine.engine import LLMEngine
+from pdserve.engine_config import EngineConfig
 from tests.engine.test_disaggregation import handoff
 from tests.models.hf_reference import hf_greedy
 from tests.models.test_llama_matches_transformers import VOCAB, make_hf_model

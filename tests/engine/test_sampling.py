@@ -99,8 +99,8 @@ def test_stop_string_ends_generation_and_is_not_emitted(make_engine):
 
 
 def test_an_engine_without_text_still_stops_on_stop_strings(make_engine, tiny_dir):
-    from pdserve.config import EngineConfig
     from pdserve.engine.engine import LLMEngine
+    from pdserve.engine_config import EngineConfig
 
     with_text = make_engine()
     tokens, text, _, _ = run(

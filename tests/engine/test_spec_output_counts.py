@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from pdserve.config import SpeculativeConfig
 from pdserve.core.sampling_params import SamplingParams
+from pdserve.engine_config import SpeculativeConfig
 
 PERIODIC = [5, 17, 99, 23, 42, 7] * 4
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 import torch
 from scipy.stats import chisquare
 
-from pdserve.config import EngineConfig, SpeculativeConfig
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.engine.engine import LLMEngine
 from pdserve.engine.sampler import filtered_probs
 from pdserve.engine.speculative import NgramProposer
+from pdserve.engine_config import EngineConfig, SpeculativeConfig
 
 PROMPT = [17, 300, 42, 42, 9, 120]
 PARAMS = SamplingParams(max_tokens=3, temperature=0.9, top_k=4, n=64, ignore_eos=True)

@@ -11,9 +11,9 @@ import torch
 
 from pdserve.commands import CommandError
 from pdserve.commands import make_model as make_model_command
-from pdserve.config import EngineConfig
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.engine.engine import LLMEngine
+from pdserve.engine_config import EngineConfig
 from pdserve.models.builtin import make_model
 from pdserve.models.draft_of import default_draft_layers
 from pdserve.models.loader import load_model

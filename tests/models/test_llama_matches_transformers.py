@@ -9,9 +9,9 @@ import math
 import pytest
 import torch
 
-from pdserve.config import EngineConfig
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.engine.engine import LLMEngine
+from pdserve.engine_config import EngineConfig
 from pdserve.models.tokenizer_builder import write_tokenizer
 from tests.models.hf_reference import hf_greedy
 

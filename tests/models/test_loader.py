@@ -9,9 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from pdserve.config import EngineConfig
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.engine.engine import LLMEngine
+from pdserve.engine_config import EngineConfig
 from pdserve.models.builtin import make_model
 from pdserve.models.loader import ModelLoadError, load_model
 

@@ -10,9 +10,9 @@ import torch
 from safetensors.torch import load_file
 
 from pdserve.cli import main
-from pdserve.config import EngineConfig
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.engine.engine import LLMEngine
+from pdserve.engine_config import EngineConfig
 from pdserve.models.builtin import make_model
 
 

@@ -11,9 +11,9 @@ import torch
 
 from pdserve.commands import CommandError
 from pdserve.commands import make_model as make_model_command
-from pdserve.config import EngineConfig, SpeculativeConfig
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.engine.engine import LLMEngine
+from pdserve.engine_config import EngineConfig, SpeculativeConfig
 from pdserve.models.builtin import random_weights, write_model
 from pdserve.models.draft_of import write_draft_of
 from pdserve.models.presets import preset_config

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from pdserve.config import EngineConfig, RouterConfig, SimConfig
+from pdserve.config import RouterConfig
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.engine.engine import LLMEngine
+from pdserve.engine_config import EngineConfig, SimConfig
 from pdserve.planner.deployment import Deployment
 from pdserve.planner.probe import SLO, Split, run_probe
 from pdserve.planner.workload import PlanRequest, probe_sample

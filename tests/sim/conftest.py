@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pdserve.config import EngineConfig, SimConfig
 from pdserve.engine.engine import LLMEngine
+from pdserve.engine_config import EngineConfig, SimConfig
 from pdserve.models.tokenizer_builder import write_tokenizer
 
 VOCAB = 1024  # a small tokenizer keeps the fixture fast; the shape is Llama-3.1-8B's otherwise

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from pdserve.commands import CommandError
-from pdserve.config import ConfigError, SimConfig
+from pdserve.config import ConfigError
+from pdserve.engine_config import SimConfig
 from pdserve.sim.gpus import GPUS
 from pdserve.sim.model_shape import ModelShape
 from pdserve.sim.profiles import AnalyticalProfile, ProfileError, parse_profile, timing_model

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from pdserve.config import SimConfig
 from pdserve.core.sampling_params import SamplingParams
+from pdserve.engine_config import SimConfig
 from tests.sim.conftest import VOCAB
 
 GREEDY = SamplingParams(max_tokens=8)

@@ -14,10 +14,11 @@ from decode_service.worker import DecodeWorker
 from kv_transfer import CommitInfo, KVLayout, KVTransferError, TransferRequest
 from kv_transfer.grpc_receiver import GrpcKVReceiver
 from kv_transfer.grpc_sender import GrpcKVSender
-from pdserve.config import EngineConfig, KVTransferConfig, SimConfig
+from pdserve.config import KVTransferConfig
 from pdserve.core.messages import WorkRequest
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.engine.engine import LLMEngine
+from pdserve.engine_config import EngineConfig, SimConfig
 from pdserve.sim.kv import SimulatedKV
 from pdserve.worker.worker_spec import WorkerSpec
 from prefill_service.worker import PrefillWorker

@@ -9,8 +9,8 @@ import json
 import pytest
 
 from pdserve.bench.step_recorder import write_profile
-from pdserve.config import SimConfig
 from pdserve.core.sampling_params import SamplingParams
+from pdserve.engine_config import SimConfig
 from pdserve.sim.fit import SPREAD_LIMIT, fit_linear, fit_spread
 from pdserve.sim.profiles import ProfileError, parse_profile
 from pdserve.sim.timing import Chunk, LinearTiming, StepWork

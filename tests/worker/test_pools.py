@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pdserve.config import EngineConfig, KVTransferConfig, ServeConfig, WorkerConfig
+from pdserve.config import KVTransferConfig, ServeConfig, WorkerConfig
+from pdserve.engine_config import EngineConfig
 from pdserve.worker.pools import create_workers, forwarded_env
 
 

@@ -7,7 +7,8 @@ import urllib.request
 
 import pytest
 
-from pdserve.config import EngineConfig, KVTransferConfig, ServeConfig, WorkerConfig
+from pdserve.config import KVTransferConfig, ServeConfig, WorkerConfig
+from pdserve.engine_config import EngineConfig
 from pdserve.models.builtin import default_model_dir
 from pdserve.worker.memory_usage import PROCESS_ALLOWANCE_BYTES, peak_gpu_bytes, peak_rss_bytes
 from pdserve.worker.pools import create_workers
