@@ -120,6 +120,12 @@ def paged_attention(
     layer_cache: torch.Tensor,  # [2, num_blocks, block_size, KV, D], this layer's K and V
     ctx: AttentionContext,
 ) -> torch.Tensor:  # [T, H * D]
+    if ctx.context_lens is not None and q.device.type == "cuda":
+        # Plain decode rows on a GPU: the Triton kernel stores each row's new key and value
+        # as it attends (one launch per layer instead of three).
+        return triton_attention.paged_decode_attention(
+            q, layer_cache, ctx.block_tables, ctx.context_lens, (k, v, ctx.slot_mapping)
+        )
     # Store first, so a sequence's new tokens see themselves through the same gather.
     store_kv(k, v, layer_cache, ctx.slot_mapping)
     return attend_stored(q, layer_cache, ctx)

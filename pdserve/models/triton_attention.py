@@ -70,8 +70,15 @@ def paged_decode_attention(
     layer_cache: torch.Tensor,  # [2, num_blocks, block_size, KV, D]
     block_tables: torch.Tensor,  # [B, W] int64
     context_lens: torch.Tensor,  # [B] int64, >= 1: sequence b attends over its first slots
+    new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:  # [B, H * D]
-    """Attention of each sequence's query over its context, read in place."""
+    """Attention of each sequence's query over its context, read in place.
+
+    With `new_kv` = (k, v, slots) (k, v: [B, KV, D], slots: [B] int64), each sequence's newest
+    token (the last of its context) is this step's: the kernel writes its key and value into
+    slot `slots[b]` and attends over them as computed, so a decode step stores and attends in
+    one launch instead of two index copies and this kernel (attention.store_kv). q, k and v may
+    be strided views (the fused qkv output's heads) as long as their last dimension is dense."""
     kernels = _kernels()
     batch, heads, dim = q.shape
     _, _, block_size, kv_heads, _ = layer_cache.shape
@@ -87,7 +94,12 @@ def paged_decode_attention(
     wanted = -(-_programs_wanted(q.device) // (batch * kv_heads))
     partition_tiles = -(-tiles // max(1, min(tiles, wanted)))
     splits = -(-tiles // partition_tiles)
-    q = q.contiguous()
+    if q.stride(2) != 1:
+        q = q.contiguous()
+    store = new_kv is not None
+    k_new, v_new, slots = new_kv if store else (q, q, context_lens)  # unread without a store
+    if store:
+        k_new, v_new = (x if x.stride(2) == 1 else x.contiguous() for x in (k_new, v_new))
     tables = block_tables.contiguous()
     partial = torch.empty(batch, kv_heads, splits, group, dim, dtype=torch.float32, device=q.device)
     stats = torch.empty(2, batch, kv_heads, splits, group, dtype=torch.float32, device=q.device)
@@ -98,6 +110,9 @@ def paged_decode_attention(
         values,
         tables,
         context_lens,
+        k_new,
+        v_new,
+        slots,
         partial,
         stats[0],
         stats[1],
@@ -106,6 +121,12 @@ def paged_decode_attention(
         keys.stride(0),
         keys.stride(1),
         keys.stride(2),
+        q.stride(0),
+        q.stride(1),
+        k_new.stride(0),
+        k_new.stride(1),
+        v_new.stride(0),
+        v_new.stride(1),
         1.0 / math.sqrt(dim),
         HEADS=heads,
         GROUP=group,
@@ -113,8 +134,11 @@ def paged_decode_attention(
         DIM=dim,
         BLOCK_SIZE=block_size,
         TILE=tile,
-        # float32 caches multiply in full precision (TF32 would lose it); 16-bit ones ignore it
-        PRECISION="ieee" if keys.dtype == torch.float32 else "tf32",
+        STORE=store,
+        # float32 caches multiply at about float32's precision on the tensor cores: three TF32
+        # products of high and low halves (one would lose it). "ieee" multiplies on the CUDA
+        # cores, far slower (BENCHMARKS.md, "Ninth lease"). 16-bit caches ignore it.
+        PRECISION="tf32x3" if keys.dtype == torch.float32 else "tf32",
     )
     out = torch.empty(batch, heads * dim, dtype=q.dtype, device=q.device)
     kernels.combine[(batch, heads)](
@@ -166,6 +190,9 @@ def _kernels() -> _Kernels:
         v_ptr,
         tables_ptr,
         lens_ptr,
+        k_new_ptr,
+        v_new_ptr,
+        slots_ptr,
         acc_ptr,
         max_ptr,
         sum_ptr,
@@ -174,6 +201,12 @@ def _kernels() -> _Kernels:
         stride_block,
         stride_slot,
         stride_head,
+        stride_q_seq,
+        stride_q_head,
+        stride_k_seq,
+        stride_k_head,
+        stride_v_seq,
+        stride_v_head,
         scale,
         HEADS: tl.constexpr,
         GROUP: tl.constexpr,
@@ -181,6 +214,7 @@ def _kernels() -> _Kernels:
         DIM: tl.constexpr,
         BLOCK_SIZE: tl.constexpr,
         TILE: tl.constexpr,
+        STORE: tl.constexpr,
         PRECISION: tl.constexpr,
     ):
         # One program: sequence b, KV head h, partition s of its tiles. Writes the partition's
@@ -197,8 +231,14 @@ def _kernels() -> _Kernels:
         d = tl.arange(0, DIM)
         t = tl.arange(0, TILE)
         rows = g < GROUP
-        q_rows = q_ptr + (b * HEADS + h * GROUP + g)[:, None] * DIM + d[None, :]
+        q_rows = q_ptr + b * stride_q_seq + (h * GROUP + g)[:, None] * stride_q_head + d[None, :]
         q = tl.load(q_rows, mask=rows[:, None], other=0.0).to(k_ptr.dtype.element_ty)
+        if STORE:
+            # The newest token's key and value, used as computed: its slot is read stale and
+            # replaced in the tile, and written by the partition that holds it at the end.
+            newest = context - 1
+            k_last = tl.load(k_new_ptr + b * stride_k_seq + h * stride_k_head + d)
+            v_last = tl.load(v_new_ptr + b * stride_v_seq + h * stride_v_head + d)
         running_max = tl.full([GROUP_PAD], float("-inf"), tl.float32)
         running_sum = tl.zeros([GROUP_PAD], tl.float32)
         acc = tl.zeros([GROUP_PAD, DIM], tl.float32)
@@ -212,6 +252,10 @@ def _kernels() -> _Kernels:
             offsets = rows_at[:, None] + d[None, :]
             k = tl.load(k_ptr + offsets, mask=valid[:, None], other=0.0)  # [TILE, DIM]
             v = tl.load(v_ptr + offsets, mask=valid[:, None], other=0.0)
+            if STORE:
+                is_newest = (token == newest)[:, None]
+                k = tl.where(is_newest, k_last[None, :], k)
+                v = tl.where(is_newest, v_last[None, :], v)
             scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [GROUP_PAD, TILE]
             scores = tl.where(valid[None, :], scores, float("-inf"))
             new_max = tl.maximum(running_max, tl.max(scores, axis=1))
@@ -225,6 +269,13 @@ def _kernels() -> _Kernels:
         tl.store(acc_ptr + (at * GROUP + g)[:, None] * DIM + d[None, :], acc, mask=rows[:, None])
         tl.store(max_ptr + at * GROUP + g, running_max, mask=rows)
         tl.store(sum_ptr + at * GROUP + g, running_sum, mask=rows)
+        # Nested: `newest` exists only when STORE, a compile-time constant (as run on the GPU).
+        if STORE:  # noqa: SIM102
+            if newest // TILE // partition_tiles == s:
+                slot = tl.load(slots_ptr + b)
+                to = (slot // BLOCK_SIZE) * stride_block + (slot % BLOCK_SIZE) * stride_slot
+                tl.store(k_ptr + to + h * stride_head + d, k_last)
+                tl.store(v_ptr + to + h * stride_head + d, v_last)
 
     @triton.jit
     def combine(

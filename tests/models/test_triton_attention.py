@@ -1,7 +1,7 @@
 """The GPU decode-attention kernel (pdserve/models/triton_attention.py), checked on the CPU by
 Triton's interpreter: the same attention as SDPA over each sequence's gathered context, for
 grouped and ungrouped heads, contexts of one token to several partitions, float32 and
-bfloat16. On a GPU, `pdserve selftest --device cuda` checks the engine's tokens through it."""
+bfloat16, with and without the store of each sequence's newest key and value. On a GPU, `pdserve selftest --device cuda` checks the engine's tokens through it."""
 
 from __future__ import annotations
 
@@ -59,6 +59,27 @@ def check_against_sdpa(device: str = "cpu") -> None:
             )
             torch.testing.assert_close(
                 out.view(batch, heads, dim).float(), _reference(q, cache, tables, lens), **tolerance
+            )
+            # Storing as it attends: each sequence's newest key and value given as strided
+            # views of one fused qkv row (as the model's split makes them), q a view too.
+            qkv = torch.randn(batch, heads + 2 * kv_heads, dim, generator=gen).to(dtype)
+            q_view, k_new, v_new = qkv.split((heads, kv_heads, kv_heads), dim=1)
+            newest = lens - 1
+            slots = tables[torch.arange(batch), newest // block_size] * block_size
+            slots += newest % block_size
+            stored = cache.clone()
+            stored.view(2, -1, kv_heads, dim)[0, slots] = k_new
+            stored.view(2, -1, kv_heads, dim)[1, slots] = v_new
+            cache_on = cache.to(device)
+            new_kv = tuple(x.to(device) for x in (k_new, v_new, slots))
+            out = triton_attention.paged_decode_attention(
+                q_view.to(device), cache_on, *on[2:], new_kv
+            ).cpu()
+            assert torch.equal(cache_on.cpu(), stored)
+            torch.testing.assert_close(
+                out.view(batch, heads, dim).float(),
+                _reference(q_view, stored, tables, lens),
+                **tolerance,
             )
     print("ok")
 
