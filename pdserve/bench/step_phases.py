@@ -1,5 +1,8 @@
 """Where a decode step's wall time goes, by the engine's phases: scheduling, the model run as
 the host sees it, waiting for the GPU, sampling, turning tokens into outputs, and the rest.
+On the CPU, the weight matmuls inside the model run are timed too (where `models.linear`
+multiplies through oneDNN: from 4 rows, and in bfloat16): the share of a step outside them
+without the profiler's own cost per op, which op_profile.py's shares include.
 
 `bench engine --step-phases` prints it for decode steps at the largest batch. A profiler
 (op_profile.py) tells which kernels or ops ran, but it also slows every op the host launches:
@@ -17,6 +20,8 @@ from collections.abc import Callable
 from typing import Any
 
 PHASES = ("scheduling", "model (host)", "waiting for the GPU", "sampling", "outputs", "other")
+# Timed inside a phase above ("model (host)"): not part of "other"'s difference.
+WEIGHT_MATMULS = "weight matmuls"
 
 
 class StepPhases:
@@ -25,6 +30,8 @@ class StepPhases:
 
     def __init__(self, engine: Any, device: str) -> None:
         import torch
+
+        from pdserve.models import linear
 
         executor = getattr(engine.executor, "inner", engine.executor)  # under a StepRecorder
         self.steps: list[dict[str, float]] = []  # per step: seconds per phase, and "wall"
@@ -45,15 +52,16 @@ class StepPhases:
         self._wrap(executor.runner, "run", "model (host)", wait_for_gpu if gpu else None)
         self._wrap(executor, "sampler", "sampling")
         self._wrap(engine, "_postprocess", "outputs")
+        if not gpu and linear.onednn_linear is not None:
+            self._wrap(linear, "onednn_linear", WEIGHT_MATMULS)
 
     def record(self, step: Callable[[], object]) -> None:
         self._current = {}
         started = time.perf_counter()
         step()
         wall = time.perf_counter() - started
-        self.steps.append(
-            {**self._current, "other": wall - sum(self._current.values()), "wall": wall}
-        )
+        phases = sum(v for k, v in self._current.items() if k != WEIGHT_MATMULS)
+        self.steps.append({**self._current, "other": wall - phases, "wall": wall})
 
     def median(self, phase: str) -> float:
         """Median seconds per step of `phase` ("wall": the whole step); 0 where it never ran."""
@@ -96,13 +104,20 @@ def format_phases(phases: StepPhases) -> str:
     """A table of each phase's median milliseconds per step and its share of the median step."""
     steps = phases.steps
     wall = phases.median("wall")
+    matmuls_timed = any(WEIGHT_MATMULS in s for s in steps)
     lines = [f"{'phase':<22} {'ms/step':>8} {'of step':>8}"]
     for phase in PHASES:
         if not any(phase in s for s in steps):
             continue
         seconds = phases.median(phase)
         lines.append(f"{phase:<22} {seconds * 1e3:>8.3f} {seconds / wall:>7.1%}")
+        if phase == "model (host)" and matmuls_timed:
+            seconds = phases.median(WEIGHT_MATMULS)
+            lines.append(f"  {WEIGHT_MATMULS:<20} {seconds * 1e3:>8.3f} {seconds / wall:>7.1%}")
     lines.append(f"step {wall * 1e3:.3f} ms wall (medians of {len(steps)} decode steps)")
+    if matmuls_timed:
+        outside = statistics.median(1 - s.get(WEIGHT_MATMULS, 0.0) / s["wall"] for s in steps)
+        lines.append(f"outside the weight matmuls: {outside:.1%} of a step (median)")
     return "\n".join(lines)
 
 

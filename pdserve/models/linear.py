@@ -34,6 +34,8 @@ PACK_ROWS = 32
 ONEDNN = torch.backends.mkldnn.is_available() and hasattr(
     torch.ops.mkldnn, "_reorder_linear_weight"
 )
+# A module-level name, so that bench/step_phases.py can time the weight matmuls through it.
+onednn_linear = torch.ops.mkldnn._linear_pointwise.default if ONEDNN else None
 _PACKED_DTYPES = (torch.float32, torch.bfloat16)
 
 
@@ -54,7 +56,7 @@ class Linear(nn.Linear):
         packed = None if trains else self._packed_weight()
         if packed is None:
             return F.linear(x, weight, self.bias)
-        return torch.ops.mkldnn._linear_pointwise(x, packed, self.bias, "none", [], "")
+        return onednn_linear(x, packed, self.bias, "none", [], "")
 
     def _packed_weight(self) -> torch.Tensor | None:
         weight = self.weight
