@@ -1,7 +1,8 @@
 """The GPU decode-attention kernel (pdserve/models/triton_attention.py), checked on the CPU by
 Triton's interpreter: the same attention as SDPA over each sequence's gathered context, for
 grouped and ungrouped heads, contexts of one token to several partitions, float32 and
-bfloat16, with and without the store of each sequence's newest key and value. On a GPU, `pdserve selftest --device cuda` checks the engine's tokens through it."""
+bfloat16, with and without the store of each sequence's newest key and value. On a GPU,
+`pdserve selftest --device cuda` checks the engine's tokens through it."""
 
 from __future__ import annotations
 
