@@ -135,10 +135,7 @@ def paged_decode_attention(
         BLOCK_SIZE=block_size,
         TILE=tile,
         STORE=store,
-        # float32 caches multiply at about float32's precision on the tensor cores: three TF32
-        # products of high and low halves (one would lose it). "ieee" multiplies on the CUDA
-        # cores, far slower (BENCHMARKS.md, "Ninth lease"). 16-bit caches ignore it.
-        PRECISION="tf32x3" if keys.dtype == torch.float32 else "tf32",
+        PRECISION=_float32_precision(q.device) if keys.dtype == torch.float32 else "tf32",
     )
     out = torch.empty(batch, heads * dim, dtype=q.dtype, device=q.device)
     kernels.combine[(batch, heads)](
@@ -160,6 +157,22 @@ def _programs_wanted(device: torch.device) -> int:
         return INTERPRETER_PROGRAMS
     index = torch.cuda.current_device() if device.index is None else device.index
     return PROGRAMS_PER_MULTIPROCESSOR * _multiprocessors(index)
+
+
+def _float32_precision(device: torch.device) -> str:
+    """How float32 caches multiply: at about float32's precision on the tensor cores, as three
+    TF32 products of high and low halves (one would lose it), where the GPU has TF32 (compute
+    capability 8.0 on); "ieee" multiplies on the CUDA cores, 8x slower in the 8B shape's
+    float32 step on an H100 (BENCHMARKS.md, "Ninth lease"). 16-bit caches ignore it."""
+    if device.type != "cuda":
+        return "tf32x3"  # Triton's interpreter multiplies in float32 either way
+    index = torch.cuda.current_device() if device.index is None else device.index
+    return "tf32x3" if _capability(index) >= (8, 0) else "ieee"
+
+
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
 
 
 @functools.cache
