@@ -65,10 +65,19 @@ def read_in_place(
     layer_cache: torch.Tensor,  # [2, num_blocks, block_size, KV, D]
     block_tables: torch.Tensor,  # [B, max_blocks] int64
     context_lens: torch.Tensor,  # [B] int64: sequence b attends over its first slots
+    new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:  # [B, H * D]
-    """Decode attention through the kernel of q's device, reading the KV blocks where they lie."""
-    kernel = native_attention if q.device.type == "cpu" else triton_attention
-    return kernel.paged_decode_attention(q, layer_cache, block_tables, context_lens)
+    """Decode attention through the kernel of q's device, reading the KV blocks where they lie.
+    `new_kv` = (k, v, slot_mapping): each row's newest key and value, not yet in the cache
+    (their slots are each context's last). The CPU stores them first; the GPU kernel stores
+    them as it attends, one launch instead of two index copies and itself."""
+    if q.device.type == "cpu":
+        if new_kv is not None:
+            store_kv(*new_kv[:2], layer_cache, new_kv[2])
+        return native_attention.paged_decode_attention(q, layer_cache, block_tables, context_lens)
+    return triton_attention.paged_decode_attention(
+        q, layer_cache, block_tables, context_lens, new_kv
+    )
 
 
 def length_groups(num_blocks: list[int]) -> list[list[int]]:
@@ -120,12 +129,9 @@ def paged_attention(
     layer_cache: torch.Tensor,  # [2, num_blocks, block_size, KV, D], this layer's K and V
     ctx: AttentionContext,
 ) -> torch.Tensor:  # [T, H * D]
-    if ctx.context_lens is not None and q.device.type == "cuda":
-        # Plain decode rows on a GPU: the Triton kernel stores each row's new key and value
-        # as it attends (one launch per layer instead of three).
-        return triton_attention.paged_decode_attention(
-            q, layer_cache, ctx.block_tables, ctx.context_lens, (k, v, ctx.slot_mapping)
-        )
+    if ctx.context_lens is not None:  # plain decode rows: the kernel's side stores K/V
+        new_kv = (k, v, ctx.slot_mapping)
+        return read_in_place(q, layer_cache, ctx.block_tables, ctx.context_lens, new_kv)
     # Store first, so a sequence's new tokens see themselves through the same gather.
     store_kv(k, v, layer_cache, ctx.slot_mapping)
     return attend_stored(q, layer_cache, ctx)

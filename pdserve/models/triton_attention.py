@@ -80,6 +80,7 @@ def paged_decode_attention(
     one launch instead of two index copies and this kernel (attention.store_kv). q, k and v may
     be strided views (the fused qkv output's heads) as long as their last dimension is dense."""
     kernels = _kernels()
+    gpu = _gpu(q.device)
     batch, heads, dim = q.shape
     _, _, block_size, kv_heads, _ = layer_cache.shape
     group = heads // kv_heads
@@ -91,7 +92,7 @@ def paged_decode_attention(
     # and each new constant would compile a kernel in the middle of serving (the merge compiles
     # once per power of two of the partition count).
     tiles = max(1, -(-block_tables.shape[1] * block_size // tile))
-    wanted = -(-_programs_wanted(q.device) // (batch * kv_heads))
+    wanted = -(-_programs_wanted(gpu) // (batch * kv_heads))
     partition_tiles = -(-tiles // max(1, min(tiles, wanted)))
     splits = -(-tiles // partition_tiles)
     if q.stride(2) != 1:
@@ -135,7 +136,7 @@ def paged_decode_attention(
         BLOCK_SIZE=block_size,
         TILE=tile,
         STORE=store,
-        PRECISION=_float32_precision(q.device) if keys.dtype == torch.float32 else "tf32",
+        PRECISION=_float32_precision(gpu) if keys.dtype == torch.float32 else "tf32",
     )
     out = torch.empty(batch, heads * dim, dtype=q.dtype, device=q.device)
     kernels.combine[(batch, heads)](
@@ -152,32 +153,33 @@ def paged_decode_attention(
     return out
 
 
-def _programs_wanted(device: torch.device) -> int:
+def _gpu(device: torch.device) -> Any:
+    """The properties of CUDA `device`; None elsewhere (Triton's interpreter on the CPU)."""
     if device.type != "cuda":
+        return None
+    return _properties(torch.cuda.current_device() if device.index is None else device.index)
+
+
+@functools.cache
+def _properties(index: int) -> Any:
+    return torch.cuda.get_device_properties(index)
+
+
+def _programs_wanted(gpu: Any) -> int:
+    if gpu is None:
         return INTERPRETER_PROGRAMS
-    index = torch.cuda.current_device() if device.index is None else device.index
-    return PROGRAMS_PER_MULTIPROCESSOR * _multiprocessors(index)
+    return PROGRAMS_PER_MULTIPROCESSOR * gpu.multi_processor_count
 
 
-def _float32_precision(device: torch.device) -> str:
+def _float32_precision(gpu: Any) -> str:
     """How float32 caches multiply: at about float32's precision on the tensor cores, as three
     TF32 products of high and low halves (one would lose it), where the GPU has TF32 (compute
     capability 8.0 on); "ieee" multiplies on the CUDA cores, 8x slower in the 8B shape's
-    float32 step on an H100 (BENCHMARKS.md, "Ninth lease"). 16-bit caches ignore it."""
-    if device.type != "cuda":
-        return "tf32x3"  # Triton's interpreter multiplies in float32 either way
-    index = torch.cuda.current_device() if device.index is None else device.index
-    return "tf32x3" if _capability(index) >= (8, 0) else "ieee"
-
-
-@functools.cache
-def _capability(index: int) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(index)
-
-
-@functools.cache
-def _multiprocessors(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
+    float32 step on an H100 (BENCHMARKS.md, "Ninth lease"). 16-bit caches ignore it. Triton's
+    interpreter multiplies in float32 either way."""
+    if gpu is None or (gpu.major, gpu.minor) >= (8, 0):
+        return "tf32x3"
+    return "ieee"
 
 
 def _next_power_of_two(n: int) -> int:
