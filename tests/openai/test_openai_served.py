@@ -372,7 +372,7 @@ def test_bench_serve_drives_either_api_with_the_same_workload(served, backend, t
     import argparse
     import json
 
-    from pdserve.bench import serve_bench
+    from pdserve.bench.serving import serve_bench
 
     out = tmp_path / "run.json"
     argv = ["--backend", backend, "--api-key", KEY, "--no-progress", "--json", str(out)]
@@ -395,8 +395,8 @@ def test_bench_serve_drives_either_api_with_the_same_workload(served, backend, t
 def test_the_api_bench_drives_both_apis_at_once_to_the_end(served, model):
     """`pdserve bench api --together`: both clients on one event loop, each its own requests
     and arrival schedule, overlapping in time, every token of every stream received."""
-    from pdserve.bench.api_bench import APIS, run_clients_together
-    from pdserve.bench.datasets import DatasetConfig, generate_requests
+    from pdserve.bench.serving.api_bench import APIS, run_clients_together
+    from pdserve.workloads.datasets import DatasetConfig, generate_requests
 
     dataset = DatasetConfig(name="random", random_input_len=24, random_output_len=6)
     requests = generate_requests(dataset, 8, 3, 260, avoid_token_ids=range(LOW))
