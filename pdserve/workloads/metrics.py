@@ -6,6 +6,9 @@ Per request (times from `time.perf_counter`, seconds):
 - TPOT: (E2E - TTFT) / (output_tokens - 1), only for requests with more than one token.
 - ITL: gaps between successive token-carrying responses; one entry per response, whatever
   the number of tokens it carries (vLLM's choice: the gap a reader of the stream sees).
+  Events that reach the client in one read of the stream are one response (openai_load), so
+  a burst of events gives no 0 ms gaps. `token_itls` spreads each gap evenly over its
+  response's tokens (the per-token ITL of vLLM's and SGLang's benchmarks).
 Summary statistics are in milliseconds: mean, std, and percentiles by numpy's default
 linear interpolation (`np.percentile(..., method="linear")`, as vLLM). Goodput of one run:
 completed requests meeting every SLO given, divided by the benchmark duration. Goodput of a

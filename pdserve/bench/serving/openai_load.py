@@ -4,7 +4,11 @@ same requests and are measured by the same client code (`pdserve bench serve --b
 
 Tokens per chunk: a chunk's `token_ids` when the server returns them (`return_token_ids`, a
 pdserve and vLLM extension), else one per chunk with text; the usage chunk then settles the
-total, so output token counts match the server's.
+total, so output token counts match the server's. Events that arrive in one read of the stream
+are one chunk: the reader got their tokens at once, and a 0 ms gap between them is not an ITL.
+
+The token ids of synthetic prompts stay below the vocabulary of the model card (`vocab_size`
+when the server says it; a built-in model's, known from its served name), or `--vocab-size`.
 
 The client is aiohttp (its HTTP parser is C) reading the stream as raw bytes: a benchmark
 client in Python must cost far less per event than the server it measures, or its own parsing
@@ -16,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,6 +28,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from pdserve.bench.common.load_generator import drive
+from pdserve.models.presets import PRESETS
 from pdserve.workloads.datasets import BenchRequest
 from pdserve.workloads.metrics import RequestRecord
 
@@ -30,10 +36,26 @@ from pdserve.workloads.metrics import RequestRecord
 _FAILURES = (TimeoutError, aiohttp.ClientError, ValueError)
 
 
+# The directory name of a built-in model (pdserve/models/builtin.py), which pdserve serves it as.
+_BUILTIN_NAME = re.compile(r"(?P<preset>\w+)-llama-v\d+")
+
+
 @dataclass
 class ModelCard:
     name: str
     max_model_len: int | None  # when the server says (pdserve and vLLM do)
+    # The card's own `vocab_size` when it has one, else a built-in preset's (pdserve serving its
+    # built-in model); None when neither says.
+    vocab_size: int | None = None
+
+
+def card_vocab_size(card: dict) -> int | None:
+    """The vocabulary size a /v1/models card says, or its built-in model's."""
+    if isinstance(card.get("vocab_size"), int):
+        return card["vocab_size"]
+    builtin = _BUILTIN_NAME.fullmatch(card["id"])
+    preset = PRESETS.get(builtin["preset"]) if builtin else None
+    return preset["vocab_size"] if preset else None
 
 
 async def model_card(base_url: str, api_key: str | None, model: str | None = None) -> ModelCard:
@@ -51,7 +73,7 @@ async def model_card(base_url: str, api_key: str | None, model: str | None = Non
         raise ValueError(
             f"--model {model}: not served; the server lists {[c['id'] for c in cards]}"
         )
-    return ModelCard(card["id"], card.get("max_model_len"))
+    return ModelCard(card["id"], card.get("max_model_len"), card_vocab_size(card))
 
 
 async def run_openai_load(
@@ -157,7 +179,10 @@ def _take(line: bytes, now: float, record: RequestRecord) -> dict | None:
         return None
     for choice in event.get("choices") or ():
         tokens = len(choice.get("token_ids") or ()) or (1 if choice.get("text") else 0)
-        if tokens:
+        if tokens and record.chunk_times and record.chunk_times[-1] == now:
+            # Events of one read reached the reader together: one delivery, not a 0 ms ITL.
+            record.chunk_tokens[-1] += tokens
+        elif tokens:
             record.chunk_times.append(now)
             record.chunk_tokens.append(tokens)
         record.finish_reason = choice.get("finish_reason") or record.finish_reason

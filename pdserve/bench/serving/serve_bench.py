@@ -45,8 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     server.add_argument(
         "--vocab-size",
         type=int,
-        help="openai backend: token ids of synthetic prompts are below this (the server's "
-        "vocabulary; required unless the dataset is ShareGPT text)",
+        help="openai backend: token ids of synthetic prompts are below this (default: the "
+        "vocabulary the model card says, or the built-in model's)",
     )
     load = parser.add_argument_group("load")
     load.add_argument("--num-requests", type=int, default=None, help="default: 1000, or all GSP")
@@ -151,12 +151,15 @@ def _run_openai(args: argparse.Namespace, config: datasets.DatasetConfig, err: C
         _check_load_args(args)
         if not args.base_url:
             raise ValueError("--backend openai needs --base-url (e.g. http://host:8000/v1)")
-        sharegpt = args.dataset.startswith("sharegpt:")
-        if not sharegpt and not args.vocab_size:
-            raise ValueError("--backend openai needs --vocab-size for token-id prompts")
         card = asyncio.run(model_card(args.base_url, args.api_key, args.model))
+        vocab_size = args.vocab_size or card.vocab_size
+        if not args.dataset.startswith("sharegpt:") and not vocab_size:
+            raise ValueError(
+                f"--vocab-size: the server does not say the vocabulary of {card.name}; "
+                "give it for token-id prompts"
+            )
         num_requests = args.num_requests or datasets.default_num_requests(config)
-        requests = datasets.generate_requests(config, num_requests, args.seed, args.vocab_size or 0)
+        requests = datasets.generate_requests(config, num_requests, args.seed, vocab_size or 0)
     except ValueError as error:
         err.print(f"error: {error}", markup=False)
         return 2
