@@ -20,7 +20,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("pdserve.commands.generate", "send one prompt to a running server"),
     "make-model": ("pdserve.commands.make_model", "write a random-weight HF model directory"),
     "stats": ("pdserve.commands.stats", "print prefix-cache reuse statistics from Redis"),
-    "bench": ("pdserve.commands.bench", "benchmarks: engine, transfer, serve, compare, router"),
+    "bench": (
+        "pdserve.commands.bench",
+        "benchmarks by what they measure: engine, serving, simulation...",
+    ),
     "plan": ("pdserve.commands.plan", "how many prefill and decode workers, predicted offline"),
     "selftest": ("pdserve.commands.selftest", "parity, KV transfer and decode speed on a device"),
 }
@@ -31,25 +34,54 @@ def add_lazy_subcommands(
     table: dict[str, tuple[str, str]],
     argv: list[str],
     depth: int = 0,
+    grouped: bool = False,
 ) -> None:
     """One subparser per entry; only the entry named in argv is imported and asked for its
     arguments (the others still show up, with their help line, in --help). A module with a
-    SUBCOMMANDS table (like `bench`) gets its own level of lazy subcommands."""
-    sub = parser.add_subparsers(dest=f"command{depth}", required=True, metavar="COMMAND")
+    SUBCOMMANDS table (like `bench`) gets its own level of lazy subcommands; one that also has
+    GROUPS lists them in --help group by group instead of in one list."""
+    listed = not grouped
+    sub = parser.add_subparsers(
+        dest=f"command{depth}",
+        required=True,
+        metavar="COMMAND",
+        help=None if listed else "one of the commands below",
+    )
     words = [a for a in argv if not a.startswith("-")]
     chosen = words[0] if words else None
     for name, (module_name, help_text) in table.items():
-        command_parser = sub.add_parser(name, help=help_text, description=help_text)
+        # argparse lists a subcommand in --help only when it is given a help text.
+        shown = {"help": help_text} if listed else {}
+        command_parser = sub.add_parser(name, description=help_text, **shown)
         if name != chosen:
             continue
         module = importlib.import_module(module_name)
         if hasattr(module, "SUBCOMMANDS"):
+            groups = getattr(module, "GROUPS", None)
+            if groups:
+                command_parser.formatter_class = argparse.RawDescriptionHelpFormatter
+                command_parser.epilog = grouped_listing(groups)
             add_lazy_subcommands(
-                command_parser, module.SUBCOMMANDS, argv[argv.index(name) + 1 :], depth + 1
+                command_parser,
+                module.SUBCOMMANDS,
+                argv[argv.index(name) + 1 :],
+                depth + 1,
+                grouped=bool(groups),
             )
         else:
             module.add_arguments(command_parser)
             command_parser.set_defaults(_run=module.run)
+
+
+def grouped_listing(groups: dict[str, dict[str, tuple[str, str]]]) -> str:
+    """The subcommands of each group under its title, as --help shows a command list."""
+    width = max(len(name) for group in groups.values() for name in group) + 2
+    lines = []
+    for title, group in groups.items():
+        lines.append(f"{title}:")
+        lines += [f"  {name:<{width}}{help_text}" for name, (_, help_text) in group.items()]
+        lines.append("")
+    return "\n".join(lines).rstrip()
 
 
 class OneLineErrorParser(argparse.ArgumentParser):

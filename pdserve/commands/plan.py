@@ -77,7 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top", type=bounded(int, minimum=1), default=3, help="splits to print")
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     parser.add_argument("--max-num-seqs", type=bounded(int, minimum=1), default=256)
-    # vLLM's step budget on 80 GB-class GPUs, as the sim benchmarks use (pdserve/bench/sim_run.py).
+    # vLLM's step budget on 80 GB-class GPUs, as the sim benchmarks use (pdserve/bench/simulation/sim_run.py).
     parser.add_argument("--max-num-batched-tokens", type=bounded(int, minimum=1), default=8192)
     parser.add_argument(
         "--link-gbps",

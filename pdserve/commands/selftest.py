@@ -203,7 +203,7 @@ def _transfer_rates(args: argparse.Namespace) -> list[tuple[str, float, float]]:
     """(transport, MB/s, raw TCP MB/s) of a loopback transfer over each transport available."""
     import torch
 
-    from pdserve.bench import transfer_bench
+    from pdserve.bench.transfer import transfer_bench
 
     transports = ["grpc", "collective"]
     if importlib.util.find_spec("nixl") is not None:
@@ -240,7 +240,7 @@ def _decode_rates(
     else None)."""
     import torch
 
-    from pdserve.bench.step_phases import time_decode_steps
+    from pdserve.bench.engine.step_phases import time_decode_steps
     from pdserve.core.sampling_params import SamplingParams
 
     engine = _engine(model_dir, args.device, compiled, max_num_seqs=batch)

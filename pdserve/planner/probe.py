@@ -16,12 +16,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from pdserve.bench.metrics import LatencyStats, meets_slo
 from pdserve.config import RouterConfig
 from pdserve.planner.cluster import RouterTiming, VirtualCluster
 from pdserve.planner.deployment import Deployment
 from pdserve.planner.virtual_request import VirtualRequest
 from pdserve.planner.workload import ProbeRequest
+from pdserve.workloads.metrics import LatencyStats, meets_slo
 
 _LATE = 1e-9  # a miss is certain just after its deadline (meeting it exactly counts)
 # A probe allocates millions of objects that reference counting frees at once (outputs, step

@@ -17,11 +17,11 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Protocol
 
-from pdserve.bench.metrics import RequestRecord
 from pdserve.core.messages import PrefillResult
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.engine.engine import RequestOutput, Reservation
 from pdserve.planner.workload import ProbeRequest
+from pdserve.workloads.metrics import RequestRecord
 from router.types import AtCapacity, NoWorkerAvailable, Overloaded, Route
 
 if TYPE_CHECKING:

@@ -3,7 +3,7 @@ them that one simulated rate probe offers.
 
 A workload is a preset — `chat` (ShareGPT-like chat turns), `rag` (long summarization/RAG
 prompts, short answers) or `mixed` (30% rag among chat), all from the `chat-rag` generator of
-pdserve/bench/datasets.py — or a JSONL file, one request a line: `[prompt_len, output_len]`,
+pdserve/workloads/datasets.py — or a JSONL file, one request a line: `[prompt_len, output_len]`,
 `[prompt_len, output_len, arrival_s]`, or an object with those keys (`arrival` optional; given
 for every line or for none). Prompt contents are random token ids: the planner models no
 prefix sharing between requests.
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pdserve.bench.datasets import DatasetConfig, generate_requests
 from pdserve.core.prompt_tokens import PromptTokens
+from pdserve.workloads.datasets import DatasetConfig, generate_requests
 
 # preset -> fields of the chat-rag DatasetConfig
 PRESETS: dict[str, dict] = {

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import grpc
 import pytest
 
-from pdserve.bench.system_probe import redis_pid, settled_leftovers, worker_pids
+from pdserve.bench.common.system_probe import redis_pid, settled_leftovers, worker_pids
 from pdserve.pb import generate_pb2, generate_pb2_grpc
 from tests.e2e.conftest import serve_config
 from tests.e2e.test_disaggregated_serving import VOCAB_HIGH, VOCAB_LOW, reference_outputs

@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 
 from pdserve import telemetry
-from pdserve.bench.span_receiver import ReceivedSpan, SpanReceiver
+from pdserve.bench.serving.span_receiver import ReceivedSpan, SpanReceiver
 from tests.e2e.conftest import serve_config
 from tests.e2e.test_disaggregated_serving import VOCAB_LOW, collect, request
 

@@ -20,7 +20,7 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from pdserve import telemetry
-from pdserve.bench.span_receiver import SpanReceiver
+from pdserve.bench.serving.span_receiver import SpanReceiver
 from pdserve.client import GenerationClient
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.engine_config import SpeculativeConfig

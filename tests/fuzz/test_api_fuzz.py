@@ -21,7 +21,7 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 
-from pdserve.bench.system_probe import settled_leftovers
+from pdserve.bench.common.system_probe import settled_leftovers
 from pdserve.pb import generate_pb2, generate_pb2_grpc
 from tests.e2e.conftest import serve_config
 from tests.e2e.test_disaggregated_serving import VOCAB_HIGH, VOCAB_LOW, reference_outputs

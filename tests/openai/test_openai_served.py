@@ -23,10 +23,11 @@ LOW = 5  # token ids from here on are ordinary byte/merge tokens of the tiny mod
 @pytest.fixture(scope="module")
 def served(ray_cluster, tmp_path_factory):
     from pdserve.app import BackgroundApp
-    from pdserve.models.builtin import make_model
+    from pdserve.models.builtin import BUILTIN_VERSION, make_model
     from tests.e2e.conftest import serve_config
 
-    model_dir = make_model(tmp_path_factory.mktemp("model") / "tiny-chat")
+    # Named as the built-in model's directory, which `bench serve` knows the vocabulary of.
+    model_dir = make_model(tmp_path_factory.mktemp("model") / f"tiny-llama-v{BUILTIN_VERSION}")
     config = serve_config("grpc", prefill_workers=1, decode_workers=1)
     config.engine.model = str(model_dir)
     config.router.api_keys = [KEY]
@@ -372,14 +373,14 @@ def test_bench_serve_drives_either_api_with_the_same_workload(served, backend, t
     import argparse
     import json
 
-    from pdserve.bench import serve_bench
+    from pdserve.bench.serving import serve_bench
 
     out = tmp_path / "run.json"
     argv = ["--backend", backend, "--api-key", KEY, "--no-progress", "--json", str(out)]
     argv += ["--dataset", "random", "--num-requests", "6", "--max-concurrency", "3"]
     argv += ["--random-input-len", "16", "--random-output-len", "8", "--seed", "3"]
     if backend == "openai":
-        argv += ["--base-url", f"http://127.0.0.1:{served.http_port}/v1", "--vocab-size", "512"]
+        argv += ["--base-url", f"http://127.0.0.1:{served.http_port}/v1"]  # vocabulary: the card's
     else:
         argv += ["--target", f"127.0.0.1:{served.port}"]
     parser = argparse.ArgumentParser()
@@ -395,8 +396,8 @@ def test_bench_serve_drives_either_api_with_the_same_workload(served, backend, t
 def test_the_api_bench_drives_both_apis_at_once_to_the_end(served, model):
     """`pdserve bench api --together`: both clients on one event loop, each its own requests
     and arrival schedule, overlapping in time, every token of every stream received."""
-    from pdserve.bench.api_bench import APIS, run_clients_together
-    from pdserve.bench.datasets import DatasetConfig, generate_requests
+    from pdserve.bench.serving.api_bench import APIS, run_clients_together
+    from pdserve.workloads.datasets import DatasetConfig, generate_requests
 
     dataset = DatasetConfig(name="random", random_input_len=24, random_output_len=6)
     requests = generate_requests(dataset, 8, 3, 260, avoid_token_ids=range(LOW))

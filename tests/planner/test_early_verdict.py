@@ -9,12 +9,12 @@ import random
 
 import pytest
 
-from pdserve.bench.metrics import meets_slo
 from pdserve.config import RouterConfig
 from pdserve.planner.deployment import Deployment
 from pdserve.planner.probe import SLO, Split, run_probe
 from pdserve.planner.workload import PlanRequest, probe_sample
 from pdserve.sim.timing import Chunk, LinearTiming, StepWork
+from pdserve.workloads.metrics import meets_slo
 
 # TTFT out of reach of a miss: every miss here is a TPOT one.
 SLO_TPOT = SLO(ttft_ms=1e6, tpot_ms=20.0, attainment=0.9)

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from pdserve.bench.metrics import LatencyStats
 from pdserve.config import RouterConfig
 from pdserve.planner.deployment import Deployment
 from pdserve.planner.probe import SLO, ProbeResult, Split
 from pdserve.planner.search import Plan, Search, SplitResult, all_splits, simulated_workers
 from pdserve.planner.workload import PlanRequest, probe_sample
+from pdserve.workloads.metrics import LatencyStats
 
 PRECISION = 0.2
 WORKERS = 6  # colocated 6 and 3P:3D simulate 2 workers, 2P:4D and 4P:2D 3, the rest 6

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pdserve.bench.fidelity_bench import METRICS, ratios
+from pdserve.bench.simulation.fidelity_bench import METRICS, ratios
 from pdserve.sim.fit import fit_transfer
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -92,7 +92,7 @@ def test_fit_transfer_needs_two_pushes():
 
 
 def test_a_profile_of_every_served_step_keeps_their_mean_not_their_fastest(tmp_path):
-    from pdserve.bench.step_recorder import write_profile
+    from pdserve.bench.engine.step_recorder import write_profile
     from pdserve.sim.profiles import parse_profile
     from pdserve.sim.timing import Chunk, StepWork
 
@@ -119,8 +119,8 @@ _PREFILLS = ((0, 64), (0, 512), (256, 256))
 
 
 def test_decode_pace_leaves_out_the_first_token_handoff_and_its_burst():
-    from pdserve.bench.fidelity_bench import decode_pace
-    from pdserve.bench.metrics import RequestRecord
+    from pdserve.bench.simulation.fidelity_bench import decode_pace
+    from pdserve.workloads.metrics import RequestRecord
 
     # The first token comes late; the tokens decoded meanwhile arrive in one burst, then one
     # token every 10 ms.

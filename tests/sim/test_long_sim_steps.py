@@ -6,8 +6,8 @@ from __future__ import annotations
 import threading
 import time
 
-from pdserve.bench.datasets import BenchRequest
-from pdserve.bench.sim_run import SimCluster, run_sim_load, serve_sim
+from pdserve.bench.simulation.sim_run import SimCluster, run_sim_load, serve_sim
+from pdserve.workloads.datasets import BenchRequest
 
 
 def test_a_step_longer_than_five_seconds_does_not_mark_its_worker_unhealthy(

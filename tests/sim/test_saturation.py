@@ -8,15 +8,20 @@ import argparse
 
 import pytest
 
-from pdserve.bench.datasets import BenchRequest
-from pdserve.bench.metrics import RequestRecord
-from pdserve.bench.sim_run import (
+from pdserve.bench.simulation.sim_run import (
     SimCluster,
     run_sim_load,
     serve_sim,
     wait_idle,
 )
-from pdserve.bench.sim_saturation import Saturated, SaturationCheck, WorkerPace, checked_run
+from pdserve.bench.simulation.sim_saturation import (
+    Saturated,
+    SaturationCheck,
+    WorkerPace,
+    checked_run,
+)
+from pdserve.workloads.datasets import BenchRequest
+from pdserve.workloads.metrics import RequestRecord
 
 
 def _requests(count: int, prompt_len: int, output_len: int) -> list[BenchRequest]:

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from pdserve.bench import sim_disagg_bench
-from pdserve.bench.metrics import goodput_rate
+from pdserve.bench.simulation import sim_disagg_bench
+from pdserve.workloads.metrics import goodput_rate
 from tests.bench.cli_args import bench_args
 
 

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from pdserve.bench import sim_routing_bench
+from pdserve.bench.planner_validation import routing_offline
+from pdserve.bench.simulation import sim_routing_bench
 from pdserve.core.sampling_params import SamplingParams
-from pdserve.plan_validation import routing_offline
 from tests.bench.cli_args import bench_args
 
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from pdserve.bench.step_recorder import write_profile
+from pdserve.bench.engine.step_recorder import write_profile
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.engine_config import SimConfig
 from pdserve.sim.fit import SPREAD_LIMIT, fit_linear, fit_spread

@@ -1,0 +1,13 @@
+"""Benchmarks of the engine alone.
+
+- `engine_bench.py` — `bench engine`: decode tokens/s vs transformers; `--profile-out` fits a
+  sim timing profile.
+- `mixed_engine_bench.py` — `bench engine-mixed`: requests/s on ShareGPT-like mixed lengths,
+  continuous batching vs transformers' `generate` in static batches.
+- `op_profile.py` — torch.profiler self time per op as shares of a step's wall time, and the
+  share outside weight matmuls (`bench engine --op-profile`).
+- `step_phases.py` — a decode step's wall time by the engine's phases (`bench engine
+  --step-phases`), without a profiler.
+- `step_recorder.py` — records an engine's steps (work, seconds) and fits them into a
+  `--sim-profile` file.
+"""

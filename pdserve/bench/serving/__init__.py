@@ -1,0 +1,11 @@
+"""Benchmarks of a served system under load.
+
+- `serve_bench.py` — `bench serve`: the harness against a running server.
+- `openai_load.py` — the same load over any OpenAI-compatible server's streaming
+  /v1/completions (`bench serve --backend openai`).
+- `api_bench.py` — `bench api`: OpenAI HTTP vs gRPC streaming TTFT and ITL, one system.
+- `compare_bench.py` — `bench compare`: disaggregated vs colocated on the same cores.
+- `router_bench.py` — `bench router`: the cost policy vs round-robin.
+- `tracing_bench.py`, `span_receiver.py` — `bench tracing`: latency with tracing on vs off.
+- `soak_bench.py` — `bench soak`: does memory or anything held grow under sustained load?
+"""

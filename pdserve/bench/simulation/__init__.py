@@ -1,0 +1,18 @@
+"""Benchmarks on sim workers.
+
+- `sim_run.py` — a served system of sim workers: workloads at simulated rates, figures in
+  simulated time.
+- `sim_saturation.py` — the saturation check that refuses a sim run's figures when the CPU,
+  not the timing model, set the pace.
+- `sim_disagg_bench.py` — `bench sim-disagg`: every P:D split vs colocated on 8 sim H100s,
+  goodput at TTFT/TPOT SLOs.
+- `sim_routing_bench.py` — `bench sim-routing`: routing policies on 16 and 64 sim workers,
+  multi-turn chat.
+- `sim_memory.py` — `bench sim-memory`: RSS of sim vs torch worker actors, and of 64 sim
+  workers started together.
+- `fidelity_bench.py` — `bench fidelity`: sim workers with a profile calibrated on the CPU
+  engine vs the real CPU system, same requests.
+- `fidelity_calibration.py` — records the steps and KV pushes of serving workers.
+- `child_system.py` — serves a second system from a child process on the same Ray cluster,
+  so two can be measured interleaved.
+"""
