@@ -42,6 +42,7 @@ def add_lazy_subcommands(
         command_parser = sub.add_parser(name, help=help_text, description=help_text)
         if name != chosen:
             continue
+        parser.set_defaults(**{_CHOSEN: command_parser})  # read by OneLineErrorParser.error
         module = importlib.import_module(module_name)
         if hasattr(module, "SUBCOMMANDS"):
             add_lazy_subcommands(
@@ -52,11 +53,19 @@ def add_lazy_subcommands(
             command_parser.set_defaults(_run=module.run)
 
 
+_CHOSEN = "_chosen_parser"  # a parser's default: the subcommand parser argv chose
+
+
 class OneLineErrorParser(argparse.ArgumentParser):
-    """Usage errors as one line on stderr (exit code 2); the usage is one --help away."""
+    """Usage errors as one line on stderr (exit code 2); the usage is one --help away. Flags
+    argparse does not know are reported by the top parser: the error names the subcommand
+    they were given to, and that subcommand's --help."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        parser: argparse.ArgumentParser = self
+        while parser.get_default(_CHOSEN) is not None:
+            parser = parser.get_default(_CHOSEN)
+        self.exit(2, f"{parser.prog}: error: {message} (see {parser.prog} --help)\n")
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:

@@ -236,7 +236,11 @@ class ServeConfig:
     router: RouterConfig = field(default_factory=RouterConfig)
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     log: LogConfig = field(default_factory=LogConfig)
-    prefill_workers: int = setting(1, "prefill worker actors", minimum=0)
+    prefill_workers: int = setting(
+        1,
+        "prefill worker actors; 0 = colocated: each prompt is prefilled on its decode worker",
+        minimum=0,
+    )
     decode_workers: int = setting(1, "decode worker actors", minimum=1)
     ray_address: str | None = setting(
         None, "join this Ray cluster ('auto' = the running one); default: start a local Ray"

@@ -9,8 +9,6 @@ from pathlib import Path
 from types import UnionType
 from typing import Union, get_args, get_origin
 
-from pydantic import BaseModel
-
 from router.http.schemas import ChatCompletionRequest, CompletionRequest
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -28,7 +26,7 @@ def readme_fields() -> set[str]:
     return names
 
 
-def schema_fields(model: type[BaseModel], prefix: str = "") -> set[str]:
+def schema_fields(model: type, prefix: str = "") -> set[str]:
     """Every field a body may carry; an options object (`stream_options`) by its members."""
     names = set()
     for name, field in model.model_fields.items():
@@ -40,11 +38,11 @@ def schema_fields(model: type[BaseModel], prefix: str = "") -> set[str]:
     return names
 
 
-def _options_model(annotation: object) -> type[BaseModel] | None:
+def _options_model(annotation: object) -> type | None:
     """The model of a field that is one object (or null); None for anything else."""
     is_union = get_origin(annotation) in (Union, UnionType)
     for member in get_args(annotation) if is_union else (annotation,):
-        if isinstance(member, type) and issubclass(member, BaseModel):
+        if isinstance(member, type) and hasattr(member, "model_fields"):  # a pydantic model
             return member
     return None
 
