@@ -229,6 +229,7 @@ class ServingApp:
             limits,
             RequestObserver(),
             chat_template,
+            router.stream_one_token_per_event,
         )
         ready = lambda: bool(self.pool.of_role("decode"))  # noqa: E731
         http = HttpServer(

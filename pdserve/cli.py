@@ -55,6 +55,7 @@ def add_lazy_subcommands(
         command_parser = sub.add_parser(name, description=help_text, **shown)
         if name != chosen:
             continue
+        parser.set_defaults(**{_CHOSEN: command_parser})  # read by OneLineErrorParser.error
         module = importlib.import_module(module_name)
         if hasattr(module, "SUBCOMMANDS"):
             groups = getattr(module, "GROUPS", None)
@@ -84,11 +85,19 @@ def grouped_listing(groups: dict[str, dict[str, tuple[str, str]]]) -> str:
     return "\n".join(lines).rstrip()
 
 
+_CHOSEN = "_chosen_parser"  # a parser's default: the subcommand parser argv chose
+
+
 class OneLineErrorParser(argparse.ArgumentParser):
-    """Usage errors as one line on stderr (exit code 2); the usage is one --help away."""
+    """Usage errors as one line on stderr (exit code 2); the usage is one --help away. Flags
+    argparse does not know are reported by the top parser: the error names the subcommand
+    they were given to, and that subcommand's --help."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        parser: argparse.ArgumentParser = self
+        while parser.get_default(_CHOSEN) is not None:
+            parser = parser.get_default(_CHOSEN)
+        self.exit(2, f"{parser.prog}: error: {message} (see {parser.prog} --help)\n")
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:

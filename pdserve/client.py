@@ -174,6 +174,7 @@ class GenerateParams(TypedDict, total=False):
     (greedy, max_tokens 64, top_k 0, top_p 1, random seed)."""
 
     max_tokens: int | None
+    min_tokens: int | None  # EOS and stops end the output only after this many tokens
     temperature: float | None
     top_k: int | None
     top_p: float | None

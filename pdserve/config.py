@@ -122,6 +122,11 @@ class RouterConfig:
     # The OpenAI-compatible HTTP API beside gRPC (router/http/), same requests and API keys.
     http_host: str = setting("0.0.0.0", "address of the OpenAI-compatible HTTP API")
     http_port: int = port_setting(8000, "port of the OpenAI-compatible HTTP API; 0 = any free port")
+    stream_one_token_per_event: bool = setting(
+        False,
+        "HTTP streams send every token as its own server-sent event, though a decode worker "
+        "sent several at once (what clients timing inter-token latency per event expect)",
+    )
     policy: str = setting("cost", "", choices=("cost", "round_robin", "least_loaded", "prefix"))
     disaggregate: str = setting(
         "auto",
@@ -231,7 +236,11 @@ class ServeConfig:
     router: RouterConfig = field(default_factory=RouterConfig)
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     log: LogConfig = field(default_factory=LogConfig)
-    prefill_workers: int = setting(1, "prefill worker actors", minimum=0)
+    prefill_workers: int = setting(
+        1,
+        "prefill worker actors; 0 = colocated: each prompt is prefilled on its decode worker",
+        minimum=0,
+    )
     decode_workers: int = setting(1, "decode worker actors", minimum=1)
     ray_address: str | None = setting(
         None, "join this Ray cluster ('auto' = the running one); default: start a local Ray"

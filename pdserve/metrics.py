@@ -190,6 +190,19 @@ MODEL_E2E_SECONDS = Histogram(
     ["model_name"],
     buckets=_E2E_BUCKETS,
 )
+MODEL_TPOT_SECONDS = Histogram(
+    "vllm:time_per_output_token_seconds",
+    "Mean time per output token after the first, one sample per finished request.",
+    ["model_name"],
+    buckets=_TOKEN_BUCKETS,
+)
+MODEL_ITL_SECONDS = Histogram(
+    "vllm:inter_token_latency_seconds",
+    "Time between a request's consecutive token-carrying responses, one sample per response "
+    "after the first (a response may carry several tokens; see --stream-one-token-per-event).",
+    ["model_name"],
+    buckets=_TOKEN_BUCKETS,
+)
 MODEL_RUNNING = Gauge(
     "vllm:num_requests_running", "Requests decoding on the workers.", ["model_name"]
 )
@@ -231,7 +244,8 @@ def observe_request(
     e2e_s: float | None,
 ) -> None:
     """Counts one request that ended under the served model's metrics. `ttft_s` None = it
-    produced no token (refused or failed before): only requests that did are counted."""
+    produced no token (refused or failed before): only requests that did are counted. TPOT,
+    as vLLM's: (E2E - TTFT) / (completion tokens - 1), of requests that finished."""
     if ttft_s is None:
         return
     MODEL_PROMPT_TOKENS.labels(model).inc(prompt_tokens)
@@ -243,6 +257,8 @@ def observe_request(
     MODEL_TTFT_SECONDS.labels(model).observe(ttft_s)
     if e2e_s is not None and finished_reason in ("stop", "length"):
         MODEL_E2E_SECONDS.labels(model).observe(e2e_s)
+        if completion_tokens > 1:
+            MODEL_TPOT_SECONDS.labels(model).observe((e2e_s - ttft_s) / (completion_tokens - 1))
 
 
 def observe_model_load(model: str, stats: list[Any]) -> None:

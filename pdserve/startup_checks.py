@@ -29,7 +29,7 @@ def load_model_limits(model_dir: Path, engine: EngineConfig) -> tuple[Tokenizer,
     `max_model_len` is the one the engine computes (pdserve.core.model_limits)."""
     config_path = model_dir / "config.json"
     if not model_dir.is_dir():
-        raise StartupError(f"--model: directory {model_dir} does not exist")
+        raise StartupError(not_a_model_dir("--model", model_dir))
     try:
         config = json.loads(config_path.read_text(encoding="utf-8"))
         tokenizer = Tokenizer.from_dir(model_dir)
@@ -43,6 +43,14 @@ def load_model_limits(model_dir: Path, engine: EngineConfig) -> tuple[Tokenizer,
     except (OSError, ValueError, KeyError) as e:
         detail = f"missing {e}" if isinstance(e, KeyError) else str(e)
         raise StartupError(f"--model {model_dir}: {detail}") from e
+
+
+def not_a_model_dir(flag: str, path: Path) -> str:
+    """Why `path`, not a directory, cannot be the model `flag` names: a file is not a missing
+    directory, and saying so saves looking for a typo."""
+    if path.exists():
+        return f"{flag}: {path} is a file; {flag} takes a Hugging Face model directory"
+    return f"{flag}: directory {path} does not exist"
 
 
 def check_speculation(config: ServeConfig, vocab_size: int) -> None:
@@ -61,7 +69,7 @@ def check_speculation(config: ServeConfig, vocab_size: int) -> None:
         return
     draft_dir = Path(spec.draft_model)
     if not draft_dir.is_dir():
-        raise StartupError(f"--draft-model: directory {draft_dir} does not exist")
+        raise StartupError(not_a_model_dir("--draft-model", draft_dir))
     try:
         draft_config = json.loads((draft_dir / "config.json").read_text(encoding="utf-8"))
         draft_vocab = int(draft_config["vocab_size"])

@@ -149,8 +149,12 @@ class IncrementalDetokenizer:
         prompt_ids: Sequence[int],
         stop: Iterable[str] = (),
         skip_special_tokens: bool = True,
+        min_tokens: int = 0,
     ) -> None:
         self._tokenizer = tokenizer
+        # Stop strings are looked for only in the text of tokens after the first min_tokens
+        # (vLLM's min_tokens); the text before is emitted as it comes.
+        self._min_tokens = min_tokens
         self._skip = skip_special_tokens
         self._stops = [s for s in dict.fromkeys(stop) if s]
         self._max_stop_len = max((len(s) for s in self._stops), default=0)
@@ -203,6 +207,10 @@ class IncrementalDetokenizer:
 
     def _emit(self, final: bool) -> str:
         pending = self._pending
+        if len(self._ids) - self._num_prompt <= self._min_tokens:
+            self._pending = ""
+            self.text += pending
+            return pending
         match = self._find_stop(pending)
         if match is not None:
             index, self.stopped = match

@@ -22,8 +22,12 @@ class OutputText:
     def __init__(
         self, tokenizer: Tokenizer, prompt_ids: Sequence[int], sampling: SamplingParams
     ) -> None:
-        self._detokenizer = IncrementalDetokenizer(tokenizer, prompt_ids, sampling.stop)
-        # Like the engine: a stop token ends the request and adds no text.
+        self._detokenizer = IncrementalDetokenizer(
+            tokenizer, prompt_ids, sampling.stop, min_tokens=sampling.min_tokens
+        )
+        # Like the engine: a stop token ends the request and adds no text, once the output
+        # has min_tokens tokens.
+        self._min_tokens = sampling.min_tokens
         self._stop_tokens = set(sampling.stop_token_ids)
         if not sampling.ignore_eos:
             self._stop_tokens.update(tokenizer.eos_token_ids)
@@ -33,7 +37,7 @@ class OutputText:
         string, which finishes it with "stop"."""
         detokenizer, text = self._detokenizer, ""
         for i, token in enumerate(batch.token_ids):
-            if token in self._stop_tokens:
+            if token in self._stop_tokens and len(detokenizer.output_ids) >= self._min_tokens:
                 break
             text += detokenizer.add([token])
             if detokenizer.stopped is not None:
@@ -48,6 +52,36 @@ class OutputText:
         if batch.finished:
             text += detokenizer.flush()
         return dataclasses.replace(batch, text=text)
+
+
+def per_token(batch: TokenBatch) -> list[TokenBatch]:
+    """The batch as one batch per token, for clients that time each token by its own event: the
+    first carries what describes the whole batch (prompt and cache counts, prefill times,
+    speculation counts), the last what ends it (finish, beam score). Text is left to
+    OutputText.take, which then decodes each token on its own."""
+    if len(batch.token_ids) <= 1:
+        return [batch]
+    last = len(batch.token_ids) - 1
+    ending = {"finished": False, "finish_reason": None, "score": None, "cumulative_logprob": None}
+    opening = {
+        "num_prompt_tokens": 0,
+        "num_cached_tokens": 0,
+        "queue_s": None,
+        "prefill_s": None,
+        "num_draft_tokens": 0,
+        "num_accepted_tokens": 0,
+    }
+    return [
+        dataclasses.replace(
+            batch,
+            token_ids=[token],
+            logprobs=batch.logprobs[i : i + 1],
+            text="",
+            **({} if i == last else ending),
+            **({} if i == 0 else opening),
+        )
+        for i, token in enumerate(batch.token_ids)
+    ]
 
 
 class ChoiceOutputs:

@@ -32,7 +32,7 @@ from pdserve.core.sampling_params import SamplingParams
 from pdserve.telemetry import carrier_of
 from pdserve.tokenizer import Tokenizer
 from router import observability
-from router.output_text import ChoiceOutputs
+from router.output_text import ChoiceOutputs, per_token
 from router.types import (
     AtCapacity,
     NoWorkerAvailable,
@@ -85,9 +85,11 @@ class RequestFlow:
         sampling: SamplingParams,
         trace_context: dict[str, str],
         progress: Progress,
+        one_token_per_batch: bool = False,
     ) -> AsyncIterator[TokenBatch]:
         """Yields the request's token batches, each of one choice (`index`), until every
-        choice finished. `trace_context` is the request's span; each attempt is a child span
+        choice finished; with `one_token_per_batch`, a worker's batch of several tokens is
+        yielded token by token (output_text.per_token). `trace_context` is the request's span; each attempt is a child span
         whose context the workers receive. A request with n > 1 runs its choices together
         (one prefill, forked); once some choice has sent tokens, a failed attempt continues
         each unfinished choice on its own, one after another, each exactly as a single
@@ -118,9 +120,13 @@ class RequestFlow:
                 progress.route = route
                 async with aclosing(self._attempt(work, route, progress, span)) as batches:
                     async for batch in batches:
-                        batch = choices.take(dataclasses.replace(batch, index=unit[batch.index]))
-                        progress.completion_tokens = choices.num_tokens
-                        yield batch
+                        batch = dataclasses.replace(batch, index=unit[batch.index])
+                        for piece in per_token(batch) if one_token_per_batch else (batch,):
+                            piece = choices.take(piece)
+                            progress.completion_tokens = choices.num_tokens
+                            yield piece
+                            if choices.finished[piece.index]:
+                                break  # a stop string ended it: the rest is not the client's
                         if all(choices.finished[i] for i in unit):
                             break
                     else:
@@ -350,6 +356,7 @@ def _continuation(
             n=1,
             seed=None if sampling.seed is None else sampling.seed + i,
             max_tokens=sampling.max_tokens - len(emitted),
+            min_tokens=max(sampling.min_tokens - len(emitted), 0),
             seed_offset=sampling.seed_offset + len(emitted),
         ),
         trace_context=trace_context,

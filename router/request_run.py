@@ -46,20 +46,30 @@ async def run_request(
     metadata: Mapping[str, str],
     progress: Progress,
     model: str,
+    one_token_per_batch: bool = False,
 ) -> AsyncIterator[Step]:
     """Yields the request's batches (each of one choice; every choice's last one finished);
     raises what RequestFlow raises.
     Closing it early (a client that went away) aborts the request on its workers. With an
-    observer, the request is counted under `model`'s metrics too (pdserve/metrics.py)."""
+    observer, the request is counted under `model`'s metrics too (pdserve/metrics.py).
+    `one_token_per_batch`: RequestFlow.run's."""
     # Each request runs in its own asyncio task (own context copy): the id needs no reset, and
     # every log line of this request, here or in the request flow, carries it.
     request_id_var.set(valid.request_id)
     observation = observer.start(valid.request_id, metadata, progress) if observer else None
     trace_context = observation.trace_context if observation else w3c_context(metadata)
     finish_reason, error, last_at = None, None, None
+    last_response_at = progress.received  # of the latest token-carrying response
     open_choices = valid.sampling.n
     try:
-        batches = flow.run(valid.work_id, valid.prompt_ids, valid.sampling, trace_context, progress)
+        batches = flow.run(
+            valid.work_id,
+            valid.prompt_ids,
+            valid.sampling,
+            trace_context,
+            progress,
+            one_token_per_batch,
+        )
         async with aclosing(batches):
             async for batch in batches:
                 now = time.perf_counter()
@@ -68,6 +78,10 @@ async def run_request(
                     progress.first_token_at = now
                 if observation:
                     observation.on_tokens(len(batch.token_ids), now)
+                    if not first and batch.token_ids:
+                        metrics.MODEL_ITL_SECONDS.labels(model).observe(now - last_response_at)
+                if batch.token_ids:
+                    last_response_at = now
                 if batch.finished:
                     open_choices -= 1
                     finish_reason, last_at = batch.finish_reason, now

@@ -161,6 +161,7 @@ def _sampling(params: generate_pb2.SamplingParams | None, limits: ModelLimits) -
     try:
         return SamplingParams(
             max_tokens=max_tokens,
+            min_tokens=params.min_tokens,
             temperature=temperature,
             top_k=top_k,
             top_p=top_p,

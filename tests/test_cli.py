@@ -147,3 +147,52 @@ def test_bad_flags_are_one_line_usage_errors(argv, message):
     assert code == 2
     assert len(lines) == 1 and lines[0].startswith(f"pdserve {argv[0]}: error: {message}")
     assert seconds < FAST_S
+
+
+def test_a_file_given_as_model_is_named_a_file(model_dir):
+    weights = model_dir / "config.json"
+    code, lines, seconds = run_pdserve("serve", "--model", str(weights), "--port", "0")
+    assert code == 1
+    assert lines == [
+        f"pdserve serve: error: --model: {weights} is a file; --model takes a Hugging Face "
+        "model directory"
+    ]
+    assert seconds < FAST_S
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["serve", "--no-such-flag"], ["generate", "hi", "--port", "1"], ["bench", "engine", "--nope"]],
+)
+def test_an_unknown_flag_points_at_its_subcommands_help(argv):
+    code, lines, _ = run_pdserve(*argv)
+    command = "pdserve " + " ".join(w for w in argv[:2] if not w.startswith("-") and w != "hi")
+    assert code == 2 and len(lines) == 1
+    assert lines[0].startswith(f"{command}: error: unrecognized arguments: ")
+    assert lines[0].endswith(f"(see {command} --help)")
+
+
+@pytest.mark.parametrize("command", [["generate", "hi"], ["stats"]])
+def test_client_commands_take_the_router_as_target(command, capsys):
+    parser = build_parser(command)
+    with pytest.raises(SystemExit):
+        parser.parse_args([*command, "--help"])
+    help_text = capsys.readouterr().out
+    assert "--target HOST:PORT" in help_text and "--port" not in help_text
+
+
+def test_generate_without_a_server_is_one_clear_line():
+    target = f"127.0.0.1:{free_port()}"
+    code, lines, seconds = run_pdserve("generate", "hi", "--target", target, "--timeout", "5")
+    assert code == 1
+    assert lines == [
+        f"error: no pdserve server at {target}: is `pdserve serve` running? (--target)"
+    ]
+    assert seconds < FAST_S
+
+
+def test_colocated_mode_is_in_serves_help(capsys):
+    parser = build_parser(["serve"])
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "--help"])
+    assert "0 = colocated" in " ".join(capsys.readouterr().out.split())

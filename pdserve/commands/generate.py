@@ -12,6 +12,8 @@ import os
 import sys
 from collections.abc import Iterator
 
+import grpc
+
 from pdserve.client import DEFAULT_TARGET, Completion, GenerationClient, GenerationError
 from pdserve.commands.arg_types import INT32_MAX, UINT32_MAX, UINT64_MAX, bounded
 from pdserve.pb import generate_pb2
@@ -21,6 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompt", help='the prompt text ("-" reads it from stdin)')
     parser.add_argument(
         "--target",
+        metavar="HOST:PORT",
         default=os.environ.get("PDSERVE_TARGET", DEFAULT_TARGET),
         help="host:port of the router (env PDSERVE_TARGET; default %(default)s)",
     )
@@ -42,6 +45,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--stop", action="append", default=[], help="stop string (repeatable)", metavar="TEXT"
     )
     parser.add_argument("--ignore-eos", action="store_true", help="generate past EOS")
+    parser.add_argument(
+        "--min-tokens",
+        type=bounded(int, minimum=0, maximum=UINT32_MAX),
+        help="EOS and --stop end the output only after this many tokens (default 0)",
+    )
     _add_decoding_arguments(parser)
     parser.add_argument(
         "--api-key",
@@ -145,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
         "seed": args.seed,
         "stop": args.stop,
         "ignore_eos": args.ignore_eos,
+        "min_tokens": args.min_tokens,
         **{name: getattr(args, name) for name in _DECODING_FIELDS},
     }
     try:
@@ -164,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
     except GenerationError as error:
         if args.stream:
             print(file=sys.stderr)
-        print(f"error: {error.code.name}: {error.details}", file=sys.stderr)
+        print(f"error: {no_server_message(error, args.target) or error}", file=sys.stderr)
         return 1
     except (OSError, ValueError) as error:  # TLS files unreadable, or a cert without its key
         print(f"error: {error}", file=sys.stderr)
@@ -182,6 +191,14 @@ def run(args: argparse.Namespace) -> int:
         print("" if args.stream else completion.text)
     print(describe(completion), file=sys.stderr)
     return 0
+
+
+def no_server_message(error: GenerationError, target: str) -> str | None:
+    """One line for a router that is not there (nothing listens at `target`), instead of
+    gRPC's text; None for every other error."""
+    if error.code == grpc.StatusCode.UNAVAILABLE and "failed to connect" in error.details.lower():
+        return f"no pdserve server at {target}: is `pdserve serve` running? (--target)"
+    return None
 
 
 def _echo(

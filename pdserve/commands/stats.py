@@ -4,8 +4,8 @@ and the online planner's latest split (`pdserve serve --plan-interval`).
 
 The numbers live in the prefix-index Redis; the router adds to them as it routes and as it
 polls the workers. Without --redis-url it reads $PDSERVE_REDIS_URL, else the private server a
-local `pdserve serve` noted in ~/.cache/pdserve/redis-urls/ (the one on router port --port, or
-the only one running), else redis://127.0.0.1:6379/0.
+local `pdserve serve` noted in ~/.cache/pdserve/redis-urls/ (the one whose router is --target,
+or the only one running), else redis://127.0.0.1:6379/0.
 """
 
 from __future__ import annotations
@@ -24,13 +24,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--redis-url", help="the prefix-index Redis (redis://, rediss://)")
     parser.add_argument("--model", help="only this model (default: every model with statistics)")
     parser.add_argument(
-        "--port",
-        type=int,
-        help="read the private Redis of the local `pdserve serve` on this router port "
-        "(needed only when several run)",
+        "--target",
+        type=router_port,
+        metavar="HOST:PORT",
+        help="the router of the local `pdserve serve` whose private Redis to read, as "
+        "`pdserve generate --target` (needed only when several run)",
     )
+    # Before --target: the router port alone. Kept so that old scripts run; not in --help.
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--namespace", default="pdserve", help="key prefix (default: pdserve)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+
+
+def router_port(target: str) -> int:
+    """The port of a `HOST:PORT` (or a bare port) --target."""
+    try:
+        port = int(target.rsplit(":", 1)[-1])
+    except ValueError:
+        port = -1
+    if not 0 < port < 65536:
+        raise argparse.ArgumentTypeError(f"HOST:PORT with a port in [1, 65535], got {target!r}")
+    return port
 
 
 def resolve_url(given: str | None, router_port: int | None = None) -> str:
@@ -61,19 +75,31 @@ def run(args: argparse.Namespace) -> int:
     from pdserve.prefix_index.reuse_stats import read_reuse_stats
     from pdserve.prefix_index.spec_stats import read_speculation_stats
 
+    if args.port is not None:
+        print("warning: --port is deprecated; use --target HOST:PORT", file=sys.stderr)
+    port = args.target if args.target is not None else args.port
     try:
-        url = resolve_url(args.redis_url, args.port)
+        url = resolve_url(args.redis_url, port)
     except LookupError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    found_no_server = url == DEFAULT_URL and not (
+        args.redis_url or os.environ.get("PDSERVE_REDIS_URL")
+    )
     try:
         client = connect(url, socket_timeout_s=2.0)
         stats = read_reuse_stats(client, args.namespace, args.model)
         speculation = read_speculation_stats(client, list(stats), args.namespace)
         plans = _read_plans(client, list(stats), args.namespace)
     except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-        print(f"error: cannot reach Redis at {redact(url)}: {exc}", file=sys.stderr)
-        print("hint: pass the server's address with --redis-url", file=sys.stderr)
+        if found_no_server:
+            message = (
+                "no pdserve server found on this machine: is `pdserve serve` running? "
+                "(--target, or --redis-url for a remote one)"
+            )
+        else:
+            message = f"cannot reach Redis at {redact(url)} (--redis-url): {exc}"
+        print(f"error: {message}", file=sys.stderr)
         return 1
     except ValueError as exc:  # a malformed URL or model name
         print(f"error: {exc}", file=sys.stderr)

@@ -50,6 +50,9 @@ class SamplingParams:
     """
 
     max_tokens: int = 64  # most tokens generated, the first one included
+    # vLLM's: stop tokens (EOS included) and stop strings end the output only from this many
+    # generated tokens on; before, a stop token is output like any other.
+    min_tokens: int = 0
     temperature: float = 0.0
     top_k: int = 0  # 0 = no top-k filter
     top_p: float = 1.0  # 1.0 = no nucleus filter
@@ -79,6 +82,10 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(
+                f"min_tokens: must be in [0, max_tokens = {self.max_tokens}], got {self.min_tokens}"
+            )
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if self.top_k < 0:
@@ -116,6 +123,8 @@ class SamplingParams:
             raise ValueError("dola_layers: excludes sled (choose one)")
         if not self.beam_search:
             return
+        if self.min_tokens:
+            raise ValueError("min_tokens: not supported with beam search (beam_width >= 2)")
         if self.dola_layers is not None or self.sled:
             raise ValueError("beam_width: beam search (>= 2) excludes dola_layers and sled")
         if not self.greedy:

@@ -364,7 +364,9 @@ class LLMEngine(ForkedChoices, StepOutputs, OverlappedSteps):
         self, prompt: list[int], params: SamplingParams
     ) -> IncrementalDetokenizer | None:
         if self.emit_text or params.stop:
-            return IncrementalDetokenizer(self.tokenizer, prompt, params.stop)
+            return IncrementalDetokenizer(
+                self.tokenizer, prompt, params.stop, min_tokens=params.min_tokens
+            )
         return None
 
     def _emit_events(self) -> None:

@@ -81,9 +81,10 @@ class StepOutputs:
                 logprob = logprobs[emitted]
                 seq.output_logprobs.append(logprob if logprob is not None else 0.0)
             emitted += 1
-            stop_token = token in params.stop_token_ids or (
-                not params.ignore_eos and token in self.eos_token_ids
-            )
+            stop_token = (
+                token in params.stop_token_ids
+                or (not params.ignore_eos and token in self.eos_token_ids)
+            ) and len(token_ids) - seq.num_prompt_tokens > params.min_tokens  # min_tokens before it
             if not stop_token and detokenizer is not None:
                 text += detokenizer.add([token])
             stop_string = detokenizer is not None and detokenizer.stopped is not None

@@ -76,13 +76,13 @@ def find_local_url(router_port: int | None = None) -> str | None:
             if server.router_port == router_port:
                 return server.url
         raise LookupError(
-            f"no local `pdserve serve` with its own Redis listens on router port {router_port}"
-            f" (running: {_ports(servers) or 'none'})"
+            f"no pdserve server at router port {router_port}: is `pdserve serve` running? "
+            f"(--target; local servers' router ports: {_ports(servers) or 'none'})"
         )
     if len(servers) > 1:
         raise LookupError(
             f"{len(servers)} local `pdserve serve` processes run (router ports "
-            f"{_ports(servers)}): pick one with --port"
+            f"{_ports(servers)}): pick one with --target"
         )
     return servers[0].url if servers else None
 

@@ -145,7 +145,8 @@ async def _respond(
         if not body.stream:
             await _until_disconnect(request, service.collect(valid, choices, metadata))
             return JSONResponse(shape.response(choices))
-        steps = service.stream(valid, choices, metadata)
+        per_token = bool(body.stream_options and body.stream_options.one_token_per_event)
+        steps = service.stream(valid, choices, metadata, per_token)
         try:
             # The first step decides the status: a request refused before its first token
             # (overloaded, no worker) gets its HTTP error, not a 200 with an error event.

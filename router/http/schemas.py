@@ -2,7 +2,7 @@
 
 Fields pdserve does not implement are declared anyway, so that setting one to anything but its
 neutral value is a 400 naming it (router/http/translate.py) rather than silently ignored.
-pdserve's own options (`top_k`, `ignore_eos`, `stop_token_ids`, `return_token_ids`, and the
+pdserve's own options (`top_k`, `min_tokens`, `ignore_eos`, `stop_token_ids`, `return_token_ids`, and the
 decoding rules: `beam_width`, `length_penalty`, `early_stopping`, `repetition_penalty`,
 `dola_layers`, `sled`, `sled_layers`, `evolution_*`; `disable_speculation`) are extra body fields, under vLLM's names
 where vLLM has them; other unknown fields are ignored, as vLLM does.
@@ -18,6 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field
 class StreamOptions(BaseModel):
     include_usage: bool = False
     continuous_usage_stats: bool = False  # vLLM's: with include_usage, usage in every chunk
+    # pdserve's: every token its own event, though the worker sent several at once (as
+    # `--stream-one-token-per-event` does for every stream).
+    one_token_per_event: bool = False
 
 
 class SamplingFields(BaseModel):
@@ -25,8 +28,9 @@ class SamplingFields(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    model: str
+    model: str | None = None  # as vLLM: unset = the served model
     max_tokens: int | None = None
+    min_tokens: int | None = None  # vLLM's: stop tokens and strings count only after this many
     temperature: float | None = None
     top_p: float | None = None
     n: int = 1

@@ -43,8 +43,11 @@ class OpenAIService:
         limits: ModelLimits,
         observer: RequestObserver | None = None,
         chat_template: ChatTemplate | None = None,
+        one_token_per_event: bool = False,
     ) -> None:
         self.flow = flow
+        # Every stream sends each token as its own event (`--stream-one-token-per-event`).
+        self.one_token_per_event = one_token_per_event
         self.tokenizer = tokenizer
         self.limits = limits
         self.observer = observer
@@ -54,7 +57,7 @@ class OpenAIService:
         """The body's validated requests, one per prompt; raises RequestError naming the
         OpenAI field, or UnknownModel."""
         check_supported(body)
-        if body.model != self.limits.name:
+        if body.model is not None and body.model != self.limits.name:
             raise UnknownModel(
                 f"model: the model {body.model!r} does not exist; "
                 f"this server serves {self.limits.name!r}"
@@ -124,11 +127,17 @@ class OpenAIService:
             raise failed.exceptions[0] from None
 
     async def stream(
-        self, valid: list[ValidRequest], choices: list[Choice], metadata: Mapping[str, str]
+        self,
+        valid: list[ValidRequest],
+        choices: list[Choice],
+        metadata: Mapping[str, str],
+        one_token_per_event: bool = False,
     ) -> AsyncIterator[tuple[Choice, Step]]:
-        """Every choice's steps as they come; closing it aborts what still runs."""
+        """Every choice's steps as they come, one token each if `one_token_per_event` or the
+        server says so; closing it aborts what still runs."""
+        per_token = one_token_per_event or self.one_token_per_event
         if len(valid) == 1:
-            async with aclosing(self._steps(valid[0], choices, metadata)) as steps:
+            async with aclosing(self._steps(valid[0], choices, metadata, per_token)) as steps:
                 async for choice, step in steps:
                     yield choice, step
             return
@@ -136,7 +145,7 @@ class OpenAIService:
 
         async def pump(request: ValidRequest, own: list[Choice]) -> None:
             try:
-                async with aclosing(self._steps(request, own, metadata)) as steps:
+                async with aclosing(self._steps(request, own, metadata, per_token)) as steps:
                     async for choice, step in steps:
                         queue.put_nowait((choice, step, None))
             except Exception as e:
@@ -157,11 +166,21 @@ class OpenAIService:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _steps(
-        self, request: ValidRequest, own: list[Choice], metadata: Mapping[str, str]
+        self,
+        request: ValidRequest,
+        own: list[Choice],
+        metadata: Mapping[str, str],
+        one_token_per_batch: bool = False,
     ) -> AsyncIterator[tuple[Choice, Step]]:
         """The request's steps, each with the choice (of `own`, its n choices) it carries."""
         steps = run_request(
-            self.flow, self.observer, request, metadata, own[0].progress, self.limits.name
+            self.flow,
+            self.observer,
+            request,
+            metadata,
+            own[0].progress,
+            self.limits.name,
+            one_token_per_batch,
         )
         async with aclosing(steps):
             async for step in steps:

@@ -105,7 +105,7 @@ def max_tokens_field(body: SamplingFields) -> str:
 
 def generate_request(body: SamplingFields, prompt: Prompt) -> generate_pb2.GenerateRequest:
     """The GenerateRequest that asks for what `body` asks, for one prompt."""
-    request = generate_pb2.GenerateRequest(model=body.model)
+    request = generate_pb2.GenerateRequest(model=body.model or "")
     if isinstance(prompt, str):
         request.text = prompt
     else:
@@ -119,6 +119,10 @@ def generate_request(body: SamplingFields, prompt: Prompt) -> generate_pb2.Gener
         if max_tokens < 1:
             raise RequestError(f"{name}: must be >= 1")
         sampling.max_tokens = min(max_tokens, _UINT32 - 1)  # beyond any context: caught later
+    if body.min_tokens is not None:
+        if not 0 <= body.min_tokens < _UINT32:
+            raise RequestError(f"min_tokens: must be >= 0, got {body.min_tokens}")
+        sampling.min_tokens = body.min_tokens
     if body.temperature is not None:
         sampling.temperature = body.temperature
     if body.top_p is not None:

@@ -98,3 +98,6 @@ def test_the_grafana_dashboard_is_a_configmap_for_the_sidecar_when_enabled() -> 
     used = {re.sub(r"_(total|bucket)$", "", name) for name in used}
     vllm = {name for name in exported if name.startswith("vllm:")}
     assert used == vllm
+    # The per-token latencies a vLLM dashboard shows beside TTFT, each with its own panel.
+    for metric in ("vllm:time_per_output_token_seconds", "vllm:inter_token_latency_seconds"):
+        assert any(metric in t["expr"] for p in dashboard["panels"] for t in p["targets"])

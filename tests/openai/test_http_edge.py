@@ -77,6 +77,9 @@ def error_of(response) -> dict:
         ("/v1/completions", completion(echo=True), "echo", "not supported"),
         ("/v1/completions", completion(presence_penalty=0.5), "presence_penalty", "not supported"),
         ("/v1/completions", completion(seed=-1), "seed", "[0, 2^64)"),
+        ("/v1/completions", completion(max_tokens=4, min_tokens=5), "min_tokens", "max_tokens"),
+        ("/v1/completions", completion(min_tokens=-1), "min_tokens", ">= 0"),
+        ("/v1/completions", completion(min_tokens=2, beam_width=2), "min_tokens", "beam search"),
         ("/v1/completions", completion(prompt=""), "prompt", "empty prompt"),
         ("/v1/completions", completion(prompt=[]), "prompt", "empty list"),
         ("/v1/completions", completion(prompt=[5, 9999]), "prompt", "outside the vocabulary"),
@@ -100,7 +103,7 @@ def error_of(response) -> dict:
         ),
         ("/v1/completions", completion(prompt=3), "prompt", "valid"),
         ("/v1/completions", completion(temperature="hot"), "temperature", "valid number"),
-        ("/v1/completions", {"prompt": "x"}, "model", "required"),
+        ("/v1/completions", {"model": MODEL}, "prompt", "required"),
         ("/v1/chat/completions", chat(top_logprobs=2), "top_logprobs", "only 0"),
         ("/v1/chat/completions", chat(max_completion_tokens=0), "max_completion_tokens", ">= 1"),
         (
@@ -257,3 +260,22 @@ def test_an_oversized_body_is_413_before_it_is_read(client) -> None:
     assert chunked.status_code == 413
     small = client.post("/v1/completions", json=completion(prompt="x" * 900, max_tokens=0))
     assert small.status_code == 400  # under the cap: read and validated
+
+
+def test_a_wrong_method_is_405_typed_as_an_invalid_request(client) -> None:
+    response = client.get("/v1/completions")
+    assert response.status_code == 405
+    assert error_of(response)["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_model_is_optional_as_in_vllm(client, path) -> None:
+    """Without `model` the served one is meant: the request is validated on (a bad field is
+    still named) and reaches the workers (none here: a 500)."""
+    body = chat() if "chat" in path else completion()
+    del body["model"]
+    response = client.post(path, json={**body, "temperature": -1})
+    assert response.status_code == 400 and error_of(response)["param"] == "temperature"
+    response = client.post(path, json={**body, "max_tokens": 4})
+    assert response.status_code == 500
+    assert error_of(response)["message"].startswith("internal error: ")

@@ -368,6 +368,75 @@ def test_vllm_named_metrics_count_the_request_under_the_model(served, client, mo
         assert f'{name}{{model_name="{model}"}}' in scraped
 
 
+def test_one_token_per_event_streams_each_token_alone(client, model):
+    prompt = list(range(LOW + 60, LOW + 80))
+    whole = client.completions.create(model=model, prompt=prompt, max_tokens=24, **greedy())
+    chunks = list(
+        client.completions.create(
+            model=model,
+            prompt=prompt,
+            max_tokens=24,
+            stream=True,
+            stream_options={"one_token_per_event": True},
+            **greedy(),
+        )
+    )
+    assert [c.choices[0].token_ids for c in chunks] == [[t] for t in whole.choices[0].token_ids]
+    assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
+    assert [c.choices[0].finish_reason for c in chunks][-1] == "length"
+
+
+def test_min_tokens_keeps_generating_past_a_stop_token(client, model):
+    prompt = list(range(LOW + 90, LOW + 110))
+    free = client.completions.create(model=model, prompt=prompt, max_tokens=10, **greedy())
+    first = free.choices[0].token_ids[0]
+    stopped = client.completions.create(
+        model=model, prompt=prompt, max_tokens=10, **greedy(stop_token_ids=[first])
+    )
+    assert stopped.choices[0].finish_reason == "stop" and stopped.usage.completion_tokens == 1
+    later = [i for i, t in enumerate(free.choices[0].token_ids) if t == first and i >= 3]
+    held = client.completions.create(
+        model=model, prompt=prompt, max_tokens=10, **greedy(stop_token_ids=[first], min_tokens=3)
+    )
+    end = later[0] + 1 if later else 10
+    assert held.choices[0].token_ids == free.choices[0].token_ids[:end]
+    assert held.choices[0].finish_reason == ("stop" if later else "length")
+
+
+def test_vllm_tpot_and_itl_histograms_count_the_request_under_the_model(client, model):
+    names = (
+        "vllm:time_per_output_token_seconds",
+        "vllm:inter_token_latency_seconds",
+        "vllm:time_to_first_token_seconds",
+        "vllm:e2e_request_latency_seconds",
+    )
+
+    def histograms() -> dict[str, tuple[float, float]]:
+        return {
+            n: (sample(f"{n}_count", model_name=model), sample(f"{n}_sum", model_name=model))
+            for n in names
+        }
+
+    before = histograms()
+    list(
+        client.completions.create(
+            model=model,
+            prompt=list(range(LOW + 360, LOW + 377)),
+            max_tokens=7,
+            stream=True,
+            stream_options={"one_token_per_event": True},
+            **greedy(),
+        )
+    )
+    after = histograms()
+    count = {n: after[n][0] - before[n][0] for n in names}
+    total = {n: after[n][1] - before[n][1] for n in names}
+    tpot, itl, ttft, e2e = names
+    assert count[tpot] == 1 and count[itl] == 6  # one per request; one per token after the first
+    assert total[tpot] == pytest.approx((total[e2e] - total[ttft]) / 6, rel=1e-6)
+    assert total[itl] == pytest.approx(total[e2e] - total[ttft], rel=1e-6)
+
+
 @pytest.mark.parametrize("backend", ["openai", "grpc"])
 def test_bench_serve_drives_either_api_with_the_same_workload(served, backend, tmp_path):
     import argparse

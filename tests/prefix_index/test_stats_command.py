@@ -53,7 +53,7 @@ def test_finds_the_private_server_of_a_local_serve(tmp_path, monkeypatch, capsys
         PrefixIndex(url, "tiny", 16).record_reuse("p", 1, 1)
         assert run(["--json"]) == 0
         assert json.loads(capsys.readouterr().out)["tiny"]["requests"] == 1
-        assert run(["--json", "--port", "50123"]) == 0
+        assert run(["--json", "--target", "127.0.0.1:50123"]) == 0
         note = local_servers.notes_dir() / f"{os.getpid()}.json"
         assert note.stat().st_mode & 0o777 == 0o600  # it carries the password
         assert local_servers.notes_dir().stat().st_mode & 0o777 == 0o700
@@ -71,20 +71,41 @@ def test_two_local_serves_keep_their_own_urls(tmp_path, monkeypatch, capsys) -> 
         second_note = local_servers.advertise(second.url, 50002, pid=second.pid)
         PrefixIndex(first.url, "one", 16).record_reuse("p", 1, 1)
         PrefixIndex(second.url, "two", 16).record_reuse("p", 1, 1)
-        assert run(["--json", "--port", "50001"]) == 0
+        assert run(["--json", "--target", "127.0.0.1:50001"]) == 0
         assert list(json.loads(capsys.readouterr().out)) == ["one"]
-        assert run(["--json", "--port", "50002"]) == 0
+        assert run(["--json", "--target", "localhost:50002"]) == 0
         assert list(json.loads(capsys.readouterr().out)) == ["two"]
+        # The flag before --target still works, with a warning.
+        assert run(["--json", "--port", "50002"]) == 0
+        captured = capsys.readouterr()
+        assert list(json.loads(captured.out)) == ["two"]
+        assert "--port is deprecated" in captured.err
 
         assert run(["--json"]) == 2  # ambiguous: it says so instead of guessing
         err = capsys.readouterr().err
-        assert "50001, 50002" in err and "--port" in err
-        assert run(["--port", "50003"]) == 2
-        assert "router port 50003" in capsys.readouterr().err
+        assert "50001, 50002" in err and "--target" in err
+        assert run(["--target", "127.0.0.1:50003"]) == 2
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and "no pdserve server at router port 50003" in err[0]
 
         local_servers.withdraw(second_note)
         assert run(["--json"]) == 0  # only one left: picked unasked
         assert list(json.loads(capsys.readouterr().out)) == ["one"]
+
+
+def test_no_server_at_all_is_one_line(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.delenv("PDSERVE_REDIS_URL", raising=False)
+    monkeypatch.setenv("PDSERVE_CACHE_DIR", str(tmp_path))  # no local serve noted
+    # Nothing local and nothing at the default Redis address (a closed port stands in for it).
+    with RedisServer() as server:
+        closed = server.url
+    monkeypatch.setattr(stats, "DEFAULT_URL", closed)
+    assert run([]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "error: no pdserve server found on this machine: is `pdserve serve` running? "
+        "(--target, or --redis-url for a remote one)"
+    ]
 
 
 def test_notes_of_dead_servers_are_ignored(tmp_path, monkeypatch) -> None:

@@ -439,3 +439,37 @@ def test_the_first_token_reaches_the_client_before_the_push_and_a_failed_push_co
     assert second_at - first_at >= 0.5 and progress.attempts == 2
     assert ids_of([b for _, b in arrivals]) == LETTERS
     assert c.leaked_blocks() == {}
+
+
+@pytest.mark.parametrize("disaggregate", ["always", "never"])
+def test_one_token_per_batch_splits_the_workers_batches_with_text_per_token(
+    tokenizer, disaggregate
+) -> None:
+    """A decode worker sends 4 tokens a batch; asked for one token per batch, the client gets
+    each token alone, its text decoded as far as it goes (the three byte tokens of "界" give
+    "", "" and "界"), and a stop string inside a worker's batch still ends it at its token."""
+    world = tokenizer.encode("界", add_special_tokens=False)
+    end = tokenizer.encode("END", add_special_tokens=False)
+    outputs = [LETTERS[0], *world, LETTERS[1], *end, LETTERS[2]]
+
+    async def scenario(sampling: SamplingParams, one_token_per_batch: bool):
+        c = await cluster(tokenizer, script_after_prompt(outputs), disaggregate=disaggregate)
+        for worker in c.decode.values():
+            worker.batch_tokens = 4
+        progress = Progress(received=time.perf_counter(), prompt_tokens=len(PROMPT))
+        run = c.flow.run("req", PROMPT, sampling, {}, progress, one_token_per_batch)
+        batches = [b async for b in run]
+        await c.pool.stop()
+        return batches, progress
+
+    whole, _ = run(lambda: scenario(greedy(5), one_token_per_batch=False))
+    assert max(len(b.token_ids) for b in whole) == 4  # the worker's batches, as they came
+    split, progress = run(lambda: scenario(greedy(5), one_token_per_batch=True))
+    assert [b.token_ids for b in split] == [[t] for t in outputs[:5]]
+    assert [b.text for b in split] == ["a", "", "", "界", "b"]
+    assert [b.finished for b in split] == [False] * 4 + [True]
+    assert split[-1].finish_reason == "length" and progress.completion_tokens == 5
+    stopped, progress = run(lambda: scenario(greedy(9, stop=["END"]), one_token_per_batch=True))
+    assert ids_of(stopped) == outputs[:8] and text_of(stopped) == "a界b"
+    assert stopped[-1].finish_reason == "stop" and progress.completion_tokens == 8
+    assert all(len(b.token_ids) == 1 for b in stopped)
