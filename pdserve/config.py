@@ -211,8 +211,13 @@ class LogConfig:
     cli_group: ClassVar[str] = "logging"
 
     format: str = setting("text", "", flag="--log-format", choices=("text", "json"))
+    # WARNING: start-up's progress lines say what happens; -v / --log-level INFO adds the
+    # components' own lines (pdserve's and Ray's).
     level: str = setting(
-        "INFO", "", flag="--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+        "WARNING",
+        "",
+        flag="--log-level",
+        choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
     )
 
     def __post_init__(self) -> None:
