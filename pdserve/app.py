@@ -97,9 +97,9 @@ class ServingApp:
         config.kv.secret = (
             config.kv.secret or os.environ.get("PDSERVE_KV_SECRET") or (_random_secret())
         )
-        redis_url = config.redis_url or await self._start_private_redis()
         if not ray.is_initialized():
             await _off_loop(self._start_ray)
+        redis_url = config.redis_url or await self._start_private_redis()
         progress.phase(
             f"model {model_dir.name} ({weights_size(model_dir)} of weights): loading in "
             f"{config.prefill_workers} prefill and {config.decode_workers} decode workers"
@@ -329,7 +329,7 @@ class ServingApp:
         # Supervised: if it dies it comes back on the same port and password, and the
         # router's and workers' links recover on their own.
         server = RedisServer(supervise=True)
-        server.start()
+        await _off_loop(server.start)  # waits until it answers, seconds on a busy machine
         self.redis_server = server  # tests stop and restart it to check outage recovery
         self._stack.append(("redis", _async(server.close)))
         self.progress.phase(f"Redis started on {server.host}:{server.port} (private)")

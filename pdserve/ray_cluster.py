@@ -22,7 +22,8 @@ from pdserve.startup_checks import StartupError
 def start_private_ray(config: ServeConfig, verbose: bool) -> None:
     """A new local Ray advertising both pools, sized to the requested workers. Quiet unless
     `verbose`: Ray's own INFO and WARNING lines (token authentication, "Started a local Ray
-    instance") are for --log-level INFO."""
+    instance") and the workers' output are for --log-level INFO; a worker's failure reaches
+    the start-up lines, the clients and /ready by itself (router/worker_pool.py)."""
     import ray
 
     os.environ.pop("RAY_ADDRESS", None)  # ray.init would join that cluster instead
@@ -31,7 +32,7 @@ def start_private_ray(config: ServeConfig, verbose: bool) -> None:
             address="local",
             resources=pool_resources(config),
             include_dashboard=False,
-            log_to_driver=True,
+            log_to_driver=verbose,
             logging_level=logging.INFO if verbose else logging.ERROR,
         )
 

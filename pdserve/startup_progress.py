@@ -33,6 +33,11 @@ class StartupProgress:
             self._task = self._bar.add_task("starting", total=total_workers)
             self._bar.start()
 
+    def mute(self) -> None:
+        """No more lines (Ctrl-C: the line that says so is the last one)."""
+        self.close()
+        self._stream = None
+
     @classmethod
     def silent(cls) -> StartupProgress:
         return cls(0, stream=None)

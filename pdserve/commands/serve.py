@@ -88,12 +88,17 @@ def run(args: argparse.Namespace) -> int:
     from pdserve.logging_setup import setup_logging
 
     setup_logging(config.log.level, config.log.format)
-    return asyncio.run(_serve(config))
+    try:
+        return asyncio.run(_serve(config))
+    except KeyboardInterrupt:  # Ctrl-C before _serve handles it: nothing started yet
+        print("pdserve serve: interrupted", file=sys.stderr, flush=True)
+        return 130
 
 
 async def _serve(config: ServeConfig) -> int:
     from pdserve.app import ServingApp
     from pdserve.heap import freeze_startup_heap
+    from pdserve.process_tree import kill_descendants
     from pdserve.startup_checks import StartupError
     from pdserve.startup_progress import StartupProgress
 
@@ -105,10 +110,16 @@ async def _serve(config: ServeConfig) -> int:
     # Ctrl-C or SIGTERM: during start-up it cancels the start (its slow steps run off the
     # event loop, so the loop sees the signal at once), later it ends the wait below.
     starting = asyncio.ensure_future(app.start())
+
+    def on_signal() -> None:
+        if starting.done():
+            stop.set()
+        else:
+            progress.mute()
+            starting.cancel()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(
-            sig, lambda: starting.cancel() if not starting.done() else stop.set()
-        )
+        loop.add_signal_handler(sig, on_signal)
     try:
         try:
             await starting
@@ -125,6 +136,7 @@ async def _serve(config: ServeConfig) -> int:
     finally:
         progress.close()
         await app.stop()
+        kill_descendants()  # what a failed stop left (Ray's processes, a worker), if anything
     print("pdserve serve: stopped", file=sys.stderr, flush=True)
     return 0
 
