@@ -439,3 +439,33 @@ def test_the_first_token_reaches_the_client_before_the_push_and_a_failed_push_co
     assert second_at - first_at >= 0.5 and progress.attempts == 2
     assert ids_of([b for _, b in arrivals]) == LETTERS
     assert c.leaked_blocks() == {}
+
+
+class FailingStepDecodeWorker(ToyDecodeWorker):
+    """A decode worker whose engine step fails on every request, as one whose CPU lacks the
+    dtype's instructions: it ends each stream with an abort naming the step's error."""
+
+    async def stream(self, request_id: str):
+        await self._alive()
+        yield TokenBatch(
+            request_id, [], [], "", finished=True, finish_reason="abort",
+            error="RuntimeError: mkldnn bf16 path needs avx512bw",
+        )  # fmt: skip
+
+
+def test_a_failing_engine_step_is_named_in_the_clients_status(tokenizer) -> None:
+    async def scenario():
+        c = await cluster(tokenizer, script_after_prompt(LETTERS), decode=1)
+        worker = c.decode["decode-0"]
+        worker.__class__ = FailingStepDecodeWorker
+        with pytest.raises(NoWorkerAvailable) as failure:
+            await c.generate(greedy(8))
+        await c.pool.stop()
+        return failure.value
+
+    error = run(scenario)
+    assert status_for(error)[0] == grpc.StatusCode.UNAVAILABLE
+    assert str(error) == (
+        "no healthy decode worker (decode-0: engine step failed: RuntimeError: mkldnn bf16 path "
+        "needs avx512bw)"
+    )
