@@ -241,6 +241,12 @@ class ServeConfig:
     ray_address: str | None = setting(
         None, "join this Ray cluster ('auto' = the running one); default: start a local Ray"
     )
+    ray_resources_wait_s: float = setting(
+        60.0,
+        "with --ray-address, how long to wait for nodes with the pools' resources to join "
+        "before refusing to start",
+        minimum=0,
+    )
     prefill_pool_resource: str = setting("prefill_pool", "Ray custom resource of the prefill pool")
     decode_pool_resource: str = setting("decode_pool", "Ray custom resource of the decode pool")
     gpus_per_worker: float = setting(0.0, "num_gpus of each worker actor", minimum=0)

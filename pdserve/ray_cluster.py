@@ -12,11 +12,14 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from pdserve.config import ServeConfig
 from pdserve.startup_checks import StartupError
+
+RESOURCES_POLL_S = 1.0
 
 
 def start_private_ray(config: ServeConfig, verbose: bool) -> None:
@@ -38,19 +41,25 @@ def start_private_ray(config: ServeConfig, verbose: bool) -> None:
 
 
 def join_ray(config: ServeConfig) -> None:
-    """Connects to --ray-address; StartupError when it cannot, or when the cluster lacks the
-    resources the pools need."""
+    """Connects to --ray-address; StartupError when it cannot, or when the cluster still lacks
+    the resources the pools need after --ray-resources-wait-s."""
     import ray
 
     try:
         ray.init(address=config.ray_address, logging_level=logging.ERROR)
     except (ConnectionError, RuntimeError, ValueError) as e:
         raise StartupError(f"--ray-address {config.ray_address}: {_first_line(e)}") from e
-    try:
-        check_pool_resources(config, ray.cluster_resources())
-    except StartupError:
-        ray.shutdown()
-        raise
+    # Worker nodes may join after the router (pods starting together): they get a while.
+    deadline = time.monotonic() + config.ray_resources_wait_s
+    while True:
+        try:
+            check_pool_resources(config, ray.cluster_resources())
+            return
+        except StartupError:
+            if time.monotonic() >= deadline:
+                ray.shutdown()
+                raise
+        time.sleep(RESOURCES_POLL_S)
 
 
 def pool_resources(config: ServeConfig) -> dict[str, float]:

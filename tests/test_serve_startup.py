@@ -135,7 +135,8 @@ def test_serve_starts_its_own_ray_beside_another_cluster(model_dir, other_cluste
         server.kill()
     # Given as --ray-address, the same cluster is refused for what it lacks, in one line.
     # Ray joins an explicit address with token authentication only when told to.
-    server = serve(str(model_dir), "--ray-address", address, env={"RAY_AUTH_MODE": "token"})
+    flags = ("--ray-address", address, "--ray-resources-wait-s", "0")
+    server = serve(str(model_dir), *flags, env={"RAY_AUTH_MODE": "token"})
     try:
         assert server.process.wait(60) == 1
         server._reader.join(5)
