@@ -9,6 +9,10 @@ worker actors share), `prefix_index` (Redis), `commands` (the CLI), `bench`, `pb
 Modules:
 - `app.py` — `ServingApp` / `BackgroundApp`: everything `pdserve serve` starts and stops.
 - `startup_checks.py` — what `pdserve serve` checks before it starts anything (`StartupError`).
+- `dtype_probe.py` — `check_dtype`: the dtype tried on the device (one matmul) at start-up.
+- `ray_cluster.py` — a private Ray in its own session, or --ray-address checked for the pools.
+- `startup_progress.py` — `StartupProgress`: start-up's lines with elapsed time, a bar on a TTY.
+- `process_tree.py` — `kill_descendants`: what Ctrl-C during start-up leaves is killed.
 - `config.py` — the serving settings as dataclasses (`ServeConfig` gathers them all); CLI
   flags map onto them.
 - `engine_config.py` — the engine's settings: `EngineConfig`, `SimConfig`, `SpeculativeConfig`.

@@ -7,6 +7,7 @@ own event loop thread, for tests and benchmarks that drive it with ordinary gRPC
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import os
 import threading
@@ -18,14 +19,17 @@ from pdserve.config import RouterConfig, ServeConfig
 from pdserve.prefix_index.lookup import PrefixIndex
 from pdserve.prefix_index.maintenance import IndexMaintenance
 from pdserve.prefix_index.spec_stats import record_speculation
+from pdserve.ray_cluster import join_ray, start_private_ray
 from pdserve.startup_checks import (
     StartupError,
-    check_port_free,
+    check_ports_free,
     check_ray_reachable,
     check_speculation,
     load_chat_template,
     load_model_limits,
+    port_in_use,
 )
+from pdserve.startup_progress import StartupProgress, weights_size
 from pdserve.tokenizer import Tokenizer
 from router.generation_service import GenerationService
 from router.http.chat_template import ChatTemplate
@@ -37,19 +41,9 @@ from router.server import RouterServer
 from router.tls import server_credentials
 from router.tokenizing import BackgroundTokenizer
 from router.validation import ModelLimits, max_request_bytes
-from router.worker_pool import WorkerPool
+from router.worker_pool import Worker, WorkerPool
 
 log = logging.getLogger(__name__)
-
-
-def _init_ray(config: ServeConfig) -> None:
-    import ray
-
-    try:
-        ray.init(address=config.ray_address, **_local_ray_args(config))
-    except (ConnectionError, RuntimeError, ValueError) as e:
-        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise StartupError(f"--ray-address {config.ray_address}: {first_line}") from e
 
 
 @dataclass
@@ -60,7 +54,12 @@ class ServingApp:
     http_port: int = 0  # the bound port of the OpenAI-compatible HTTP API
     advertise_redis_url: bool = False  # write the private Redis URL for `pdserve stats`
     planner: object | None = None  # router.online_plan.OnlinePlanner with --plan-interval
+    # Start-up's lines (`pdserve serve` prints them; embedded apps stay quiet), and whether
+    # Ray's own INFO lines show too (--log-level INFO or DEBUG).
+    progress: StartupProgress = field(default_factory=StartupProgress.silent)
+    verbose_ray: bool = False
     _ready: bool = True
+    _started_workers: dict[str, int] = field(default_factory=dict)  # role -> healthy so far
     _stack: list = field(default_factory=list)  # (description, async stop callable), LIFO
 
     async def start(self) -> None:
@@ -70,15 +69,8 @@ class ServingApp:
         from pdserve.worker.pools import create_workers
 
         config = self.config
+        progress = self.progress
         telemetry.setup_tracing("pdserve-router")
-        if config.metrics_port is not None:
-            self.metrics_port = metrics.start_metrics_server(
-                config.metrics_port, config.metrics_host
-            )
-            self._stack.append(
-                ("metrics", _async(lambda: metrics.stop_metrics_server(self.metrics_port)))
-            )
-            log.info("Prometheus metrics on port %d", self.metrics_port)
         # Resolve (and on first use, write) the built-in model here once, before the actors
         # start; each worker still resolves it itself (config.engine.model stays None), so a
         # worker on another node writes its own identical copy instead of needing this path.
@@ -86,18 +78,32 @@ class ServingApp:
         # Mistakes in the settings surface here, in seconds, before Ray and the workers start.
         tokenizer, limits = load_model_limits(model_dir, config.engine)
         check_speculation(config, limits.vocab_size)
-        check_port_free(config.router.host, config.router.port)
-        check_port_free(config.router.http_host, config.router.http_port, "--http-port")
+        check_ports_free(config)
         chat_template = load_chat_template(model_dir)
+        dtypes = await _off_loop(self._check_dtypes)  # imports torch: seconds
         if not ray.is_initialized():
             check_ray_reachable(config.ray_address)
+        progress.phase(f"settings and ports checked{dtypes}")
+        if config.metrics_port is not None:
+            self.metrics_port = _bind(
+                config.metrics_port,
+                "--metrics-port",
+                lambda: metrics.start_metrics_server(config.metrics_port, config.metrics_host),
+            )
+            self._stack.append(
+                ("metrics", _async(lambda: metrics.stop_metrics_server(self.metrics_port)))
+            )
+            log.info("Prometheus metrics on port %d", self.metrics_port)
         config.kv.secret = (
             config.kv.secret or os.environ.get("PDSERVE_KV_SECRET") or (_random_secret())
         )
-        redis_url = config.redis_url or await self._start_private_redis()
         if not ray.is_initialized():
-            _init_ray(config)
-            self._stack.append(("ray", _async(ray.shutdown)))
+            await _off_loop(self._start_ray)
+        redis_url = config.redis_url or await self._start_private_redis()
+        progress.phase(
+            f"model {model_dir.name} ({weights_size(model_dir)} of weights): loading in "
+            f"{config.prefill_workers} prefill and {config.decode_workers} decode workers"
+        )
         prefill, decode = create_workers(config, redis_url)
         self._stack.append(("workers", _async(lambda: _kill(ray, {**prefill, **decode}))))
         # A stats poll waits for the worker's current engine step: a simulated one lasts its
@@ -116,8 +122,10 @@ class ServingApp:
                 model_dir.name, [x.stats for x in self.pool.workers.values() if x.stats]
             )
         )
-        await self.pool.start()
         self._stack.append(("pool", self.pool.stop))
+        await self.pool.start(on_ready=self._worker_started)
+        if not self.pool.of_role("decode"):
+            raise StartupError(f"no decode worker started: {self.pool.why_unavailable('decode')}")
 
         index = PrefixIndex(
             redis_url, model_dir.name, config.engine.block_size, mirror=config.router.index_mirror
@@ -165,24 +173,71 @@ class ServingApp:
             len(self.pool.of_role("prefill")),
             len(self.pool.of_role("decode")),
         )
-        self.server = RouterServer(
-            service,
-            config.router.host,
+        self.server = _bind(
             config.router.port,
-            interceptors=telemetry.aio_server_interceptors(),
-            api_keys=api_keys,
-            credentials=_api_credentials(config.router),
-            max_receive_bytes=max_request_bytes(limits),
-            shutdown_grace_s=config.router.shutdown_grace_s,
-            health_port=config.router.health_port,
+            "--port",
+            lambda: RouterServer(
+                service,
+                config.router.host,
+                config.router.port,
+                interceptors=telemetry.aio_server_interceptors(),
+                api_keys=api_keys,
+                credentials=_api_credentials(config.router),
+                max_receive_bytes=max_request_bytes(limits),
+                shutdown_grace_s=config.router.shutdown_grace_s,
+                health_port=config.router.health_port,
+            ),
         )
-        await self.server.start()
+        await _bind_async(config.router.port, "--port", self.server.start)
         self._stack.append(("server", self.server.stop))
         # Last to stop: spans of the final requests still leave before the process does.
         self._stack.insert(0, ("tracing", _async(telemetry.flush_tracing)))
         self.port = self.server.port
         self.pool.health_listeners.append(self._track_readiness)
         await self._start_http(flow, tokenizer, limits, chat_template)
+
+    def _check_dtypes(self) -> str:
+        """Tries each pool's dtype on its device (pdserve.dtype_probe) when the workers run on
+        this machine (a local Ray); returns the note for the start-up line, e.g. "; float32
+        runs on cpu"."""
+        config = self.config
+        if config.ray_address:
+            return ""
+        from pdserve.dtype_probe import check_dtype
+
+        tried = []
+        for role in ("prefill", "decode"):
+            engine = config.engine_for(role)
+            count = getattr(config, f"{role}_workers")
+            if count and engine.kind == "torch" and (engine.dtype, engine.device) not in tried:
+                check_dtype(engine.dtype, engine.device)
+                tried.append((engine.dtype, engine.device))
+        return "".join(f"; {dtype} runs on {device}" for dtype, device in tried)
+
+    def _start_ray(self) -> None:
+        import ray
+
+        config = self.config
+        if config.ray_address:
+            join_ray(config)
+            self._stack.append(("ray", _async(ray.shutdown)))
+            self.progress.phase(f"joined the Ray cluster at {config.ray_address}")
+            return
+        start_private_ray(config, self.verbose_ray)
+        self._stack.append(("ray", _async(ray.shutdown)))
+        cpus = ray.cluster_resources().get("CPU", 0)
+        self.progress.phase(f"Ray started (private to this server, {cpus:g} CPUs)")
+
+    def _worker_started(self, worker: Worker, info: dict | None) -> None:
+        """Start-up's line for each worker as it becomes healthy or fails to."""
+        role = worker.role
+        total = len(self.pool.of_role(role, healthy_only=False))
+        if info is None:
+            reason = self.pool.failures.get(worker.worker_id, "")
+            self.progress.worker_done(f"{role} worker {worker.worker_id} {reason}")
+            return
+        self._started_workers[role] = self._started_workers.get(role, 0) + 1
+        self.progress.worker_done(f"{role} worker {self._started_workers[role]}/{total} healthy")
 
     def _start_planner(self, model_dir: Path, policy: RoutingPolicy, index: PrefixIndex) -> None:
         """--plan-interval: the online planner over this router's traffic and measured costs."""
@@ -231,16 +286,15 @@ class ServingApp:
             chat_template,
             router.stream_one_token_per_event,
         )
-        ready = lambda: bool(self.pool.of_role("decode"))  # noqa: E731
         http = HttpServer(
-            create_app(service, self.server.auth, ready),
+            create_app(service, self.server.auth, self._is_ready, self._unready_reason),
             router.http_host,
             router.http_port,
             tls_cert=router.tls_cert,
             tls_key=router.tls_key,
             tls_client_ca=router.tls_client_ca,
         )
-        await http.start()
+        await _bind_async(router.http_port, "--http-port", http.start)
         self._stack.append(
             ("http server", lambda: _stop_http(http, service, router.shutdown_grace_s))
         )
@@ -256,8 +310,15 @@ class ServingApp:
             lambda w, old, stats: metrics.observe_model_speculation(model, old, stats)
         )
 
+    def _is_ready(self) -> bool:
+        """A decode worker can take requests: healthy, its engine steps not failing."""
+        return bool(self.pool.usable("decode"))
+
+    def _unready_reason(self) -> str:
+        return self.pool.why_unavailable("decode")
+
     def _track_readiness(self) -> None:
-        ready = bool(self.pool.of_role("decode"))
+        ready = self._is_ready()
         if ready != self._ready:
             self._ready = ready
             asyncio.ensure_future(self.server.set_ready(ready))
@@ -269,10 +330,10 @@ class ServingApp:
         # Supervised: if it dies it comes back on the same port and password, and the
         # router's and workers' links recover on their own.
         server = RedisServer(supervise=True)
-        server.start()
+        await _off_loop(server.start)  # waits until it answers, seconds on a busy machine
         self.redis_server = server  # tests stop and restart it to check outage recovery
         self._stack.append(("redis", _async(server.close)))
-        log.info("started a private redis-server on %s:%d", server.host, server.port)
+        self.progress.phase(f"Redis started on {server.host}:{server.port} (private)")
         if self.advertise_redis_url:
             # `pdserve serve` notes the URL so `pdserve stats` finds its private server without
             # flags; embedded apps (tests, benchmarks) leave the user's notes alone.
@@ -328,18 +389,30 @@ async def _stop_http(http, service, grace_s: float) -> None:
     service.tokenizer.close()
 
 
-def _local_ray_args(config: ServeConfig) -> dict:
-    if config.ray_address:
-        return {}
-    # A local Ray advertises both pools itself, sized to the requested workers.
-    return {
-        "resources": {
-            config.prefill_pool_resource: max(config.prefill_workers, 1),
-            config.decode_pool_resource: max(config.decode_workers, 1),
-        },
-        "include_dashboard": False,
-        "log_to_driver": True,
-    }
+# Start-up's slow steps run here, off the event loop, so that Ctrl-C (which cancels start-up)
+# is seen at once. One thread for the life of the process: Ray's processes get SIGKILL when
+# the thread that started them ends (PR_SET_PDEATHSIG, Ray's fate sharing).
+_STARTUP_THREAD = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pdserve-startup")
+
+
+async def _off_loop(fn):
+    return await asyncio.get_running_loop().run_in_executor(_STARTUP_THREAD, fn)
+
+
+def _bind(port: int, flag: str, bind):
+    """bind()'s result; a port taken since check_ports_free (or one it could not see) is
+    the same one line."""
+    try:
+        return bind()
+    except (OSError, RuntimeError) as e:
+        raise StartupError(port_in_use(port, flag)) from e
+
+
+async def _bind_async(port: int, flag: str, bind) -> None:
+    try:
+        await bind()
+    except (OSError, RuntimeError) as e:
+        raise StartupError(port_in_use(port, flag)) from e
 
 
 def _kill(ray, handles: dict) -> None:

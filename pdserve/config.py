@@ -216,8 +216,13 @@ class LogConfig:
     cli_group: ClassVar[str] = "logging"
 
     format: str = setting("text", "", flag="--log-format", choices=("text", "json"))
+    # WARNING: start-up's progress lines say what happens; -v / --log-level INFO adds the
+    # components' own lines (pdserve's and Ray's).
     level: str = setting(
-        "INFO", "", flag="--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+        "WARNING",
+        "",
+        flag="--log-level",
+        choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
     )
 
     def __post_init__(self) -> None:
@@ -244,6 +249,12 @@ class ServeConfig:
     decode_workers: int = setting(1, "decode worker actors", minimum=1)
     ray_address: str | None = setting(
         None, "join this Ray cluster ('auto' = the running one); default: start a local Ray"
+    )
+    ray_resources_wait_s: float = setting(
+        60.0,
+        "with --ray-address, how long to wait for nodes with the pools' resources to join "
+        "before refusing to start",
+        minimum=0,
     )
     prefill_pool_resource: str = setting("prefill_pool", "Ray custom resource of the prefill pool")
     decode_pool_resource: str = setting("decode_pool", "Ray custom resource of the decode pool")

@@ -4,6 +4,7 @@ Each failure is a `StartupError` with a one-line message naming the flag."""
 
 from __future__ import annotations
 
+import errno
 import json
 import socket
 from pathlib import Path
@@ -91,6 +92,11 @@ def load_chat_template(model_dir: Path) -> ChatTemplate | None:
         raise StartupError(f"--model {model_dir}: chat_template: {e}") from e
 
 
+def port_in_use(port: int, flag: str) -> str:
+    """The one line for a port another process holds, naming the flag that sets it."""
+    return f"port {port} ({flag}) is in use; pick another with {flag} or 0 for any free port"
+
+
 def check_port_free(host: str, port: int, flag: str = "--port") -> None:
     """Raises StartupError when another process listens on host:port. gRPC would otherwise
     share the port with it (SO_REUSEPORT) or fail only after Ray and the workers started."""
@@ -102,9 +108,32 @@ def check_port_free(host: str, port: int, flag: str = "--port") -> None:
         try:
             probe.bind((host, port))
         except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise StartupError(port_in_use(port, flag)) from e
             raise StartupError(
                 f"{flag} {port}: cannot listen on {host}:{port}: {e.strerror}"
             ) from e
+
+
+def check_ports_free(config: ServeConfig) -> None:
+    """Every fixed port the server will bind, checked before anything slow starts. The workers'
+    ports (--worker-metrics-port, --kv-port) are bound on this machine only with a local Ray."""
+    router = config.router
+    ports = [
+        (router.host, router.port, "--port"),
+        (router.http_host, router.http_port, "--http-port"),
+        (config.metrics_host, config.metrics_port, "--metrics-port"),
+        (router.host, router.health_port, "--health-port"),
+    ]
+    if not config.ray_address:
+        kv_host = config.kv.bind_host or "0.0.0.0"
+        ports += [
+            ("0.0.0.0", config.worker.metrics_port, "--worker-metrics-port"),
+            (kv_host, config.kv.port, "--kv-port"),
+        ]
+    for host, port, flag in ports:
+        if port is not None:
+            check_port_free(host, port, flag)
 
 
 def check_ray_reachable(address: str | None) -> None:

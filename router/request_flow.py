@@ -41,7 +41,7 @@ from router.types import (
     Route,
     RouteChooser,
 )
-from router.worker_pool import WorkerPool
+from router.worker_pool import WorkerPool, failure_reason
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +153,9 @@ class RequestFlow:
                     raise
                 failed = exc.worker_id if isinstance(exc, _WorkerFailed) else route.decode_worker
                 excluded.add(failed)
+                self._pool.note_failure(
+                    failed, exc.reason if isinstance(exc, _WorkerFailed) else failure_reason(exc)
+                )
                 failures += 1
                 log.warning(
                     "request %s attempt %d failed on %s: %s", request_id, attempt, failed, exc
@@ -289,7 +292,7 @@ class RequestFlow:
         except StopAsyncIteration:
             raise
         except Exception as exc:
-            raise _WorkerFailed(worker_id, f"{type(exc).__name__}: {exc}") from exc
+            raise _WorkerFailed(worker_id, failure_reason(exc)) from exc
 
     async def _guarded_stream(
         self, worker_id: str, stream: AsyncIterator[TokenBatch]
@@ -303,9 +306,10 @@ class RequestFlow:
                 except StopAsyncIteration:
                     return
                 if batch.finished and batch.finish_reason == "abort":
-                    raise _WorkerFailed(
-                        worker_id, "stream ended by the worker (aborted or expired)"
-                    )
+                    reason = "stream ended by the worker (aborted or expired)"
+                    if batch.error:
+                        reason = f"engine step failed: {batch.error}"
+                    raise _WorkerFailed(worker_id, reason)
                 yield batch
 
     async def _abort_everywhere(self, request_id: str, worker_ids: list[str]) -> None:
@@ -326,6 +330,7 @@ class _WorkerFailed(RuntimeError):
     def __init__(self, worker_id: str, message: str) -> None:
         super().__init__(f"{worker_id}: {message}")
         self.worker_id = worker_id
+        self.reason = message
 
 
 class _NoRoom(RuntimeError):

@@ -118,6 +118,8 @@ class Routing:
             raise AtCapacity(decision.reason)
         if decision.status == "resource_exhausted":
             raise Overloaded(decision.reason)
+        if decision.status == "unavailable":  # name what became of the decode workers
+            raise NoWorkerAvailable(self.pool.why_unavailable("decode", exclude))
         if decision.status != "ok":
             raise NoWorkerAvailable(decision.reason)
         prefiller_idle = False  # read before `_remember` counts this request there

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +24,15 @@ from router.types import WorkerHandle
 log = logging.getLogger(__name__)
 
 StatsListener = Callable[["Worker", WorkerStats | None, WorkerStats], None]
+ReadyListener = Callable[["Worker", dict | None], None]  # ready()'s answer, None: it failed
+
+
+def failure_reason(exc: BaseException) -> str:
+    """One line for a failed worker call: a Ray error's cause (the exception the worker raised)
+    instead of the remote traceback Ray's own message carries."""
+    cause = getattr(exc, "cause", None) or exc
+    lines = str(cause).strip().splitlines()
+    return f"{type(cause).__name__}: {lines[0]}" if lines else type(cause).__name__
 
 
 @dataclass
@@ -72,6 +81,9 @@ class WorkerPool:
         # Requests in flight per role, the sum of its workers' `inflight` (admission control
         # reads it at every decision).
         self._inflight = {"prefill": 0, "decode": 0}
+        # worker_id -> its latest failure (start, poll, engine step, request), kept after it
+        # recovers: what the client and /ready are told when no worker of a pool can serve.
+        self.failures: dict[str, str] = {}
 
     @classmethod
     def of_ray_actors(
@@ -80,10 +92,23 @@ class WorkerPool:
         """A pool of worker actors (worker_id -> Ray actor handle); `settings` as __init__'s."""
         return cls(ray_handles(prefill), ray_handles(decode), **settings)
 
-    async def start(self, ready_timeout_s: float = 300.0) -> None:
-        """Waits until every worker has loaded its model, then polls stats in the background."""
+    async def start(
+        self, ready_timeout_s: float = 300.0, on_ready: ReadyListener | None = None
+    ) -> None:
+        """Waits until every worker has loaded its model or failed to (the reason kept in
+        `failures`), calling `on_ready` as each one does; then polls stats in the background."""
+
+        async def started(worker: Worker) -> None:
+            try:
+                info = await worker.handle.ready()
+            except Exception as exc:
+                self.note_failure(worker.worker_id, f"failed to start: {failure_reason(exc)}")
+                info = None
+            if on_ready:
+                on_ready(worker, info)
+
         await asyncio.wait_for(
-            asyncio.gather(*(w.handle.ready() for w in self.workers.values())), ready_timeout_s
+            asyncio.gather(*(started(w) for w in self.workers.values())), ready_timeout_s
         )
         await self.poll_once()
         self._pollers = [asyncio.create_task(self._poll_forever(w)) for w in self.workers.values()]
@@ -96,11 +121,32 @@ class WorkerPool:
         workers = self._of_role.get(role, [])
         return [w for w in workers if w.healthy] if healthy_only else list(workers)
 
+    def usable(self, role: str) -> list[Worker]:
+        """Healthy workers of `role` whose engine steps do not fail (readiness)."""
+        return [w for w in self.of_role(role) if not (w.stats and w.stats.engine_failure)]
+
+    def note_failure(self, worker_id: str, reason: str) -> None:
+        """Remembers a worker's latest failure; it stays routable (see mark_unhealthy)."""
+        self.failures[worker_id] = reason
+
+    def why_unavailable(self, role: str, exclude: Collection[str] = ()) -> str:
+        """Why no worker of `role` can take a request: each unusable (or `exclude`d) worker's
+        latest failure, e.g. "no healthy decode worker (decode-0: failed to start: ...)"."""
+        usable = {w.worker_id for w in self.usable(role)} - set(exclude)
+        reasons = [
+            f"{w.worker_id}: {self.failures[w.worker_id]}"
+            for w in self._of_role.get(role, [])
+            if w.worker_id not in usable and w.worker_id in self.failures
+        ]
+        causes = f" ({'; '.join(reasons)})" if reasons else ""
+        return f"no healthy {role} worker{causes}"
+
     def mark_unhealthy(self, worker_id: str, reason: str) -> None:
         worker = self.workers[worker_id]
         if worker.healthy:
             log.warning("worker %s marked unhealthy: %s", worker_id, reason)
         worker.healthy = False
+        self.note_failure(worker_id, reason)
         for listener in self.unhealthy_listeners:
             listener(worker)
 
@@ -135,7 +181,7 @@ class WorkerPool:
         try:
             stats: WorkerStats = await asyncio.wait_for(worker.handle.stats(), self._call_timeout_s)
         except Exception as exc:  # RayActorError, timeout: the worker is down or restarting
-            self.mark_unhealthy(worker.worker_id, f"{type(exc).__name__}: {exc}")
+            self.mark_unhealthy(worker.worker_id, failure_reason(exc))
         else:
             self.record_stats(worker, stats, sent_at)
         for listener in self.health_listeners:
@@ -152,6 +198,8 @@ class WorkerPool:
             )
         if not worker.healthy:
             log.info("worker %s is healthy", worker.worker_id)
+        if stats.engine_failure:
+            self.note_failure(worker.worker_id, f"engine step failed: {stats.engine_failure}")
         previous = worker.stats
         worker.stats, worker.epoch, worker.healthy = stats, stats.epoch, True
         worker.last_seen = time.monotonic()

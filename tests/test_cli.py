@@ -59,15 +59,18 @@ def test_the_router_process_never_imports_torch():
 FAST_S = 20.0  # a mistake found at start-up; before, they took 30 s or hung
 
 
-def run_pdserve(*argv: str, timeout: float = 60.0) -> tuple[int, list[str], float]:
-    """Exit code, stderr lines without log lines, seconds taken."""
+def run_pdserve(
+    *argv: str, timeout: float = 60.0, env: dict[str, str] | None = None
+) -> tuple[int, list[str], float]:
+    """Exit code, stderr lines without log lines, seconds taken; `env` adds to the
+    environment."""
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "pdserve.cli", *argv],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, "PDSERVE_REDIS_URL": ""},
+        env={**os.environ, "PDSERVE_REDIS_URL": "", **(env or {})},
     )
     lines = [line for line in done.stderr.splitlines() if " INFO " not in line]
     return done.returncode, lines, time.monotonic() - started
@@ -99,8 +102,8 @@ def test_a_busy_port_is_refused_before_anything_starts(model_dir):
         squatter.stop(None)
     assert code == 1
     assert lines == [
-        f"pdserve serve: error: --port {port}: cannot listen on 127.0.0.1:{port}: "
-        "Address already in use"
+        f"pdserve serve: error: port {port} (--port) is in use; pick another with --port or 0 "
+        "for any free port"
     ]
     assert seconds < FAST_S
 

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import signal
+import sys
 from pathlib import Path
+from typing import NoReturn
 
 from pdserve.commands import CommandError
 from pdserve.commands.config_args import add_config_arguments, config_from_args
@@ -20,7 +23,12 @@ ENV_INPUTS = """environment of this process:
   PDSERVE_REDIS_URL   the prefix index Redis, when neither --redis-url nor --redis-url-file
   PDSERVE_KV_SECRET   the workers' shared KV transfer secret, when no --kv-secret-file
   PDSERVE_API_KEYS    comma-separated client API keys (default: no authentication)
-  OTEL_*              OpenTelemetry exporters; forwarded to the workers"""
+  OTEL_*              OpenTelemetry exporters; forwarded to the workers
+  PDSERVE_HIDE_CPU_FEATURES  CPU flags the start-up dtype check treats as missing"""
+
+log = logging.getLogger(__name__)
+
+STOP_WAIT_S = 3.0  # Ctrl-C during start-up: what was started gets this long to stop cleanly
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -36,11 +44,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="read the shared KV transfer secret from this file (default: env "
         "PDSERVE_KV_SECRET, else a random one)",
     )
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="show pdserve's and Ray's INFO lines (-vv: DEBUG); as --log-level INFO",
+    )
 
 
 def serve_config(args: argparse.Namespace) -> ServeConfig:
     """The ServeConfig of the flags, with the secrets read from their files or environment."""
     config = config_from_args(ServeConfig, args)
+    if args.verbose:
+        config.log.level = "DEBUG" if args.verbose > 1 or config.log.level == "DEBUG" else "INFO"
     if args.redis_url and args.redis_url_file:
         raise CommandError("--redis-url and --redis-url-file: give one of them")
     if args.redis_url_file:
@@ -64,41 +81,100 @@ def read_secret_file(path: Path, flag: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     config = serve_config(args)
+    # Ray's lines forwarded from the workers: no colour codes, no "[repeated 3x]" hints (read
+    # when Ray is imported and when it prints).
+    os.environ.setdefault("RAY_COLOR_PREFIX", "0")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     from pdserve.logging_setup import setup_logging
 
     setup_logging(config.log.level, config.log.format)
-    return asyncio.run(_serve(config))
+    try:
+        return asyncio.run(_serve(config))
+    except KeyboardInterrupt:  # Ctrl-C before _serve handles it: nothing started yet
+        print("pdserve serve: interrupted", file=sys.stderr, flush=True)
+        return 130
 
 
 async def _serve(config: ServeConfig) -> int:
     from pdserve.app import ServingApp
     from pdserve.heap import freeze_startup_heap
+    from pdserve.process_tree import kill_descendants
     from pdserve.startup_checks import StartupError
+    from pdserve.startup_progress import StartupProgress
 
-    app = ServingApp(config, advertise_redis_url=True)
+    progress = StartupProgress(config.prefill_workers + config.decode_workers)
+    verbose = config.log.level in ("DEBUG", "INFO")
+    app = ServingApp(config, advertise_redis_url=True, progress=progress, verbose_ray=verbose)
     stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    # Ctrl-C or SIGTERM: during start-up it cancels the start (its slow steps run off the
+    # event loop, so the loop sees the signal at once), later it ends the wait below.
+    starting = asyncio.ensure_future(app.start())
+
+    def on_signal() -> None:
+        if starting.done():
+            stop.set()
+        else:
+            progress.mute()
+            starting.cancel()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal)
     try:
         try:
-            await app.start()
+            await starting
         except StartupError as e:
             raise CommandError(str(e), exit_code=1) from e
+        except asyncio.CancelledError:
+            await _stop_interrupted(app, verbose)
+        progress.close()
         # The router's event loop runs in this process for its whole life: its startup heap
         # (Ray, gRPC, the tokenizer) is left out of the collector's full passes.
         freeze_startup_heap("router")
-        # After start: ray.init installs its own SIGTERM handler, which would kill us uncleanly.
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        print(
-            f"pdserve serving on port {app.port} "
-            f"({config.prefill_workers} prefill, {config.decode_workers} decode workers"
-            f"{speculation_note(config)}); Ctrl-C to stop",
-            flush=True,
-        )
+        print(f"pdserve {ready_line(app)}{speculation_note(config)}); Ctrl-C to stop", flush=True)
         await stop.wait()
     finally:
+        progress.close()
         await app.stop()
+        kill_descendants()  # what a failed stop left (Ray's processes, a worker), if anything
+    print("pdserve serve: stopped", file=sys.stderr, flush=True)
     return 0
+
+
+async def _stop_interrupted(app, verbose: bool) -> NoReturn:
+    """Ctrl-C during start-up: stops what was started, kills whatever of it remains (a Ray
+    still starting in its thread), says so in one line and exits at once (130, as a shell
+    reports SIGINT). Errors of the half-started parts' shutdown are not news then."""
+    from pdserve.process_tree import kill_descendants
+
+    app.progress.close()
+    if not verbose:
+        logging.disable(logging.ERROR)
+    try:
+        await asyncio.wait_for(app.stop(), STOP_WAIT_S)
+    except Exception:
+        log.debug("stopping a half-started server", exc_info=True)  # killed next anyway
+    kill_descendants()
+    seconds = app.progress.elapsed_s
+    print(
+        f"pdserve serve: interrupted during start-up after {seconds:.1f} s; stopped",
+        file=sys.stderr,
+        flush=True,
+    )
+    os._exit(130)  # Ray's exit hooks would wait for a start-up thread that is still running
+
+
+def ready_line(app) -> str:
+    """ "ready in 21.3 s: gRPC on port 50051, HTTP on port 8000 (1/1 prefill, 1/1 decode
+    workers" (the caller closes the parenthesis, after its notes)."""
+    config = app.config
+    metrics = f", metrics on port {app.metrics_port}" if app.metrics_port is not None else ""
+    healthy = {role: len(app.pool.of_role(role)) for role in ("prefill", "decode")}
+    return (
+        f"ready in {app.progress.elapsed_s:.1f} s: gRPC on port {app.port}, HTTP on port "
+        f"{app.http_port}{metrics} ({healthy['prefill']}/{config.prefill_workers} prefill, "
+        f"{healthy['decode']}/{config.decode_workers} decode workers"
+    )
 
 
 def speculation_note(config: ServeConfig) -> str:

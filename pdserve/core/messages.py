@@ -75,6 +75,8 @@ class TokenBatch:
     # Speculative decoding over the batch's steps: draft tokens verified, and accepted.
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    # On an "abort" batch the worker sent unasked: why (its engine step failed), else "".
+    error: str = ""
 
 
 # WorkerStats fields that are the engine's own counts (LLMEngine.stats() keys of one name).
@@ -141,3 +143,5 @@ class WorkerStats:
     # CUDA allocator held (0 on CPU). Budget: weights + KV pool + allowance (docs/design.md).
     peak_rss_bytes: int = 0
     peak_gpu_bytes: int = 0
+    # The latest engine step's failure ("RuntimeError: ..."), "" once a step succeeds again.
+    engine_failure: str = ""

@@ -39,6 +39,9 @@ class EngineLoop:
         self._streams: dict[str, asyncio.Queue] = {}
         self._stopped = threading.Event()
         self.step_listeners: list[Callable[[list[RequestOutput], float], None]] = []
+        # Why the latest engine step failed ("RuntimeError: ..."); "" once one succeeds again.
+        # Workers report it in their stats and on the streams the failure ended.
+        self.failure = ""
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()
 
@@ -78,10 +81,13 @@ class EngineLoop:
             started = time.perf_counter()
             try:
                 outputs = self.engine.step()
-            except Exception:  # a failed step must not hang every waiting client
+            except Exception as exc:  # a failed step must not hang every waiting client
                 log.exception("engine step failed; aborting all requests")
+                lines = str(exc).strip().splitlines()
+                self.failure = f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
                 self._abort_everything()
                 continue
+            self.failure = ""
             elapsed = time.perf_counter() - started
             for listener in self.step_listeners:
                 listener(outputs, elapsed)

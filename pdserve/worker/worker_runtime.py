@@ -118,6 +118,7 @@ class WorkerRuntime:
         stats.sim_measured_seconds = float(engine_stats.get("sim_measured_seconds", 0.0))
         stats.peak_rss_bytes = memory_usage.peak_rss_bytes()
         stats.peak_gpu_bytes = memory_usage.peak_gpu_bytes()
+        stats.engine_failure = self.loop.failure
         snapshot = WorkerStats(**asdict(stats))
         # The router polls stats a few times a second: fresh enough for gauges, free per step;
         # counters grow by what happened since the previous poll.
@@ -154,7 +155,13 @@ class WorkerRuntime:
             for item in items:
                 if item is END_OF_STREAM:
                     aborted = TokenBatch(
-                        request_id, [], [], "", finished=True, finish_reason="abort"
+                        request_id,
+                        [],
+                        [],
+                        "",
+                        finished=True,
+                        finish_reason="abort",
+                        error=self.loop.failure,
                     )
                     by_choice[-1], ended = aborted, True
                     break

@@ -56,6 +56,7 @@ def create_app(
     service: OpenAIService,
     auth: ApiKeyInterceptor,
     ready: Callable[[], bool] = lambda: True,
+    unready_reason: Callable[[], str] = lambda: "no decode worker is up",
 ) -> FastAPI:
     app = FastAPI(title="pdserve", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes(service.limits))
@@ -82,7 +83,7 @@ def create_app(
     async def readiness() -> JSONResponse:
         if ready():
             return JSONResponse({"status": "ready"})
-        return JSONResponse(error_body(503, "no decode worker is up"), status_code=503)
+        return JSONResponse(error_body(503, unready_reason()), status_code=503)
 
     @app.get("/metrics")
     async def metrics() -> Response:

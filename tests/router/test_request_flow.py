@@ -473,3 +473,33 @@ def test_one_token_per_batch_splits_the_workers_batches_with_text_per_token(
     assert ids_of(stopped) == outputs[:8] and text_of(stopped) == "a界b"
     assert stopped[-1].finish_reason == "stop" and progress.completion_tokens == 8
     assert all(len(b.token_ids) == 1 for b in stopped)
+
+
+class FailingStepDecodeWorker(ToyDecodeWorker):
+    """A decode worker whose engine step fails on every request, as one whose CPU lacks the
+    dtype's instructions: it ends each stream with an abort naming the step's error."""
+
+    async def stream(self, request_id: str):
+        await self._alive()
+        yield TokenBatch(
+            request_id, [], [], "", finished=True, finish_reason="abort",
+            error="RuntimeError: mkldnn bf16 path needs avx512bw",
+        )  # fmt: skip
+
+
+def test_a_failing_engine_step_is_named_in_the_clients_status(tokenizer) -> None:
+    async def scenario():
+        c = await cluster(tokenizer, script_after_prompt(LETTERS), decode=1)
+        worker = c.decode["decode-0"]
+        worker.__class__ = FailingStepDecodeWorker
+        with pytest.raises(NoWorkerAvailable) as failure:
+            await c.generate(greedy(8))
+        await c.pool.stop()
+        return failure.value
+
+    error = run(scenario)
+    assert status_for(error)[0] == grpc.StatusCode.UNAVAILABLE
+    assert str(error) == (
+        "no healthy decode worker (decode-0: engine step failed: RuntimeError: mkldnn bf16 path "
+        "needs avx512bw)"
+    )
