@@ -387,6 +387,8 @@ involved. The Redis URL comes from the env (PDSERVE_REDIS_URL), never from argv.
 {{- end }}
 - --log-format
 - {{ $v.router.logFormat }}
+- --log-level
+- {{ $v.router.logLevel }}
 {{- with include "pdserve.modelPath" . }}
 - --model
 - {{ . | quote }}
