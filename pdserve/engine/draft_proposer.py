@@ -18,7 +18,9 @@ this proposer writes its cache, so a record never lies.
 prompt the first time: on the decode worker of a disaggregated pair the draft's prompt KV is
 computed here, at the first step after commit), then draws k tokens in k - 1 more single-token
 forwards batched over all sequences: the argmax for greedy requests, a draw from the request's
-filtered distribution q (returned by `draft_probs`) for sampled ones. Forwards go through the
+filtered distribution q (returned by `draft_probs`) for sampled ones: a seeded request's
+token at output index n with the uniform the target draws that position with (the coupled
+draw of spec_verify.py: where p and q agree there, the draft is the target's own token). Forwards go through the
 engine's own `ModelRunner`. Two sequences of one call never touch a block the other writes (a
 fork whose partly filled last block is still shared waits a step, until copy-on-write splits
 it), so one forward never writes a slot twice.
@@ -33,17 +35,13 @@ import torch
 from pdserve.config import ConfigError
 from pdserve.core.block_hash import ROOT_HASH, block_hash
 from pdserve.engine.model_runner import ModelRunner, copy_kv_blocks
-from pdserve.engine.sampler import filtered_probs, token_seed
+from pdserve.engine.sampler import draw, filtered_probs, seeded_generator, uniforms
 from pdserve.engine.scheduler import ScheduledBatch
 from pdserve.engine.sequence import Sequence, SequenceStatus
 from pdserve.engine_config import EngineConfig
 from pdserve.models.builtin import default_model_dir
 from pdserve.models.hf_config import read_config
 from pdserve.models.loader import DTYPES, load_model
-
-# Mixed into a seeded request's per-token seed so the draft's draws are independent of the
-# uniforms the target's sampler and verification draw for the same token.
-_DRAFT_STREAM = 0x5D2AF7
 
 
 class DraftProposer:
@@ -215,8 +213,8 @@ class DraftProposer:
         self, logits: torch.Tensor, views: list[Sequence]
     ) -> tuple[list[int], list[torch.Tensor | None]]:
         """One draft token per view, and the distribution q it was drawn from: the argmax
-        (q None) for greedy requests, a draw from the request's filtered distribution for
-        sampled ones."""
+        (q None) for greedy requests, the sampler's draw from the request's filtered
+        distribution for sampled ones (seeded: with the target's uniform of that position)."""
         tokens = logits.argmax(dim=-1).tolist()
         qs: list[torch.Tensor | None] = [None] * len(views)
         sampled = [r for r, view in enumerate(views) if not view.params.greedy]
@@ -224,21 +222,21 @@ class DraftProposer:
             # On the CPU, like the target's sampler and verification: the generators are CPU
             # generators (seeded draws reproducible on any device).
             rows = logits[sampled].float().cpu()
-            q = filtered_probs(rows, [views[r].params for r in sampled])
+            params = [views[r].params for r in sampled]
+            q = filtered_probs(rows, params)
+            generators = [self._generator_for(views[r]) for r in sampled]
+            picked = draw(rows, params, uniforms(generators)).tolist()
             for row, r in enumerate(sampled):
-                generator = self._generator_for(views[r])
-                tokens[r] = int(torch.multinomial(q[row], 1, generator=generator)[0])
+                tokens[r] = picked[row]
                 qs[r] = q[row]
         return tokens, qs
 
     def _generator_for(self, view: Sequence) -> torch.Generator:
-        """A seeded request's draw of its n-th token comes from its own stream (reproducible
-        whatever else is batched); unseeded ones share the proposer's generator."""
-        params = view.params
-        if params.seed is None:
+        """A seeded request's draw of its n-th token uses the target's generator of that token
+        (the coupled draw); unseeded ones share the proposer's generator."""
+        if view.params.seed is None:
             return self._generator
-        n = params.seed_offset + view.num_output_tokens
-        return torch.Generator().manual_seed(token_seed(token_seed(params.seed, n), _DRAFT_STREAM))
+        return seeded_generator(view.params, view.num_output_tokens)
 
     def _drop_finished(self) -> None:
         """Forgets sequences that finished without `forget` (their id may be reused)."""

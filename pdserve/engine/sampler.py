@@ -3,16 +3,25 @@
 Greedy rows (temperature below `GREEDY_TEMPERATURE`, 0 included, since dividing by a tinier one
 overflows) take the argmax (ties: the lowest id, like transformers). Sampled rows apply
 temperature, then top-k, then top-p, and draw by inverting the cumulative distribution of the
-tokens they keep with one uniform number: a categorical draw. A seeded request's n-th token
-uses a generator seeded by (seed, n) alone, so its output does not depend on what else is in
-the batch, and a decode worker continues a prefill worker's stream exactly.
+tokens they keep, taken in vocabulary order, with one uniform number: a categorical draw.
+
+The seed contract: a seeded request's n-th token is the token where the uniform of (seed,
+seed_offset + n) falls in the cumulative distribution of its own kept tokens in vocabulary
+order. That layout depends on the row alone (not on which filters other rows of the batch ask
+for, which decide only how the kept tokens are found), so the token is a function of the seed,
+n and the request's own distribution: the same whatever shares the batch, on any worker, and
+after a retry that continues at n (`seed_offset`). Speculative verification draws every
+position with this same function and uniform (spec_verify.py), so speculation never changes a
+seeded request's tokens.
 
 Only the kept tokens are put in order: top-k takes the k best (`topk`), and top-p looks for
 its nucleus among the `NUCLEUS_CANDIDATES` best before sorting a whole row; a row without
-either draws in vocabulary order, unsorted. At a 128k vocabulary and 32 sampled rows, sorting
-every row took 0.41 s and an exponential noise per token 0.12 s (of a 0.61 s sampling step on
-a 2-core VM), 0.02-0.03 s now unless a nucleus covers most of the vocabulary (BENCHMARKS.md,
-"Sampling"). These rows are drawn on the host, where the generators are.
+either is not sorted. The kept tokens found among the best are then put back in vocabulary
+order (a sort of those few ids), a whole sorted row by a scatter. At a 128k vocabulary and 32
+sampled rows, sorting every row took 0.41 s and an exponential noise per token 0.12 s (of a
+0.61 s sampling step on a 2-core VM), 0.02-0.03 s now unless a nucleus covers most of the
+vocabulary (BENCHMARKS.md, "Sampling"). These rows are drawn on the host, where the generators
+are.
 
 Before choosing, a request with `repetition_penalty` != 1 has the logit of every token it has
 seen (prompt and output) divided by the penalty where positive and multiplied by it where
@@ -35,6 +44,12 @@ def token_seed(seed: int, n: int) -> int:
     """Deterministic seed of a request's n-th token (the same in every process)."""
     digest = hashlib.blake2b(struct.pack("<QQ", seed & (2**64 - 1), n), digest_size=8).digest()
     return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
+def seeded_generator(params: SamplingParams, n: int) -> torch.Generator:
+    """The generator of a seeded request's n-th token: seeded by (seed, seed_offset + n)."""
+    assert params.seed is not None
+    return torch.Generator().manual_seed(token_seed(params.seed, params.seed_offset + n))
 
 
 class Sampler:
@@ -84,20 +99,30 @@ class Sampler:
         sampler's shared one."""
         if params.seed is None:
             return self._generator
-        return torch.Generator().manual_seed(token_seed(params.seed, params.seed_offset + n))
+        return seeded_generator(params, n)
 
     def _sample(
         self, logits: torch.Tensor, params: list[SamplingParams], token_indices: list[int]
     ) -> torch.Tensor:  # [M, vocab] -> [M] token ids
-        probs, ids = kept_tokens(logits, params)
         generators = [self.generator_for(p, n) for p, n in zip(params, token_indices, strict=True)]
-        return ids.gather(1, inverse_cdf(probs, generators)[:, None]).squeeze(1)
+        return draw(logits, params, uniforms(generators))
 
 
-def inverse_cdf(weights: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
-    """A categorical draw per row of `weights` ([M, K], >= 0, not all 0): the column where one
-    uniform from the row's generator falls in the row's cumulative sum."""
-    uniform = torch.stack([torch.rand((), generator=g, dtype=torch.float64) for g in generators])
+def uniforms(generators: list[torch.Generator]) -> torch.Tensor:
+    """[M] float64: the uniform a token is drawn with, one from each row's generator."""
+    return torch.stack([torch.rand((), generator=g, dtype=torch.float64) for g in generators])
+
+
+def draw(logits: torch.Tensor, params: list[SamplingParams], uniform: torch.Tensor) -> torch.Tensor:
+    """[M, vocab] sampled rows' logits -> [M] token ids: each row's `uniform` through the
+    cumulative distribution of its kept tokens in vocabulary order (the seed contract)."""
+    probs, ids = kept_tokens(logits, params)
+    return ids.gather(1, inverse_cdf(probs, uniform)[:, None]).squeeze(1)
+
+
+def inverse_cdf(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """A categorical draw per row of `weights` ([M, K], >= 0, not all 0): the column where the
+    row's uniform ([M] float64) falls in the row's cumulative sum."""
     # In float64 a uniform below 1 stays below the total, so the draw lands on a positive weight.
     cdf = weights.double().cumsum(dim=-1)
     target = (uniform * cdf[:, -1])[:, None]
@@ -114,9 +139,10 @@ def kept_tokens(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """[M, K] probabilities (not renormalised; 0 for tokens the filters drop) and their token
     ids, K covering every token a sampled row may draw: the rows' top k, the nucleus within the
-    NUCLEUS_CANDIDATES best, or (when a nucleus reaches past them) the sorted vocabulary; the
-    vocabulary in its own order when no row filters. The kept tokens and their probabilities
-    are the same whichever of these holds them (those of the whole row sorted)."""
+    NUCLEUS_CANDIDATES best, or (when a nucleus reaches past them, or no row filters) the
+    vocabulary. The kept tokens and their probabilities are the same whichever of these holds
+    them (those of the whole row sorted), and each row's kept tokens come in vocabulary order:
+    the layout a row's uniform is mapped through depends on that row alone."""
     scaled = _with_temperature(logits, params)
     rows, vocab = scaled.shape
     everything = torch.logsumexp(scaled, dim=-1)
@@ -132,9 +158,23 @@ def kept_tokens(
         unbounded = torch.tensor([p.top_k <= 0 for p in params])
         top_p = torch.tensor([p.top_p for p in params])
         if not bool((unbounded & (mass < top_p)).any()):
-            return _filtered_sorted(values, everything, params, vocab), order
+            return _in_vocabulary_order(_filtered_sorted(values, everything, params, vocab), order)
     values, order = scaled.sort(dim=-1, descending=True)
-    return _filtered_sorted(values, everything, params, vocab), order
+    probs = _filtered_sorted(values, everything, params, vocab)
+    # The whole row: scattered back to vocabulary order (cheaper than sorting ids again).
+    return torch.zeros_like(probs).scatter_(1, order, probs), torch.arange(vocab).expand(
+        rows, vocab
+    )
+
+
+def _in_vocabulary_order(
+    probs: torch.Tensor, ids: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Candidates in descending order -> the kept ones in ascending id order, the dropped ones
+    (probability 0, never drawn) after them."""
+    key = torch.where(probs > 0, ids, torch.iinfo(ids.dtype).max)
+    order = key.argsort(dim=-1)
+    return probs.gather(1, order), ids.gather(1, order)
 
 
 def _with_temperature(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

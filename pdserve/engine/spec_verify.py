@@ -9,16 +9,25 @@ token after the last draft.
 - Greedy requests accept drafts while they equal the row's argmax (ties: the lowest id, as the
   Sampler), then take the argmax of the first row that disagrees, or of row d after all d
   were accepted. The output is the target's greedy output token for token.
-- Sampled requests use rejection sampling (Leviathan et al. 2023, Chen et al. 2023): with p a
-  row's distribution after temperature / top-k / top-p exactly as the Sampler filters it
-  (`sampler.filtered_probs`) and q the draft's (a point mass on x when the proposer gives
-  none), x is accepted with probability min(1, p(x) / q(x)); at the first rejection the token
-  is drawn from norm(max(0, p - q)) and verification stops; after d acceptances one more token
-  is drawn from row d. Every emitted token is then distributed as the target's own sample.
-  The uniform of the acceptance test and then the uniform of the draw of the token at output
-  index n come from one generator: for a seeded request one seeded by (seed, seed_offset + n),
-  so it is reproducible. A draw is the sampler's: one uniform through the cumulative
-  distribution (`sampler.inverse_cdf`).
+- Seeded sampled requests use the coupled draw (the seed contract, sampler.py): the token at
+  output index n is always the one the plain sampler draws there, `sampler.draw` of the row
+  with the uniform of (seed, seed_offset + n); draft x is accepted iff it is that token, and
+  the first disagreeing row (or row d) gives its own draw. So a seeded request's tokens are
+  the same whether a step verifies or not, with how many drafts, or after a retry: speculation
+  changes the speed only. Each emitted token is the plain draw, so it follows the target's
+  filtered distribution p exactly. The price is acceptance: a draft drawn independently from
+  q is accepted with probability sum_x q(x) p(x) instead of rejection sampling's
+  sum_x min(p(x), q(x)); the draft proposer therefore draws its own token at n with the same
+  uniform through q (draft_proposer.py), and is accepted where p's and q's cumulative
+  distributions put that uniform on the same token (always when p == q). For a point mass
+  (prompt lookup) both rules accept with p(x).
+- Unseeded sampled requests promise no stream and use rejection sampling (Leviathan et al.
+  2023, Chen et al. 2023): with q the draft's distribution (a point mass on x when the proposer
+  gives none), x is accepted with probability min(1, p(x) / q(x)); at the first rejection the
+  token is drawn from norm(max(0, p - q)) and verification stops; after d acceptances one more
+  token is drawn from row d. The acceptance uniforms, then the draw's, come from the
+  sampler's shared generator; a draw is one uniform through the cumulative distribution
+  (`sampler.inverse_cdf`).
 - Logprobs are as the Sampler's: log-softmax of the row's logits (before temperature).
 """
 
@@ -27,7 +36,7 @@ from __future__ import annotations
 import torch
 
 from pdserve.core.sampling_params import SamplingParams
-from pdserve.engine.sampler import filtered_probs, inverse_cdf
+from pdserve.engine.sampler import draw, filtered_probs, inverse_cdf, uniforms
 from pdserve.engine.scheduler import Verified
 
 
@@ -40,23 +49,33 @@ def verify(
 ) -> list[Verified]:
     """Verifies B sequences with d drafts each. logits: [B, d + 1, vocab] float32 (row i of a
     sequence judges its draft i + 1; row d gives the token after them); drafts: [B, d] token
-    ids; q: the drafts' [B, d, vocab] distributions, or None (point masses); params: each
-    sequence's; generators[b][i] (i = 0..d): the generator of sequence b's i-th token from its
-    first draft's position on (its acceptance uniform, then its draw's when it is drawn)."""
+    ids; q: the drafts' [B, d, vocab] distributions, or None (point masses; only unseeded
+    sampled rows read q); params: each sequence's; generators[b][i] (i = 0..d): the generator
+    of sequence b's token at its i-th position from its first draft's on."""
     batch, rows, vocab = logits.shape
     d = rows - 1
     next_tokens = logits.argmax(dim=-1)  # greedy: the target's choice at every row
     agree = (next_tokens[:, :d] == drafts).long()
     accepted = agree.cumprod(dim=1).sum(dim=1)  # drafts before the first disagreement
-    sampled = [b for b, p in enumerate(params) if not p.greedy]
-    if sampled:
-        index = torch.tensor(sampled)
+    seeded = [b for b, p in enumerate(params) if not p.greedy and p.seed is not None]
+    if seeded:
+        index = torch.tensor(seeded)
+        picked = _coupled_draw(
+            logits[index],
+            drafts[index],
+            [params[b] for b in seeded],
+            [generators[b] for b in seeded],
+        )
+        accepted[index], next_tokens[index, 0] = picked
+    unseeded = [b for b, p in enumerate(params) if not p.greedy and p.seed is None]
+    if unseeded:
+        index = torch.tensor(unseeded)
         picked = _rejection_sample(
             logits[index],
             drafts[index],
             None if q is None else q[index],
-            [params[b] for b in sampled],
-            [generators[b] for b in sampled],
+            [params[b] for b in unseeded],
+            [generators[b] for b in unseeded],
         )
         accepted[index], next_tokens[index, 0] = picked
     final = torch.where(
@@ -78,6 +97,24 @@ def verify(
     return out
 
 
+def _coupled_draw(
+    logits: torch.Tensor,
+    drafts: torch.Tensor,
+    params: list[SamplingParams],
+    generators: list[list[torch.Generator]],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Seeded sequences: every row's plain draw with its position's uniform; drafts are
+    accepted while they equal it, and the draw of the row after them is emitted."""
+    batch, rows, vocab = logits.shape
+    uniform = uniforms([g for gens in generators for g in gens])
+    plain = draw(
+        logits.reshape(batch * rows, vocab), [x for x in params for _ in range(rows)], uniform
+    )
+    plain = plain.view(batch, rows)
+    accepted = (plain[:, :-1] == drafts).long().cumprod(dim=1).sum(dim=1)
+    return accepted, plain.gather(1, accepted[:, None]).squeeze(1)
+
+
 def _rejection_sample(
     logits: torch.Tensor,
     drafts: torch.Tensor,
@@ -85,7 +122,8 @@ def _rejection_sample(
     params: list[SamplingParams],
     generators: list[list[torch.Generator]],
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sampled sequences: how many drafts each accepts, and the token each emits after them."""
+    """Unseeded sampled sequences: how many drafts each accepts, and the token each emits
+    after them."""
     batch, rows, vocab = logits.shape
     d = rows - 1
     p = filtered_probs(
@@ -113,4 +151,4 @@ def _rejection_sample(
         residual = torch.where(residual.sum(1, keepdim=True) > 0, residual, p_row)
         weights = torch.where((accepted < d)[:, None], residual, weights)
     drawing = [gens[n] for gens, n in zip(generators, accepted.tolist(), strict=True)]
-    return accepted, inverse_cdf(weights, drawing)
+    return accepted, inverse_cdf(weights, uniforms(drawing))

@@ -110,7 +110,6 @@ class Speculation:
         self._step_most = 0  # most drafts one sequence verified this step
         self.acceptance = DraftAcceptance(config.num_speculative_tokens)
         self._probes = 0  # probes so far: which running sequence the next one drafts for
-        self._seeded = False  # a seeded sampled request runs: decide on acceptance only
 
     @property
     def paused(self) -> bool:
@@ -122,11 +121,9 @@ class Speculation:
         at least one."""
         self._step += 1
         self.times.start()
-        # A seeded sampled request's tokens depend on which steps verified drafts (rejection
-        # sampling draws other numbers than the plain sampler): while one runs, the switch-off
-        # decides on counts (acceptance), never on time, so its output is the same every run.
-        self._seeded = any(s.params.seed is not None and not s.params.greedy for s in running)
-        timed = self.config.min_acceptance > 0 and not self._seeded
+        # Which steps verify never changes a seeded request's tokens (the coupled draw,
+        # spec_verify.py), so measured time may decide.
+        timed = self.config.min_acceptance > 0
         probing = self._paused_until is not None
         if probing and self._step < self._paused_until:
             return []
@@ -225,7 +222,7 @@ class Speculation:
             else:
                 self._pause()
             return
-        judged = self.times.judging and not self._seeded
+        judged = self.times.judging
         speedup = self.times.speedup() if judged else None
         if speedup is not None:  # a full window measured: the speedup decides
             if speedup < 1:

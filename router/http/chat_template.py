@@ -6,6 +6,13 @@ trim_blocks/lstrip_blocks and the loopcontrols extension, adds `raise_exception`
 values dropped), `add_generation_prompt` and the special tokens (`bos_token`, `eos_token`, ...)
 as variables. The same here, so a prompt is the one the model was trained on; the rendered text
 is tokenized without adding special tokens (the template writes them).
+
+A message whose content is a list of parts (OpenAI's `[{"type": "text", "text": ...}]`) reaches
+the template as that list, as transformers passes it, when the template iterates a message's
+content (`content_format` "openai", found in the template's syntax tree, the test vLLM's
+`_detect_content_format` makes). A template that only reads content as a string (most text
+models': `'[INST] ' + message['content']`) gets the text parts joined by newlines, the one form
+it can render; given the list, transformers' own rendering fails or prints the list's repr.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from typing import Any
 
 import jinja2
 import jinja2.ext
+import jinja2.nodes
 import jinja2.utils
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -109,6 +117,7 @@ class ChatTemplate:
         self.source = source
         self.special_tokens = dict(special_tokens)
         self._template = compile_template(source)
+        self.content_format = content_format(source)
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> ChatTemplate | None:
@@ -134,8 +143,7 @@ class ChatTemplate:
         """The conversation as prompt text; ChatTemplateError with the template's message when
         it refuses the conversation."""
         chat = [
-            _alias_reasoning({k: v for k, v in message.items() if v is not None})
-            for message in messages
+            _alias_reasoning(self._content_as_template_takes_it(message)) for message in messages
         ]
         try:
             return self._template.render(
@@ -147,6 +155,85 @@ class ChatTemplate:
             )
         except Exception as e:  # messages of a shape the template did not expect, too
             raise ChatTemplateError(str(e) or type(e).__name__) from e
+
+    def _content_as_template_takes_it(self, message: Mapping[str, Any]) -> dict[str, Any]:
+        """The message without None values; list content joined into one string for a
+        template that reads content only as a string."""
+        fields = {k: v for k, v in message.items() if v is not None}
+        content = fields.get("content")
+        if self.content_format == "string" and isinstance(content, list):
+            fields["content"] = "\n".join(part["text"] for part in content if "text" in part)
+        return fields
+
+
+def content_format(source: str) -> str:
+    """ "openai" when the template loops over a message's content (it takes the list of parts),
+    else "string". Found in the syntax tree: the names bound to the messages list (`messages`
+    and what `set` derives from it), the loop variables over those (a message), and a loop
+    whose iterable is a message's `content` (or a name set to it)."""
+    tree = jinja2.Environment(extensions=[jinja2.ext.loopcontrols]).parse(source)
+    loops = list(tree.find_all(jinja2.nodes.For))
+    assigns = list(tree.find_all(jinja2.nodes.Assign))
+    lists, messages, contents = {"messages"}, set(), set()
+    while True:  # until no new name: a set or loop may come before the one it reads from
+        size = len(lists) + len(messages) + len(contents)
+        for node in assigns:
+            if isinstance(node.target, jinja2.nodes.Name):
+                value = _underlying(node.node)
+                if _is_name_in(value, lists):
+                    lists.add(node.target.name)
+                elif _is_content(value, messages, lists):
+                    contents.add(node.target.name)
+                elif _is_message(value, messages, lists):
+                    messages.add(node.target.name)
+        for loop in loops:
+            if isinstance(loop.target, jinja2.nodes.Name) and _is_name_in(
+                _underlying(loop.iter), lists
+            ):
+                messages.add(loop.target.name)
+        if len(lists) + len(messages) + len(contents) == size:
+            break
+    for loop in loops:
+        iterable = _underlying(loop.iter)
+        if _is_content(iterable, messages, lists) or _is_name_in(iterable, contents):
+            return "openai"
+    return "string"
+
+
+def _underlying(node: jinja2.nodes.Node) -> jinja2.nodes.Node:
+    """The expression under filters and slices: `messages[1:] | selectattr(...)` -> messages."""
+    while _wraps(node):
+        node = node.node
+    return node
+
+
+def _wraps(node: jinja2.nodes.Node) -> bool:
+    if isinstance(node, jinja2.nodes.Filter):
+        return node.node is not None
+    return isinstance(node, jinja2.nodes.Getitem) and isinstance(node.arg, jinja2.nodes.Slice)
+
+
+def _is_name_in(node: jinja2.nodes.Node, names: set[str]) -> bool:
+    return isinstance(node, jinja2.nodes.Name) and node.name in names
+
+
+def _is_message(node: jinja2.nodes.Node, messages: set[str], lists: set[str]) -> bool:
+    """A loop variable over the messages, or one message indexed (`messages[0]`)."""
+    if _is_name_in(node, messages):
+        return True
+    return isinstance(node, jinja2.nodes.Getitem) and _is_name_in(_underlying(node.node), lists)
+
+
+def _is_content(node: jinja2.nodes.Node, messages: set[str], lists: set[str]) -> bool:
+    """`message['content']` or `message.content` of a message."""
+    if isinstance(node, jinja2.nodes.Getitem):
+        key = node.arg
+        is_content = isinstance(key, jinja2.nodes.Const) and key.value == "content"
+    elif isinstance(node, jinja2.nodes.Getattr):
+        is_content = node.attr == "content"
+    else:
+        return False
+    return is_content and _is_message(node.node, messages, lists)
 
 
 # A message's reasoning under each name templates read it by; the first is the standard one.

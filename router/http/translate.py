@@ -78,20 +78,17 @@ def completion_prompts(prompt: str | list[str] | list[int] | list[list[int]]) ->
 
 
 def chat_messages(body: ChatCompletionRequest) -> list[dict[str, Any]]:
-    """The messages as the template gets them; text parts are joined into one string."""
+    """The messages as the template gets them (list content as its parts, which the template
+    renders or joins: chat_template.py); only text parts are accepted."""
     messages = []
     for i, message in enumerate(body.messages):
         fields = message.model_dump(exclude_none=True)
-        if isinstance(message.content, list):
-            texts = []
-            for j, part in enumerate(message.content):
-                if part.type != "text" or part.text is None:
-                    raise RequestError(
-                        f"messages[{i}].content[{j}]: only text parts are supported, "
-                        f"got type {part.type!r}"
-                    )
-                texts.append(part.text)
-            fields["content"] = "\n".join(texts)
+        for j, part in enumerate(message.content if isinstance(message.content, list) else []):
+            if part.type != "text" or part.text is None:
+                raise RequestError(
+                    f"messages[{i}].content[{j}]: only text parts are supported, "
+                    f"got type {part.type!r}"
+                )
         messages.append(fields)
     return messages
 
