@@ -2,7 +2,7 @@
 
 The engine sizes itself with these functions and the router validates requests against the
 same `max_model_len`, so a request the router accepts always fits the engine. The engine runs
-full causal attention; on a sliding-window model (Mistral, Qwen2 with `use_sliding_window`) that
+full causal attention; on a sliding-window model (Mistral, Qwen2/3 with `use_sliding_window`) that
 equals the model's own attention only while the sequence fits the window, so the window caps
 the context too.
 """
@@ -18,9 +18,11 @@ DEFAULT_MAX_POSITION_EMBEDDINGS = 2048
 
 
 def sliding_window(hf_config: dict[str, Any]) -> int | None:
-    """Mistral/Qwen2 sliding window in tokens, or None when attention is over everything.
-    Qwen2 slides only with use_sliding_window, and only in layers from max_window_layers on."""
-    if "Qwen2ForCausalLM" in hf_config.get("architectures", []):
+    """Mistral/Qwen2/Qwen3 sliding window in tokens, or None when attention is over everything.
+    Qwen2 and Qwen3 slide only with use_sliding_window, and only in layers from
+    max_window_layers on."""
+    architectures = hf_config.get("architectures", [])
+    if "Qwen2ForCausalLM" in architectures or "Qwen3ForCausalLM" in architectures:
         sliding_layers = hf_config["num_hidden_layers"] - hf_config.get("max_window_layers", 0)
         if not hf_config.get("use_sliding_window", False) or sliding_layers <= 0:
             return None

@@ -1,6 +1,6 @@
 """Model code (torch): math only, no serving logic.
 
-- `llama.py` — the Llama-family decoder (Llama, Llama 3, Mistral, Qwen2).
+- `llama.py` — the Llama-family decoder (Llama, Llama 3, Mistral, Qwen2, Qwen3).
 - `hf_config.py` — a Hugging Face config.json to our model config; math-changing fields are
   honoured exactly or refused by name (`ModelLoadError`).
 - `rope.py` — rotary embedding tables, as transformers computes them for each rope type.

@@ -1,7 +1,8 @@
-"""The Llama-family decoder (Llama, Llama 3, Mistral, Qwen2): math only.
+"""The Llama-family decoder (Llama, Llama 3, Mistral, Qwen2, Qwen3): math only.
 
 Numerics follow transformers' LlamaForCausalLM: RMSNorm and RoPE tables in float32, rotate-half
-RoPE, a gated MLP (SwiGLU with the default `hidden_act`). q/k/v and gate/up projections are fused
+RoPE, a gated MLP (SwiGLU with the default `hidden_act`); Qwen3 also RMS-normalizes each query and
+key head before RoPE (`qk_norm`). q/k/v and gate/up projections are fused
 into one matmul each (the loader concatenates the checkpoint's separate weights) because fewer,
 larger matmuls are faster.
 
@@ -58,6 +59,7 @@ class LlamaConfig:
     mlp_bias: bool = False  # Llama with mlp_bias: gate, up and down projections
     hidden_act: str = "silu"  # a key of ACTIVATIONS
     tie_word_embeddings: bool = False
+    qk_norm: bool = False  # Qwen3: an RMSNorm over each query and key head before RoPE
 
 
 class RMSNorm(nn.Module):
@@ -94,6 +96,21 @@ class Attention(nn.Module):
         self.split = (q_size, kv_size, kv_size)
         self.qkv_proj = Linear(config.hidden_size, sum(self.split), bias=config.qkv_bias)
         self.o_proj = Linear(q_size, config.hidden_size, bias=config.o_proj_bias)
+        self.qk_norm = config.qk_norm
+        if config.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+
+    def _project(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, (H + 2 KV) * D]
+        """The fused q/k/v projection, each query and key head normalized when `qk_norm`."""
+        qkv = self.qkv_proj(x)
+        if not self.qk_norm:
+            return qkv
+        q, k, v = qkv.split(self.split, dim=-1)
+        # Each head a row of its own: the norms run over head_dim only, as in transformers.
+        q = self.q_norm(q.reshape(-1, self.head_dim)).view(q.shape)
+        k = self.k_norm(k.reshape(-1, self.head_dim)).view(k.shape)
+        return torch.cat((q, k, v), dim=-1)
 
     def forward(
         self,
@@ -103,7 +120,7 @@ class Attention(nn.Module):
         layer_cache: torch.Tensor,  # [2, num_blocks, block_size, KV, D]
         ctx: AttentionContext,
     ) -> torch.Tensor:  # [T, hidden]
-        qk, v = self.qkv_proj(x).split((self.split[0] + self.split[1], self.split[2]), dim=-1)
+        qk, v = self._project(x).split((self.split[0] + self.split[1], self.split[2]), dim=-1)
         # q and k heads rotated together: one RoPE over H + KV heads instead of two.
         qk = apply_rope(qk.view(-1, self.num_heads + self.num_kv_heads, self.head_dim), cos, sin)
         q, k = qk.split((self.num_heads, self.num_kv_heads), dim=1)
@@ -122,7 +139,7 @@ class Attention(nn.Module):
     ) -> torch.Tensor:  # [T, hidden]
         """`forward` through the fused CPU ops (native_ops.applies): RoPE of q and k and the
         store of k and v in one op."""
-        qkv = self.qkv_proj(x)
+        qkv = self._project(x)
         q = native_ops.rope_store_kv(
             qkv, positions, *rope, layer_cache, ctx.slot_mapping, self.num_heads
         )

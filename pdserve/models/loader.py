@@ -1,6 +1,6 @@
 """Loads a Hugging Face model directory (config.json + safetensors) into LlamaForCausalLM.
 
-Supported: LlamaForCausalLM, MistralForCausalLM and Qwen2ForCausalLM; which config.json fields
+Supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM; which config.json fields
 are honoured is listed in hf_config.py. Anything else (a field we cannot compute, a missing
 tensor, a checkpoint tensor the model would not use) fails with a ModelLoadError that names the
 directory and what is missing or unsupported; nothing is ever downloaded.
