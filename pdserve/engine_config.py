@@ -176,6 +176,10 @@ class EngineConfig:
         above=0,
         maximum=1,
     )
+    # Tensor-parallel ranks that run this engine's model together (pdserve serve's
+    # --prefill-tp / --decode-tp); each rank holds 1/tp of the layers and a KV pool of its own
+    # heads, sized per rank (model_limits.kv_bytes_per_block).
+    tp: int = setting(1, "tensor-parallel ranks of one worker", minimum=1, cli=False)
     kind: str = setting(
         "torch",
         "what runs the model: torch, or sim (a timing model, no torch; docs/simulation.md)",

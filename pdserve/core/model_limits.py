@@ -2,7 +2,7 @@
 
 The engine sizes itself with these functions and the router validates requests against the
 same `max_model_len`, so a request the router accepts always fits the engine. The engine runs
-full causal attention; on a sliding-window model (Mistral, Qwen2 with `use_sliding_window`) that
+full causal attention; on a sliding-window model (Mistral, Qwen2/3 with `use_sliding_window`) that
 equals the model's own attention only while the sequence fits the window, so the window caps
 the context too.
 """
@@ -18,31 +18,63 @@ DEFAULT_MAX_POSITION_EMBEDDINGS = 2048
 
 
 def sliding_window(hf_config: dict[str, Any]) -> int | None:
-    """Mistral/Qwen2 sliding window in tokens, or None when attention is over everything.
-    Qwen2 slides only with use_sliding_window, and only in layers from max_window_layers on."""
-    if "Qwen2ForCausalLM" in hf_config.get("architectures", []):
+    """Mistral/Qwen2/Qwen3 sliding window in tokens, or None when attention is over everything.
+    Qwen2 and Qwen3 slide only with use_sliding_window, and only in layers from
+    max_window_layers on."""
+    architectures = hf_config.get("architectures", [])
+    if "Qwen2ForCausalLM" in architectures or "Qwen3ForCausalLM" in architectures:
         sliding_layers = hf_config["num_hidden_layers"] - hf_config.get("max_window_layers", 0)
         if not hf_config.get("use_sliding_window", False) or sliding_layers <= 0:
             return None
     return hf_config.get("sliding_window") or None
 
 
-def kv_bytes_per_block(hf_config: dict[str, Any], block_size: int, dtype: str) -> int:
-    """Bytes of one KV block over all layers (K and V)."""
+def kv_bytes_per_block(hf_config: dict[str, Any], block_size: int, dtype: str, tp: int = 1) -> int:
+    """Bytes of one KV block over all layers (K and V) on one of `tp` tensor-parallel ranks:
+    its share of the KV heads, at least one (tp_layout.py replicates them past that)."""
     heads = hf_config["num_attention_heads"]
-    kv_heads = hf_config.get("num_key_value_heads") or heads
+    kv_heads = max((hf_config.get("num_key_value_heads") or heads) // tp, 1)
     head_dim = hf_config.get("head_dim") or hf_config["hidden_size"] // heads
     layers = hf_config["num_hidden_layers"]
     return layers * 2 * block_size * kv_heads * head_dim * DTYPE_BYTES[dtype]
 
 
 def kv_pool_blocks(hf_config: dict[str, Any], engine: EngineConfig) -> int:
-    """The KV pool size in blocks: `num_kv_blocks`, else as many as `kv_cache_bytes` holds.
+    """The KV pool size in blocks: `num_kv_blocks`, else as many as `kv_cache_bytes` holds
+    (per tensor-parallel rank: each holds its own heads' pool of that size).
     (A CUDA worker without num_kv_blocks sizes its pool from measured memory instead:
     gpu_kv_pool_blocks, pdserve/engine/memory_profile.py.)"""
     if engine.num_kv_blocks:
         return engine.num_kv_blocks
-    return engine.kv_cache_bytes // kv_bytes_per_block(hf_config, engine.block_size, engine.dtype)
+    per_block = kv_bytes_per_block(hf_config, engine.block_size, engine.dtype, engine.tp)
+    return engine.kv_cache_bytes // per_block
+
+
+def tensor_parallel_error(heads: int, kv_heads: int, intermediate: int, tp: int) -> str | None:
+    """Why `tp` ranks cannot split a model with these head and MLP sizes (one line naming the
+    numbers), or None when they can."""
+    if tp < 1:
+        return f"tensor parallel degree must be at least 1, got {tp}"
+    if heads % tp:
+        return f"tensor parallel degree {tp} does not divide num_attention_heads {heads}"
+    if kv_heads % tp and tp % kv_heads:
+        return (
+            f"tensor parallel degree {tp} and num_key_value_heads {kv_heads}: neither divides "
+            "the other, so some rank's query heads would need two KV heads"
+        )
+    if intermediate % tp:
+        return f"tensor parallel degree {tp} does not divide intermediate_size {intermediate}"
+    return None
+
+
+def check_tensor_parallel(hf_config: dict[str, Any], tp: int) -> None:
+    """ValueError (one line naming the numbers) when `tp` ranks cannot split this model
+    (pdserve/models/tp_layout.py)."""
+    heads = hf_config["num_attention_heads"]
+    kv_heads = hf_config.get("num_key_value_heads") or heads
+    problem = tensor_parallel_error(heads, kv_heads, hf_config["intermediate_size"], tp)
+    if problem:
+        raise ValueError(problem)
 
 
 def gpu_kv_pool_blocks(

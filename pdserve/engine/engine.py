@@ -57,11 +57,15 @@ class LLMEngine(ForkedChoices, StepOutputs, OverlappedSteps):
         executor: Executor | None = None,
         emit_text: bool = True,
         tokenizer: Tokenizer | None = None,
+        tensor_parallel: Any = None,
     ) -> None:
         """`emit_text=False`: outputs carry no text (`text_delta` stays empty) and only requests
         with stop strings are detokenized, to find them — for workers whose router decodes the
         client's text itself. `tokenizer`: the model directory's, already loaded (engines of
-        one process may share it; loading a large vocabulary takes about a second)."""
+        one process may share it; loading a large vocabulary takes about a second).
+        `tensor_parallel`: this process's rank (models.tensor_parallel.TensorParallel) of the
+        config.tp ranks that run the model together; each rank's engine must see the same
+        requests in the same order."""
         model_dir = Path(config.model) if config.model else default_model_dir()
         self.config = config
         self.emit_text = emit_text
@@ -71,7 +75,9 @@ class LLMEngine(ForkedChoices, StepOutputs, OverlappedSteps):
             from pdserve.models.hf_config import ModelLoadError
 
             raise ModelLoadError(str(e)) from e
-        self.executor = executor or make_executor(config, model_dir, self.tokenizer)
+        self.executor = executor or make_executor(
+            config, model_dir, self.tokenizer, tensor_parallel
+        )
         self.model_config = self.executor.model_config
         self.kv_cache = self.executor.kv_cache
         self.block_size = config.block_size

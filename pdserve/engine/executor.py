@@ -49,8 +49,11 @@ class Executor(Protocol):
     def stats(self) -> dict[str, float]: ...
 
 
-def make_executor(config: EngineConfig, model_dir: Path, tokenizer: Tokenizer) -> Executor:
-    """The executor `config.kind` names; only the torch one imports torch."""
+def make_executor(
+    config: EngineConfig, model_dir: Path, tokenizer: Tokenizer, tensor_parallel: Any = None
+) -> Executor:
+    """The executor `config.kind` names; only the torch one imports torch. `tensor_parallel`:
+    this process's models.tensor_parallel.TensorParallel rank when config.tp > 1."""
     if config.kind == "sim":
         from pdserve.sim.executor import SimExecutor, read_model_config
 
@@ -68,4 +71,4 @@ def make_executor(config: EngineConfig, model_dir: Path, tokenizer: Tokenizer) -
         )
     from pdserve.engine.model_runner import TorchExecutor
 
-    return TorchExecutor(config, model_dir)
+    return TorchExecutor(config, model_dir, tensor_parallel)

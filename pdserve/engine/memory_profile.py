@@ -37,7 +37,9 @@ def kv_pool_blocks(
     weights = torch.cuda.memory_allocated(device)
     activations = _profile_step(make_runner, config, device) - weights
     free, total = torch.cuda.mem_get_info(device)
-    per_block = model_limits.kv_bytes_per_block(hf_config, config.block_size, config.dtype)
+    per_block = model_limits.kv_bytes_per_block(
+        hf_config, config.block_size, config.dtype, config.tp
+    )
     return model_limits.gpu_kv_pool_blocks(
         total, config.gpu_memory_utilization, weights, activations, per_block, free
     )

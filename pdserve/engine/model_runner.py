@@ -20,6 +20,7 @@ from pdserve.engine_config import EngineConfig
 from pdserve.models.attention import reads_in_place
 from pdserve.models.llama import LlamaForCausalLM
 from pdserve.models.loader import DTYPES, load_model
+from pdserve.models.tensor_parallel import TensorParallel
 
 
 class Launched(NamedTuple):
@@ -33,15 +34,29 @@ class Launched(NamedTuple):
 
 class TorchExecutor:
     """Runs the model of `model_dir` (engine.Executor): forward pass, sampling, KV reads and
-    writes on the cache tensor."""
+    writes on the cache tensor. `tp`: this process is rank tp.rank of config.tp ranks that run
+    the model together, each on its shard and its heads' KV (models/tensor_parallel.py); every
+    rank must be given the same batches in the same order."""
 
     offers_beam_candidates = True  # beam rows get their best candidates (batch.beam_candidates)
     overlaps_steps = True  # launch/collect (engine/overlapped_steps.py)
 
-    def __init__(self, config: EngineConfig, model_dir: Path) -> None:
+    def __init__(
+        self, config: EngineConfig, model_dir: Path, tp: TensorParallel | None = None
+    ) -> None:
+        if (tp.size if tp else 1) != config.tp:
+            raise ValueError(
+                f"EngineConfig.tp is {config.tp} but the engine was given "
+                f"{'no tensor-parallel group' if tp is None else f'a group of {tp.size} ranks'}"
+            )
+        if config.device.startswith("cuda") and config.tp > torch.cuda.device_count():
+            raise ValueError(
+                f"tp {config.tp} needs {config.tp} CUDA devices, this node has "
+                f"{torch.cuda.device_count()}"
+            )
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        self.model, self.model_config = load_model(model_dir, config.dtype, config.device)
+        self.model, self.model_config = load_model(model_dir, config.dtype, config.device, tp)
         self.vocab_size = self.model.config.vocab_size
         self.num_layers = self.model.config.num_layers
 
@@ -51,7 +66,8 @@ class TorchExecutor:
 
         self.runner = runner(memory_profile.kv_pool_blocks(self.model_config, config, runner))
         self.kv_cache = self.runner.kv_cache
-        if use_compile(config.compile, config.device):
+        # Compiled graphs would have to capture the ranks' collectives: not done (yet) under TP.
+        if config.tp == 1 and use_compile(config.compile, config.device):
             self.runner.compiled_decode = CompiledDecode(
                 self.model,
                 self.kv_cache,
@@ -254,7 +270,7 @@ class ModelRunner:
             2,
             num_blocks,
             block_size,
-            config.num_kv_heads,
+            model.kv_heads,  # this rank's, under tensor parallelism
             config.head_dim,
             dtype=dtype,
             device=device,

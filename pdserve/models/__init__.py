@@ -1,6 +1,9 @@
 """Model code (torch): math only, no serving logic.
 
-- `llama.py` — the Llama-family decoder (Llama, Llama 3, Mistral, Qwen2).
+- `llama.py` — the Llama-family decoder (Llama, Llama 3, Mistral, Qwen2, Qwen3).
+- `tp_layout.py` — which slice of each weight a tensor-parallel rank holds (Megatron's layout).
+- `tensor_parallel.py` — `TensorParallel` (a rank of a torch.distributed group) and the layers
+  that communicate: row-parallel linear (all-reduce), vocab-parallel embedding and LM head.
 - `hf_config.py` — a Hugging Face config.json to our model config; math-changing fields are
   honoured exactly or refused by name (`ModelLoadError`).
 - `rope.py` — rotary embedding tables, as transformers computes them for each rope type.

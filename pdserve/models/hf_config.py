@@ -3,9 +3,10 @@ either honoured exactly as transformers does or refused with a ModelLoadError na
 
 Honoured: vocab/hidden/intermediate sizes, layers, heads, num_key_value_heads, head_dim,
 rms_norm_eps, tie_word_embeddings, hidden_act (see llama.ACTIVATIONS), rope_theta and
-rope_parameters / rope_scaling (see rope.ROPE_TYPES), Llama's attention_bias (q, k, v and o)
-and mlp_bias, Qwen2's q/k/v bias. Sliding windows (Mistral, Qwen2 use_sliding_window /
-max_window_layers) cap the context instead (pdserve.core.model_limits).
+rope_parameters / rope_scaling (see rope.ROPE_TYPES), Llama's and Qwen3's attention_bias (q, k,
+v and o), Llama's mlp_bias, Qwen2's q/k/v bias, Qwen3's per-head q/k RMSNorm. Sliding windows
+(Mistral, Qwen2/Qwen3 use_sliding_window / max_window_layers) cap the context instead
+(pdserve.core.model_limits).
 Refused: quantization_config, num_attention_heads not a multiple of num_key_value_heads,
 other rope types, rope_parameters per layer type, partial_rotary_factor != 1, and
 leaving unset a key whose transformers default is architecture-specific (`_MUST_BE_SET`).
@@ -22,7 +23,12 @@ from typing import Any
 from pdserve.models.llama import ACTIVATIONS, LlamaConfig
 from pdserve.models.rope import ROPE_TYPES
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+SUPPORTED_ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+)
 _REQUIRED_KEYS = (
     "vocab_size",
     "hidden_size",
@@ -40,10 +46,12 @@ _ROPE_REQUIRED = {
 }
 
 # Keys whose transformers default for that architecture (Mistral: 4096-token sliding window,
-# 8 KV heads; Qwen2: 32 KV heads) differs from what their absence means for Llama.
+# 8 KV heads; Qwen2: 32 KV heads; Qwen3: 32 KV heads, head_dim 128) differs from what their
+# absence means for Llama.
 _MUST_BE_SET = {
     "MistralForCausalLM": ("sliding_window", "num_key_value_heads"),
     "Qwen2ForCausalLM": ("num_key_value_heads",),
+    "Qwen3ForCausalLM": ("num_key_value_heads", "head_dim"),
 }
 
 
@@ -141,8 +149,10 @@ def llama_config(config: dict[str, Any], path: Path | str = "config.json") -> Ll
             f"in {path}"
         )
     is_llama = arch == "LlamaForCausalLM"
-    # Only Llama reads attention_bias / mlp_bias; Qwen2 always has q/k/v bias and nothing else.
-    attention_bias = is_llama and bool(config.get("attention_bias", False))
+    # Llama and Qwen3 read attention_bias, only Llama mlp_bias; Qwen2 always has q/k/v bias
+    # and nothing else.
+    reads_attention_bias = is_llama or arch == "Qwen3ForCausalLM"
+    attention_bias = reads_attention_bias and bool(config.get("attention_bias", False))
     return LlamaConfig(
         vocab_size=config["vocab_size"],
         hidden_size=config["hidden_size"],
@@ -159,4 +169,5 @@ def llama_config(config: dict[str, Any], path: Path | str = "config.json") -> Ll
         mlp_bias=is_llama and bool(config.get("mlp_bias", False)),
         hidden_act=hidden_act,
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        qk_norm=arch == "Qwen3ForCausalLM",
     )

@@ -1,7 +1,8 @@
-"""The Llama-family decoder (Llama, Llama 3, Mistral, Qwen2): math only.
+"""The Llama-family decoder (Llama, Llama 3, Mistral, Qwen2, Qwen3): math only.
 
 Numerics follow transformers' LlamaForCausalLM: RMSNorm and RoPE tables in float32, rotate-half
-RoPE, a gated MLP (SwiGLU with the default `hidden_act`). q/k/v and gate/up projections are fused
+RoPE, a gated MLP (SwiGLU with the default `hidden_act`); Qwen3 also RMS-normalizes each query and
+key head before RoPE (`qk_norm`). q/k/v and gate/up projections are fused
 into one matmul each (the loader concatenates the checkpoint's separate weights) because fewer,
 larger matmuls are faster.
 
@@ -14,7 +15,7 @@ autograd take the torch formulas.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -26,6 +27,13 @@ from pdserve.models.attention import AttentionContext, attend_stored, paged_atte
 from pdserve.models.attention_op import compiled_paged_attention
 from pdserve.models.linear import Linear
 from pdserve.models.rope import rope_tables
+from pdserve.models.tensor_parallel import (
+    RowParallelLinear,
+    TensorParallel,
+    VocabParallelEmbedding,
+    VocabParallelHead,
+)
+from pdserve.models.tp_layout import ShardLayout
 
 # config.json `hidden_act` -> the function transformers' ACT2FN maps it to.
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -58,6 +66,7 @@ class LlamaConfig:
     mlp_bias: bool = False  # Llama with mlp_bias: gate, up and down projections
     hidden_act: str = "silu"  # a key of ACTIVATIONS
     tie_word_embeddings: bool = False
+    qk_norm: bool = False  # Qwen3: an RMSNorm over each query and key head before RoPE
 
 
 class RMSNorm(nn.Module):
@@ -85,15 +94,41 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> 
     return out.add_(swapped.mul_(sin_signed))
 
 
+def _row_parallel(
+    in_features: int, out_features: int, bias: bool, tp: TensorParallel | None
+) -> Linear:
+    """o_proj / down_proj: a plain Linear at TP 1, else summed over the ranks."""
+    if tp is None:
+        return Linear(in_features, out_features, bias=bias)
+    return RowParallelLinear(in_features, out_features, bias, tp)
+
+
 class Attention(nn.Module):
-    def __init__(self, config: LlamaConfig) -> None:
+    """config: this rank's share of the heads under tensor parallelism (`shard_config`)."""
+
+    def __init__(self, config: LlamaConfig, tp: TensorParallel | None = None) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
         self.head_dim = config.head_dim
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.split = (q_size, kv_size, kv_size)
         self.qkv_proj = Linear(config.hidden_size, sum(self.split), bias=config.qkv_bias)
-        self.o_proj = Linear(q_size, config.hidden_size, bias=config.o_proj_bias)
+        self.o_proj = _row_parallel(q_size, config.hidden_size, config.o_proj_bias, tp)
+        self.qk_norm = config.qk_norm
+        if config.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+
+    def _project(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, (H + 2 KV) * D]
+        """The fused q/k/v projection, each query and key head normalized when `qk_norm`."""
+        qkv = self.qkv_proj(x)
+        if not self.qk_norm:
+            return qkv
+        q, k, v = qkv.split(self.split, dim=-1)
+        # Each head a row of its own: the norms run over head_dim only, as in transformers.
+        q = self.q_norm(q.reshape(-1, self.head_dim)).view(q.shape)
+        k = self.k_norm(k.reshape(-1, self.head_dim)).view(k.shape)
+        return torch.cat((q, k, v), dim=-1)
 
     def forward(
         self,
@@ -103,7 +138,7 @@ class Attention(nn.Module):
         layer_cache: torch.Tensor,  # [2, num_blocks, block_size, KV, D]
         ctx: AttentionContext,
     ) -> torch.Tensor:  # [T, hidden]
-        qk, v = self.qkv_proj(x).split((self.split[0] + self.split[1], self.split[2]), dim=-1)
+        qk, v = self._project(x).split((self.split[0] + self.split[1], self.split[2]), dim=-1)
         # q and k heads rotated together: one RoPE over H + KV heads instead of two.
         qk = apply_rope(qk.view(-1, self.num_heads + self.num_kv_heads, self.head_dim), cos, sin)
         q, k = qk.split((self.num_heads, self.num_kv_heads), dim=1)
@@ -122,7 +157,7 @@ class Attention(nn.Module):
     ) -> torch.Tensor:  # [T, hidden]
         """`forward` through the fused CPU ops (native_ops.applies): RoPE of q and k and the
         store of k and v in one op."""
-        qkv = self.qkv_proj(x)
+        qkv = self._project(x)
         q = native_ops.rope_store_kv(
             qkv, positions, *rope, layer_cache, ctx.slot_mapping, self.num_heads
         )
@@ -130,11 +165,11 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, config: LlamaConfig) -> None:
+    def __init__(self, config: LlamaConfig, tp: TensorParallel | None = None) -> None:
         super().__init__()
         hidden, inner, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
         self.gate_up_proj = Linear(hidden, 2 * inner, bias=bias)
-        self.down_proj = Linear(inner, hidden, bias=bias)
+        self.down_proj = _row_parallel(inner, hidden, bias, tp)
         self.act = ACTIVATIONS[config.hidden_act]
         self.silu = self.act is F.silu
 
@@ -151,12 +186,12 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: LlamaConfig) -> None:
+    def __init__(self, config: LlamaConfig, tp: TensorParallel | None = None) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config)
+        self.self_attn = Attention(config, tp)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config)
+        self.mlp = MLP(config, tp)
 
     def forward(self, x, cos, sin, layer_cache, ctx) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, layer_cache, ctx)
@@ -183,14 +218,50 @@ class DecoderLayer(nn.Module):
         return native_ops.add_rms_norm(x, delta, next_norm.weight, next_norm.eps)
 
 
+def shard_layout(config: LlamaConfig, tp: TensorParallel) -> ShardLayout:
+    """What rank tp.rank of tp.size holds (tp_layout.py); ValueError naming the numbers when
+    the model cannot be split that way."""
+    c = config
+    return ShardLayout.of(
+        c.num_heads,
+        c.num_kv_heads,
+        c.head_dim,
+        c.intermediate_size,
+        c.vocab_size,
+        tp.rank,
+        tp.size,
+    )
+
+
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, config: LlamaConfig) -> None:
+    """`tp`: this process is one rank of a tensor-parallel group and holds only its shard of
+    each layer (tp_layout.py); None = the whole model, with plain layers (TP 1)."""
+
+    def __init__(self, config: LlamaConfig, tp: TensorParallel | None = None) -> None:
         super().__init__()
-        self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.config = config  # the whole model's, whatever this rank holds
+        self.tp = tp if tp is not None and tp.size > 1 else None
+        hidden = config.hidden_size
+        if self.tp is None:
+            layer_config = config
+            self.embed_tokens = nn.Embedding(config.vocab_size, hidden)
+            self.lm_head = Linear(hidden, config.vocab_size, bias=False)
+        else:
+            layout = shard_layout(config, self.tp)
+            layer_config = replace(
+                config,
+                num_heads=layout.num_heads,
+                num_kv_heads=layout.num_kv_heads,
+                intermediate_size=layout.intermediate,
+            )
+            self.embed_tokens = VocabParallelEmbedding(layout, hidden, self.tp)
+            self.lm_head = VocabParallelHead(layout, hidden, self.tp)
+        # KV heads this rank's cache holds: [num_layers, 2, blocks, block_size, kv_heads, D]
+        self.kv_heads = layer_config.num_kv_heads
+        self.layers = nn.ModuleList(
+            DecoderLayer(layer_config, self.tp) for _ in range(config.num_layers)
+        )
+        self.norm = RMSNorm(hidden, config.rms_norm_eps)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.reset_rope()

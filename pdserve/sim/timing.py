@@ -15,6 +15,11 @@ from typing import NamedTuple, Protocol
 from pdserve.sim.gpus import GPUSpec
 from pdserve.sim.model_shape import ModelShape
 
+# Fixed cost of launching one all-reduce: NCCL's cost model (NVIDIA/nccl src/graph/tuning.cc,
+# `baseLat`, Ring with the LL protocol) starts every ring all-reduce at 3.6 us, then adds a
+# hop latency per ring step (gpus.py).
+ALL_REDUCE_BASE_S = 3.6e-6
+
 
 class Chunk(NamedTuple):
     """One sequence's share of a step: `new` tokens computed after `start` already in context.
@@ -120,13 +125,18 @@ class AnalyticalTiming:
         return self.step_seconds(StepWork((Chunk(0, 1, True),), 1))
 
     def _all_reduce_seconds(self, work: StepWork) -> float:
-        """Two ring all-reduces of the hidden states per layer (after attention and MLP)."""
-        if self.tp == 1:
+        """Two ring all-reduces of the hidden states per layer (after attention and MLP, the
+        row-parallel o_proj and down_proj). A ring all-reduce of S bytes over N GPUs takes
+        2(N - 1) steps, each moving S/N bytes per GPU (a reduce-scatter, then an all-gather):
+        2(N - 1)/N x S / bandwidth, plus NCCL's base latency and one hop latency per step."""
+        n = self.tp
+        if n == 1:
             return 0.0
         size = work.new_tokens * self.shape.hidden * self.shape.dtype_bytes
-        per_reduce = 2 * (self.tp - 1) / self.tp * size
         bandwidth = self.gpu.link_bytes_per_s * self.efficiency.link
-        return 2 * self.shape.layers * per_reduce / bandwidth
+        steps = 2 * (n - 1)
+        per_reduce = steps / n * size / bandwidth + ALL_REDUCE_BASE_S + steps * self.gpu.link_hop_s
+        return 2 * self.shape.layers * per_reduce
 
 
 @dataclass(frozen=True)

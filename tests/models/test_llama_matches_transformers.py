@@ -88,6 +88,13 @@ FAMILIES = {
     "llama-relu": ("LlamaConfig", "LlamaForCausalLM", dict(hidden_act="relu")),
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=None)),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True)),
+    # Per-head q/k norms before RoPE; head_dim must be set (Qwen3's default is 128).
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=16)),
+    "qwen3-bias-head-dim": (
+        "Qwen3Config",
+        "Qwen3ForCausalLM",
+        dict(head_dim=24, attention_bias=True, tie_word_embeddings=True),
+    ),
 }
 
 

@@ -75,6 +75,11 @@ def test_unsupported_rope_type(tiny_copy):
             "needs rope_parameters high_freq_factor",
         ),
         (dict(architectures=["MistralForCausalLM"]), "must set sliding_window for Mistral"),
+        # Qwen3's head_dim default (128) is not hidden_size / heads as for Llama.
+        (
+            dict(architectures=["Qwen3ForCausalLM"], head_dim=DROP),
+            "must set head_dim for Qwen3",
+        ),
         (dict(max_position_embeddings=DROP), "lacks max_position_embeddings"),
         (
             dict(num_key_value_heads=3),
@@ -86,6 +91,13 @@ def test_unsupported_rope_type(tiny_copy):
 def test_config_fields_that_change_the_math_are_refused_by_name(tiny_copy, changes, named):
     edit_config(tiny_copy, **changes)
     with pytest.raises(ModelLoadError, match=named):
+        load_model(tiny_copy)
+
+
+def test_qwen3_checkpoint_without_its_qk_norms_is_refused(tiny_copy):
+    """A Llama checkpoint relabelled Qwen3 lacks the per-head q/k norms Qwen3 computes."""
+    edit_config(tiny_copy, architectures=["Qwen3ForCausalLM"], head_dim=16)
+    with pytest.raises(ModelLoadError, match=r"layers\.0\.self_attn\.q_norm\.weight"):
         load_model(tiny_copy)
 
 

@@ -61,6 +61,23 @@ def test_faster_hardware_and_tensor_parallelism_shorten_steps():
     assert decode_seconds("analytical:h100") / 2 < tp2 < decode_seconds("analytical:h100")
 
 
+@pytest.mark.parametrize(("gpu", "hop_us"), [("h100", 0.47), ("l40s", 1.0)])
+def test_tensor_parallel_prices_two_ring_all_reduces_per_layer(gpu, hop_us):
+    """What TP 4 adds over TP 1 once the step's own work is split: per layer, two ring
+    all-reduces of the hidden states, each 2(N-1)/N x bytes / (link x 0.7) + NCCL's 3.6 us base
+    latency + 2(N-1) hops (NVLink 0.47 us, PCIe 1.0 us)."""
+    shape = ModelShape.from_config(LLAMA_8B, "bfloat16")
+    step = decode_step(64, 1000)
+    tp1 = timing_model(parse_profile(f"analytical:{gpu}"), LLAMA_8B, "bfloat16")
+    tp4 = timing_model(parse_profile(f"analytical:{gpu}:tp4"), LLAMA_8B, "bfloat16")
+    link = GPUS[gpu].link_bytes_per_s * 0.7
+    size = 64 * 4096 * 2  # 64 new tokens' bfloat16 hidden states
+    per_reduce = 6 / 4 * size / link + 3.6e-6 + 6 * hop_us * 1e-6
+    overhead = 0.001
+    split = (tp1.step_seconds(step) - overhead) / 4 + overhead
+    assert tp4.step_seconds(step) == pytest.approx(split + 2 * shape.layers * per_reduce)
+
+
 def test_json_profiles(tmp_path):
     linear = tmp_path / "cpu.json"
     coefficients = dict(step_s=0.01, prefill_token_s=1e-4, decode_seq_s=1e-3, context_token_s=1e-6)
