@@ -155,6 +155,8 @@ class ServingApp:
             on_prompt_computed=self.routing.on_prompt_computed,
             block_size=config.engine.block_size,
         )
+        # Stopped after both servers drain, before the workers: what still runs is ended.
+        self._stack.append(("request flow", flow.close))
         info = {"block_size": config.engine.block_size, "kv_transport": config.kv.transport}
         api_keys = config.router.api_keys or _env_list("PDSERVE_API_KEYS")
         limits.max_prompt_bytes = config.router.max_prompt_bytes

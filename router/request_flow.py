@@ -77,6 +77,18 @@ class RequestFlow:
         self._on_prefill_done = on_prefill_done
         self._on_prompt_computed = on_prompt_computed
         self._block_size = block_size
+        self._running: set[asyncio.Task] = set()  # the tasks of the requests running now
+        self._closed = False
+
+    async def close(self, timeout_s: float = 5.0) -> None:
+        """At shutdown, once the servers have drained, before the workers and Ray stop: ends
+        the requests still running, and any later abort is skipped (the workers go with the
+        router; an abort after Ray stopped would start a new local Ray for itself)."""
+        self._closed = True
+        for task in self._running:
+            task.cancel()
+        if self._running:
+            await asyncio.wait(set(self._running), timeout=timeout_s)
 
     async def run(
         self,
@@ -92,6 +104,24 @@ class RequestFlow:
         (one prefill, forked); once some choice has sent tokens, a failed attempt continues
         each unfinished choice on its own, one after another, each exactly as a single
         request with its seed (seed + index) would continue."""
+        task = asyncio.current_task()
+        self._running.add(task)
+        try:
+            run = self._run(request_id, prompt_ids, sampling, trace_context, progress)
+            async with aclosing(run) as batches:
+                async for batch in batches:
+                    yield batch
+        finally:
+            self._running.discard(task)
+
+    async def _run(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        trace_context: dict[str, str],
+        progress: Progress,
+    ) -> AsyncIterator[TokenBatch]:
         choices = ChoiceOutputs(self._tokenizer, prompt_ids, sampling)
         units = [list(range(sampling.n))]  # the choices of each work still to run
         excluded: set[str] = set()
@@ -305,6 +335,8 @@ class RequestFlow:
     async def _abort_everywhere(self, request_id: str, worker_ids: list[str]) -> None:
         """Tells every worker of the attempt to abort, at once; a frozen one is not waited for
         beyond the progress timeout (its call is queued and runs when it thaws)."""
+        if self._closed:
+            return
 
         async def abort(worker_id: str) -> None:
             handle = self._pool.workers[worker_id].handle

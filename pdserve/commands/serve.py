@@ -64,6 +64,9 @@ def read_secret_file(path: Path, flag: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     config = serve_config(args)
+    # Read by Ray at import: no Ray call may start a local cluster of its own. A call made
+    # once `ray.shutdown()` ran (at exit) would otherwise start one, with a dashboard.
+    os.environ["RAY_ENABLE_AUTO_CONNECT"] = "0"
     from pdserve.logging_setup import setup_logging
 
     setup_logging(config.log.level, config.log.format)
