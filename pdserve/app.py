@@ -103,7 +103,10 @@ class ServingApp:
         # A stats poll waits for the worker's current engine step: a simulated one lasts its
         # modelled time x --sim-time-scale, so the poll is given as long as progress is.
         self.pool = WorkerPool.of_ray_actors(
-            prefill, decode, call_timeout_s=max(5.0, config.router.progress_timeout_s)
+            prefill,
+            decode,
+            call_timeout_s=max(5.0, config.router.progress_timeout_s),
+            heartbeat_timeout_s=config.router.heartbeat_timeout_s,
         )
         # Every worker's gauges, as of the latest poll (the router's endpoint shows them all).
         self.pool.stats_listeners.append(

@@ -145,6 +145,11 @@ class RouterConfig:
         1.0, "weight of TPOT against TTFT in the routing objective", minimum=0
     )
     progress_timeout_s: float = setting(5.0, "fail over from a worker silent this long", minimum=0)
+    # Answered by a worker's event loop, not its engine (router/worker_pool.py): far shorter
+    # than a long engine step may rightly last.
+    heartbeat_timeout_s: float = setting(
+        2.0, "fail over from a worker process that answers no heartbeat this long", above=0
+    )
     # pdserve/prefix_index/mirror.py: no Redis round trip per routing decision.
     index_mirror: bool = setting(
         True, "keep a copy of the prefix index in the router, fed by the workers' KV events"

@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+# How often a call waiting on a worker checks that the worker has not stalled.
+_WATCH_INTERVAL_S = 0.1
 # Pauses between the tries of a request waiting for room, growing up to the last.
 _ROOM_BACKOFF_S = (0.02, 0.05, 0.1, 0.2)
 
@@ -78,6 +80,7 @@ class RequestFlow:
         self._on_prompt_computed = on_prompt_computed
         self._block_size = block_size
         self._running: set[asyncio.Task] = set()  # the tasks of the requests running now
+        self._unawaited_aborts: set[asyncio.Future] = set()  # sent to failed workers
         self._closed = False
 
     async def close(self, timeout_s: float = 5.0) -> None:
@@ -85,7 +88,7 @@ class RequestFlow:
         the requests still running, and any later abort is skipped (the workers go with the
         router; an abort after Ray stopped would start a new local Ray for itself)."""
         self._closed = True
-        for task in self._running:
+        for task in (*self._running, *self._unawaited_aborts):
             task.cancel()
         if self._running:
             await asyncio.wait(set(self._running), timeout=timeout_s)
@@ -287,21 +290,22 @@ class RequestFlow:
         self, worker_id: str, call: Awaitable[T], also_watch: str | None = None
     ) -> T:
         """Awaits a worker's call; any failure, or no answer while the worker (or `also_watch`,
-        a worker the call depends on) answers no stats poll for the progress timeout, becomes
-        _WorkerFailed naming the silent worker (the end of a stream, StopAsyncIteration, passes
-        through)."""
+        a worker the call depends on) stalls, becomes _WorkerFailed naming the stalled worker
+        (the end of a stream, StopAsyncIteration, passes through). Stalled: no heartbeat for
+        the pool's heartbeat timeout (a frozen process, failed over in seconds), or an engine
+        step, or no answer to stats polls, as long as the progress timeout."""
         task = asyncio.ensure_future(call)
         timeout = self._progress_timeout_s
         started = time.monotonic()
         try:
             while not task.done():
-                await asyncio.wait({task}, timeout=timeout / 4 if timeout > 0 else None)
-                waited = time.monotonic() - started
-                if task.done() or waited < timeout:
+                await asyncio.wait({task}, timeout=_WATCH_INTERVAL_S if timeout > 0 else None)
+                if task.done():
                     continue
-                for watched in (worker_id, also_watch):
-                    if watched and self._pool.silent_for(watched) >= timeout:
-                        reason = f"no progress and no answer to stats polls for {waited:.1f} s"
+                waited = time.monotonic() - started
+                for watched in filter(None, (worker_id, also_watch)):
+                    reason = self._stall_reason(watched, waited)
+                    if reason:
                         self._pool.mark_unhealthy(watched, reason)
                         raise _WorkerFailed(watched, reason)
         finally:
@@ -314,6 +318,14 @@ class RequestFlow:
             raise
         except Exception as exc:
             raise _WorkerFailed(worker_id, f"{type(exc).__name__}: {exc}") from exc
+
+    def _stall_reason(self, worker_id: str, waited: float) -> str | None:
+        """Why a worker that sent nothing for `waited` seconds counts as failed, else None."""
+        timeout = self._progress_timeout_s
+        reason = self._pool.stall_reason(worker_id, timeout)
+        if not reason and waited >= timeout and self._pool.silent_for(worker_id) >= timeout:
+            reason = f"no progress and no answer to stats polls for {waited:.1f} s"
+        return reason
 
     async def _guarded_stream(
         self, worker_id: str, stream: AsyncIterator[TokenBatch]
@@ -345,7 +357,13 @@ class RequestFlow:
             except Exception as exc:  # a dead worker's blocks died with it
                 log.info("abort of %s on %s failed: %s", request_id, worker_id, exc)
 
-        await asyncio.gather(*(abort(w) for w in worker_ids))
+        # A worker just failed over is not waited for: its abort is sent, and the retry goes on.
+        healthy = [w for w in worker_ids if self._pool.workers[w].healthy]
+        for worker_id in set(worker_ids) - set(healthy):
+            sent = asyncio.ensure_future(abort(worker_id))
+            self._unawaited_aborts.add(sent)
+            sent.add_done_callback(self._unawaited_aborts.discard)
+        await asyncio.gather(*(abort(w) for w in healthy))
 
 
 class _WorkerFailed(RuntimeError):

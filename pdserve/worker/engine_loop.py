@@ -39,6 +39,10 @@ class EngineLoop:
         self._streams: dict[str, asyncio.Queue] = {}
         self._stopped = threading.Event()
         self.step_listeners: list[Callable[[list[RequestOutput], float], None]] = []
+        # The engine thread's heartbeat: while it has work, when it last made progress (began
+        # working, or ended a step). Read by the actor's event loop (`step_age`).
+        self._working = False
+        self._progressed_at = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()
 
@@ -63,6 +67,11 @@ class EngineLoop:
         if stream is not None:
             stream.put_nowait(END_OF_STREAM)
 
+    def step_age(self) -> float:
+        """Seconds the engine has been in its current step while it has work; 0 when idle. A
+        thread stuck in a step shows here even while the actor's event loop answers."""
+        return time.monotonic() - self._progressed_at if self._working else 0.0
+
     def stop(self) -> None:
         self._stopped.set()
         self._commands.put((lambda: None, concurrent.futures.Future()))
@@ -74,7 +83,10 @@ class EngineLoop:
             # Block for commands only when there is nothing to compute.
             self._drain_commands(block=not self.engine.has_unfinished())
             if self._stopped.is_set() or not self.engine.has_unfinished():
+                self._working = False
                 continue
+            if not self._working:
+                self._progressed_at, self._working = time.monotonic(), True
             started = time.perf_counter()
             try:
                 outputs = self.engine.step()
@@ -83,6 +95,8 @@ class EngineLoop:
                 self._abort_everything()
                 continue
             elapsed = time.perf_counter() - started
+            self._progressed_at = time.monotonic()
+            self._working = self.engine.has_unfinished()
             for listener in self.step_listeners:
                 listener(outputs, elapsed)
             if outputs:
