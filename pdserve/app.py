@@ -26,6 +26,7 @@ from pdserve.startup_checks import (
     load_chat_template,
     load_model_limits,
 )
+from pdserve.tls_files import CertificateFiles
 from pdserve.tokenizer import Tokenizer
 from router.generation_service import GenerationService
 from router.http.chat_template import ChatTemplate
@@ -73,7 +74,7 @@ class ServingApp:
         telemetry.setup_tracing("pdserve-router")
         if config.metrics_port is not None:
             self.metrics_port = metrics.start_metrics_server(
-                config.metrics_port, config.metrics_host
+                config.metrics_port, config.metrics_host, _metrics_tls(config)
             )
             self._stack.append(
                 ("metrics", _async(lambda: metrics.stop_metrics_server(self.metrics_port)))
@@ -368,6 +369,14 @@ def _api_credentials(router: RouterConfig):
     if not router.tls_cert:
         return None
     return server_credentials(router.tls_cert, router.tls_key, router.tls_client_ca)
+
+
+def _metrics_tls(config: ServeConfig) -> CertificateFiles | None:
+    """--metrics-tls: the client API's certificate and client CA on the metrics port too."""
+    if not config.metrics_tls:
+        return None
+    router = config.router
+    return CertificateFiles(router.tls_cert, router.tls_key, router.tls_client_ca, "metrics port")
 
 
 def _env_list(name: str) -> list[str]:

@@ -257,8 +257,14 @@ class ServeConfig:
     metrics_port: int | None = port_setting(
         None, "the router's Prometheus endpoint; 0 = any free port (default: off)"
     )
-    # Where the router's Prometheus endpoint listens.
+    # Where the router's Prometheus endpoint listens: 127.0.0.1 keeps it to this host
+    # (README "Securing the router").
     metrics_host: str = setting("0.0.0.0", "address of the router's Prometheus endpoint")
+    metrics_tls: bool = setting(
+        False,
+        "serve the router's Prometheus endpoint over TLS with --tls-cert/--tls-key; with "
+        "--tls-client-ca, scrapers must present a client certificate it signed",
+    )
     prefill_engine: str | None = setting(
         None, "engine of the prefill workers (default: --engine)", choices=ENGINE_KINDS
     )
@@ -268,6 +274,8 @@ class ServeConfig:
 
     def __post_init__(self) -> None:
         check_fields(self)
+        if self.metrics_tls and not self.router.tls_cert:
+            raise ConfigError("ServeConfig", "metrics_tls", "needs --tls-cert and --tls-key")
         for role in ("prefill", "decode"):
             if self.engine_for(role).kind == "sim" and self.kv.transport != "grpc":
                 name = f"{role}_engine" if getattr(self, f"{role}_engine") else "engine"

@@ -48,7 +48,15 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
     config.redis_url = config.redis_url or os.environ.get("PDSERVE_REDIS_URL") or None
     if args.kv_secret_file:
         config.kv.secret = read_secret_file(args.kv_secret_file, "--kv-secret-file")
+    config.kv.secret = config.kv.secret or os.environ.get("PDSERVE_KV_SECRET") or None
+    keys = os.environ.get("PDSERVE_API_KEYS", "").split(",")
+    config.router.api_keys = [key.strip() for key in keys if key.strip()]
     return config
+
+
+# Read into the config by serve_config, then taken out of this process's environment before
+# Ray starts: a local Ray's processes (raylet, every worker) inherit it, and none needs them.
+SECRET_VARIABLES = ("PDSERVE_API_KEYS", "PDSERVE_KV_SECRET", "PDSERVE_REDIS_URL")
 
 
 def read_secret_file(path: Path, flag: str) -> str:
@@ -64,6 +72,8 @@ def read_secret_file(path: Path, flag: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     config = serve_config(args)
+    for name in SECRET_VARIABLES:
+        os.environ.pop(name, None)
     # Read by Ray at import: no Ray call may start a local cluster of its own. A call made
     # once `ray.shutdown()` ran (at exit) would otherwise start one, with a dashboard.
     os.environ["RAY_ENABLE_AUTO_CONNECT"] = "0"
