@@ -8,6 +8,7 @@ import contextlib
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+import httpx
 import psutil
 
 from pdserve.pb import generate_pb2, generate_pb2_grpc
@@ -97,24 +99,40 @@ def generate(stub, i: int, max_tokens: int, metadata=()):
     return stub.Generate(request, metadata=metadata, timeout=300)
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def test_sigterm_with_streams_in_flight_exits_within_the_grace_and_starts_no_ray():
-    with pdserve_serve("--shutdown-grace-s", str(GRACE_S)) as served:
-        channel = grpc.insecure_channel(f"127.0.0.1:{served.port}")
+    http_port = free_port()
+    flags = ("--shutdown-grace-s", str(GRACE_S), "--http-port", str(http_port))
+    api = f"http://127.0.0.1:{http_port}/v1"
+    with (
+        pdserve_serve(*flags) as served,
+        grpc.insecure_channel(f"127.0.0.1:{served.port}") as channel,
+        httpx.Client(timeout=300) as http,
+    ):
         stub = generate_pb2_grpc.GenerationStub(channel)
-        streams = [generate(stub, i, 2000) for i in range(4)]
+        streams = [generate(stub, i, 2000) for i in range(3)]
         for stream in streams:
             next(stream)  # every stream has started
-        before = ray_daemons(served.process.pid)
-        assert before, "no Ray daemons under pdserve serve"
+        model = http.get(f"{api}/models").json()["data"][0]["id"]
+        body = {"model": model, "prompt": list(range(50, 80)), "max_tokens": 2000, "stream": True}
+        with http.stream("POST", f"{api}/completions", json=body) as response:
+            assert response.status_code == 200
+            next(response.iter_lines())  # an HTTP stream has started too
+            before = ray_daemons(served.process.pid)
+            assert before, "no Ray daemons under pdserve serve"
 
-        signalled = time.monotonic()
-        served.process.send_signal(signal.SIGTERM)
-        started_anew: set[tuple[int, str]] = set()
-        while served.process.poll() is None and time.monotonic() - signalled < GRACE_S + 60:
-            started_anew |= ray_daemons(served.process.pid) - before
-            time.sleep(0.05)
-        exited_after = time.monotonic() - signalled
-        channel.close()
+            signalled = time.monotonic()
+            served.process.send_signal(signal.SIGTERM)
+            started_anew: set[tuple[int, str]] = set()
+            while served.process.poll() is None and time.monotonic() - signalled < GRACE_S + 60:
+                started_anew |= ray_daemons(served.process.pid) - before
+                time.sleep(0.05)
+            exited_after = time.monotonic() - signalled
     output = served.output
     assert exited_after <= GRACE_S + 5, (exited_after, output[-4000:])
     assert not started_anew, started_anew
