@@ -3,8 +3,8 @@
 grpc.aio decodes a request before the servicer runs and answers a failure with UNKNOWN and an
 ERROR traceback per request; this interceptor decodes unary requests itself instead. It also
 lets a method answer bytes it serialized itself: grpc.aio serializes responses on the event
-loop, and a Tokenize response of a million token strings takes 0.1 s (router/generation_service.py
-serializes it on the tokenizer threads).
+loop, and a Tokenize response of a million token strings takes 0.1 s to serialize
+(router/generation_service.py does it on the tokenizer threads).
 """
 
 from __future__ import annotations

@@ -346,7 +346,8 @@ class RequestFlow:
 
     async def _abort_everywhere(self, request_id: str, worker_ids: list[str]) -> None:
         """Tells every worker of the attempt to abort, at once; a frozen one is not waited for
-        beyond the progress timeout (its call is queued and runs when it thaws)."""
+        beyond the progress timeout (its call is queued and runs when it thaws), one just failed
+        over not at all. Nothing once closed (shutdown)."""
         if self._closed:
             return
 
