@@ -20,8 +20,10 @@ descriptor per plane: 2 L runs descriptors instead of 2 L n (`block_runs`, `run_
 from __future__ import annotations
 
 import importlib
+import ipaddress
 import os
 import secrets
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -29,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import crc32c
 import numpy as np
+import psutil
 
 if TYPE_CHECKING:
     import torch
@@ -53,9 +56,10 @@ _ENV_LOCK = threading.Lock()
 UCX_TUNING = {"UCX_TCP_TX_SEG_SIZE": "1m", "UCX_TCP_RX_SEG_SIZE": "1m"}
 
 
-def make_agent(role: str, ucx_tls: str | None) -> Any:
+def make_agent(role: str, ucx_tls: str | None, bind_host: str | None = None) -> Any:
     """A NIXL agent with the UCX backend, named uniquely (`pdserve-<role>-<random>`); safe to
-    call from several threads at once (the agent serializes its own calls)."""
+    call from several threads at once (the agent serializes its own calls). With a specific
+    `bind_host`, UCX listens only on the network interface of that address (`ucx_devices`)."""
     nixl = nixl_module()
     # No progress thread: NIXL's spins without pause, and two of them (a prefill and a decode
     # worker) take every core of a small host. The side waiting on a transfer drives progress
@@ -70,10 +74,38 @@ def make_agent(role: str, ucx_tls: str | None) -> Any:
             os.environ["UCX_TLS"] = ucx_tls
         if not any(name in os.environ for name in UCX_TUNING):  # both or neither: RX >= TX
             os.environ.update(UCX_TUNING)
-        agent = nixl.nixl_agent(f"pdserve-{role}-{secrets.token_hex(6)}", config)
+        devices = None if "UCX_NET_DEVICES" in os.environ else ucx_devices(bind_host)
+        if devices:  # this agent's only: the next one may bind elsewhere
+            os.environ["UCX_NET_DEVICES"] = devices
+        try:
+            agent = nixl.nixl_agent(f"pdserve-{role}-{secrets.token_hex(6)}", config)
+        finally:
+            if devices:
+                del os.environ["UCX_NET_DEVICES"]
     if "UCX" not in agent.backends:
         raise RuntimeError("NIXL has no UCX backend here: the nixl transport cannot run")
     return agent
+
+
+def ucx_devices(bind_host: str | None) -> str | None:
+    """`UCX_NET_DEVICES` for an agent that must listen only on `bind_host`: the interface that
+    holds the address (127.0.0.1: `lo`). UCX has no authentication, and unrestricted it
+    listens on every interface. None for no host, a wildcard, or an address of no interface."""
+    if bind_host in (None, "", "0.0.0.0", "::"):
+        return None
+    try:
+        wanted = ipaddress.ip_address(bind_host)
+    except ValueError:  # a name: UCX keeps its default
+        return None
+    for interface, addresses in psutil.net_if_addrs().items():
+        for address in addresses:
+            if address.family not in (socket.AF_INET, socket.AF_INET6) or not address.netmask:
+                continue
+            ip = address.address.split("%", 1)[0]
+            network = ipaddress.ip_network(f"{ip}/{address.netmask}", strict=False)
+            if wanted.version == network.version and wanted in network:
+                return interface
+    return None
 
 
 def drive(agent: Any, done: Callable[[], bool], stop: Callable[[], bool]) -> None:

@@ -282,7 +282,7 @@ class NixlKVReceiver(GrpcKVReceiver):
         self._lock = threading.Lock()
 
     def start(self) -> str:
-        self.agent = make_agent("decode", self.config.nixl_ucx_tls)
+        self.agent = make_agent("decode", self.config.nixl_ucx_tls, self.config.bind_host)
         self._registration = self.agent.register_memory(self.cache)
         return super().start()
 

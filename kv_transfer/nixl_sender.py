@@ -156,7 +156,8 @@ class NixlKVSender(KVSender):
     def _registered(self) -> _Registration:
         with self._lock:
             if self._registration is None:
-                agent = make_agent("prefill", self._client.config.nixl_ucx_tls)
+                config = self._client.config
+                agent = make_agent("prefill", config.nixl_ucx_tls, config.bind_host)
                 try:
                     handle = agent.register_memory(self.cache)
                 except Exception as exc:  # NIXL cannot register this memory

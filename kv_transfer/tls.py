@@ -17,6 +17,7 @@ from pathlib import Path
 import grpc
 
 from pdserve.config import KVTransferConfig
+from pdserve.tls_files import CertificateFiles, reloading_server_credentials
 
 
 def tls_enabled(config: KVTransferConfig) -> bool:
@@ -32,14 +33,14 @@ def _pem(config: KVTransferConfig, name: str) -> bytes:
 
 
 def server_credentials(config: KVTransferConfig) -> grpc.ServerCredentials | None:
-    """The KV endpoint's credentials; None when TLS is off."""
+    """The KV endpoint's credentials; None when TLS is off. Files renewed in place are served
+    from the next handshake on (pdserve/tls_files.py)."""
     if not tls_enabled(config):
         return None
-    return grpc.ssl_server_credentials(
-        [(_pem(config, "tls_key"), _pem(config, "tls_cert"))],
-        root_certificates=_pem(config, "tls_ca"),
-        require_client_auth=config.tls_client_auth,
-    )
+    for name in ("tls_key", "tls_cert", "tls_ca"):
+        _pem(config, name)  # unreadable: a clear error now
+    files = CertificateFiles(config.tls_cert, config.tls_key, config.tls_ca, what="KV endpoint")
+    return reloading_server_credentials(files, require_client_auth=config.tls_client_auth)
 
 
 def channel_credentials(config: KVTransferConfig) -> grpc.ChannelCredentials | None:

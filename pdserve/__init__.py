@@ -23,6 +23,7 @@ Modules:
 - `telemetry.py` — OpenTelemetry setup; W3C context across gRPC, Ray calls and KV chunks.
 - `grpc_handlers.py` — building blocks of grpc.aio server interceptors.
 - `metrics.py` — the Prometheus metrics and their HTTP endpoint.
+- `tls_files.py` — `CertificateFiles`: a TLS endpoint's PEM files, reloaded once renewed.
 - `logging_setup.py` — text or JSON logs carrying request and trace ids.
 - `heap.py` — `freeze_startup_heap`: a serving process's startup objects left out of the
   collector's full passes.

@@ -11,6 +11,7 @@ import concurrent.futures
 import logging
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from pdserve.startup_checks import (
     port_in_use,
 )
 from pdserve.startup_progress import StartupProgress, weights_size
+from pdserve.tls_files import CertificateFiles
 from pdserve.tokenizer import Tokenizer
 from router.generation_service import GenerationService
 from router.http.chat_template import ChatTemplate
@@ -58,6 +60,9 @@ class ServingApp:
     # Ray's own INFO lines show too (--log-level INFO or DEBUG).
     progress: StartupProgress = field(default_factory=StartupProgress.silent)
     verbose_ray: bool = False
+    # Called on the event loop once Ray is up: ray.init replaces the process's SIGTERM handler
+    # with its own (a C++ one that aborts), so `pdserve serve` installs its own again here.
+    after_ray_started: Callable[[], None] | None = None
     _ready: bool = True
     _started_workers: dict[str, int] = field(default_factory=dict)  # role -> healthy so far
     _stack: list = field(default_factory=list)  # (description, async stop callable), LIFO
@@ -88,7 +93,9 @@ class ServingApp:
             self.metrics_port = _bind(
                 config.metrics_port,
                 "--metrics-port",
-                lambda: metrics.start_metrics_server(config.metrics_port, config.metrics_host),
+                lambda: metrics.start_metrics_server(
+                    config.metrics_port, config.metrics_host, _metrics_tls(config)
+                ),
             )
             self._stack.append(
                 ("metrics", _async(lambda: metrics.stop_metrics_server(self.metrics_port)))
@@ -99,6 +106,8 @@ class ServingApp:
         )
         if not ray.is_initialized():
             await _off_loop(self._start_ray)
+            if self.after_ray_started is not None:
+                self.after_ray_started()
         redis_url = config.redis_url or await self._start_private_redis()
         progress.phase(
             f"model {model_dir.name} ({weights_size(model_dir)} of weights): loading in "
@@ -109,7 +118,10 @@ class ServingApp:
         # A stats poll waits for the worker's current engine step: a simulated one lasts its
         # modelled time x --sim-time-scale, so the poll is given as long as progress is.
         self.pool = WorkerPool.of_ray_actors(
-            prefill, decode, call_timeout_s=max(5.0, config.router.progress_timeout_s)
+            prefill,
+            decode,
+            call_timeout_s=max(5.0, config.router.progress_timeout_s),
+            heartbeat_timeout_s=config.router.heartbeat_timeout_s,
         )
         # Every worker's gauges, as of the latest poll (the router's endpoint shows them all).
         self.pool.stats_listeners.append(
@@ -163,6 +175,8 @@ class ServingApp:
             on_prompt_computed=self.routing.on_prompt_computed,
             block_size=config.engine.block_size,
         )
+        # Stopped after both servers drain, before the workers: what still runs is ended.
+        self._stack.append(("request flow", flow.close))
         info = {"block_size": config.engine.block_size, "kv_transport": config.kv.transport}
         api_keys = config.router.api_keys or _env_list("PDSERVE_API_KEYS")
         limits.max_prompt_bytes = config.router.max_prompt_bytes
@@ -437,6 +451,14 @@ def _api_credentials(router: RouterConfig):
     if not router.tls_cert:
         return None
     return server_credentials(router.tls_cert, router.tls_key, router.tls_client_ca)
+
+
+def _metrics_tls(config: ServeConfig) -> CertificateFiles | None:
+    """--metrics-tls: the client API's certificate and client CA on the metrics port too."""
+    if not config.metrics_tls:
+        return None
+    router = config.router
+    return CertificateFiles(router.tls_cert, router.tls_key, router.tls_client_ca, "metrics port")
 
 
 def _env_list(name: str) -> list[str]:

@@ -150,6 +150,11 @@ class RouterConfig:
         1.0, "weight of TPOT against TTFT in the routing objective", minimum=0
     )
     progress_timeout_s: float = setting(5.0, "fail over from a worker silent this long", minimum=0)
+    # Answered by a worker's event loop, not its engine (router/worker_pool.py): far shorter
+    # than a long engine step may rightly last.
+    heartbeat_timeout_s: float = setting(
+        2.0, "fail over from a worker process that answers no heartbeat this long", above=0
+    )
     # pdserve/prefix_index/mirror.py: no Redis round trip per routing decision.
     index_mirror: bool = setting(
         True, "keep a copy of the prefix index in the router, fed by the workers' KV events"
@@ -272,8 +277,14 @@ class ServeConfig:
     metrics_port: int | None = port_setting(
         None, "the router's Prometheus endpoint; 0 = any free port (default: off)"
     )
-    # Where the router's Prometheus endpoint listens.
+    # Where the router's Prometheus endpoint listens: 127.0.0.1 keeps it to this host
+    # (README "Securing the router").
     metrics_host: str = setting("0.0.0.0", "address of the router's Prometheus endpoint")
+    metrics_tls: bool = setting(
+        False,
+        "serve the router's Prometheus endpoint over TLS with --tls-cert/--tls-key; with "
+        "--tls-client-ca, scrapers must present a client certificate it signed",
+    )
     prefill_engine: str | None = setting(
         None, "engine of the prefill workers (default: --engine)", choices=ENGINE_KINDS
     )
@@ -283,6 +294,8 @@ class ServeConfig:
 
     def __post_init__(self) -> None:
         check_fields(self)
+        if self.metrics_tls and not self.router.tls_cert:
+            raise ConfigError("ServeConfig", "metrics_tls", "needs --tls-cert and --tls-key")
         for role in ("prefill", "decode"):
             if self.engine_for(role).kind == "sim" and self.kv.transport != "grpc":
                 name = f"{role}_engine" if getattr(self, f"{role}_engine") else "engine"

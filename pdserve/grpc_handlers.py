@@ -34,15 +34,27 @@ def rewrap(
     behavior: Behavior,
     *,
     raw_requests: bool = False,
+    serialized_responses: bool = False,
 ) -> grpc.RpcMethodHandler:
     """A handler of the same shape and serializers serving `behavior`; with `raw_requests`
-    the behavior gets the request bytes undecoded."""
+    the behavior gets the request bytes undecoded; with `serialized_responses` it may answer
+    bytes it serialized itself (off the event loop), which are sent as they are."""
     _, make = _FACTORIES[(handler.request_streaming, handler.response_streaming)]
+    serialize = handler.response_serializer
+    if serialized_responses and serialize is not None:
+        serialize = _bytes_as_they_are(serialize)
     return make(
         behavior,
         request_deserializer=None if raw_requests else handler.request_deserializer,
-        response_serializer=handler.response_serializer,
+        response_serializer=serialize,
     )
+
+
+def _bytes_as_they_are(serialize: Callable[[Any], bytes]) -> Callable[[Any], bytes]:
+    def serialize_unless_bytes(response: Any) -> bytes:
+        return response if isinstance(response, bytes) else serialize(response)
+
+    return serialize_unless_bytes
 
 
 async def write_all(responses: Any, context: grpc.aio.ServicerContext) -> None:

@@ -15,6 +15,8 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
+from pdserve.tls_files import CertificateFiles
+
 # Latency buckets in seconds: TTFT spans queueing and long prompts; per-token times are ms.
 _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.2, 2.5)
@@ -371,10 +373,24 @@ def observe_plan(plan: dict[str, Any]) -> None:
         PLANNER_WORKERS_NEEDED.set(plan["workers_for_observed"])
 
 
-def start_metrics_server(port: int = 0, addr: str = "0.0.0.0") -> int:
+def start_metrics_server(
+    port: int = 0, addr: str = "0.0.0.0", tls: CertificateFiles | None = None
+) -> int:
     """Serves `/metrics` of the default registry from a daemon thread; returns the bound
-    port (pass 0 for an ephemeral one)."""
-    server, _thread = start_http_server(port, addr=addr)
+    port (pass 0 for an ephemeral one). With `tls`, over TLS, requiring a client certificate
+    of its CA when it has one; files renewed in place are served from the next handshake."""
+    if tls is None:
+        server, _thread = start_http_server(port, addr=addr)
+    else:
+        server, _thread = start_http_server(
+            port,
+            addr=addr,
+            certfile=str(tls.cert),
+            keyfile=str(tls.key),
+            client_cafile=str(tls.ca) if tls.ca else None,
+            client_auth_required=tls.ca is not None,
+        )
+        tls.reload_at_handshakes(server.socket.context)
     _servers[server.server_port] = server
     return server.server_port
 

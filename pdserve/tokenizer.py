@@ -95,9 +95,12 @@ class Tokenizer:
         return cls(tok, bos[0] if bos else None, eos)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        # encode_batch (same ids as encode) releases the GIL: a long text tokenized on a
-        # worker thread then leaves the caller's event loop running.
-        return self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+        # encode_batch_fast (same ids as encode) releases the GIL: a long text tokenized on a
+        # worker thread then leaves the caller's event loop running. "fast": no character
+        # offsets, which took 4x the time and, freed under the GIL, stalled the caller's loop
+        # (a 4 MiB text: 10.3 -> 2.4 s, and 160 -> 8 ms holding the GIL).
+        encoded = self._tok.encode_batch_fast([text], add_special_tokens=add_special_tokens)
+        return encoded[0].ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)

@@ -20,6 +20,9 @@ class RayWorkerHandle:
     async def ready(self) -> dict:
         return await self.actor.ready.remote()
 
+    async def heartbeat(self) -> float:
+        return await self.actor.heartbeat.remote()
+
     async def stats(self) -> WorkerStats:
         return await self.actor.stats.remote()
 

@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+# How often a call waiting on a worker checks that the worker has not stalled.
+_WATCH_INTERVAL_S = 0.1
 # Pauses between the tries of a request waiting for room, growing up to the last.
 _ROOM_BACKOFF_S = (0.02, 0.05, 0.1, 0.2)
 
@@ -77,6 +79,19 @@ class RequestFlow:
         self._on_prefill_done = on_prefill_done
         self._on_prompt_computed = on_prompt_computed
         self._block_size = block_size
+        self._running: set[asyncio.Task] = set()  # the tasks of the requests running now
+        self._unawaited_aborts: set[asyncio.Future] = set()  # sent to failed workers
+        self._closed = False
+
+    async def close(self, timeout_s: float = 5.0) -> None:
+        """At shutdown, once the servers have drained, before the workers and Ray stop: ends
+        the requests still running, and any later abort is skipped (the workers go with the
+        router; an abort after Ray stopped would start a new local Ray for itself)."""
+        self._closed = True
+        for task in (*self._running, *self._unawaited_aborts):
+            task.cancel()
+        if self._running:
+            await asyncio.wait(set(self._running), timeout=timeout_s)
 
     async def run(
         self,
@@ -89,11 +104,33 @@ class RequestFlow:
     ) -> AsyncIterator[TokenBatch]:
         """Yields the request's token batches, each of one choice (`index`), until every
         choice finished; with `one_token_per_batch`, a worker's batch of several tokens is
-        yielded token by token (output_text.per_token). `trace_context` is the request's span; each attempt is a child span
-        whose context the workers receive. A request with n > 1 runs its choices together
-        (one prefill, forked); once some choice has sent tokens, a failed attempt continues
-        each unfinished choice on its own, one after another, each exactly as a single
-        request with its seed (seed + index) would continue."""
+        yielded token by token (output_text.per_token). `trace_context` is the request's
+        span; each attempt is a child span whose context the workers receive. A request with
+        n > 1 runs its choices together (one prefill, forked); once some choice has sent
+        tokens, a failed attempt continues each unfinished choice on its own, one after
+        another, each exactly as a single request with its seed (seed + index) would
+        continue."""
+        task = asyncio.current_task()
+        self._running.add(task)
+        try:
+            run = self._run(
+                request_id, prompt_ids, sampling, trace_context, progress, one_token_per_batch
+            )
+            async with aclosing(run) as batches:
+                async for batch in batches:
+                    yield batch
+        finally:
+            self._running.discard(task)
+
+    async def _run(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        trace_context: dict[str, str],
+        progress: Progress,
+        one_token_per_batch: bool,
+    ) -> AsyncIterator[TokenBatch]:
         choices = ChoiceOutputs(self._tokenizer, prompt_ids, sampling)
         units = [list(range(sampling.n))]  # the choices of each work still to run
         excluded: set[str] = set()
@@ -266,21 +303,22 @@ class RequestFlow:
         self, worker_id: str, call: Awaitable[T], also_watch: str | None = None
     ) -> T:
         """Awaits a worker's call; any failure, or no answer while the worker (or `also_watch`,
-        a worker the call depends on) answers no stats poll for the progress timeout, becomes
-        _WorkerFailed naming the silent worker (the end of a stream, StopAsyncIteration, passes
-        through)."""
+        a worker the call depends on) stalls, becomes _WorkerFailed naming the stalled worker
+        (the end of a stream, StopAsyncIteration, passes through). Stalled: no heartbeat for
+        the pool's heartbeat timeout (a frozen process, failed over in seconds), or an engine
+        step, or no answer to stats polls, as long as the progress timeout."""
         task = asyncio.ensure_future(call)
         timeout = self._progress_timeout_s
         started = time.monotonic()
         try:
             while not task.done():
-                await asyncio.wait({task}, timeout=timeout / 4 if timeout > 0 else None)
-                waited = time.monotonic() - started
-                if task.done() or waited < timeout:
+                await asyncio.wait({task}, timeout=_WATCH_INTERVAL_S if timeout > 0 else None)
+                if task.done():
                     continue
-                for watched in (worker_id, also_watch):
-                    if watched and self._pool.silent_for(watched) >= timeout:
-                        reason = f"no progress and no answer to stats polls for {waited:.1f} s"
+                waited = time.monotonic() - started
+                for watched in filter(None, (worker_id, also_watch)):
+                    reason = self._stall_reason(watched, waited)
+                    if reason:
                         self._pool.mark_unhealthy(watched, reason)
                         raise _WorkerFailed(watched, reason)
         finally:
@@ -293,6 +331,14 @@ class RequestFlow:
             raise
         except Exception as exc:
             raise _WorkerFailed(worker_id, failure_reason(exc)) from exc
+
+    def _stall_reason(self, worker_id: str, waited: float) -> str | None:
+        """Why a worker that sent nothing for `waited` seconds counts as failed, else None."""
+        timeout = self._progress_timeout_s
+        reason = self._pool.stall_reason(worker_id, timeout)
+        if not reason and waited >= timeout and self._pool.silent_for(worker_id) >= timeout:
+            reason = f"no progress and no answer to stats polls for {waited:.1f} s"
+        return reason
 
     async def _guarded_stream(
         self, worker_id: str, stream: AsyncIterator[TokenBatch]
@@ -314,7 +360,10 @@ class RequestFlow:
 
     async def _abort_everywhere(self, request_id: str, worker_ids: list[str]) -> None:
         """Tells every worker of the attempt to abort, at once; a frozen one is not waited for
-        beyond the progress timeout (its call is queued and runs when it thaws)."""
+        beyond the progress timeout (its call is queued and runs when it thaws), one just failed
+        over not at all. Nothing once closed (shutdown)."""
+        if self._closed:
+            return
 
         async def abort(worker_id: str) -> None:
             handle = self._pool.workers[worker_id].handle
@@ -323,7 +372,13 @@ class RequestFlow:
             except Exception as exc:  # a dead worker's blocks died with it
                 log.info("abort of %s on %s failed: %s", request_id, worker_id, exc)
 
-        await asyncio.gather(*(abort(w) for w in worker_ids))
+        # A worker just failed over is not waited for: its abort is sent, and the retry goes on.
+        healthy = [w for w in worker_ids if self._pool.workers[w].healthy]
+        for worker_id in set(worker_ids) - set(healthy):
+            sent = asyncio.ensure_future(abort(worker_id))
+            self._unawaited_aborts.add(sent)
+            sent.add_done_callback(self._unawaited_aborts.discard)
+        await asyncio.gather(*(abort(w) for w in healthy))
 
 
 class _WorkerFailed(RuntimeError):

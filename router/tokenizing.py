@@ -8,11 +8,15 @@ at most `max_concurrent` of them take CPU from the router at once and the rest q
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 from pdserve.tokenizer import Tokenizer
 
 DEFAULT_MAX_CONCURRENT = 2
+
+T = TypeVar("T")
 
 
 class BackgroundTokenizer:
@@ -25,6 +29,11 @@ class BackgroundTokenizer:
         return await loop.run_in_executor(
             self._pool, self.tokenizer.encode, text, add_special_tokens
         )
+
+    async def run(self, fn: Callable[..., T], *args) -> T:
+        """fn(*args) on the same threads: other work on a whole prompt's tokens (a million
+        token strings take a second), kept off the event loop and bounded alike."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

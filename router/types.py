@@ -37,6 +37,11 @@ class WorkerHandle(Protocol):
 
     async def stats(self) -> WorkerStats: ...
 
+    async def heartbeat(self) -> float:
+        """Answered without waiting for the engine: the seconds its current step has run
+        (0 = idle). No answer means the process is frozen or gone."""
+        ...
+
     async def reserve(self, work: WorkRequest) -> KVReservation | None:
         """Blocks for the prompt's KV to arrive in; None when the KV pool has no room now."""
         ...

@@ -5,6 +5,11 @@ one else's), so routing reads the latest snapshot without a round trip. A worker
 fails or times out is marked unhealthy until a poll succeeds again; Ray restarts dead actors,
 which come back with a new epoch. `last_seen` tells RequestFlow whether a worker that sends
 nothing is busy (it still answers polls) or frozen.
+
+A stats poll waits for the worker's current engine step, which may rightly last seconds; a
+heartbeat, several a second, does not: it is answered by the actor's event loop with the age
+of the engine's current step. A process that answers no heartbeat for `heartbeat_timeout_s`
+is frozen or gone, and `stall_reason` says so within that time instead of the progress timeout.
 """
 
 from __future__ import annotations
@@ -46,6 +51,8 @@ class Worker:
     # Requests the router runs on this worker now (admission control); written by the pool only.
     inflight: int = 0
     last_seen: float | None = None  # time.monotonic() of the last answered poll
+    heartbeat_at: float | None = None  # time.monotonic() of the last answered heartbeat
+    step_age_s: float = 0.0  # the engine's current step's age, as of that heartbeat
     poll_sent_at: float | None = None  # when the poll behind `stats` was sent (None: unknown)
 
     @property
@@ -61,6 +68,7 @@ class WorkerPool:
         decode: dict[str, WorkerHandle],
         poll_interval_s: float = 0.25,
         call_timeout_s: float = 5.0,
+        heartbeat_timeout_s: float = 2.0,
     ) -> None:
         self.workers: dict[str, Worker] = {}
         for role, handles in (("prefill", prefill), ("decode", decode)):
@@ -74,6 +82,8 @@ class WorkerPool:
         }
         self._poll_interval_s = poll_interval_s
         self._call_timeout_s = call_timeout_s
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self._heartbeat_interval_s = min(poll_interval_s, heartbeat_timeout_s / 8)
         self._pollers: list[asyncio.Task] = []
         self.stats_listeners: list[StatsListener] = []  # (worker, previous stats, new stats)
         self.health_listeners: list[Callable[[], None]] = []  # after every poll of any worker
@@ -111,7 +121,13 @@ class WorkerPool:
             asyncio.gather(*(started(w) for w in self.workers.values())), ready_timeout_s
         )
         await self.poll_once()
+        now = time.monotonic()
+        for worker in self.workers.values():
+            worker.heartbeat_at = now  # every worker just answered
         self._pollers = [asyncio.create_task(self._poll_forever(w)) for w in self.workers.values()]
+        self._pollers += [
+            asyncio.create_task(self._heartbeat_forever(w)) for w in self.workers.values()
+        ]
 
     async def stop(self) -> None:
         for poller in self._pollers:
@@ -158,6 +174,21 @@ class WorkerPool:
         """Seconds since the worker last answered a poll (infinite if it never did)."""
         seen = self.workers[worker_id].last_seen
         return float("inf") if seen is None else time.monotonic() - seen
+
+    def stall_reason(self, worker_id: str, step_timeout_s: float) -> str | None:
+        """Why the worker counts as failed now, else None: its process answered no heartbeat
+        for `heartbeat_timeout_s` (frozen or gone), or its engine has been in one step for
+        `step_timeout_s` (stuck while the process answers)."""
+        worker = self.workers[worker_id]
+        if worker.heartbeat_at is None:  # the pool is not started: no heartbeats to judge by
+            return None
+        silent = time.monotonic() - worker.heartbeat_at
+        if silent >= self.heartbeat_timeout_s:
+            return f"no heartbeat for {silent:.1f} s (frozen or gone)"
+        step_age = worker.step_age_s + silent if worker.step_age_s else 0.0
+        if step_age >= step_timeout_s:
+            return f"its engine has been in one step for {step_age:.1f} s"
+        return None
 
     @contextmanager
     def occupied(self, worker_ids: list[str]) -> Iterator[None]:
@@ -206,6 +237,18 @@ class WorkerPool:
         worker.poll_sent_at = sent_at
         for listener in self.stats_listeners:
             listener(worker, previous, stats)
+
+    async def _heartbeat_forever(self, worker: Worker) -> None:
+        while True:
+            await asyncio.sleep(self._heartbeat_interval_s)
+            try:
+                step_age = await asyncio.wait_for(
+                    worker.handle.heartbeat(), self.heartbeat_timeout_s
+                )
+            except Exception as exc:  # RayActorError, timeout: frozen, dead or restarting
+                self.mark_unhealthy(worker.worker_id, f"heartbeat: {type(exc).__name__}: {exc}")
+            else:
+                worker.heartbeat_at, worker.step_age_s = time.monotonic(), step_age
 
     async def _poll_forever(self, worker: Worker) -> None:
         while True:

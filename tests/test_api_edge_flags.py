@@ -17,7 +17,7 @@ def test_edge_flags_reach_the_config():
     config = parsed(
         "--tls-cert", "api.crt", "--tls-key", "api.key", "--tls-client-ca", "clients.pem",
         "--shutdown-grace-s", "120", "--metrics-host", "127.0.0.1", "--health-port", "50052",
-        "--max-prompt-bytes", "65536",
+        "--max-prompt-bytes", "65536", "--metrics-tls",
     )  # fmt: skip
     router = config.router
     assert (router.tls_cert, router.tls_key, router.tls_client_ca) == (
@@ -27,9 +27,10 @@ def test_edge_flags_reach_the_config():
     )
     assert router.shutdown_grace_s == 120.0
     assert router.health_port == 50052 and router.max_prompt_bytes == 65536
-    assert config.metrics_host == "127.0.0.1"
+    assert config.metrics_host == "127.0.0.1" and config.metrics_tls
     defaults = parsed()
     assert defaults.router.tls_cert is None and defaults.metrics_host == "0.0.0.0"
+    assert not defaults.metrics_tls
 
 
 @pytest.mark.parametrize(
@@ -38,6 +39,7 @@ def test_edge_flags_reach_the_config():
         (["--tls-cert", "api.crt"], "--tls-key: --tls-cert and --tls-key go together"),
         (["--tls-client-ca", "c.pem"], "--tls-client-ca: needs --tls-cert and --tls-key"),
         (["--shutdown-grace-s", "-1"], "--shutdown-grace-s: must be at least 0"),
+        (["--metrics-tls"], "--metrics-tls: needs --tls-cert and --tls-key"),
     ],
 )
 def test_incomplete_tls_and_negative_grace_are_refused(flags, message):

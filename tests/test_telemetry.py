@@ -4,6 +4,8 @@ import json
 import logging
 import os
 import re
+import ssl
+import urllib.error
 import urllib.request
 from concurrent import futures
 
@@ -18,6 +20,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from pdserve import metrics, telemetry
 from pdserve.logging_setup import bind_request_id, setup_logging
+from pdserve.tls_files import CertificateFiles
+from tests.router.tls_certs import TestCA, certificate_of, install, served_certificate
 
 ECHO_METHOD = "/pdserve.test.Echo/Say"
 HEALTH_SERVICE = "grpc.health.v1.Health"
@@ -300,3 +304,28 @@ def test_a_request_observation_feeds_the_latency_histograms(no_otel_env):
     observation.finish("length", None)  # idempotent
     after = [count(n) for n in names] + [count("pdserve_requests_total", {"outcome": "length"})]
     assert [a - b for a, b in zip(after, before, strict=True)] == [1, 1, 1, 1, 1]
+
+
+def test_metrics_over_tls_refuse_plaintext_and_strangers_and_follow_renewal(tmp_path):
+    ca = TestCA(tmp_path)
+    first, renewed = ca.issue("router", server=True), ca.issue("router-renewed", server=True)
+    scraper = ca.issue("prometheus", server=False)
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    install(first, cert, key)
+    tls = CertificateFiles(cert, key, ca.cert, what="metrics port")
+    port = metrics.start_metrics_server(0, addr="127.0.0.1", tls=tls)
+    try:
+        url = f"https://127.0.0.1:{port}/metrics"
+        with pytest.raises((urllib.error.URLError, ConnectionError)):
+            _scrape(port)  # plaintext
+        context = ssl.create_default_context(cafile=ca.cert)
+        with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
+            urllib.request.urlopen(url, timeout=5, context=context).read()  # no certificate
+        context.load_cert_chain(scraper.cert, scraper.key)
+        with urllib.request.urlopen(url, timeout=5, context=context) as response:
+            assert b"pdserve_requests_total" in response.read()
+        assert served_certificate(port, scraper) == certificate_of(first)
+        install(renewed, cert, key)
+        assert served_certificate(port, scraper) == certificate_of(renewed)
+    finally:
+        metrics.stop_metrics_server(port)

@@ -65,7 +65,15 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
     config.redis_url = config.redis_url or os.environ.get("PDSERVE_REDIS_URL") or None
     if args.kv_secret_file:
         config.kv.secret = read_secret_file(args.kv_secret_file, "--kv-secret-file")
+    config.kv.secret = config.kv.secret or os.environ.get("PDSERVE_KV_SECRET") or None
+    keys = os.environ.get("PDSERVE_API_KEYS", "").split(",")
+    config.router.api_keys = [key.strip() for key in keys if key.strip()]
     return config
+
+
+# Read into the config by serve_config, then taken out of this process's environment before
+# Ray starts: a local Ray's processes (raylet, every worker) inherit it, and none needs them.
+SECRET_VARIABLES = ("PDSERVE_API_KEYS", "PDSERVE_KV_SECRET", "PDSERVE_REDIS_URL")
 
 
 def read_secret_file(path: Path, flag: str) -> str:
@@ -85,6 +93,11 @@ def run(args: argparse.Namespace) -> int:
     # when Ray is imported and when it prints).
     os.environ.setdefault("RAY_COLOR_PREFIX", "0")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    for name in SECRET_VARIABLES:
+        os.environ.pop(name, None)
+    # Read by Ray at import: no Ray call may start a local cluster of its own. A call made
+    # once `ray.shutdown()` ran (at exit) would otherwise start one, with a dashboard.
+    os.environ["RAY_ENABLE_AUTO_CONNECT"] = "0"
     from pdserve.logging_setup import setup_logging
 
     setup_logging(config.log.level, config.log.format)
@@ -118,8 +131,12 @@ async def _serve(config: ServeConfig) -> int:
             progress.mute()
             starting.cancel()
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, on_signal)
+    def handle_signals() -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, on_signal)
+
+    handle_signals()
+    app.after_ray_started = handle_signals  # ray.init replaced them
     try:
         try:
             await starting

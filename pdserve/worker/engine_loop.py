@@ -42,6 +42,10 @@ class EngineLoop:
         # Why the latest engine step failed ("RuntimeError: ..."); "" once one succeeds again.
         # Workers report it in their stats and on the streams the failure ended.
         self.failure = ""
+        # The engine thread's heartbeat: while it has work, when it last made progress (began
+        # working, or ended a step). Read by the actor's event loop (`step_age`).
+        self._working = False
+        self._progressed_at = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()
 
@@ -66,6 +70,11 @@ class EngineLoop:
         if stream is not None:
             stream.put_nowait(END_OF_STREAM)
 
+    def step_age(self) -> float:
+        """Seconds the engine has been in its current step while it has work; 0 when idle. A
+        thread stuck in a step shows here even while the actor's event loop answers."""
+        return time.monotonic() - self._progressed_at if self._working else 0.0
+
     def stop(self) -> None:
         self._stopped.set()
         self._commands.put((lambda: None, concurrent.futures.Future()))
@@ -77,7 +86,10 @@ class EngineLoop:
             # Block for commands only when there is nothing to compute.
             self._drain_commands(block=not self.engine.has_unfinished())
             if self._stopped.is_set() or not self.engine.has_unfinished():
+                self._working = False
                 continue
+            if not self._working:
+                self._progressed_at, self._working = time.monotonic(), True
             started = time.perf_counter()
             try:
                 outputs = self.engine.step()
@@ -89,6 +101,8 @@ class EngineLoop:
                 continue
             self.failure = ""
             elapsed = time.perf_counter() - started
+            self._progressed_at = time.monotonic()
+            self._working = self.engine.has_unfinished()
             for listener in self.step_listeners:
                 listener(outputs, elapsed)
             if outputs:

@@ -58,6 +58,12 @@ class WorkerActor:
             **self._ready_info(),
         }
 
+    async def heartbeat(self) -> float:
+        """Answered by the actor's event loop without waiting for the engine: that the process
+        runs, and how long its engine has been in the current step (0 = idle or not started).
+        The router fails over from a worker whose heartbeat stops (docs/design.md)."""
+        return 0.0 if self._runtime is None else self._runtime.loop.step_age()
+
     async def stats(self) -> WorkerStats:
         runtime = await self._started()
         return await runtime.stats()

@@ -13,6 +13,8 @@ from collections.abc import Iterator
 import uvicorn
 from fastapi import FastAPI
 
+from pdserve.tls_files import CertificateFiles
+
 log = logging.getLogger(__name__)
 
 
@@ -58,6 +60,9 @@ class HttpServer:
             ssl_cert_reqs=ssl.CERT_REQUIRED if tls_client_ca else ssl.CERT_NONE,
         )
         config.load()  # reads the TLS files now: a bad one fails the start, not a connection
+        if tls_cert:  # renewed in place: served from the next handshake on
+            files = CertificateFiles(tls_cert, tls_key, tls_client_ca, what="HTTP API")
+            files.reload_at_handshakes(config.ssl)
         self._server = _Server(config)
         self._task: asyncio.Task | None = None
 

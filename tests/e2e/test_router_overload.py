@@ -12,7 +12,8 @@ import pytest
 
 from tests.e2e.test_disaggregated_serving import VOCAB_LOW, collect, reference_outputs, request
 
-PROGRESS_TIMEOUT_S = 2.0
+# Issue 46, M2: a frozen worker is failed over within this long of its step stalling.
+FAILOVER_S = 3.0
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +23,8 @@ def served(ray_cluster):
 
     config = serve_config("grpc", prefill_workers=1, decode_workers=2)
     config.engine.num_kv_blocks = 128  # 512 tokens per decode worker: 7 prompts of 64 at once
-    config.router.progress_timeout_s = PROGRESS_TIMEOUT_S
+    # The default progress and heartbeat timeouts: a frozen worker is told by its heartbeat.
+    assert config.router.progress_timeout_s > FAILOVER_S
     with BackgroundApp(config) as app:
         yield app
 
@@ -58,7 +60,7 @@ def test_a_full_kv_pool_makes_requests_wait_or_be_resource_exhausted(served, stu
     assert used_blocks(served) == dict.fromkeys(served.app.pool.workers, 0)
 
 
-def test_a_frozen_decode_worker_is_failed_over_within_the_progress_timeout(served, stub) -> None:
+def test_a_frozen_decode_worker_is_failed_over_within_3_s_of_the_stall(served, stub) -> None:
     import ray
 
     prompt = list(range(VOCAB_LOW + 100, VOCAB_LOW + 140))
@@ -66,18 +68,25 @@ def test_a_frozen_decode_worker_is_failed_over_within_the_progress_timeout(serve
     stream = stub.Generate(request(prompt, 120), timeout=120)
     first = next(stream)
     frozen_id = first.timings.decode_worker
-    actor = served.app.pool.workers[frozen_id].actor
-    pid = ray.get(actor.__ray_call__.remote(lambda self: os.getpid()))
+    frozen = served.app.pool.workers[frozen_id]
+    pid = ray.get(frozen.actor.__ray_call__.remote(lambda self: os.getpid()))
     os.kill(pid, signal.SIGSTOP)
     try:
         frozen_at = time.monotonic()
-        rest = list(stream)
-        stalled_s = time.monotonic() - frozen_at
+        rest, arrivals = [], [frozen_at]
+        for response in stream:
+            rest.append(response)
+            arrivals.append(time.monotonic())
         # Requests arriving while it is frozen go to the other decode worker.
         later = [collect(stub, request(prompt[:20], 4))[1] for _ in range(3)]
+        still_frozen = not frozen.healthy
     finally:
         os.kill(pid, signal.SIGCONT)
     ids = list(first.token_ids) + [t for r in rest for t in r.token_ids]
     assert ids == expected
-    assert stalled_s < 3 * PROGRESS_TIMEOUT_S + 5, stalled_s
+    # The longest the client waited for a token after the freeze: detection and the retry.
+    stalled_s = max(b - a for a, b in zip(arrivals, arrivals[1:], strict=False))
+    print(f"longest wait for a token after SIGSTOP: {stalled_s:.2f} s")
+    assert stalled_s < FAILOVER_S, stalled_s
+    assert still_frozen
     assert all(r[-1].timings.decode_worker != frozen_id for r in later)

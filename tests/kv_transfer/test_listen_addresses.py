@@ -92,3 +92,29 @@ def test_rendezvous_needs_the_secret_and_an_issued_pair_id(config, sink):
     finally:
         stub.channel.close()
         receiver.stop()
+
+
+def test_nixl_agents_listen_only_on_the_bind_host(config, sink):
+    pytest.importorskip("nixl_cu12")
+    from kv_transfer.nixl_sender import NixlKVSender
+
+    before = _listening()
+    config = dataclasses.replace(
+        config, transport="nixl", nixl_ucx_tls="tcp", reservation_timeout_s=10.0
+    )
+    receiver = make_receiver(config, sink, KVLayout.of(sink.cache), kv_cache=sink.cache)
+    receiver.start()
+    src_cache = make_cache(1)
+    sender = NixlKVSender(config, src_cache)
+    try:
+        tid = receiver.open([3, 7, 9], deadline_s=10)
+        src = reader(src_cache)
+        sender.send(
+            TransferRequest(receiver.endpoint, tid, [1, 2, 5], NUM_LAYERS, src, CommitInfo(1))
+        )
+        opened = _listening() - before  # the KV endpoint's and both agents' UCX listeners
+        loopback = all(ip.removeprefix("::ffff:") == "127.0.0.1" for ip, _ in opened)
+        assert len(opened) >= 3 and loopback, opened
+    finally:
+        sender.close()
+        receiver.stop()

@@ -20,7 +20,7 @@ from kv_transfer.grpc_common import SERVICE
 from pdserve.pb import kv_transfer_pb2 as pb
 from tests.kv_transfer.conftest import SECRET
 from tests.kv_transfer.kv_helpers import NUM_LAYERS, make_cache, reader
-from tests.router.tls_certs import TestCA
+from tests.router.tls_certs import TestCA, certificate_of, install, served_certificate
 
 SRC, DEST = [1, 2, 5], [3, 7, 9]
 
@@ -96,5 +96,33 @@ def test_peers_without_the_ca_or_a_certificate_are_refused(
             else:
                 abort_over(channel)
         assert sink.writes == 0 and receiver.open_transfer_ids() == [tid]
+    finally:
+        receiver.stop()
+
+
+def test_a_certificate_renewed_in_place_is_served_to_new_connections(config, sink, tmp_path):
+    ca = TestCA(tmp_path)
+    first, renewed = ca.issue("decode-0", server=True), ca.issue("decode-0-renewed", server=True)
+    prefill = ca.issue("prefill-0", server=False)
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    install(first, cert, key)
+    receiver_config = dataclasses.replace(
+        config, tls_cert=str(cert), tls_key=str(key), tls_ca=str(ca.cert)
+    )
+    receiver = make_receiver(receiver_config, sink, KVLayout.of(sink.cache))
+    receiver.start()
+    try:
+        port = int(receiver.endpoint.rsplit(":", 1)[1])
+        assert served_certificate(port, prefill) == certificate_of(first)
+        install(renewed, cert, key)
+        assert served_certificate(port, prefill) == certificate_of(renewed)
+        # A prefill worker's push still arrives: the renewed certificate verifies.
+        tid = receiver.open(DEST, deadline_s=10)
+        sender = make_sender(with_tls(config, ca, prefill))
+        try:
+            send(sender, receiver, tid)
+        finally:
+            sender.close()
+        assert sink.writes > 0
     finally:
         receiver.stop()

@@ -13,7 +13,7 @@ import pytest
 from fastapi import FastAPI
 
 from router.http.server import HttpServer
-from tests.router.tls_certs import TestCA
+from tests.router.tls_certs import TestCA, certificate_of, install, served_certificate
 
 
 def probe_app() -> FastAPI:
@@ -137,3 +137,42 @@ def test_stream_events_on_a_kept_alive_connection_leave_as_they_are_made() -> No
         asyncio.run_coroutine_threadsafe(server.stop(1), loop).result(10)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(5)
+
+
+@pytest.mark.parametrize("mutual", [False, True])
+def test_a_certificate_renewed_in_place_is_served_to_new_connections(tmp_path, mutual) -> None:
+    ca = TestCA(tmp_path)
+    first, renewed = ca.issue("router", server=True), ca.issue("router-renewed", server=True)
+    client = ca.issue("client", server=False) if mutual else None
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    install(first, cert, key)
+    client_ca = str(ca.cert) if mutual else None
+
+    async def main() -> None:
+        server = HttpServer(
+            probe_app(),
+            "127.0.0.1",
+            0,
+            tls_cert=str(cert),
+            tls_key=str(key),
+            tls_client_ca=client_ca,
+        )
+        await server.start()
+        try:
+            served = await asyncio.to_thread(served_certificate, server.port, client)
+            assert served == certificate_of(first)
+            install(renewed, cert, key)
+            # The first connection after the renewal already gets the new certificate, and so
+            # do the later ones (with the client certificate checked, under mutual TLS).
+            for _ in range(2):
+                served = await asyncio.to_thread(served_certificate, server.port, client)
+                assert served == certificate_of(renewed)
+            verify = ssl.create_default_context(cafile=ca.cert)
+            if client:
+                verify.load_cert_chain(client.cert, client.key)
+            url = f"https://127.0.0.1:{server.port}/health"
+            assert (await get(url, verify=verify)).status_code == 200
+        finally:
+            await server.stop(1)
+
+    asyncio.run(main())

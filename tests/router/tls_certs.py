@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import os
+import socket
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,3 +77,30 @@ def _builder(subject: x509.Name, public_key) -> x509.CertificateBuilder:
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(hours=1))
     )
+
+
+def install(issued: Issued, cert: Path, key: Path) -> None:
+    """Puts `issued` at `cert` and `key` as the kubelet swaps a Secret volume's files."""
+    for source, target in ((issued.cert, cert), (issued.key, key)):
+        staged = target.with_suffix(".new")
+        staged.write_bytes(source.read_bytes())
+        os.replace(staged, target)
+
+
+def served_certificate(port: int, client: Issued | None = None) -> x509.Certificate:
+    """The certificate a TLS server on 127.0.0.1:`port` presents to a new connection (HTTP/2
+    offered, for gRPC servers; a client certificate, for servers that require one)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    context.set_alpn_protocols(["h2", "http/1.1"])
+    if client:
+        context.load_cert_chain(client.cert, client.key)
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
+        context.wrap_socket(raw) as connection,
+    ):
+        return x509.load_der_x509_certificate(connection.getpeercert(binary_form=True))
+
+
+def certificate_of(issued: Issued) -> x509.Certificate:
+    return x509.load_pem_x509_certificate(issued.cert.read_bytes())

@@ -107,6 +107,10 @@ class ToyWorker:
     async def ready(self) -> dict:
         return {}
 
+    async def heartbeat(self) -> float:
+        await self._alive()
+        return 0.0
+
     async def stats(self) -> WorkerStats:
         await self._alive()
         return WorkerStats(
