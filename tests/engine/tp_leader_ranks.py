@@ -1,0 +1,69 @@
+"""Rank processes of one tensor-parallel worker as the server runs it, without Ray: rank 0 runs
+the engine on a LeaderExecutor, the other ranks `follow` it (pdserve/engine/tp_executor.py).
+Rank 0 writes what it generated and the KV it read back to a file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from pdserve.core.sampling_params import SamplingParams
+from pdserve.engine.engine import LLMEngine
+from pdserve.engine.model_runner import TorchExecutor
+from pdserve.engine.tp_executor import LeaderExecutor, follow
+from pdserve.engine_config import EngineConfig
+from pdserve.models.tensor_parallel import TensorParallel
+from tests.models.tp_ranks import free_port  # noqa: F401  (re-exported for the test)
+
+
+def engine_config(model_dir: str, tp: int) -> EngineConfig:
+    return EngineConfig(model=model_dir, block_size=8, num_kv_blocks=64, tp=tp)
+
+
+def requests() -> list[tuple[list[int], SamplingParams]]:
+    """Greedy, seeded sampling with n = 2, and a beam search: rank 0's choices only."""
+    gen = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(3, 300, (n,), generator=gen).tolist() for n in (5, 19, 12)]
+    params = [
+        SamplingParams(max_tokens=7, ignore_eos=True),
+        SamplingParams(max_tokens=7, ignore_eos=True, temperature=0.8, seed=3, n=2),
+        SamplingParams(max_tokens=5, ignore_eos=True, beam_width=3, n=2),
+    ]
+    return list(zip(prompts, params, strict=True))
+
+
+def run_requests(engine: LLMEngine) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for i, (prompt, params) in enumerate(requests()):
+        engine.add_request(f"r{i}", prompt, params)
+    while engine.has_unfinished():
+        for o in engine.step():
+            out.setdefault(f"{o.request_id}/{o.index}", []).extend(o.new_token_ids)
+    return out
+
+
+def rank_main(rank: int, size: int, port: int, model_dir: str, kv: torch.Tensor, out: str):
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size
+    )
+    try:
+        tp = TensorParallel(rank, size)
+        config = engine_config(model_dir, size)
+        executor = TorchExecutor(config, Path(model_dir), tp)
+        if rank:
+            follow(executor, tp)
+            return
+        leader = LeaderExecutor(executor, tp)
+        engine = LLMEngine(config, executor=leader)
+        generated = run_requests(engine)
+        blocks = [3, 9, 2]
+        engine.write_kv(blocks, 0, kv)
+        whole = engine.read_kv(blocks, 0, kv.shape[0])
+        top = engine.read_kv(blocks[1:], 1, kv.shape[0])
+        leader.stop()
+        torch.save((generated, whole, top, leader.bytes_per_block), Path(out))
+    finally:
+        dist.destroy_process_group()
