@@ -119,6 +119,8 @@ def test_tp_flags_give_each_pool_its_engine_tp():
         parse("--decode-tp", "0")
     with pytest.raises(CommandError, match="simulated workers model tensor parallelism"):
         parse("--engine", "sim", "--prefill-tp", "2")
+    with pytest.raises(CommandError, match="tensor-parallel workers need --kv-transport grpc"):
+        parse("--kv-transport", "nixl", "--decode-tp", "2")
 
 
 def test_the_dataclasses_check_values_set_in_code():

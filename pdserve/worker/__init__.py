@@ -9,6 +9,8 @@ decode_service/).
 - `worker_spec.py` — `WorkerSpec`: all one actor is started with (its constructor argument).
 - `pools.py` — `create_workers`: the actors on their Ray pools (custom resources, GPUs); a
   STRICT_PACK placement group per tensor-parallel worker.
+- `tp_placement.py` — start-up checks of each pool's TP: the model splits that way, a node
+  holds a whole worker.
 - `rank_group.py` — `RankGroup`, `RankActor`: a tensor-parallel worker's rank actors, their
   torch.distributed group, and the watch that takes the worker down as a unit.
 """

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -13,6 +14,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from decode_service.worker import DecodeWorker
 from pdserve.config import ServeConfig
 from pdserve.engine_config import EngineConfig, SpeculativeConfig
+from pdserve.models.builtin import default_model_dir
+from pdserve.worker.tp_placement import check_tensor_parallel
 from pdserve.worker.worker_spec import WorkerSpec
 from prefill_service.worker import PrefillWorker
 
@@ -30,6 +33,8 @@ def create_workers(
     group (one node): the handle is rank 0's, which starts the other ranks itself
     (rank_group.py); each rank takes 1/N of the pool unit and its own CPUs and GPUs.
     """
+    model_dir = Path(config.engine.model or default_model_dir())
+    check_tensor_parallel(config, model_dir, ray.nodes())
     pools = (
         ("prefill", PrefillWorker, config.prefill_workers, config.prefill_pool_resource),
         ("decode", DecodeWorker, config.decode_workers, config.decode_pool_resource),

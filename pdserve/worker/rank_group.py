@@ -43,7 +43,8 @@ def _join(spec: WorkerSpec, store: dist.Store, rank: int) -> TensorParallel:
     size = spec.engine.tp
     backend = "nccl" if spec.engine.device.startswith("cuda") else "gloo"
     dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=IDLE_FOREVER)
-    return TensorParallel(rank, size)
+    # On CUDA each rank actor sees only the GPU(s) Ray gave it (--gpus-per-worker per rank).
+    return TensorParallel(rank, size, own_device=backend == "nccl")
 
 
 def _executor(spec: WorkerSpec, tp: TensorParallel) -> TorchExecutor:

@@ -1,6 +1,7 @@
 """Tensor-parallel workers served through the real router (Ray rank actors in a STRICT_PACK
 placement group, Gloo between them on CPU): colocated at TP 2, and disaggregated with another
-TP on each side of the KV handoff (P TP 2 -> D TP 1, P TP 1 -> D TP 2); greedy tokens equal
+TP on each side of the KV handoff (P TP 2 -> D TP 1, P TP 1 -> D TP 2 over gRPC, P TP 2 -> D TP 2
+over the collective transport); greedy tokens equal
 transformers' on a random-weight Qwen2 model with GQA."""
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ _gen = torch.Generator().manual_seed(7)
 PROMPTS = [torch.randint(3, 300, (n,), generator=_gen).tolist() for n in (3, 11, 30)]
 MAX_TOKENS = 8
 
-# (prefill workers, prefill TP, decode TP, disaggregated)
+# (prefill workers, prefill TP, decode TP, disaggregated, KV transport); nixl is refused at
+# TP > 1 (tests/test_config.py).
 LAYOUTS = {
-    "colocated-tp2": (0, 1, 2, False),
-    "p-tp2-to-d-tp1": (1, 2, 1, True),
-    "p-tp1-to-d-tp2": (1, 1, 2, True),
+    "colocated-tp2": (0, 1, 2, False, "grpc"),
+    "p-tp2-to-d-tp1": (1, 2, 1, True, "grpc"),
+    "p-tp1-to-d-tp2": (1, 1, 2, True, "grpc"),
+    "p-tp2-to-d-tp2-collective": (1, 2, 2, True, "collective"),
 }
 
 
@@ -39,9 +42,9 @@ def test_tp_workers_serve_what_transformers_generates(ray_cluster, model, layout
     from tests.e2e.conftest import serve_config
 
     model_dir, expected = model
-    prefill_workers, prefill_tp, decode_tp, disaggregated = LAYOUTS[layout]
+    prefill_workers, prefill_tp, decode_tp, disaggregated, transport = LAYOUTS[layout]
     config = serve_config(
-        "grpc", prefill_workers=prefill_workers, decode_workers=1, prefill_tp=prefill_tp
+        transport, prefill_workers=prefill_workers, decode_workers=1, prefill_tp=prefill_tp
     )
     config.decode_tp = decode_tp
     config.engine.model = model_dir

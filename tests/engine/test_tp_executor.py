@@ -1,7 +1,8 @@
 """A tensor-parallel worker's rank 0 alone schedules and samples; the other ranks replay its
 commands (pdserve/engine/tp_executor.py). Run as spawned Gloo ranks: rank 0's greedy, seeded
 (n = 2) and beam outputs equal a TP-1 engine's, and KV written through rank 0 (every head)
-reads back byte for byte, each rank holding its heads' slice."""
+reads back byte for byte, and each other rank's own cache holds exactly its KV heads' slice
+(at TP 4 with 2 KV heads: each head on two ranks)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import torch
 import torch.multiprocessing as mp
 
 from pdserve.engine.engine import LLMEngine
+from pdserve.models.llama import shard_layout
+from pdserve.models.tensor_parallel import TensorParallel
 from tests.engine.tp_leader_ranks import engine_config, free_port, rank_main, run_requests
 from tests.models.test_llama_matches_transformers import make_hf_model
 
@@ -53,3 +56,9 @@ def test_leader_and_followers_serve_as_one_engine(model_dir, size, tmp_path):
     assert torch.equal(whole, kv)
     assert torch.equal(top, kv[1:, :, 1:])
     assert bytes_per_block == reference.bytes_per_block
+    config = reference.model.config
+    for rank in range(1, size):  # each rank holds its KV heads' slice, byte for byte
+        layout = shard_layout(config, TensorParallel(rank, size))
+        first, end = layout.first_kv_head, layout.first_kv_head + layout.num_kv_heads
+        held = torch.load(tmp_path / f"r.pt.rank{rank}")
+        assert torch.equal(held, kv[..., first:end, :])

@@ -1,6 +1,7 @@
 """Rank processes of one tensor-parallel worker as the server runs it, without Ray: rank 0 runs
 the engine on a LeaderExecutor, the other ranks `follow` it (pdserve/engine/tp_executor.py).
-Rank 0 writes what it generated and the KV it read back to a file."""
+Rank 0 writes what it generated and the KV it read back to a file, each other rank the KV its
+own cache holds."""
 
 from __future__ import annotations
 
@@ -53,13 +54,15 @@ def rank_main(rank: int, size: int, port: int, model_dir: str, kv: torch.Tensor,
         tp = TensorParallel(rank, size)
         config = engine_config(model_dir, size)
         executor = TorchExecutor(config, Path(model_dir), tp)
+        blocks = [3, 9, 2]
         if rank:
             follow(executor, tp)
+            # What this rank's own cache holds of the blocks rank 0 wrote: its heads' slice.
+            torch.save(executor.read_kv(blocks, 0, kv.shape[0]), Path(f"{out}.rank{rank}"))
             return
         leader = LeaderExecutor(executor, tp)
         engine = LLMEngine(config, executor=leader)
         generated = run_requests(engine)
-        blocks = [3, 9, 2]
         engine.write_kv(blocks, 0, kv)
         whole = engine.read_kv(blocks, 0, kv.shape[0])
         top = engine.read_kv(blocks[1:], 1, kv.shape[0])
