@@ -1,6 +1,6 @@
 """A tensor-parallel worker's rank 0 alone schedules and samples; the other ranks replay its
 commands (pdserve/engine/tp_executor.py). Run as spawned Gloo ranks: rank 0's greedy, seeded
-(n = 2) and beam outputs equal a TP-1 engine's, and KV written through rank 0 (every head)
+(n = 2), beam, DoLa, SLED and ngram-speculative outputs equal a TP-1 engine's, and KV written through rank 0 (every head)
 reads back byte for byte, and each other rank's own cache holds exactly its KV heads' slice
 (at TP 4 with 2 KV heads: each head on two ranks)."""
 
@@ -49,6 +49,7 @@ def run_ranks(size: int, model_dir: str, kv: torch.Tensor, out) -> tuple:
 def test_leader_and_followers_serve_as_one_engine(model_dir, size, tmp_path):
     reference = LLMEngine(engine_config(model_dir, 1))
     expected = run_requests(reference)
+    assert expected["drafted"][0] > 0  # verify steps with draft rows ran
     layers = reference.num_layers
     kv = torch.randn(layers, 2, 3, 8, 2, reference.model.config.head_dim)
     generated, whole, top, bytes_per_block = run_ranks(size, model_dir, kv, tmp_path / "r.pt")
