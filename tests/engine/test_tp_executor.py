@@ -1,8 +1,8 @@
 """A tensor-parallel worker's rank 0 alone schedules and samples; the other ranks replay its
 commands (pdserve/engine/tp_executor.py). Run as spawned Gloo ranks: rank 0's greedy, seeded
-(n = 2), beam, DoLa, SLED and ngram-speculative outputs equal a TP-1 engine's, and KV written through rank 0 (every head)
-reads back byte for byte, and each other rank's own cache holds exactly its KV heads' slice
-(at TP 4 with 2 KV heads: each head on two ranks)."""
+(n = 2), beam, DoLa, SLED and ngram-speculative outputs equal a TP-1 engine's; KV written
+through rank 0 (every head) reads back byte for byte, and each other rank's own cache holds
+exactly its KV heads' slice (at TP 4 with 2 KV heads: each head on two ranks)."""
 
 from __future__ import annotations
 
