@@ -11,6 +11,7 @@ by the receiver's reaper (on_expired). generate() is the local path: this worker
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -59,7 +60,10 @@ class DecodeWorker(WorkerActor):
 
         self._aloop = asyncio.get_running_loop()
         kv_cache = runtime.engine.kv_cache
-        self._receiver = make_receiver(self._kv_config, self, KVLayout.of(kv_cache), kv_cache)
+        layout = KVLayout.of(kv_cache)
+        if runtime.rank_group:  # TP: rank 0 writes every head, scattering them to the ranks
+            layout = dataclasses.replace(layout, num_kv_heads=runtime.engine.executor.kv_heads)
+        self._receiver = make_receiver(self._kv_config, self, layout, kv_cache)
         self._endpoint = self._receiver.start()
         self._cache_received_kv = self._kv_config.caches_received_kv
 

@@ -430,8 +430,11 @@ async def _bind_async(port: int, flag: str, bind) -> None:
 
 
 def _kill(ray, handles: dict) -> None:
+    from pdserve.worker.pools import release_rank_groups
+
     for handle in handles.values():
         ray.kill(handle, no_restart=True)
+    release_rank_groups()  # TP workers' placement groups, once their ranks are gone
 
 
 def _async(fn):

@@ -291,6 +291,10 @@ class ServeConfig:
     decode_engine: str | None = setting(
         None, "engine of the decode workers (default: --engine)", choices=ENGINE_KINDS
     )
+    # A worker of TP N is N rank actors on one node (docs/design.md, "Engine: tensor
+    # parallelism"): each takes --gpus-per-worker / --cpus-per-worker of its own.
+    prefill_tp: int = setting(1, "tensor-parallel ranks of each prefill worker", minimum=1)
+    decode_tp: int = setting(1, "tensor-parallel ranks of each decode worker", minimum=1)
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -300,10 +304,26 @@ class ServeConfig:
             if self.engine_for(role).kind == "sim" and self.kv.transport != "grpc":
                 name = f"{role}_engine" if getattr(self, f"{role}_engine") else "engine"
                 raise ConfigError("ServeConfig", name, "simulated workers need --kv-transport grpc")
+            if self.kv.transport == "nixl" and getattr(self, f"{role}_tp") > 1:
+                # NIXL reads and writes the registered cache in place: one rank's heads only.
+                raise ConfigError(
+                    "ServeConfig",
+                    f"{role}_tp",
+                    "tensor-parallel workers need --kv-transport "
+                    "grpc or collective (nixl moves one rank's cache, not every head)",
+                )
+            if self.engine_for(role).kind == "sim" and getattr(self, f"{role}_tp") > 1:
+                raise ConfigError(
+                    "ServeConfig",
+                    f"{role}_tp",
+                    "simulated workers model tensor parallelism in --sim-profile "
+                    "(analytical:GPU:tpN), not with rank actors",
+                )
 
     def engine_for(self, role: str) -> EngineConfig:
         """The engine config of the workers of `role` ("prefill" or "decode")."""
         kind = getattr(self, f"{role}_engine") or self.engine.kind
-        if kind == self.engine.kind:
+        tp = getattr(self, f"{role}_tp")
+        if (kind, tp) == (self.engine.kind, self.engine.tp):
             return self.engine
-        return dataclasses.replace(self.engine, kind=kind)
+        return dataclasses.replace(self.engine, kind=kind, tp=tp)

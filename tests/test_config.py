@@ -109,6 +109,20 @@ def test_bad_values_name_their_flag(argv, message):
     assert str(error.value).startswith(message)
 
 
+def test_tp_flags_give_each_pool_its_engine_tp():
+    config = parse("--prefill-tp", "2", "--decode-tp", "4")
+    assert (config.engine_for("prefill").tp, config.engine_for("decode").tp) == (2, 4)
+    assert config.engine.tp == 1  # the shared engine settings are untouched
+    default = parse()
+    assert default.engine_for("decode") is default.engine  # TP 1: the one engine config
+    with pytest.raises(CommandError, match="^--decode-tp: must be at least 1, got 0"):
+        parse("--decode-tp", "0")
+    with pytest.raises(CommandError, match="simulated workers model tensor parallelism"):
+        parse("--engine", "sim", "--prefill-tp", "2")
+    with pytest.raises(CommandError, match="tensor-parallel workers need --kv-transport grpc"):
+        parse("--kv-transport", "nixl", "--decode-tp", "2")
+
+
 def test_the_dataclasses_check_values_set_in_code():
     with pytest.raises(ConfigError, match=r"^EngineConfig\.block_size: must be at least 1"):
         EngineConfig(block_size=0)

@@ -34,7 +34,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--gpus", type=bounded(int, minimum=1), required=True, help="GPUs to split")
     parser.add_argument(
-        "--tp", type=bounded(int, minimum=1), default=1, help="tensor parallel GPUs per worker"
+        "--tp",
+        type=bounded(int, minimum=1),
+        default=1,
+        help="tensor parallel GPUs per worker, both pools (default: 1)",
+    )
+    parser.add_argument(
+        "--prefill-tp",
+        type=_tp_list,
+        metavar="N[,N...]",
+        help="TPs the prefill pool's workers may have, e.g. 1,2,4 (default: --tp)",
+    )
+    parser.add_argument(
+        "--decode-tp",
+        type=_tp_list,
+        metavar="N[,N...]",
+        help="TPs the decode (and colocated) workers may have (default: --tp)",
     )
     parser.add_argument(
         "--workload",
@@ -131,38 +146,63 @@ def _plan(args: argparse.Namespace):
     from pdserve.config import RouterConfig
     from pdserve.planner.ceiling import compute_ceiling
     from pdserve.planner.deployment import Deployment
-    from pdserve.planner.probe import SLO
+    from pdserve.planner.probe import SLO, Split
     from pdserve.planner.search import (
         Search,
-        all_splits,
         sampled_requests_per_worker,
         steady_requests_per_worker,
+        tp_splits,
     )
     from pdserve.planner.workload import load_workload, probe_sample
     from pdserve.sim.profiles import ProfileError
 
     if args.gpu.lower() not in GPUS:
         raise CommandError(f"--gpu: unknown GPU {args.gpu!r} (known: {', '.join(GPUS)})")
-    if args.gpus % args.tp:
+    prefill_tps, decode_tps = args.prefill_tp or [args.tp], args.decode_tp or [args.tp]
+    per_pool = args.prefill_tp is not None or args.decode_tp is not None
+    if not per_pool and args.gpus % args.tp:
         raise CommandError(f"--gpus {args.gpus} is not a multiple of --tp {args.tp}")
-    workers = args.gpus // args.tp
-    if workers < 1:
-        raise CommandError(f"--gpus {args.gpus} holds no worker of --tp {args.tp}")
-    try:
-        deployment = Deployment(
-            args.model,
-            gpu=args.gpu,
-            tp=args.tp,
-            profile=args.profile,
-            dtype=args.dtype,
-            link_gbps=args.link_gbps,
-            max_num_seqs=args.max_num_seqs,
-            max_num_batched_tokens=args.max_num_batched_tokens,
+    if per_pool and args.profile and len({*prefill_tps, *decode_tps}) > 1:
+        raise CommandError(
+            "--profile times every worker alike: give one TP (--tp) with it, or leave it out "
+            "(each TP gets analytical:GPU:tpN)"
         )
+    splits = tp_splits(args.gpus, prefill_tps, decode_tps)
+    if not splits:
+        raise CommandError(
+            f"--gpus {args.gpus} holds no worker of --prefill-tp {_tps(prefill_tps)} "
+            f"/ --decode-tp {_tps(decode_tps)}"
+        )
+    try:
+        deployments = {
+            tp: Deployment(
+                args.model,
+                gpu=args.gpu,
+                tp=tp,
+                profile=args.profile,
+                dtype=args.dtype,
+                link_gbps=args.link_gbps,
+                max_num_seqs=args.max_num_seqs,
+                max_num_batched_tokens=args.max_num_batched_tokens,
+            )
+            for tp in sorted({*prefill_tps, *decode_tps})
+        }
     except ProfileError as e:
         raise CommandError(f"--profile: {_one_line(e)}") from None
     except (ValueError, KeyError, OSError) as e:
         raise CommandError(_one_line(e)) from None
+    deployment = deployments[min(decode_tps)]
+    workers = max(s.prefill + s.decode for s in splits)  # the most any probe may simulate
+    pools: dict[tuple[int, int], Deployment] = {}
+
+    def deployment_for(split: Split) -> Deployment:
+        tps = (split.prefill_tp, split.decode_tp)
+        if tps not in pools:
+            pools[tps] = deployments[split.decode_tp].with_prefill_pool(
+                deployments[split.prefill_tp]
+            )
+        return pools[tps]
+
     try:
         workload = load_workload(args.workload, args.requests, args.seed)
     except ValueError as e:
@@ -195,14 +235,17 @@ def _plan(args: argparse.Namespace):
         on_probe=on_probe,
         jobs=args.jobs,
         rank_all=not args.bracket_runners_up,
+        deployment_for=deployment_for,
     )
-    plan = search.run(all_splits(workers))
+    plan = search.run(splits)
     context = {
         "model": args.model,
         "gpu": deployment.gpu,
         "gpus": args.gpus,
-        "tp": args.tp,
-        "profile": deployment.profile,
+        "tp": args.tp
+        if not per_pool
+        else f"prefill {_tps(prefill_tps)}, decode {_tps(decode_tps)}",
+        "profile": deployment.profile if len(deployments) == 1 else "analytical:GPU:tpN per pool",
         "workload": args.workload,
         "requests": len(workload),
         "requests_per_worker": args.requests_per_worker,
@@ -210,9 +253,22 @@ def _plan(args: argparse.Namespace):
         "ttft_slo_ms": args.ttft_slo_ms,
         "tpot_slo_ms": args.tpot_slo_ms,
         "attainment": args.attainment,
-        "compute_ceiling": compute_ceiling(deployment, sample, workers),
+        # FLOPs / (tp x peak) per worker: the same ceiling at any TP, from the smallest.
+        "compute_ceiling": compute_ceiling(
+            deployments[min(deployments)], sample, args.gpus // min(deployments)
+        ),
     }
     return plan, context
+
+
+def _tp_list(text: str) -> list[int]:
+    """`1,2,4`: the TPs a pool's workers may have."""
+    parse = bounded(int, minimum=1)
+    return [parse(part) for part in text.split(",")]
+
+
+def _tps(tps: list[int]) -> str:
+    return ",".join(map(str, tps))
 
 
 def _print_probe(probe) -> None:

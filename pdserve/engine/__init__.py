@@ -20,6 +20,8 @@ types in `pdserve.core`. This package imports none of ray, grpc or redis.
   `BeamRequest`: its running beams and their offers.
 - `model_runner.py` — `TorchExecutor` (the torch side of the executor seam) and `ModelRunner`:
   the paged KV cache tensor; batch -> tensors -> logits.
+- `tp_executor.py` — a tensor-parallel worker's executors: rank 0's `LeaderExecutor` broadcasts
+  each step, block copy and KV read/write; the other ranks `follow`.
 - `attention_batch.py` — a step's `AttentionContext` (built once, used by every layer), with
   its sequences in attention groups when their lengths differ widely.
 - `compiled_decode.py` — `CompiledDecode`: decode-only steps as compiled static-shape graphs

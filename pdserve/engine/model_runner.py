@@ -49,7 +49,12 @@ class TorchExecutor:
                 f"EngineConfig.tp is {config.tp} but the engine was given "
                 f"{'no tensor-parallel group' if tp is None else f'a group of {tp.size} ranks'}"
             )
-        if config.device.startswith("cuda") and config.tp > torch.cuda.device_count():
+        shared_devices = tp is None or not tp.own_device  # the ranks pick among this node's
+        if (
+            shared_devices
+            and config.device.startswith("cuda")
+            and config.tp > torch.cuda.device_count()
+        ):
             raise ValueError(
                 f"tp {config.tp} needs {config.tp} CUDA devices, this node has "
                 f"{torch.cuda.device_count()}"

@@ -24,11 +24,15 @@ from pdserve.models.tp_layout import ShardLayout
 @dataclass(frozen=True)
 class TensorParallel:
     """Rank `rank` of `size` ranks that together run one model; `group` the torch.distributed
-    process group of those ranks (None: the default group)."""
+    process group of those ranks (None: the default group). `own_device`: see below."""
 
     rank: int
     size: int
     group: Any = None
+    # Each rank's process sees only its own device (a Ray rank actor given one GPU): its
+    # device is "cuda" of its own view, and the placement group, not this process's device
+    # count, guarantees a device per rank.
+    own_device: bool = False
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """The sum over ranks, in place (x: contiguous)."""

@@ -68,7 +68,7 @@ class VirtualCluster:
         roles = [("prefill", i) for i in range(prefill_workers)]
         roles += [("decode", i) for i in range(decode_workers)]
         for role, i in roles:
-            engine, meter = deployment.new_engine()
+            engine, meter = deployment.for_role(role).new_engine()
             worker_id = f"{role}-{i}"
             self.workers[worker_id] = VirtualWorker(
                 worker_id, role, engine, meter, self.loop, self._dispatch

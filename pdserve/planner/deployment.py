@@ -9,6 +9,7 @@ the step time instead (`StepMeter` reads it off the timing model as the executor
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -97,10 +98,23 @@ class Deployment:
             max_num_batched_tokens=max_num_batched_tokens,
             sim=SimConfig(profile=self.profile, link_gbps=link_gbps),
         )
+        # The prefill pool's deployment when it runs at another TP (with_prefill_pool).
+        self.prefill_pool: Deployment = self
         self.tokenizer = Tokenizer.from_dir(self.model_dir)
         self.link_bytes_per_s = link_gbps * 1e9 / 8
         # Longest prompt + output a worker serves.
         self.max_model_len = model_limits.max_model_len(self.model_config, self.engine_config)
+
+    def with_prefill_pool(self, prefill: Deployment) -> Deployment:
+        """This deployment for the decode (and colocated) workers, `prefill`'s (its TP, timing
+        profile and KV pool) for the prefill workers."""
+        both = copy.copy(self)
+        both.prefill_pool = prefill
+        return both
+
+    def for_role(self, role: str) -> Deployment:
+        """What the workers of `role` run."""
+        return self.prefill_pool if role == "prefill" else self
 
     def new_engine(self) -> tuple[LLMEngine, StepMeter]:
         """A fresh sim engine that never sleeps, and the meter of its modelled steps."""

@@ -41,16 +41,33 @@ class SLO:
 
 @dataclass(frozen=True)
 class Split:
-    """Prefill and decode workers; prefill = 0 is colocated serving."""
+    """Prefill and decode workers; prefill = 0 is colocated serving (its workers at
+    decode_tp). Each pool's workers are tensor-parallel groups of its TP's GPUs."""
 
     prefill: int
     decode: int
+    prefill_tp: int = 1
+    decode_tp: int = 1
+
+    @property
+    def gpus(self) -> int:
+        return self.prefill * self.prefill_tp + self.decode * self.decode_tp
 
     @property
     def name(self) -> str:
-        return (
-            f"colocated {self.decode}" if self.prefill == 0 else f"{self.prefill}P:{self.decode}D"
+        if self.prefill == 0:
+            tp = f" (TP {self.decode_tp})" if self.decode_tp > 1 else ""
+            return f"colocated {self.decode}{tp}"
+        tp = (
+            f" (TP {self.prefill_tp}:{self.decode_tp})"
+            if self.gpus > self.prefill + self.decode
+            else ""
         )
+        return f"{self.prefill}P:{self.decode}D{tp}"
+
+    def replica(self, k: int) -> Split:
+        """One of k identical replicas of this split."""
+        return Split(self.prefill // k, self.decode // k, self.prefill_tp, self.decode_tp)
 
 
 @dataclass

@@ -19,10 +19,9 @@ def plan_table(plan: Plan, context: dict[str, Any], top: int) -> str:
         f"{'split':>14}  {'goodput req/s':>13}  {'per GPU':>8}  {'TTFT p50/p90 ms':>16}  "
         f"{'TPOT p50/p90 ms':>16}  {'GPU util P/D':>12}",
     ]
-    gpus_per_worker = c["tp"]
     # The best `top` searched in full (fewer when the others all failed at the bar).
     for result in [r for r in plan.results if not r.pruned][:top]:
-        lines.append(_row(result, gpus_per_worker))
+        lines.append(_row(result))
     lines.append(_recommendation(plan))
     pruned = [r.split.name for r in plan.results if r.pruned]
     if pruned:
@@ -42,8 +41,8 @@ def plan_table(plan: Plan, context: dict[str, Any], top: int) -> str:
     return "\n".join(lines)
 
 
-def _row(result: SplitResult, gpus_per_worker: int) -> str:
-    gpus = (result.split.prefill + result.split.decode) * gpus_per_worker
+def _row(result: SplitResult) -> str:
+    gpus = result.split.gpus
     goodput = f"{'>=' if result.saturated else ''}{result.goodput:.2f}"
     if result.below_best:  # passed at goodput, failed at failed_at (the best of the others)
         goodput = f"{result.goodput:.0f}-{result.failed_at:.0f}"
@@ -126,6 +125,8 @@ def _split_json(result: SplitResult) -> dict[str, Any]:
         "split": result.split.name,
         "prefill_workers": result.split.prefill,
         "decode_workers": result.split.decode,
+        "prefill_tp": result.split.prefill_tp,
+        "decode_tp": result.split.decode_tp,
         "estimate": result.estimate,
         "goodput": result.goodput,
         "failed_at": result.failed_at,

@@ -120,6 +120,21 @@ def all_splits(workers: int) -> list[Split]:
     return [Split(0, workers)] + [Split(p, workers - p) for p in range(1, workers)]
 
 
+def tp_splits(gpus: int, prefill_tps: list[int], decode_tps: list[int]) -> list[Split]:
+    """Every way to serve on `gpus` GPUs with each pool at one of its TPs: colocated at each
+    decode TP that divides them, and every P prefill workers of TP p with D decode workers of
+    TP d that use them all (P x p + D x d = gpus, P and D at least 1)."""
+    splits = [Split(0, gpus // d, decode_tp=d) for d in sorted(set(decode_tps)) if gpus % d == 0]
+    for p in sorted(set(prefill_tps)):
+        for d in sorted(set(decode_tps)):
+            splits += [
+                Split(n, (gpus - n * p) // d, p, d)
+                for n in range(1, gpus // p)
+                if (gpus - n * p) % d == 0 and gpus - n * p >= d
+            ]
+    return splits
+
+
 def replica_count(split: Split, min_workers: int) -> int:
     """The most identical replicas `split` divides into, each of at least `min_workers`."""
     common = math.gcd(split.prefill, split.decode)
@@ -138,7 +153,8 @@ class WorkerRates:
 
 
 def worker_rates(deployment: Deployment, sample: list[ProbeRequest]) -> WorkerRates:
-    """Throughput bounds of one worker for the sample's mean lengths: prefill at full steps,
+    """Throughput bounds of one worker for the sample's mean lengths (a prefill worker at the
+    prefill pool's TP, the others at the deployment's): prefill at full steps,
     decode at full batches, colocated steps decoding the batch and prefilling the prompts that
     replace the requests it finishes (within the step's token budget)."""
     engine, meter = deployment.new_engine()
@@ -146,7 +162,8 @@ def worker_rates(deployment: Deployment, sample: list[ProbeRequest]) -> WorkerRa
     prompt = sum(len(r.prompt) for r in sample) / len(sample)
     output = sum(r.output_len for r in sample) / len(sample)
     chunk = min(config.max_num_batched_tokens, max(1, round(prompt)))
-    prefill_step = timing.step_seconds(StepWork.of([Chunk(0, chunk, False)], 1))
+    prefill_timing = deployment.for_role("prefill").new_engine()[1].timing  # its TP's
+    prefill_step = prefill_timing.step_seconds(StepWork.of([Chunk(0, chunk, False)], 1))
     prefill_rate = chunk / prefill_step / prompt  # prompts/s of one worker
     context = round(prompt + output / 2)
     batch = max(1, min(config.max_num_seqs, engine.block_manager.num_blocks * config.block_size
@@ -215,12 +232,16 @@ class Search:
         on_probe: Callable[[ProbeResult], None] | None = None,
         jobs: int = 1,
         rank_all: bool = True,
+        deployment_for: Callable[[Split], Deployment] | None = None,
     ) -> None:
         """`jobs` > 1: splits are searched in that many forked processes (`on_probe` is then
         called in them). `rank_all`: every split that passes the bar is searched within the
         precision; otherwise a disaggregated one stops once it failed at or below the best
-        goodput of an earlier wave (it cannot be the recommendation: `below_best`)."""
+        goodput of an earlier wave (it cannot be the recommendation: `below_best`).
+        `deployment_for`: the deployment of a split whose pools run at other TPs (tp_splits);
+        default `deployment` for every split."""
         self.deployment, self.sample, self.slo = deployment, sample, slo
+        self.deployment_for = deployment_for or (lambda split: deployment)
         self.router_config, self.timing = router_config, timing
         self.precision, self.top = precision, top
         self.requests_per_worker = requests_per_worker
@@ -232,12 +253,16 @@ class Search:
 
     def run(self, splits: list[Split]) -> Plan:
         started = time.perf_counter()
-        rates = worker_rates(self.deployment, self.sample)
+        rates: dict[tuple[int, int], WorkerRates] = {}  # by the pools' TPs
+        for s in splits:
+            tps = (s.prefill_tp, s.decode_tp)
+            if tps not in rates:
+                rates[tps] = worker_rates(self.deployment_for(s), self.sample)
         disaggregate = self.router_config.disaggregate
         results = [
             SplitResult(
                 s,
-                split_estimate(rates, s, disaggregate),
+                split_estimate(rates[s.prefill_tp, s.decode_tp], s, disaggregate),
                 replica_count(s, self.min_replica_workers),
             )
             for s in splits
@@ -299,7 +324,7 @@ class Search:
 
     def _probe(self, result: SplitResult, rate: float) -> bool:
         k, split = result.replicas, result.split
-        replica = Split(split.prefill // k, split.decode // k)
+        replica = split.replica(k)
         workers = replica.prefill + replica.decode
         steady = min(len(self.sample), steady_requests_per_worker(self.deployment) * workers)
         size = steady if result.steady else self.requests_per_worker * workers
@@ -320,7 +345,7 @@ class Search:
         """One probe of `size` requests of the sample on one replica of the split."""
         k = result.replicas
         probe, _ = run_probe(
-            self.deployment,
+            self.deployment_for(result.split),
             replica,
             self.sample[:size],
             rate / k,

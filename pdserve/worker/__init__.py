@@ -7,5 +7,10 @@ decode_service/).
 - `memory_usage.py` — peak RSS and peak CUDA memory of the worker process (WorkerStats).
 - `worker_spec.py` — `WorkerSpec`: everything an actor is started with (no secrets in env).
 - `worker_spec.py` — `WorkerSpec`: all one actor is started with (its constructor argument).
-- `pools.py` — `create_workers`: the actors on their Ray pools (custom resources, GPUs).
+- `pools.py` — `create_workers`: the actors on their Ray pools (custom resources, GPUs); a
+  STRICT_PACK placement group per tensor-parallel worker.
+- `tp_placement.py` — start-up checks of each pool's TP: the model splits that way, a node
+  holds a whole worker.
+- `rank_group.py` — `RankGroup`, `RankActor`: a tensor-parallel worker's rank actors, their
+  torch.distributed group, and the watch that takes the worker down as a unit.
 """

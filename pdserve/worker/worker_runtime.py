@@ -53,8 +53,16 @@ class WorkerRuntime:
                 heartbeat_ttl_s=spec.worker.prefix_heartbeat_ttl_s,
             )
         sink = self.index_feeder.enqueue if self.index_feeder else None
+        self.rank_group = None
+        if engine_config.tp > 1:  # rank 0 of a tensor-parallel worker
+            from pdserve.worker.rank_group import RankGroup
+
+            self.rank_group = RankGroup(worker_id, spec)
+        executor = self.rank_group.executor if self.rank_group else None
         # The router decodes the client's text over every attempt (router/output_text.py).
-        self.engine = LLMEngine(engine_config, kv_event_sink=sink, emit_text=False)
+        self.engine = LLMEngine(
+            engine_config, kv_event_sink=sink, emit_text=False, executor=executor
+        )
         self.loop = EngineLoop(self.engine, asyncio.get_running_loop())
         self.loop.step_listeners.append(self._measure_step)
         self._stats = WorkerStats(
@@ -189,6 +197,8 @@ class WorkerRuntime:
 
     def shutdown(self) -> None:
         self.loop.stop()
+        if self.rank_group:
+            self.rank_group.stop()
         if self.index_feeder:
             self.index_feeder.stop()
 

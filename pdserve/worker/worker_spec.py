@@ -8,6 +8,7 @@ variables are forwarded as environment, as that standard expects.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from pdserve.config import KVTransferConfig, LogConfig, WorkerConfig
 from pdserve.engine_config import EngineConfig
@@ -24,3 +25,8 @@ class WorkerSpec:
     # Freeze the startup heap once the engine is up (pdserve/heap.py): only where the worker
     # owns its process, as a Ray actor does (the pools set it), never in a test's process.
     freeze_startup_heap: bool = False
+    # Tensor parallelism (engine.tp > 1; pdserve/worker/rank_group.py): the STRICT_PACK Ray
+    # placement group whose bundle r holds rank r, and the Ray options each rank actor takes
+    # from its bundle (num_cpus, num_gpus, resources).
+    placement_group: Any = None
+    rank_options: dict[str, Any] = field(default_factory=dict)

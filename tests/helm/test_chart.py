@@ -97,7 +97,7 @@ def test_worker_groups_follow_their_role_values(case):
         assert pod.get("nodeSelector", {}) == want["nodeSelector"]
         assert pod.get("tolerations", []) == want["tolerations"]
         worker = container(pod, "ray-worker")
-        gpus = want["workersPerPod"] * want["gpusPerWorker"]
+        gpus = want["workersPerPod"] * want["tp"] * want["gpusPerWorker"]  # GPUs of every rank
         limits, requests = worker["resources"].get("limits", {}), worker["resources"]["requests"]
         assert limits.get("nvidia.com/gpu", 0) == requests.get("nvidia.com/gpu", 0) == gpus
         assert requests["cpu"] == want["resources"]["requests"]["cpu"]
@@ -107,12 +107,14 @@ def test_worker_groups_follow_their_role_values(case):
 def test_gpu_pools_example_requests_gpus_on_gpu_nodes():
     groups = {g["groupName"]: g for g in raycluster("gpu-pools")["spec"]["workerGroupSpecs"]}
     decode = container(groups["decode"]["template"]["spec"], "ray-worker")
-    assert decode["resources"]["limits"]["nvidia.com/gpu"] == 2
+    assert decode["resources"]["limits"]["nvidia.com/gpu"] == 4  # 2 workers of TP 2
     assert groups["prefill"]["template"]["spec"]["nodeSelector"] == {
         "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"
     }
     argv = serve_argv("gpu-pools")
     assert flag(argv, "--gpus-per-worker") == "1"
+    assert flag(argv, "--decode-tp") == "2"
+    assert "--prefill-tp" not in argv  # TP 1: the default, no flag
     assert flag(argv, "--kv-transport") == "collective"
     assert flag(argv, "--model") == "/models/Llama-3.1-8B-Instruct"
 

@@ -7,6 +7,9 @@ import json
 import pytest
 
 from pdserve.cli import main
+from pdserve.planner.deployment import Deployment
+from pdserve.planner.search import tp_splits, worker_rates
+from pdserve.planner.workload import load_workload, probe_sample
 
 SLOS = ["--ttft-slo-ms", "400", "--tpot-slo-ms", "40"]
 
@@ -39,9 +42,68 @@ def test_a_small_plan_prints_the_best_splits_and_writes_every_one(
     assert best["goodput"] > 0 and best["ttft_ms"]["p90"] <= 400
 
 
+def test_tp_splits_use_every_gpu_with_each_pool_at_its_tp():
+    splits = tp_splits(4, [1, 2], [1, 2])
+    assert all(s.gpus == 4 for s in splits)
+    assert {s.name for s in splits} == {
+        "colocated 4", "colocated 2 (TP 2)",
+        "1P:3D", "2P:2D", "3P:1D",
+        "2P:1D (TP 1:2)", "1P:1D (TP 2:2)", "1P:2D (TP 2:1)",
+    }  # fmt: skip
+    assert tp_splits(3, [2], [2]) == []
+
+
+def test_a_tp_below_one_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit):
+        main(["plan", "--model", "m", "--gpus", "2", "--workload", "chat", *SLOS,
+              "--prefill-tp", "1,0"])  # fmt: skip
+    assert "argument --prefill-tp: must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_a_plan_searches_tp_per_pool(planner_model_dir, tmp_path, capsys):
+    """--prefill-tp / --decode-tp: each pool's workers at each of its TPs; every split uses
+    the GPUs."""
+    workload = tmp_path / "w.jsonl"
+    workload.write_text("".join(f"[{40 + i % 30}, {4 + i % 5}]\n" for i in range(40)))
+    out_json = tmp_path / "plan.json"
+    code, out, err = _plan(
+        capsys,
+        "--model", str(planner_model_dir), "--gpus", "4", "--workload", str(workload),
+        *SLOS, "--requests-per-worker", "20", "--precision", "0.3", "--top", "3",
+        "--prefill-tp", "1,2", "--decode-tp", "2", "--json", str(out_json),
+    )  # fmt: skip
+    assert code == 0, err
+    plan = json.loads(out_json.read_text())
+    splits = {s["split"]: s for s in plan["splits"]}
+    assert set(splits) == {"colocated 2 (TP 2)", "2P:1D (TP 1:2)", "1P:1D (TP 2:2)"}
+    for s in plan["splits"]:
+        assert s["prefill_workers"] * s["prefill_tp"] + s["decode_workers"] * s["decode_tp"] == 4
+    assert plan["tp"] == "prefill 1,2, decode 2"
+    assert "recommended: " in out
+    assert all(s["estimate"] > 0 for s in plan["splits"])
+
+
+def test_each_pool_is_timed_at_its_own_tp(planner_model_dir):
+    """A prefill pool at TP 2 beside a decode pool at TP 1: prefill workers get the tp2
+    profile (a faster prefill per worker), decode and colocated workers keep tp1's."""
+    sample = probe_sample(load_workload("chat", 50, 0), 50, 0)
+    tp1, tp2 = (Deployment(str(planner_model_dir), tp=tp) for tp in (1, 2))
+    mixed = tp1.with_prefill_pool(tp2)
+    assert mixed.for_role("prefill").profile == "analytical:h100:tp2"
+    assert mixed.for_role("decode").profile == "analytical:h100:tp1"
+    plain, split = worker_rates(tp1, sample), worker_rates(mixed, sample)
+    assert split.prefill > 1.3 * plain.prefill
+    assert split.decode == plain.decode
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
+        (["--gpus", "3", "--decode-tp", "2", "--prefill-tp", "2"], "--gpus 3 holds no worker"),
+        (
+            ["--decode-tp", "1,2", "--profile", "analytical:h100"],
+            "--profile times every worker alike",
+        ),
         (["--gpu", "b200"], "--gpu: unknown GPU 'b200' (known: a100, h100, h200, l40s)"),
         (["--gpus", "3", "--tp", "2"], "--gpus 3 is not a multiple of --tp 2"),
         (

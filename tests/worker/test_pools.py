@@ -10,7 +10,10 @@ import pytest
 
 from pdserve.config import KVTransferConfig, ServeConfig, WorkerConfig
 from pdserve.engine_config import EngineConfig
+from pdserve.models.builtin import builtin_model_dir
+from pdserve.startup_checks import StartupError
 from pdserve.worker.pools import create_workers, forwarded_env
+from pdserve.worker.tp_placement import check_tensor_parallel
 
 
 def session_files_containing(ray, text: str) -> list[str]:
@@ -62,3 +65,44 @@ def test_only_opentelemetry_variables_are_forwarded(monkeypatch):
     assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://collector:4317"
     assert not [k for k in env if not k.startswith("OTEL_")]
     assert "OTEL_SERVICE_NAME" not in env
+
+
+def _node(resource: str, cpus: float, gpus: float = 0, alive: bool = True) -> dict:
+    return {"Alive": alive, "Resources": {resource: 4, "CPU": cpus, "GPU": gpus}}
+
+
+@pytest.mark.parametrize(
+    ("flags", "nodes", "message"),
+    [
+        (  # the built-in model has 4 attention heads
+            dict(decode_tp=3),
+            [_node("decode_pool", 8)],
+            "--decode-tp: tensor parallel degree 3 does not divide num_attention_heads 4",
+        ),
+        (
+            dict(decode_tp=4, gpus_per_worker=1),
+            [_node("decode_pool", 16, gpus=2), _node("prefill_pool", 16, gpus=8)],
+            "--decode-tp 4: a worker needs 4 GPUs and 0 CPUs on one node (4 ranks x "
+            "--gpus-per-worker 1 / --cpus-per-worker 0); the decode_pool nodes have at most "
+            "2 GPUs and 16 CPUs",
+        ),
+        (  # CPU ranks: a core each at least
+            dict(prefill_tp=4),
+            [_node("prefill_pool", 2), _node("prefill_pool", 8, alive=False)],
+            "--prefill-tp 4: a worker needs 0 GPUs and 4 CPUs on one node",
+        ),
+    ],
+)
+def test_a_tp_that_cannot_work_is_one_line_naming_the_flag(flags, nodes, message):
+    config = ServeConfig(engine=EngineConfig(num_threads=1), **flags)
+    with pytest.raises(StartupError) as error:
+        check_tensor_parallel(config, builtin_model_dir(), nodes)
+    assert str(error.value).startswith(message)
+
+
+def test_a_tp_that_fits_passes_and_tp_1_is_not_checked():
+    config = ServeConfig(engine=EngineConfig(num_threads=1), prefill_tp=2, decode_tp=2)
+    check_tensor_parallel(
+        config, builtin_model_dir(), [_node("prefill_pool", 2), _node("decode_pool", 2)]
+    )
+    check_tensor_parallel(ServeConfig(), builtin_model_dir(), [])  # TP 1: nothing to check

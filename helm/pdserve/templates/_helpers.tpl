@@ -204,17 +204,19 @@ An environment variable, not a flag: argv (and the password in the URL) is visib
 The pool's Ray custom resources as a `ray start --resources` parameter, in KubeRay's quoting
 convention: KubeRay pastes the value into a shell command line, so it is the JSON object
 wrapped in double quotes with its inner quotes escaped: '"{\"prefill_pool\":1}"'.
-Each worker actor requires 1 unit, so a pod hosts exactly workersPerPod actors of its pool.
+Each worker requires 1 unit (a TP-N worker's N rank actors 1/N each), so a pod hosts exactly
+workersPerPod workers of its pool.
 */}}
 {{- define "pdserve.rayResources" -}}
 {{- $resources := dict .poolResource (int .workersPerPod) }}
 {{- printf "\"%s\"" (toJson $resources | replace "\"" "\\\"") | squote }}
 {{- end }}
 
-{{/* Pod resources of a pool: the values' CPU/memory plus workersPerPod x gpusPerWorker GPUs. */}}
+{{/* Pod resources of a pool: the values' CPU/memory plus workersPerPod x tp x gpusPerWorker
+GPUs (each of a worker's tp rank actors takes gpusPerWorker of them). */}}
 {{- define "pdserve.workerResources" -}}
 {{- $resources := deepCopy .resources -}}
-{{- $gpus := mul .workersPerPod .gpusPerWorker }}
+{{- $gpus := mul .workersPerPod (.tp | default 1) .gpusPerWorker }}
 {{- if gt (int $gpus) 0 }}
 {{- $limits := get $resources "limits" | default dict }}
 {{- $_ := set $limits "nvidia.com/gpu" (int $gpus) }}
@@ -353,6 +355,14 @@ involved. The Redis URL comes from the env (PDSERVE_REDIS_URL), never from argv.
 - {{ mul $v.decode.replicas $v.decode.workersPerPod | toString | quote }}
 - --gpus-per-worker
 - {{ $v.prefill.gpusPerWorker | toString | quote }}
+{{- if ne (int ($v.prefill.tp | default 1)) 1 }}
+- --prefill-tp
+- {{ $v.prefill.tp | toString | quote }}
+{{- end }}
+{{- if ne (int ($v.decode.tp | default 1)) 1 }}
+- --decode-tp
+- {{ $v.decode.tp | toString | quote }}
+{{- end }}
 - --kv-transport
 - {{ $v.kvTransfer.transport }}
 {{- with $v.kvTransfer.nixlUcxTls }}

@@ -1,0 +1,56 @@
+"""Tensor-parallel workers served through the real router (Ray rank actors in a STRICT_PACK
+placement group, Gloo between them on CPU): colocated at TP 2, and disaggregated with another
+TP on each side of the KV handoff (P TP 2 -> D TP 1, P TP 1 -> D TP 2 over gRPC, P TP 2 -> D TP 2
+over the collective transport); greedy tokens equal
+transformers' on a random-weight Qwen2 model with GQA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pdserve.client import GenerationClient
+from tests.models.hf_reference import hf_greedy
+from tests.models.test_llama_matches_transformers import make_hf_model
+
+pytest.importorskip("transformers")
+
+_gen = torch.Generator().manual_seed(7)
+PROMPTS = [torch.randint(3, 300, (n,), generator=_gen).tolist() for n in (3, 11, 30)]
+MAX_TOKENS = 8
+
+# (prefill workers, prefill TP, decode TP, disaggregated, KV transport); nixl is refused at
+# TP > 1 (tests/test_config.py).
+LAYOUTS = {
+    "colocated-tp2": (0, 1, 2, False, "grpc"),
+    "p-tp2-to-d-tp1": (1, 2, 1, True, "grpc"),
+    "p-tp1-to-d-tp2": (1, 1, 2, True, "grpc"),
+    "p-tp2-to-d-tp2-collective": (1, 2, 2, True, "collective"),
+}
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("qwen2-gqa")
+    hf = make_hf_model(directory, "qwen2", num_key_value_heads=2)
+    return str(directory), hf_greedy(hf, PROMPTS, MAX_TOKENS)
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_tp_workers_serve_what_transformers_generates(ray_cluster, model, layout):
+    from pdserve.app import BackgroundApp
+    from tests.e2e.conftest import serve_config
+
+    model_dir, expected = model
+    prefill_workers, prefill_tp, decode_tp, disaggregated, transport = LAYOUTS[layout]
+    config = serve_config(
+        transport, prefill_workers=prefill_workers, decode_workers=1, prefill_tp=prefill_tp
+    )
+    config.decode_tp = decode_tp
+    config.engine.model = model_dir
+    config.router.disaggregate = "always" if disaggregated else "never"
+    with BackgroundApp(config) as app, GenerationClient(f"127.0.0.1:{app.port}") as client:
+        for prompt, tokens in zip(PROMPTS, expected, strict=True):
+            completion = client.generate(prompt, max_tokens=MAX_TOKENS, ignore_eos=True)
+            assert completion.timings.disaggregated == disaggregated
+            assert completion.choices[0].token_ids == tokens, prompt
