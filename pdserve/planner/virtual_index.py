@@ -34,8 +34,10 @@ class VirtualIndex:
         return pending.extend
 
     def step_ended(self, worker_id: str) -> None:
-        events, self._pending[worker_id] = self._pending.get(worker_id, []), []
-        if events:
+        pending = self._pending.get(worker_id)
+        if pending:  # emptied in place: the engine's sink is bound to this list
+            events = pending[:]
+            pending.clear()
             self._loop.after(self.lag_s, lambda: self._apply(worker_id, events))
 
     def lookup(self, block_hashes: Sequence[int]) -> dict[str, int]:

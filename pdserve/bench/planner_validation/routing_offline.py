@@ -41,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.workload == "tenants":
+    if getattr(args, "workload", "multi-turn") == "tenants":
         return routing_tenants.run(args)
     return sim_routing_bench.run(args, measure_size_with=measure_size_offline)
 
