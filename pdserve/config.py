@@ -111,6 +111,10 @@ class KVTransferConfig:
         return self.trust_peer_cache or self.mutual_tls
 
 
+# The router's policies (router/policy.py describes each).
+ROUTING_POLICIES = ("cost", "round_robin", "least_loaded", "prefix", "approximate", "random")
+
+
 @dataclass
 class RouterConfig:
     """The client-facing gRPC server and its routing policy."""
@@ -127,7 +131,7 @@ class RouterConfig:
         "HTTP streams send every token as its own server-sent event, though a decode worker "
         "sent several at once (what clients timing inter-token latency per event expect)",
     )
-    policy: str = setting("cost", "", choices=("cost", "round_robin", "least_loaded", "prefix"))
+    policy: str = setting("cost", "", choices=ROUTING_POLICIES)
     disaggregate: str = setting(
         "auto",
         "prefill on a prefill worker: by cost, always or never",

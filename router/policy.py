@@ -11,6 +11,12 @@ and picks one (the cost policy does the same on arrays, router/option_matrix.py)
   round_robin  D and P in rotation (baseline)
   prefix       the longest cached prefix on the prefilling worker, ties to the least loaded
                option (baseline: prefix affinity alone, as a prefix-cache scorer)
+  approximate  sglang's and vllm-router's `cache_aware`: the least loaded option when loads
+               are out of balance, else the longest cached prefix if it covers more than
+               `APPROXIMATE_CACHE_THRESHOLD` of the prompt, else the least loaded; the router
+               feeds it a cache view predicted from its own routes, no index
+               (router/approximate_prefixes.py), so it measures what the index is worth
+  random       any feasible option, uniformly (baseline)
 `disaggregate`: auto = remote or local, whichever the policy prefers; always = remote (local only
 when no prefill worker is healthy); never = local. When nothing can be taken the decision is a
 rejection that the server answers with RESOURCE_EXHAUSTED (at once when the router is full; after
@@ -21,16 +27,23 @@ Pure Python, no I/O; not thread-safe (the router calls it from its event loop).
 from __future__ import annotations
 
 import itertools
+import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from pdserve.config import RouterConfig
+from pdserve.config import ROUTING_POLICIES, RouterConfig
 from router.cost_model import CostModel
 from router.estimates import Estimate, RoutingRequest, Weights, WorkerLoad, estimate, objective
 from router.load_rows import LoadRows
 from router.option_matrix import LazyEstimates, Limits, OptionMatrix
 
-POLICIES = ("cost", "round_robin", "least_loaded", "prefix")
+POLICIES = ROUTING_POLICIES
+# The `approximate` policy's thresholds, sglang router's defaults for `cache_aware`: loads are
+# out of balance when the busiest option's exceeds the idlest's by more than ABS requests and
+# REL times; a cached prefix is followed when it covers more than the threshold of the prompt.
+APPROXIMATE_CACHE_THRESHOLD = 0.5
+APPROXIMATE_BALANCE_ABS = 32
+APPROXIMATE_BALANCE_REL = 1.0001
 MODES = ("auto", "always", "never")
 
 
@@ -95,6 +108,7 @@ class RoutingPolicy:
         )
         self._turn = itertools.count()  # rotation among ties, and of decode workers
         self._prefill_turn = itertools.count()  # rotation of prefill workers (round_robin)
+        self._random = random.Random(0)  # `random`: seeded, so a run can be repeated
 
     def decide(
         self,
@@ -130,7 +144,7 @@ class RoutingPolicy:
             return RoutingDecision.reject(
                 "all workers at capacity: " + "; ".join(reasons), estimates, status="at_capacity"
             )
-        return self._accept(request, self._pick(feasible, prefill, decode), estimates)
+        return self._accept(request, self._pick(request, feasible, prefill, decode), estimates)
 
     def _accept(
         self, request: RoutingRequest, chosen: Estimate, estimates: Mapping[str, Estimate]
@@ -221,7 +235,11 @@ class RoutingPolicy:
         return None
 
     def _pick(
-        self, feasible: list[Estimate], prefill: list[WorkerLoad], decode: list[WorkerLoad]
+        self,
+        request: RoutingRequest,
+        feasible: list[Estimate],
+        prefill: list[WorkerLoad],
+        decode: list[WorkerLoad],
     ) -> Estimate:
         policy = self.config.policy
         if policy == "cost":
@@ -232,6 +250,10 @@ class RoutingPolicy:
             return ties[next(self._turn) % len(ties)]
         if policy == "prefix":
             return min(feasible, key=lambda o: (-o.prefill_cached_blocks, o.load, o.name))
+        if policy == "approximate":
+            return _pick_approximate(request, feasible)
+        if policy == "random":
+            return self._random.choice(feasible)
         by_decode: dict[str, list[Estimate]] = {}
         for o in feasible:
             by_decode.setdefault(o.decode_worker, []).append(o)
@@ -257,3 +279,16 @@ class RoutingPolicy:
             return (1, 0, 0, "")  # baselines prefer disaggregating when both are allowed
         p = loads[o.prefill_worker]
         return (0, p.queued_tokens, p.load, p.worker_id)
+
+
+def _pick_approximate(request: RoutingRequest, feasible: list[Estimate]) -> Estimate:
+    """`cache_aware`'s rule over the options (their `load`: the prefilling worker's requests)."""
+    least_loaded = min(feasible, key=lambda o: (o.load, o.name))
+    busiest = max(o.load for o in feasible)
+    idlest = least_loaded.load
+    if busiest - idlest > APPROXIMATE_BALANCE_ABS and busiest > idlest * APPROXIMATE_BALANCE_REL:
+        return least_loaded
+    best = min(feasible, key=lambda o: (-o.prefill_cached_blocks, o.load, o.name))
+    if best.prefill_cached_blocks > APPROXIMATE_CACHE_THRESHOLD * max(1, request.full_blocks):
+        return best
+    return least_loaded

@@ -4,7 +4,9 @@ Inputs are the workers' latest stats (polled by the WorkerPool), the router's ow
 counts (fresher than any poll), and each worker's cached prefix: from the Redis index (one round
 trip, awaited without holding the event loop in `choose_async`; empty when Redis is down) merged
 with the prefixes the router itself sent each worker in the last seconds
-(router/recent_prefixes.py), which the index cannot show until computed.
+(router/recent_prefixes.py), which the index cannot show until computed. Under the
+`approximate` policy the index is not asked: each worker's cache is predicted from the routes
+alone (router/approximate_prefixes.py), as routers without KV events do.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from pdserve.core.messages import PrefillResult, TokenBatch, WorkerStats
 from pdserve.core.prompt_tokens import block_hashes_of
+from router.approximate_prefixes import ApproximatePrefixes
 from router.estimates import RoutingRequest, WorkerLoad
 from router.load_rows import LoadRows
 from router.policy import RoutingDecision, RoutingPolicy
@@ -43,6 +46,7 @@ class Routing:
     clock: Callable[[], float] = time.monotonic
 
     recent: RecentPrefixes = field(default_factory=RecentPrefixes)
+    approximate: ApproximatePrefixes = field(default_factory=ApproximatePrefixes)
 
     def __post_init__(self) -> None:
         self.pool.stats_listeners.append(self._learn_from_stats)
@@ -79,14 +83,20 @@ class Routing:
         other requests while Redis answers the lookup; the decision is then made from the
         loads of that moment."""
         hashes = block_hashes_of(prompt_ids, self.block_size)  # remembered by PromptTokens
-        indexed = await self.index.lookup_async(hashes) if self.index is not None else {}
+        indexed = await self.index.lookup_async(hashes) if self._asks_index() else {}
         return self._decide(prompt_ids, hashes, indexed, max_tokens, exclude)
 
     def choose(self, prompt_ids: list[int], max_tokens: int, exclude: set[str]) -> Route:
         """The same, the lookup made in this thread (the offline planner has no index)."""
         hashes = block_hashes_of(prompt_ids, self.block_size)
-        indexed = self.index.lookup(hashes) if self.index is not None else {}
+        indexed = self.index.lookup(hashes) if self._asks_index() else {}
         return self._decide(prompt_ids, hashes, indexed, max_tokens, exclude)
+
+    def _approximates(self) -> bool:
+        return self.policy.config.policy == "approximate"
+
+    def _asks_index(self) -> bool:
+        return self.index is not None and not self._approximates()
 
     def _decide(
         self,
@@ -96,7 +106,10 @@ class Routing:
         max_tokens: int,
         exclude: set[str],
     ) -> Route:
-        cached = merge(indexed, self.recent.lookup(hashes, self.pool.workers.keys()))
+        if self._approximates():
+            cached = self.approximate.lookup(hashes, self.pool.workers.keys())
+        else:
+            cached = merge(indexed, self.recent.lookup(hashes, self.pool.workers.keys()))
         prefill: Sequence[WorkerLoad] = self._rows["prefill"]
         decode: Sequence[WorkerLoad] = self._rows["decode"]
         if exclude:  # a retry: the failed workers are not options
@@ -161,6 +174,8 @@ class Routing:
             if self.decode_caches_received_kv:
                 # The push has committed: the decode worker now holds the prompt's blocks.
                 self.recent.add(route.decode_worker, route.block_hashes)
+                if self._approximates():
+                    self._predict_held(route.decode_worker, route.block_hashes)
         if self.index is None:
             return
         worker = route.prefill_worker or route.decode_worker
@@ -198,7 +213,13 @@ class Routing:
         # receiving them holds them only once the push commits (`on_prefill_done`): crediting it
         # now would make a local prefill there look cheap while it would compute the whole prompt.
         self.recent.add(prefiller, hashes)
+        if self._approximates():
+            self._predict_held(prefiller, hashes)
         return entry
+
+    def _predict_held(self, worker_id: str, hashes: Sequence[int]) -> None:
+        stats = self.pool.workers[worker_id].stats
+        self.approximate.add(worker_id, hashes, stats.num_blocks if stats else 0)
 
     def _routed(self, worker_id: str) -> _Routed:
         return self._routed_since_poll.setdefault(worker_id, _Routed())
@@ -236,6 +257,7 @@ class Routing:
             routed.forget_until(worker.poll_sent_at)
         if previous is not None and previous.epoch != stats.epoch:
             self.recent.forget(worker.worker_id)
+            self.approximate.forget(worker.worker_id)
         self.policy.cost.observe_stats(stats)
         self._load(worker)  # as its answer arrives: no decision makes it
 

@@ -127,7 +127,7 @@ def test_the_dataclasses_check_values_set_in_code():
     with pytest.raises(ConfigError, match=r"^EngineConfig\.block_size: must be at least 1"):
         EngineConfig(block_size=0)
     with pytest.raises(ConfigError, match=r"^RouterConfig\.policy: must be one of cost"):
-        RouterConfig(policy="random")
+        RouterConfig(policy="lottery")
     assert LogConfig(level="debug").level == "DEBUG"
 
 

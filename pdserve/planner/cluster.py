@@ -4,8 +4,10 @@
 The router's `WorkerPool` holds the workers' snapshots, filled every poll interval from each
 worker's `stats()` as the real pool's polls fill it (answered between engine steps), so the
 policy sees the same lagging snapshots plus its own in-flight counts. No prefix index (Redis)
-takes part: the router knows cached prefixes only from what it routed itself. P = 0 is
-colocated serving: every request is prefilled on its decode worker.
+takes part unless `index_lag_s` is given: then the router's copy of the index is a
+VirtualIndex fed by the workers' KV events `index_lag_s` after each step; without it the
+router knows cached prefixes only from what it routed itself. P = 0 is colocated serving:
+every request is prefilled on its decode worker.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pdserve.config import RouterConfig
 from pdserve.engine.engine import RequestOutput
 from pdserve.planner.deployment import Deployment
 from pdserve.planner.events import EventLoop
+from pdserve.planner.virtual_index import VirtualIndex
 from pdserve.planner.virtual_worker import VirtualWorker
 from router.cost_model import CostModel
 from router.policy import RoutingPolicy
@@ -58,21 +61,25 @@ class VirtualCluster:
         router_config: RouterConfig,
         timing: RouterTiming = RouterTiming(),
         keep_tokens: bool = False,
+        index_lag_s: float | None = None,
     ) -> None:
         self.deployment = deployment
         self.timing = timing
         self.keep_tokens = keep_tokens
         self.loop = EventLoop()
+        self.index = None if index_lag_s is None else VirtualIndex(self.loop, index_lag_s)
         self.workers: dict[str, VirtualWorker] = {}
         self._listeners: dict[str, dict[str, Listener]] = {}
         roles = [("prefill", i) for i in range(prefill_workers)]
         roles += [("decode", i) for i in range(decode_workers)]
         for role, i in roles:
-            engine, meter = deployment.for_role(role).new_engine()
             worker_id = f"{role}-{i}"
-            self.workers[worker_id] = VirtualWorker(
-                worker_id, role, engine, meter, self.loop, self._dispatch
-            )
+            sink = self.index.sink(worker_id) if self.index else None
+            engine, meter = deployment.for_role(role).new_engine(sink)
+            worker = VirtualWorker(worker_id, role, engine, meter, self.loop, self._dispatch)
+            if self.index is not None:
+                worker.step_listeners.append(lambda w=worker_id: self.index.step_ended(w))
+            self.workers[worker_id] = worker
             self._listeners[worker_id] = {}
         by_role = {
             role: {w.worker_id: w for w in self.workers.values() if w.role == role}
@@ -85,7 +92,11 @@ class VirtualCluster:
         )
         policy.cost.step_tokens = deployment.engine_config.max_num_batched_tokens
         self.routing = Routing(
-            self.pool, policy, deployment.engine_config.block_size, clock=lambda: self.loop.now
+            self.pool,
+            policy,
+            deployment.engine_config.block_size,
+            index=self.index,
+            clock=lambda: self.loop.now,
         )
         for worker in self.workers.values():
             self._poll(worker)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from pdserve.config import default_cache_dir
 from pdserve.core import model_limits
+from pdserve.core.kv_events import KVEventSink
 from pdserve.engine.engine import LLMEngine
 from pdserve.engine_config import EngineConfig, SimConfig
 from pdserve.sim.executor import SimExecutor, read_model_config
@@ -116,8 +117,9 @@ class Deployment:
         """What the workers of `role` run."""
         return self.prefill_pool if role == "prefill" else self
 
-    def new_engine(self) -> tuple[LLMEngine, StepMeter]:
-        """A fresh sim engine that never sleeps, and the meter of its modelled steps."""
+    def new_engine(self, kv_event_sink: KVEventSink | None = None) -> tuple[LLMEngine, StepMeter]:
+        """A fresh sim engine that never sleeps, and the meter of its modelled steps;
+        `kv_event_sink` gets its KV events (the planner's VirtualIndex)."""
         config, tokenizer = self.engine_config, self.tokenizer
         special = {*tokenizer.eos_token_ids, tokenizer.bos_token_id} - {None}
         executor = SimExecutor(
@@ -132,7 +134,9 @@ class Deployment:
         )
         meter = StepMeter(executor.timing)
         executor.timing = meter
-        engine = LLMEngine(config, executor=executor, emit_text=False, tokenizer=tokenizer)
+        engine = LLMEngine(
+            config, kv_event_sink, executor=executor, emit_text=False, tokenizer=tokenizer
+        )
         return engine, meter
 
 

@@ -41,6 +41,7 @@ class VirtualWorker:
         self._meter = meter
         self._loop = loop
         self._on_outputs = on_outputs
+        self.step_listeners: list[Callable[[], None]] = []  # called as each step ends
         self._stepping = False
         self._kick_pending = False
         self._calls: list[tuple[Callable[[], Any], Callable[[Any], None] | None]] = []
@@ -118,6 +119,8 @@ class VirtualWorker:
 
     def _end_step(self, outputs: list[RequestOutput]) -> None:
         self._stepping = False
+        for listener in self.step_listeners:
+            listener()
         if outputs:
             self._on_outputs(self, outputs)
         calls, self._calls = self._calls, []

@@ -50,6 +50,19 @@ SHAPES: dict[str, dict[str, Any]] = {
         "num_hidden_layers": 80,
         "num_attention_heads": 64,
     },
+    # A 32B-class dense model: Qwen2.5-32B's sizes on the Llama layout (the analytical model
+    # counts no biases, so Qwen2's q/k/v biases change nothing it prices).
+    "qwen2.5-32b": {
+        **_LLAMA_3_1,
+        "hidden_size": 5120,
+        "intermediate_size": 27648,
+        "num_hidden_layers": 64,
+        "num_attention_heads": 40,
+        "vocab_size": 152064,
+        "max_position_embeddings": 32768,
+        "rope_theta": 1000000.0,
+        "rope_scaling": None,
+    },
 }
 
 

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from pdserve.bench.planner_validation import routing_tenants
 from pdserve.bench.simulation import sim_routing_bench
 from pdserve.bench.simulation.sim_routing_bench import (
     PolicyResult,
@@ -36,9 +37,12 @@ WARM_UP_GAP_S = 1.0
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sim_routing_bench.add_arguments(p)
+    routing_tenants.add_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "workload", "multi-turn") == "tenants":
+        return routing_tenants.run(args)
     return sim_routing_bench.run(args, measure_size_with=measure_size_offline)
 
 

@@ -1,0 +1,239 @@
+"""`pdserve bench sim-routing-offline --workload tenants`: the regime where prefix-aware routing
+decides everything (issue 50). T tenants, each with a long shared prefix (a system prompt or
+document), about U users per tenant asking short questions over several turns (each turn's
+prompt: the prefix, the conversation so far, a new question; every user's turn k before any
+turn k+1); T chosen so that all prefixes together need `--prefix-kv-fraction` of the cluster's
+KV, which is many times one worker's. Six policies side by side, each on a fresh virtual
+cluster per rate, Poisson rates swept from light to well past round-robin's saturation.
+
+Colocated workers (`disaggregate=never`: every worker prefills what it decodes, the setting of
+llm-d's and Dynamo's prefix-cache routing results). The event-fed policies (`cost`, `prefix`)
+see the router's copy of the index as a VirtualIndex fed by the workers' KV events
+`--index-lag-ms` after each step (plus the router's recent routes, as live); `approximate` sees
+only its own prediction; the others no cache at all.
+
+Reported per model, size, rate and policy (simulated time): completed and failed requests,
+TTFT p50/p90, output tokens/s (completed requests' tokens over the run), prefix hit rate
+(1 - prompt tokens the workers computed / prompt tokens sent); then issue 50's targets at the
+highest rate where random still completes every request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+TENANT_POLICIES = ("cost", "prefix", "approximate", "least_loaded", "round_robin", "random")
+# A request that finds no room waits, then fails, as live; at these rates the run is short
+# enough that a failure means the cluster could not keep up.
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workload", choices=("multi-turn", "tenants"), default="multi-turn",
+                   help="tenants: issue 50's multi-tenant sweep (the options below)")  # fmt: skip
+    p.add_argument("--models", default="llama-3.1-8b:1,qwen2.5-32b:2",
+                   help="tenants: shape:tp, comma separated (analytical profile of --gpu)")  # fmt: skip
+    p.add_argument("--gpu", default="h100", help="tenants: the virtual GPU")
+    p.add_argument("--rates-per-worker", default="1,2,4,8,16",
+                   help="tenants: simulated req/s per worker, comma separated")  # fmt: skip
+    p.add_argument("--tenant-prefix-len", type=int, default=4096, help="tenants: prefix tokens")
+    p.add_argument("--users-per-tenant", type=int, default=4)
+    p.add_argument("--tenant-turns", type=int, default=3)
+    p.add_argument("--question-len", type=int, default=64, help="tenants: tokens per question")
+    p.add_argument("--answer-len", type=int, default=64, help="tenants: tokens per answer")
+    p.add_argument("--prefix-kv-fraction", type=float, default=0.7,
+                   help="tenants: all prefixes' KV over the cluster's")  # fmt: skip
+    p.add_argument("--tenant-kv-blocks", type=int, default=2048,
+                   help="tenants: each worker's KV pool in blocks (scaled down from a GPU's)")  # fmt: skip
+    p.add_argument("--index-lag-ms", type=float, default=1.0,
+                   help="tenants: the router's copy of the index this far behind each step")  # fmt: skip
+
+
+@dataclass
+class TenantResult:
+    model: str
+    size: int
+    rate: float  # simulated req/s, the whole cluster
+    policy: str
+    tenants: int
+    requests: int
+    completed: int
+    failed: int
+    ttft_p50_ms: float
+    ttft_p90_ms: float
+    tpot_p50_ms: float
+    output_tokens_per_s: float
+    hit_rate: float
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from pdserve.bench.simulation.sim_run import bench_error
+
+    console = Console(width=170)
+    policies = [p.strip() for p in args.policies.split(",")]
+    if args.policies == "round_robin,least_loaded,prefix,cost":  # sim-routing's own default
+        policies = list(TENANT_POLICIES)
+    unknown = sorted(set(policies) - set(TENANT_POLICIES))
+    if unknown:
+        return bench_error(f"--policies: unknown {', '.join(unknown)}", 2)
+    results: list[TenantResult] = []
+    for spec in args.models.split(","):
+        shape, _, tp = spec.partition(":")
+        for size in (int(s) for s in args.sizes.split(",")):
+            results += measure(shape, int(tp or 1), size, policies, args, console)
+    for line in target_lines(results):
+        console.print(line)
+    if args.json:
+        Path(args.json).write_text(json.dumps([asdict(r) for r in results], indent=2) + "\n")
+    return 0
+
+
+def measure(shape: str, tp: int, size: int, policies, args, console) -> list[TenantResult]:
+    from pdserve.planner.deployment import Deployment
+
+    deployment = Deployment(
+        shape,
+        gpu=args.gpu,
+        tp=tp,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        block_size=args.block_size,
+        num_kv_blocks=args.tenant_kv_blocks,
+    )
+    pool = args.tenant_kv_blocks
+    prefix_blocks = args.tenant_prefix_len // args.block_size
+    tenants = max(1, round(args.prefix_kv_fraction * size * pool / prefix_blocks))
+    model = f"{shape} tp{tp}"
+    console.print(
+        f"[bold]{model}, {size} workers[/bold]: {tenants} tenants x {args.users_per_tenant} users"
+        f" x {args.tenant_turns} turns; prefixes {tenants * prefix_blocks} blocks = "
+        f"{tenants * prefix_blocks / (size * pool):.2f}x the cluster's KV, "
+        f"{tenants * prefix_blocks / pool:.1f}x one worker's ({pool} blocks each)"
+    )
+    results = []
+    for per_worker in (float(r) for r in args.rates_per_worker.split(",")):
+        rate = per_worker * size
+        for i, policy in enumerate(policies):
+            requests = tenant_requests(deployment, tenants, args, seed=args.seed + i)
+            result = run_policy(deployment, model, size, rate, policy, tenants, requests, args)
+            results.append(result)
+            console.print(f"  {rate:g} req/s {policy}: {_line(result)}")
+    return results
+
+
+def tenant_requests(deployment, tenants: int, args, seed: int):
+    from pdserve.workloads.datasets import DatasetConfig, generate_requests
+
+    config = DatasetConfig(
+        name="multi-turn",
+        mt_conversations=tenants * args.users_per_tenant,
+        mt_turns=args.tenant_turns,
+        mt_system_prompts=tenants,
+        mt_system_prompt_len=args.tenant_prefix_len,
+        mt_user_len=args.question_len,
+        mt_output_len=args.answer_len,
+    )
+    count = config.mt_conversations * config.mt_turns
+    special = deployment.tokenizer.eos_token_ids
+    return generate_requests(config, count, seed, deployment.model_config["vocab_size"], special)
+
+
+def run_policy(deployment, model, size, rate, policy, tenants, requests, args) -> TenantResult:
+    from pdserve.bench.common.load_generator import arrival_times
+    from pdserve.config import RouterConfig
+    from pdserve.planner.probe import SLO, Split, run_probe
+    from pdserve.planner.workload import ProbeRequest
+    from pdserve.workloads.metrics import run_duration, summarize
+
+    at = arrival_times(len(requests), rate, seed=args.seed)
+    probes = [
+        ProbeRequest(k, list(r.prompt), r.output_len, t * rate)
+        for k, (r, t) in enumerate(zip(requests, at, strict=True))
+    ]
+    router = RouterConfig(
+        policy=policy,
+        disaggregate="never",
+        ttft_slo_ms=args.ttft_slo_ms,
+        tpot_slo_ms=args.tpot_slo_ms,
+    )
+    slo = SLO(args.ttft_slo_ms, args.tpot_slo_ms)
+    _, runs = run_probe(
+        deployment, Split(0, size), probes, rate, slo, router, stop_when_certain=False,
+        index_lag_s=args.index_lag_ms / 1e3,
+    )  # fmt: skip
+    records = [r.record for r in runs]
+    summary = summarize(records, run_duration(records))
+    workers = runs[0].cluster.workers.values()
+    computed = sum(w.stats().prefill_tokens for w in workers)
+    sent = sum(r.prompt_len for r in records if r.ok)
+    done = [r for r in records if r.ok]
+    return TenantResult(
+        model=model,
+        size=size,
+        rate=rate,
+        policy=policy,
+        tenants=tenants,
+        requests=len(records),
+        completed=len(done),
+        failed=len(records) - len(done),
+        ttft_p50_ms=summary.ttft.p50,
+        ttft_p90_ms=summary.ttft.p90,
+        tpot_p50_ms=summary.tpot.p50,
+        output_tokens_per_s=sum(r.output_tokens for r in done) / max(1e-9, run_duration(records)),
+        hit_rate=1.0 - computed / max(1, sent),
+    )
+
+
+def _line(r: TenantResult) -> str:
+    return (
+        f"TTFT p50 {r.ttft_p50_ms:.0f} p90 {r.ttft_p90_ms:.0f} ms, TPOT p50 {r.tpot_p50_ms:.1f} ms, "
+        f"{r.output_tokens_per_s:.0f} output tok/s, hit {r.hit_rate:.0%}, failed {r.failed}"
+    )
+
+
+def target_lines(results: list[TenantResult]) -> list[str]:
+    """Issue 50's targets per model and size, at the highest rate where random completes."""
+    lines = []
+    groups = sorted({(r.model, r.size) for r in results})
+    for model, size in groups:
+        of = {(r.rate, r.policy): r for r in results if (r.model, r.size) == (model, size)}
+        rates = sorted({rate for rate, _ in of})
+        complete = [
+            rate for rate in rates if (rate, "random") in of and not of[rate, "random"].failed
+        ]
+        head = f"{model}, {size} workers"
+        if not complete or (complete[-1], "cost") not in of:
+            lines.append(f"{head}: random failed at every rate (or cost not run)")
+            continue
+        rate = complete[-1]
+        cost, rnd = of[rate, "cost"], of[rate, "random"]
+        approx = of.get((rate, "approximate"))
+        parts = [
+            f"at {rate:g} req/s (random's highest complete): TTFT p90 cost/random "
+            f"{cost.ttft_p90_ms / rnd.ttft_p90_ms:.3f} (target <= 0.1)",
+        ]
+        if approx:
+            parts.append(f"cost/approximate {cost.ttft_p90_ms / approx.ttft_p90_ms:.2f} (<= 0.5)")
+        parts.append(
+            f"output tok/s cost/random {cost.output_tokens_per_s / rnd.output_tokens_per_s:.2f}"
+            " (>= 1.5)"
+        )
+        hits = ", ".join(
+            f"{p} {of[rate, p].hit_rate:.0%}" for p in TENANT_POLICIES if (rate, p) in of
+        )
+        parts.append(f"hit rate {hits}")
+        lowest = [
+            r for r in rates
+            if not of[r, "cost"].failed
+            and of[r, "cost"].ttft_p90_ms > min(of[r, p].ttft_p90_ms for p in TENANT_POLICIES if (r, p) in of)
+        ]  # fmt: skip
+        parts.append(
+            "cost's TTFT p90 the lowest at every rate it completes"
+            if not lowest else f"cost's TTFT p90 NOT the lowest at {', '.join(f'{r:g}' for r in lowest)} req/s"
+        )  # fmt: skip
+        lines.append(f"{head}: " + "; ".join(parts))
+    return lines

@@ -1,0 +1,58 @@
+"""The router's index copy on the virtual cluster (VirtualIndex) and issue 50's tenants sweep."""
+
+from __future__ import annotations
+
+import json
+
+from pdserve.bench.planner_validation import routing_offline
+from pdserve.core.kv_events import KVEvent
+from pdserve.planner.events import EventLoop
+from pdserve.planner.virtual_index import VirtualIndex
+from tests.bench.cli_args import bench_args
+
+
+def test_a_steps_events_reach_the_index_its_lag_after_the_step_ends() -> None:
+    loop = EventLoop()
+    index = VirtualIndex(loop, lag_s=0.5)
+    sink = index.sink("w0")
+    sink([KVEvent("stored", [1, 2, 3], 48)])
+    assert index.lookup([1, 2, 3]) == {}  # the step is still running
+    index.step_ended("w0")
+    seen = {}
+    loop.at(0.4, lambda: seen.update(index.lookup([1, 2, 3])))
+    loop.run(lambda: False)
+    assert seen == {}  # 0.4 s after the step: not yet
+    assert index.lookup([1, 2, 3, 4]) == {"w0": 3}
+    index.sink("w1")([KVEvent("stored", [1, 2], 32)])
+    sink([KVEvent("removed", [3], 16)])
+    index.step_ended("w0")
+    index.step_ended("w1")
+    loop.run(lambda: False)
+    assert index.lookup([1, 2, 3]) == {"w0": 2, "w1": 2}
+
+
+def test_the_tenants_sweep_runs_six_policies_and_prefix_routing_hits(tmp_path, capsys) -> None:
+    out = tmp_path / "tenants.json"
+    args = bench_args(
+        routing_offline, workload="tenants", models="llama-3.1-8b:1", sizes="4",
+        rates_per_worker="2", tenant_kv_blocks=512, tenant_prefix_len=1024,
+        users_per_tenant=2, tenant_turns=2, json=out,
+    )  # fmt: skip
+    assert routing_offline.run(args) == 0
+    printed = capsys.readouterr().out
+    assert "0.69x the cluster's KV, 2.8x one worker's" in printed
+    results = {r["policy"]: r for r in json.loads(out.read_text())}
+    assert set(results) == {
+        "cost",
+        "prefix",
+        "approximate",
+        "least_loaded",
+        "round_robin",
+        "random",
+    }
+    for r in results.values():
+        assert r["completed"] + r["failed"] == r["requests"] > 0
+        assert 0.0 <= r["hit_rate"] < 1.0
+    # 22 tenants' prefixes on 4 workers: spreading them at random misses most of them.
+    assert results["cost"]["hit_rate"] > results["random"]["hit_rate"] + 0.2
+    assert results["prefix"]["hit_rate"] > results["random"]["hit_rate"] + 0.2
