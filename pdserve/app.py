@@ -157,7 +157,8 @@ class ServingApp:
         )
         info = {"block_size": config.engine.block_size, "kv_transport": config.kv.transport}
         api_keys = config.router.api_keys or _env_list("PDSERVE_API_KEYS")
-        limits.max_prompt_bytes = config.router.max_prompt_bytes
+        if config.router.max_prompt_bytes:  # else the context's worth (ModelLimits)
+            limits.max_prompt_bytes = config.router.max_prompt_bytes
         service = GenerationService(
             flow, BackgroundTokenizer(tokenizer), limits, info, RequestObserver()
         )
@@ -324,7 +325,7 @@ class BackgroundApp:
 
 async def _stop_http(http, service, grace_s: float) -> None:
     await http.stop(grace_s)
-    service.tokenizer.close()
+    service.close()
 
 
 def _local_ray_args(config: ServeConfig) -> dict:

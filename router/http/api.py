@@ -4,15 +4,15 @@
 probes and scrapers `/health` (the process is up), `/ready` (a decode worker can take requests)
 and `/metrics` (the router's Prometheus registry, as on the metrics port). With API keys
 configured the `/v1` routes need `Authorization: Bearer <key>` (the gRPC API's keys); the
-probes and `/metrics` stay open, as gRPC health does. A client that disconnects cancels its
-request, which aborts it on its workers.
+probes and `/metrics` stay open, as gRPC health does. The key is checked before the body is
+read, and bodies are read and decoded as router/http/request_body.py says. A client that
+disconnects cancels its request, which aborts it on its workers.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
@@ -28,24 +28,19 @@ from router.auth import ApiKeyInterceptor
 from router.http.body_limit import BodyLimit
 from router.http.choices import Choice, ResponseShape, to_json, usage
 from router.http.errors import error_body, error_response, status_and_body
+from router.http.request_body import INLINE_BYTES, decode, max_body_bytes, validation_message
 from router.http.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from router.http.service import OpenAIService
 from router.http.translate import wants_logprobs
 from router.request_run import Step
-from router.validation import ModelLimits, max_request_bytes
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 _TRACE_HEADERS = ("traceparent", "tracestate")
 _REFUSAL = "missing or invalid API key (header 'Authorization: Bearer <key>')"
-# A pydantic location's parts that name a union member's type, not a field.
-_TYPE_TAG = re.compile(r"^(str|int|float|bool|list|dict)(\[.*\])?$|^function-")
-
-
-def max_body_bytes(limits: ModelLimits) -> int:
-    """The HTTP body cap: room for a prompt at the gRPC limits spelled in JSON (escapes take
-    up to 6 bytes per byte) with everything else; larger bodies are refused unread (413)."""
-    return 8 * max_request_bytes(limits)
+# Refusals after which the connection is closed: the client may still be sending a body
+# nobody will read.
+_CLOSING = {401, 413}
 
 
 class ClientGone(Exception):
@@ -68,11 +63,13 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def _invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse(error_body(400, _validation_message(exc)), status_code=400)
+        return JSONResponse(error_body(400, validation_message(exc)), status_code=400)
 
     @app.exception_handler(HTTPException)
     async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        return JSONResponse(error_body(exc.status_code, str(exc.detail)), exc.status_code)
+        headers = {"connection": "close"} if exc.status_code in _CLOSING else None
+        body = error_body(exc.status_code, str(exc.detail))
+        return JSONResponse(body, exc.status_code, headers=headers)
 
     @app.get("/health")
     async def health() -> dict:
@@ -104,27 +101,40 @@ def create_app(
             )
         return _model_card(service, started)
 
+    # The body is not a parameter: FastAPI would read and decode it on the loop, before the
+    # API key is checked. `_generate` reads it after (the dependency runs first).
     @app.post("/v1/completions", dependencies=[Depends(authorized)])
-    async def completions(body: CompletionRequest, request: Request) -> Response:
-        return await _generate(service, body, request, chat=False)
+    async def completions(request: Request) -> Response:
+        return await _generate(service, CompletionRequest, request, chat=False)
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
-    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        return await _generate(service, body, request, chat=True)
+    async def chat_completions(request: Request) -> Response:
+        return await _generate(service, ChatCompletionRequest, request, chat=True)
 
     return app
 
 
 async def _generate(
-    service: OpenAIService, body: SamplingFields, request: Request, chat: bool
+    service: OpenAIService, model: type[SamplingFields], request: Request, chat: bool
 ) -> Response:
     try:
+        body = await _body(service, request, model)
         return await _respond(service, body, request, chat)
     except Exception as exc:
         response = error_response(exc)
         level = logging.WARNING if response.status_code >= 500 else logging.DEBUG
         log.log(level, "%s failed: %s", request.url.path, exc)
         return response
+
+
+async def _body(
+    service: OpenAIService, request: Request, model: type[SamplingFields]
+) -> SamplingFields:
+    """The request's body as `model`, decoded on the service's pool unless it is small."""
+    raw = await request.body()  # under the BodyLimit middleware's cap
+    if len(raw) <= INLINE_BYTES:
+        return decode(raw, model)
+    return await service.cpu.run(decode, raw, model)
 
 
 async def _respond(
@@ -229,18 +239,3 @@ def _model_card(service: OpenAIService, created: int) -> dict:
         "owned_by": "pdserve",
         "max_model_len": service.limits.max_model_len,
     }
-
-
-def _validation_message(exc: RequestValidationError) -> str:
-    error = exc.errors()[0]
-    if error.get("type") == "json_invalid":
-        return f"body: not valid JSON ({error.get('ctx', {}).get('error', 'parse error')})"
-    field = ""
-    for part in error.get("loc", ())[1:]:
-        if isinstance(part, int):
-            field += f"[{part}]"
-        elif _TYPE_TAG.match(str(part)):
-            break
-        else:
-            field += f".{part}" if field else str(part)
-    return f"{field or 'body'}: {error.get('msg', 'invalid')}"

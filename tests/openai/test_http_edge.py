@@ -18,7 +18,8 @@ from pdserve.models.tokenizer_builder import write_tokenizer
 from pdserve.tokenizer import Tokenizer
 from router.auth import ApiKeyInterceptor
 from router.errors import status_for
-from router.http.api import create_app, max_body_bytes
+from router.http.api import create_app
+from router.http.request_body import max_body_bytes
 from router.http.chat_template import ChatTemplate
 from router.http.errors import status_and_body
 from router.http.service import OpenAIService
