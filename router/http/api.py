@@ -23,6 +23,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from router.auth import ApiKeyInterceptor
 from router.http.body_limit import BodyLimit
@@ -120,6 +121,8 @@ async def _generate(
     try:
         body = await _body(service, request, model)
         return await _respond(service, body, request, chat)
+    except ClientDisconnect:  # left (or was cut off by a deadline) before its body arrived
+        return Response(status_code=499)
     except Exception as exc:
         response = error_response(exc)
         level = logging.WARNING if response.status_code >= 500 else logging.DEBUG
