@@ -14,6 +14,7 @@ contracts in pyproject.toml); it knows workers only through `router/types.py` an
 - `http/` — the OpenAI-compatible HTTP API (FastAPI + uvicorn), its modules listed there.
 - `validation.py` — request checks; errors name the field (`INVALID_ARGUMENT`).
 - `tokenizing.py` — tokenization on a small thread pool, off the event loop.
+- `bounded_pool.py` — threads for CPU work off the event loop; a full queue is refused at once.
 - `errors.py` — exceptions to gRPC status codes, in one place.
 - `request_flow.py` — one request's lifecycle: reserve, prefill, stream, retry, abort.
 - `output_text.py` — the client's text, decoded over every attempt's tokens, stop strings.
