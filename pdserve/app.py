@@ -159,9 +159,9 @@ class ServingApp:
         api_keys = config.router.api_keys or _env_list("PDSERVE_API_KEYS")
         if config.router.max_prompt_bytes:  # else the context's worth (ModelLimits)
             limits.max_prompt_bytes = config.router.max_prompt_bytes
-        service = GenerationService(
-            flow, BackgroundTokenizer(tokenizer), limits, info, RequestObserver()
-        )
+        tokenizing = BackgroundTokenizer(tokenizer)
+        self.routing.count(tokenizing.pool)  # admission control counts its queue
+        service = GenerationService(flow, tokenizing, limits, info, RequestObserver())
         service.worker_counts = lambda: (
             len(self.pool.of_role("prefill")),
             len(self.pool.of_role("decode")),
@@ -231,6 +231,9 @@ class ServingApp:
             RequestObserver(),
             chat_template,
         )
+        for queue in (service.tokenizer.pool, service.cpu):  # admission control counts them
+            self.routing.count(queue)
+        metrics.track_router_pending(self.routing.pending_stages())
         ready = lambda: bool(self.pool.of_role("decode"))  # noqa: E731
         http = HttpServer(
             create_app(service, self.server.auth, ready),

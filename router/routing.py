@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from pdserve.core.messages import PrefillResult, TokenBatch, WorkerStats
 from pdserve.core.prompt_tokens import block_hashes_of
+from router.bounded_pool import BoundedPool
 from router.estimates import RoutingRequest, WorkerLoad
 from router.load_rows import LoadRows
 from router.policy import RoutingDecision, RoutingPolicy
@@ -43,6 +44,9 @@ class Routing:
     clock: Callable[[], float] = time.monotonic
 
     recent: RecentPrefixes = field(default_factory=RecentPrefixes)
+    # The router's CPU pools in front of routing (tokenizing, body decoding): their jobs are
+    # requests the router holds too (`count`).
+    queues: list[BoundedPool] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.pool.stats_listeners.append(self._learn_from_stats)
@@ -70,7 +74,31 @@ class Routing:
             self._load(worker)
 
     def pending(self) -> int:
-        return self.pool.inflight("decode")
+        """Requests the router holds: in flight on the workers, or a job in one of its pools
+        (a request is in one place at a time: its prompt is tokenized before it is routed)."""
+        return self.pool.inflight("decode") + sum(q.outstanding for q in self.queues)
+
+    def count(self, queue: BoundedPool) -> None:
+        """Counts `queue`'s jobs as pending requests; it takes none while max_pending_requests
+        are pending, the same refusal (RESOURCE_EXHAUSTED / 429) as routing's."""
+        self.queues.append(queue)
+        queue.admission = self.admit
+
+    def pending_stages(self) -> dict[str, Callable[[], int]]:
+        """Where the pending requests are, each stage's count read live: `workers` (in flight
+        there) and each pool by its name."""
+        stages = {"workers": lambda: self.pool.inflight("decode")}
+        for name in {q.name for q in self.queues}:
+            stages[name.replace(" ", "_")] = lambda name=name: sum(
+                q.outstanding for q in self.queues if q.name == name
+            )
+        return stages
+
+    def admit(self) -> None:
+        """Overloaded when max_pending_requests are pending already."""
+        overloaded = self.policy.overloaded(self.pending())
+        if overloaded:
+            raise Overloaded(overloaded)
 
     async def choose_async(
         self, prompt_ids: list[int], max_tokens: int, exclude: set[str]
