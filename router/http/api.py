@@ -6,7 +6,9 @@ and `/metrics` (the router's Prometheus registry, as on the metrics port). With 
 configured the `/v1` routes need `Authorization: Bearer <key>` (the gRPC API's keys); the
 probes and `/metrics` stay open, as gRPC health does. The key is checked before the body is
 read, and bodies are read and decoded as router/http/request_body.py says. A client that
-disconnects cancels its request, which aborts it on its workers.
+disconnects cancels its request, which aborts it on its workers. `app.openapi()` documents each
+generation route's body schema and every status it answers (the HTTP fuzz suite holds the
+server to it); the document is not served.
 """
 
 from __future__ import annotations
@@ -39,6 +41,17 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 _TRACE_HEADERS = ("traceparent", "tracestate")
 _REFUSAL = "missing or invalid API key (header 'Authorization: Bearer <key>')"
+# Every status a generation route answers (router/http/errors.py, body_limit.py, connections.py).
+GENERATION_STATUSES = {
+    200: "the completion (JSON, or server-sent events with `stream`)",
+    400: "a malformed or invalid body: the message names the field",
+    401: "missing or invalid API key",
+    404: "the body names a model this server does not serve",
+    408: "the request's headers and body took too long to arrive (connection closed)",
+    413: "the body is larger than any valid request (connection closed)",
+    429: "overloaded: admission control or a full CPU pool; retry later",
+    503: "no worker can take it now, or too many connections are open",
+}
 # Refusals after which the connection is closed: the client may still be sending a body
 # nobody will read.
 _CLOSING = {401, 413}
@@ -104,11 +117,17 @@ def create_app(
 
     # The body is not a parameter: FastAPI would read and decode it on the loop, before the
     # API key is checked. `_generate` reads it after (the dependency runs first).
-    @app.post("/v1/completions", dependencies=[Depends(authorized)])
+    @app.post(
+        "/v1/completions", dependencies=[Depends(authorized)], **_documented(CompletionRequest)
+    )
     async def completions(request: Request) -> Response:
         return await _generate(service, CompletionRequest, request, chat=False)
 
-    @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
+    @app.post(
+        "/v1/chat/completions",
+        dependencies=[Depends(authorized)],
+        **_documented(ChatCompletionRequest),
+    )
     async def chat_completions(request: Request) -> Response:
         return await _generate(service, ChatCompletionRequest, request, chat=True)
 
@@ -232,6 +251,18 @@ async def _until_disconnect(request: Request, work: Awaitable[T]) -> T:
 async def _disconnected(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
+
+
+def _documented(model: type[SamplingFields]) -> dict:
+    """The OpenAPI of a route that reads its body itself: the body's schema (refs local to it)
+    and the statuses it answers."""
+    body = {"content": {"application/json": {"schema": model.model_json_schema()}}}
+    return {
+        "openapi_extra": {"requestBody": {"required": True, **body}},
+        "responses": {
+            status: {"description": text} for status, text in GENERATION_STATUSES.items()
+        },
+    }
 
 
 def _model_card(service: OpenAIService, created: int) -> dict:
