@@ -155,6 +155,7 @@ class ServingApp:
             on_prompt_computed=self.routing.on_prompt_computed,
             block_size=config.engine.block_size,
         )
+        self.routing.count(flow.waiting_for_room)  # admission control counts them
         info = {"block_size": config.engine.block_size, "kv_transport": config.kv.transport}
         api_keys = config.router.api_keys or _env_list("PDSERVE_API_KEYS")
         if config.router.max_prompt_bytes:  # else the context's worth (ModelLimits)

@@ -56,8 +56,9 @@ ROUTING_DECISIONS = Counter(
 ROUTER_PENDING = Gauge(
     "pdserve_router_pending",
     "Requests the router holds, by stage: workers (in flight on them), tokenize and "
-    "request_body (jobs running or queued in its CPU pools). Admission control refuses a new "
-    "request while their sum is max_pending_requests.",
+    "request_body (jobs running or queued in its CPU pools), waiting_for_room (between "
+    "attempts, the workers full). Admission control refuses a new request while their sum is "
+    "max_pending_requests.",
     ["stage"],
 )
 PREFIX_HIT_TOKENS = Counter(

@@ -17,9 +17,11 @@ contracts in pyproject.toml); it knows workers only through `router/types.py` an
 - `bounded_pool.py` — threads for CPU work off the event loop; a full queue is refused at once.
 - `errors.py` — exceptions to gRPC status codes, in one place.
 - `request_flow.py` — one request's lifecycle: reserve, prefill, stream, retry, abort.
+- `waiting.py` — requests waiting for room between attempts, counted by admission control.
 - `output_text.py` — the client's text, decoded over every attempt's tokens, stop strings.
 - `types.py` — `Route`, `Progress` and `WorkerHandle`, what the router's modules share.
-- `ray_worker.py` — a worker actor's Ray handle adapted to `WorkerHandle`.
+- `ray_worker.py` — a worker actor's Ray handle adapted to `WorkerHandle`; abandoned streams
+  read to their end in the background.
 - `worker_pool.py` — handles, background stats polling, health, in-flight counts.
 - `routing.py` — gathers each decision's inputs: loads, the prefix lookup, recent routes.
 - `recent_prefixes.py` — prompt blocks routed in the last seconds, before the index shows them.

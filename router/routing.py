@@ -23,6 +23,7 @@ from router.load_rows import LoadRows
 from router.policy import RoutingDecision, RoutingPolicy
 from router.recent_prefixes import RecentPrefixes, merge
 from router.types import AtCapacity, NoWorkerAvailable, Overloaded, Route
+from router.waiting import WaitingRequests
 from router.worker_pool import Worker, WorkerPool
 
 if TYPE_CHECKING:  # the Redis client; the offline planner (pdserve/planner) routes without it
@@ -44,9 +45,10 @@ class Routing:
     clock: Callable[[], float] = time.monotonic
 
     recent: RecentPrefixes = field(default_factory=RecentPrefixes)
-    # The router's CPU pools in front of routing (tokenizing, body decoding): their jobs are
-    # requests the router holds too (`count`).
-    queues: list[BoundedPool] = field(default_factory=list)
+    # Where requests wait before (or between) their attempts: the router's CPU pools
+    # (tokenizing, body decoding) and RequestFlow's wait for room; the router holds those
+    # requests too (`count`).
+    queues: list[BoundedPool | WaitingRequests] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.pool.stats_listeners.append(self._learn_from_stats)
@@ -74,13 +76,14 @@ class Routing:
             self._load(worker)
 
     def pending(self) -> int:
-        """Requests the router holds: in flight on the workers, or a job in one of its pools
-        (a request is in one place at a time: its prompt is tokenized before it is routed)."""
+        """Requests the router holds: in flight on the workers, or in one of its queues (a
+        request is in one place at a time: tokenized, then routed, waiting for room between
+        attempts)."""
         return self.pool.inflight("decode") + sum(q.outstanding for q in self.queues)
 
-    def count(self, queue: BoundedPool) -> None:
-        """Counts `queue`'s jobs as pending requests; it takes none while max_pending_requests
-        are pending, the same refusal (RESOURCE_EXHAUSTED / 429) as routing's."""
+    def count(self, queue: BoundedPool | WaitingRequests) -> None:
+        """Counts `queue`'s requests as pending; it takes none while max_pending_requests are
+        pending, the same refusal (RESOURCE_EXHAUSTED / 429) as routing's."""
         self.queues.append(queue)
         queue.admission = self.admit
 

@@ -17,6 +17,7 @@ from prometheus_client import REGISTRY
 
 from pdserve.models.builtin import default_model_dir
 from pdserve.pb import generate_pb2, generate_pb2_grpc
+from router.bounded_pool import BoundedPool
 from tests.e2e.conftest import serve_config
 from tests.e2e.test_disaggregated_serving import VOCAB_LOW
 
@@ -54,12 +55,14 @@ def refused_at_once(send) -> tuple[object, float]:
 @pytest.mark.parametrize("pool", ["grpc tokenize", "http tokenize", "request body"])
 def test_a_router_full_of_pool_jobs_refuses_at_once_over_both_apis(served, pool):
     routing = served.app.routing
-    queue = {"grpc tokenize": 0, "http tokenize": 1, "request body": 2}[pool]
-    stage = routing.queues[queue].name.replace(" ", "_")
+    # The pools in the order the app counts them: gRPC's tokenizer, then the HTTP API's two.
+    pools = [q for q in routing.queues if isinstance(q, BoundedPool)]
+    queue = pools[{"grpc tokenize": 0, "http tokenize": 1, "request body": 2}[pool]]
+    stage = queue.name.replace(" ", "_")
     release = threading.Event()
     # Jobs that hold the pool until released: requests still being tokenized or decoded.
     held = [
-        asyncio.run_coroutine_threadsafe(routing.queues[queue].run(release.wait, 30), served.loop)
+        asyncio.run_coroutine_threadsafe(queue.run(release.wait, 30), served.loop)
         for _ in range(MAX_PENDING)
     ]
     base = f"http://127.0.0.1:{served.http_port}"
