@@ -47,6 +47,7 @@ GENERATION_STATUSES = {
     400: "a malformed or invalid body: the message names the field",
     401: "missing or invalid API key",
     404: "the body names a model this server does not serve",
+    405: "a method other than POST",
     408: "the request's headers and body took too long to arrive (connection closed)",
     413: "the body is larger than any valid request (connection closed)",
     429: "overloaded: admission control or a full CPU pool; retry later",

@@ -8,7 +8,8 @@ the template renders (a known role, text content). Everything else (wrong
 signs, unsupported options, ids past the vocabulary) is drawn as the schema allows; the
 mutations then break the body on purpose: a field's type, an out-of-range number, a lone
 surrogate, a huge value, an unknown field, a missing required field, something that is not a
-JSON object, or bytes that are not JSON at all.
+JSON object, or bytes that are not JSON at all; or the body is sent without the API key, or
+with another method than POST.
 """
 
 from __future__ import annotations
@@ -51,12 +52,15 @@ _WRONG_VALUES = [
 
 @dataclass(frozen=True)
 class Case:
-    """A body to send: `data` as bytes; `kind` says what the answer must be beyond the rules
-    every answer follows (a documented status, never 500): "drawn" (no more), "surrogate"
-    (400, the text is not Unicode), "not_json" / "not_object" (400)."""
+    """A body to send: `data` as bytes, with `method`, with the API key or a wrong one; `kind`
+    says what the answer must be beyond the rules every answer follows (a documented status,
+    never 500): "drawn" (no more), "surrogate" (400, the text is not Unicode), "not_json" /
+    "not_object" (400), "unauthorized" (401), "wrong_method" (405)."""
 
     data: bytes
     kind: str
+    method: str = "POST"
+    authorized: bool = True
 
 
 def cheap(schema: dict, model: str, vocab_size: int, max_tokens_fields: tuple[str, ...]) -> dict:
@@ -142,6 +146,12 @@ def mutated(schema: dict) -> st.SearchStrategy[Case]:
         st.builds(_without, bodies, st.sampled_from(required)),
         _json_values().map(lambda value: Case(_encode(value), "not_object")),
         _not_json().map(lambda data: Case(data, "not_json")),
+        bodies.map(lambda body: Case(_encode(body), "unauthorized", authorized=False)),
+        st.builds(
+            lambda body, method: Case(_encode(body), "wrong_method", method=method),
+            bodies,
+            st.sampled_from(["GET", "PUT", "PATCH", "DELETE"]),
+        ),
     )
 
 

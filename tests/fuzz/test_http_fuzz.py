@@ -1,8 +1,8 @@
 """Fuzzing the OpenAI HTTP API of a live system: completions and chat completions, as bodies
 drawn from the schema the app documents (`app.openapi()`) and as malformed mutations of them.
 
-One served system (1 prefill + 1 decode worker, real Ray, the router's real HTTP port) takes
-every case over one keep-alive connection. Every answer must carry a status the route
+One served system (1 prefill + 1 decode worker, real Ray, the router's real HTTP port, an API
+key) takes every case over a keep-alive connection. Every answer must carry a status the route
 documents, never a 500; errors are OpenAI error bodies naming the field; a 200 is a whole
 completion (or an event stream that ends in `[DONE]` with no internal error in it).
 Afterwards the server still serves exact greedy output and no worker holds a block,
@@ -30,6 +30,7 @@ from tests.fuzz.http_cases import Case
 
 TOTAL_EXAMPLES = int(os.environ.get("PDSERVE_HTTP_FUZZ_EXAMPLES", "2000"))
 SHARES = {"completions": 0.3, "chat": 0.2, "completions_mutated": 0.3, "chat_mutated": 0.2}
+KEY = "sk-fuzz"
 CALL_TIMEOUT_S = 30.0  # per request: a hung request fails the case instead of the suite
 PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 MAX_TOKENS_FIELDS = {
@@ -52,14 +53,17 @@ def fuzz_settings(share: str) -> settings:
 def served(ray_cluster) -> Iterator:
     from pdserve.app import BackgroundApp
 
-    with BackgroundApp(serve_config("grpc", prefill_workers=1, decode_workers=1)) as app:
+    config = serve_config("grpc", prefill_workers=1, decode_workers=1)
+    config.router.api_keys = [KEY]
+    with BackgroundApp(config) as app:
         yield app
 
 
 @pytest.fixture(scope="module")
 def client(served) -> Iterator[httpx.Client]:
     base = f"http://127.0.0.1:{served.http_port}"
-    with httpx.Client(base_url=base, timeout=CALL_TIMEOUT_S) as client:
+    headers = {"authorization": f"Bearer {KEY}"}
+    with httpx.Client(base_url=base, headers=headers, timeout=CALL_TIMEOUT_S) as client:
         yield client
 
 
@@ -89,15 +93,21 @@ def route(openapi: dict, name: str) -> tuple[dict, set[int]]:
 
 def check(client: httpx.Client, name: str, case: Case, statuses: set[int]) -> int:
     headers = {"content-type": "application/json"}
-    with client.stream("POST", PATHS[name], content=case.data, headers=headers) as response:
+    if not case.authorized:
+        headers["authorization"] = "Bearer not-the-key"
+    with client.stream(case.method, PATHS[name], content=case.data, headers=headers) as response:
         body = response.read()
     status = response.status_code
     assert status in statuses, (status, body[:300], case)
     if status != 200:
         error = json.loads(body)["error"]
         assert error["message"] and "Traceback" not in error["message"], error
+        assert error["type"] != "internal_error", error
         if status == 400:
             assert error["param"], error  # the message names the field
+    expected = {"unauthorized": 401, "wrong_method": 405}.get(case.kind)
+    if expected:
+        assert status == expected, (status, body[:300], case.kind)
     if case.kind == "surrogate":
         assert status == 400 and "not valid Unicode" in error["message"], (status, body[:300])
     elif case.kind in ("not_json", "not_object"):
