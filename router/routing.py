@@ -89,7 +89,7 @@ class Routing:
 
     def pending_stages(self) -> dict[str, Callable[[], int]]:
         """Where the pending requests are, each stage's count read live: `workers` (in flight
-        there) and each pool by its name."""
+        there) and each queue by its name (tokenize, request_body, waiting_for_room)."""
         stages = {"workers": lambda: self.pool.inflight("decode")}
         for name in {q.name for q in self.queues}:
             stages[name.replace(" ", "_")] = lambda name=name: sum(
