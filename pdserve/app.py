@@ -177,12 +177,14 @@ class ServingApp:
         )
         # Stopped after both servers drain, before the workers: what still runs is ended.
         self._stack.append(("request flow", flow.close))
+        self.routing.count(flow.waiting_for_room)  # admission control counts them
         info = {"block_size": config.engine.block_size, "kv_transport": config.kv.transport}
         api_keys = config.router.api_keys or _env_list("PDSERVE_API_KEYS")
-        limits.max_prompt_bytes = config.router.max_prompt_bytes
-        service = GenerationService(
-            flow, BackgroundTokenizer(tokenizer), limits, info, RequestObserver()
-        )
+        if config.router.max_prompt_bytes:  # else the context's worth (ModelLimits)
+            limits.max_prompt_bytes = config.router.max_prompt_bytes
+        tokenizing = BackgroundTokenizer(tokenizer)
+        self.routing.count(tokenizing.pool)  # admission control counts its queue
+        service = GenerationService(flow, tokenizing, limits, info, RequestObserver())
         service.worker_counts = lambda: (
             len(self.pool.of_role("prefill")),
             len(self.pool.of_role("decode")),
@@ -300,6 +302,9 @@ class ServingApp:
             chat_template,
             router.stream_one_token_per_event,
         )
+        for queue in (service.tokenizer.pool, service.cpu):  # admission control counts them
+            self.routing.count(queue)
+        metrics.track_router_pending(self.routing.pending_stages())
         http = HttpServer(
             create_app(service, self.server.auth, self._is_ready, self._unready_reason),
             router.http_host,
@@ -400,7 +405,7 @@ class BackgroundApp:
 
 async def _stop_http(http, service, grace_s: float) -> None:
     await http.stop(grace_s)
-    service.tokenizer.close()
+    service.close()
 
 
 # Start-up's slow steps run here, off the event loop, so that Ctrl-C (which cancels start-up)

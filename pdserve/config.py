@@ -164,8 +164,11 @@ class RouterConfig:
         True, "keep a copy of the prefix index in the router, fed by the workers' KV events"
     )
     # The client API edge: request size, TLS, shutdown (router/server.py, router/tls.py).
-    max_prompt_bytes: int = setting(
-        4 * MiB, "largest text prompt in UTF-8 bytes; the gRPC receive limit follows", minimum=1
+    max_prompt_bytes: int | None = setting(
+        None,
+        "largest text prompt in UTF-8 bytes (default: 32 per token of the context); the gRPC "
+        "receive limit and the HTTP body cap follow",
+        minimum=1,
     )
     tls_cert: str | None = setting(None, "PEM certificate chain: the gRPC API speaks TLS")
     tls_key: str | None = setting(None, "PEM private key of --tls-cert")

@@ -11,6 +11,7 @@ few values (label cardinality is memory).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
@@ -53,6 +54,14 @@ ROUTING_DECISIONS = Counter(
     "Routing decisions, one per attempt: remote (prefill worker + KV transfer), local (decode "
     "worker prefills), rejected (admission control), unavailable (no healthy worker).",
     ["decision"],
+)
+ROUTER_PENDING = Gauge(
+    "pdserve_router_pending",
+    "Requests the router holds, by stage: workers (in flight on them), tokenize and "
+    "request_body (jobs running or queued in its CPU pools), waiting_for_room (between "
+    "attempts, the workers full). Admission control refuses a new request while their sum is "
+    "max_pending_requests.",
+    ["stage"],
 )
 PREFIX_HIT_TOKENS = Counter(
     "pdserve_prefix_hit_tokens_total", "Prompt tokens found in the chosen worker's prefix cache."
@@ -402,3 +411,9 @@ def stop_metrics_server(port: int) -> None:
     if server is not None:
         server.shutdown()
         server.server_close()
+
+
+def track_router_pending(stages: Mapping[str, Callable[[], int]]) -> None:
+    """`pdserve_router_pending` read from the router's live counts at each scrape."""
+    for stage, count in stages.items():
+        ROUTER_PENDING.labels(stage=stage).set_function(count)

@@ -14,11 +14,15 @@ contracts in pyproject.toml); it knows workers only through `router/types.py` an
 - `http/` — the OpenAI-compatible HTTP API (FastAPI + uvicorn), its modules listed there.
 - `validation.py` — request checks; errors name the field (`INVALID_ARGUMENT`).
 - `tokenizing.py` — tokenization on a small thread pool, off the event loop.
+- `bounded_pool.py` — threads for CPU work off the event loop; a full queue is refused at once.
+- `approximate_prefixes.py` — `--policy approximate`: each worker's cache predicted from the router's own routes, no KV events.
 - `errors.py` — exceptions to gRPC status codes, in one place.
 - `request_flow.py` — one request's lifecycle: reserve, prefill, stream, retry, abort.
+- `waiting.py` — requests waiting for room between attempts, counted by admission control.
 - `output_text.py` — the client's text, decoded over every attempt's tokens, stop strings.
 - `types.py` — `Route`, `Progress` and `WorkerHandle`, what the router's modules share.
-- `ray_worker.py` — a worker actor's Ray handle adapted to `WorkerHandle`.
+- `ray_worker.py` — a worker actor's Ray handle adapted to `WorkerHandle`; abandoned streams
+  read to their end in the background.
 - `worker_pool.py` — handles, background stats polling, health, in-flight counts.
 - `routing.py` — gathers each decision's inputs: loads, the prefix lookup, recent routes.
 - `recent_prefixes.py` — prompt blocks routed in the last seconds, before the index shows them.

@@ -110,6 +110,16 @@ class RoutingPolicy:
         self._prefill_turn = itertools.count()  # rotation of prefill workers (round_robin)
         self._random = random.Random(0)  # `random`: seeded, so a run can be repeated
 
+    def overloaded(self, pending_requests: int) -> str | None:
+        """Admission control: why one more request is refused, or None."""
+        limit = self.config.max_pending_requests
+        if pending_requests >= limit:
+            return (
+                f"router overloaded: {pending_requests} requests pending "
+                f"(max_pending_requests={limit})"
+            )
+        return None
+
     def decide(
         self,
         request: RoutingRequest,
@@ -120,11 +130,9 @@ class RoutingPolicy:
     ) -> RoutingDecision:
         """`cached_blocks`: worker_id -> leading prompt blocks it holds (PrefixIndex.lookup;
         {} when unknown). `pending_requests`: requests the router holds now, this one excluded."""
-        limit = self.config.max_pending_requests
-        if pending_requests >= limit:
-            return RoutingDecision.reject(
-                f"router overloaded: {pending_requests} requests pending (max_pending_requests={limit})"
-            )
+        overloaded = self.overloaded(pending_requests)
+        if overloaded:
+            return RoutingDecision.reject(overloaded)
         decode, prefill = _healthy(decode_workers), _healthy(prefill_workers)
         if not decode:
             return RoutingDecision.reject("no healthy decode worker", status="unavailable")

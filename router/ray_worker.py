@@ -3,10 +3,17 @@
 The only place the router calls `.remote()`: every call becomes a coroutine, and the actor's
 streaming generators async iterators (of PrefillResults, of TokenBatches). Ray itself is not imported here; the
 handle's methods carry it.
+
+A caller that stops reading a stream early (its client went away) leaves the rest to be read
+and dropped in the background: the actor's generator still ends, often with the error the
+abort caused (the KV push it cut short), and Ray logs an error nobody retrieved as an
+"Unhandled error" at ERROR, a traceback for every ordinary cancellation.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -32,15 +39,15 @@ class RayWorkerHandle:
     async def prefill(
         self, work: WorkRequest, reservation: KVReservation
     ) -> AsyncIterator[PrefillResult]:
-        async for ref in self.actor.prefill.remote(work, reservation):
-            yield await ref
+        async for result in _values(self.actor.prefill.remote(work, reservation)):
+            yield result
 
     async def generate(self, work: WorkRequest) -> None:
         await self.actor.generate.remote(work)
 
     async def stream(self, request_id: str) -> AsyncIterator[TokenBatch]:
-        async for ref in self.actor.stream.remote(request_id):
-            yield await ref
+        async for batch in _values(self.actor.stream.remote(request_id)):
+            yield batch
 
     async def abort(self, request_id: str) -> None:
         await self.actor.abort.remote(request_id)
@@ -49,3 +56,55 @@ class RayWorkerHandle:
 def ray_handles(actors: dict[str, Any]) -> dict[str, RayWorkerHandle]:
     """worker_id -> handle, for WorkerPool."""
     return {worker_id: RayWorkerHandle(actor) for worker_id, actor in actors.items()}
+
+
+# How long an abandoned stream is read: an aborted request's stream ends at once; a frozen
+# worker's is given up on (its refs may then still be reported unhandled).
+_DRAIN_S = 60.0
+_draining: set[asyncio.Task] = set()  # strong references: the loop keeps only weak ones
+
+
+async def _values(refs: Any) -> AsyncIterator[Any]:
+    """The values of a streaming call's refs (a Ray ObjectRefGenerator)."""
+    current = None
+    read_to_the_end = False
+    try:
+        async for current in refs:
+            value = await current
+            current = None
+            yield value
+        read_to_the_end = True
+    except Exception:  # the actor's error, retrieved: nothing is left unread
+        read_to_the_end = True
+        raise
+    finally:
+        if not read_to_the_end:  # closed or cancelled early
+            _drain_later(refs, current)
+
+
+def _drain_later(refs: Any, current: Any) -> None:
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # closed by the garbage collector with no loop: nothing to read on
+        return
+    task = loop.create_task(_drain(refs, current))
+    _draining.add(task)
+    task.add_done_callback(_draining.discard)
+
+
+async def _drain(refs: Any, current: Any) -> None:
+    """Reads (and drops) what is left of a stream, errors included."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(_DRAIN_S):
+            if current is not None:
+                with contextlib.suppress(Exception):
+                    await current
+            while True:
+                try:
+                    ref = await anext(refs)
+                except StopAsyncIteration:
+                    return
+                except Exception:  # the stream's own end, failed: retrieved
+                    return
+                with contextlib.suppress(Exception):
+                    await ref

@@ -10,7 +10,8 @@ text is decoded by the router over all of them (router/output_text.py). A worker
 nothing and answers no stats poll for `progress_timeout_s` (0 = never) counts as failed: it
 may be frozen, not dead. Workers at capacity are not failed (a reservation without room for the
 prompt's KV, or the policy finding every option full): the request waits up to `room_wait_s`
-for room, then is refused as overloaded (RESOURCE_EXHAUSTED). However the request ends (finish, client
+for room, then is refused as overloaded (RESOURCE_EXHAUSTED); while it waits, admission control
+counts it as pending (`waiting_for_room`), and refuses it at once if the router is full. However the request ends (finish, client
 cancel, deadline, error), both workers of every attempt are told to abort, which is
 idempotent, so no blocks stay reserved.
 """
@@ -41,6 +42,7 @@ from router.types import (
     Route,
     RouteChooser,
 )
+from router.waiting import WaitingRequests
 from router.worker_pool import WorkerPool, failure_reason
 
 log = logging.getLogger(__name__)
@@ -79,6 +81,8 @@ class RequestFlow:
         self._on_prefill_done = on_prefill_done
         self._on_prompt_computed = on_prompt_computed
         self._block_size = block_size
+        # Requests between attempts, waiting for room (admission control counts them).
+        self.waiting_for_room = WaitingRequests("waiting for room")
         self._running: set[asyncio.Task] = set()  # the tasks of the requests running now
         self._unawaited_aborts: set[asyncio.Future] = set()  # sent to failed workers
         self._closed = False
@@ -138,7 +142,9 @@ class RequestFlow:
         waiting_for_room_since: float | None = None
         while True:
             if waiting_for_room_since is not None:
-                await asyncio.sleep(_ROOM_BACKOFF_S[min(room_waits, len(_ROOM_BACKOFF_S) - 1)])
+                # Pending meanwhile; refused at once (Overloaded) when the router is full.
+                with self.waiting_for_room.held():
+                    await asyncio.sleep(_ROOM_BACKOFF_S[min(room_waits, len(_ROOM_BACKOFF_S) - 1)])
                 room_waits += 1
             progress.attempts += 1
             attempt = progress.attempts

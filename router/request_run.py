@@ -8,6 +8,8 @@ and the time of each batch.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import aclosing
@@ -21,6 +23,8 @@ from router.request_flow import RequestFlow
 from router.traffic_window import SERVED
 from router.types import Progress
 from router.validation import ValidRequest
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -86,7 +90,16 @@ async def run_request(
                     open_choices -= 1
                     finish_reason, last_at = batch.finish_reason, now
                 yield Step(batch, now, first, last=open_choices == 0)
-    except BaseException as exc:  # an error, or the client cancelled: recorded either way
+    except (asyncio.CancelledError, GeneratorExit) as exc:
+        # An ordinary event (a client that went away, a deadline): one line, no traceback.
+        error = exc
+        log.info(
+            "request %s cancelled by the client after %d tokens",
+            valid.request_id,
+            progress.completion_tokens,
+        )
+        raise
+    except BaseException as exc:  # an error: recorded (the API answers it)
         error = exc
         raise
     finally:

@@ -20,11 +20,13 @@ from typing import TYPE_CHECKING
 from pdserve.core.messages import PrefillResult, TokenBatch, WorkerStats
 from pdserve.core.prompt_tokens import block_hashes_of
 from router.approximate_prefixes import ApproximatePrefixes
+from router.bounded_pool import BoundedPool
 from router.estimates import RoutingRequest, WorkerLoad
 from router.load_rows import LoadRows
 from router.policy import RoutingDecision, RoutingPolicy
 from router.recent_prefixes import RecentPrefixes, merge
 from router.types import AtCapacity, NoWorkerAvailable, Overloaded, Route
+from router.waiting import WaitingRequests
 from router.worker_pool import Worker, WorkerPool
 
 if TYPE_CHECKING:  # the Redis client; the offline planner (pdserve/planner) routes without it
@@ -47,6 +49,10 @@ class Routing:
 
     recent: RecentPrefixes = field(default_factory=RecentPrefixes)
     approximate: ApproximatePrefixes = field(default_factory=ApproximatePrefixes)
+    # Where requests wait before (or between) their attempts: the router's CPU pools
+    # (tokenizing, body decoding) and RequestFlow's wait for room; the router holds those
+    # requests too (`count`).
+    queues: list[BoundedPool | WaitingRequests] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.pool.stats_listeners.append(self._learn_from_stats)
@@ -74,7 +80,32 @@ class Routing:
             self._load(worker)
 
     def pending(self) -> int:
-        return self.pool.inflight("decode")
+        """Requests the router holds: in flight on the workers, or in one of its queues (a
+        request is in one place at a time: tokenized, then routed, waiting for room between
+        attempts)."""
+        return self.pool.inflight("decode") + sum(q.outstanding for q in self.queues)
+
+    def count(self, queue: BoundedPool | WaitingRequests) -> None:
+        """Counts `queue`'s requests as pending; it takes none while max_pending_requests are
+        pending, the same refusal (RESOURCE_EXHAUSTED / 429) as routing's."""
+        self.queues.append(queue)
+        queue.admission = self.admit
+
+    def pending_stages(self) -> dict[str, Callable[[], int]]:
+        """Where the pending requests are, each stage's count read live: `workers` (in flight
+        there) and each queue by its name (tokenize, request_body, waiting_for_room)."""
+        stages = {"workers": lambda: self.pool.inflight("decode")}
+        for name in {q.name for q in self.queues}:
+            stages[name.replace(" ", "_")] = lambda name=name: sum(
+                q.outstanding for q in self.queues if q.name == name
+            )
+        return stages
+
+    def admit(self) -> None:
+        """Overloaded when max_pending_requests are pending already."""
+        overloaded = self.policy.overloaded(self.pending())
+        if overloaded:
+            raise Overloaded(overloaded)
 
     async def choose_async(
         self, prompt_ids: list[int], max_tokens: int, exclude: set[str]

@@ -20,6 +20,12 @@ GENERATION_SERVICE = generate_pb2.DESCRIPTOR.services_by_name["Generation"].full
 DEFAULT_SHUTDOWN_GRACE_S = 30.0
 # A Tokenize response of a prompt at the byte cap is several times the prompt's size.
 _MAX_SEND_BYTES = 64 << 20
+# Connection bounds, as on the HTTP port (router/http/connections.py): a connection must finish
+# its TLS/HTTP/2 handshake within the first, is closed once idle (no RPC) for the second, and
+# carries at most the third RPCs at once (more wait for the client's HTTP/2 flow control).
+GRPC_HANDSHAKE_TIMEOUT_MS = 10_000
+GRPC_MAX_CONNECTION_IDLE_MS = 300_000
+GRPC_MAX_CONCURRENT_STREAMS = 256
 
 
 class RouterServer:
@@ -45,6 +51,8 @@ class RouterServer:
         max_receive_bytes: int = 64 << 20,
         shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S,
         health_port: int | None = None,
+        handshake_timeout_ms: int = GRPC_HANDSHAKE_TIMEOUT_MS,
+        max_connection_idle_ms: int = GRPC_MAX_CONNECTION_IDLE_MS,
     ) -> None:
         self.service = service
         self.auth = ApiKeyInterceptor(api_keys)
@@ -57,6 +65,9 @@ class RouterServer:
                 ("grpc.max_send_message_length", _MAX_SEND_BYTES),
                 # A port another server listens on is an error, never silently shared.
                 ("grpc.so_reuseport", 0),
+                ("grpc.server_handshake_timeout_ms", handshake_timeout_ms),
+                ("grpc.max_connection_idle_ms", max_connection_idle_ms),
+                ("grpc.max_concurrent_streams", GRPC_MAX_CONCURRENT_STREAMS),
             ],
         )
         generate_pb2_grpc.add_GenerationServicer_to_server(service, self._server)

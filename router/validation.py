@@ -19,7 +19,11 @@ from pdserve.core.sampling_params import SamplingParams
 from pdserve.pb import generate_pb2
 
 DEFAULT_MAX_TOKENS = 64
-DEFAULT_MAX_PROMPT_BYTES = 4 << 20
+# A text prompt's byte cap is the context's worth of text at this many UTF-8 bytes per token:
+# BPE vocabularies average ~4 bytes of English per token, a CJK character is 3 bytes and often
+# a token of its own, long whitespace or punctuation runs are single tokens of up to ~16 bytes.
+# A text over the cap cannot fit the context, and is refused before it is tokenized.
+MAX_BYTES_PER_TOKEN = 32
 MAX_REQUEST_ID_LEN = 256
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
@@ -45,8 +49,18 @@ class ModelLimits:
     vocab_size: int
     max_model_len: int
     eos_token_ids: list[int]
-    max_prompt_bytes: int = DEFAULT_MAX_PROMPT_BYTES  # UTF-8 bytes of a text prompt
+    # UTF-8 bytes of a text prompt; 0 = the context's worth (default_prompt_bytes).
+    max_prompt_bytes: int = 0
     num_layers: int = 0  # decoder layers (bounds DoLa/SLED layer indices); 0 = unknown
+
+    def __post_init__(self) -> None:
+        if not self.max_prompt_bytes:
+            self.max_prompt_bytes = default_prompt_bytes(self.max_model_len)
+
+
+def default_prompt_bytes(max_model_len: int) -> int:
+    """The text prompt cap that matches a context of `max_model_len` tokens."""
+    return MAX_BYTES_PER_TOKEN * max_model_len
 
 
 @dataclass

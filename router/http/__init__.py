@@ -8,5 +8,7 @@
 - `errors.py` — exceptions → OpenAI error JSON and HTTP status.
 - `chat_template.py` — chat templates rendered as transformers renders them.
 - `body_limit.py` — the request body cap (413), before a body is read.
+- `request_body.py` — the caps of one request, strict decoding off the event loop.
+- `connections.py` — per-connection deadlines and the connection cap, accept errors' log.
 - `server.py` — uvicorn on the router's event loop.
 """

@@ -4,15 +4,17 @@
 probes and scrapers `/health` (the process is up), `/ready` (a decode worker can take requests)
 and `/metrics` (the router's Prometheus registry, as on the metrics port). With API keys
 configured the `/v1` routes need `Authorization: Bearer <key>` (the gRPC API's keys); the
-probes and `/metrics` stay open, as gRPC health does. A client that disconnects cancels its
-request, which aborts it on its workers.
+probes and `/metrics` stay open, as gRPC health does. The key is checked before the body is
+read, and bodies are read and decoded as router/http/request_body.py says. A client that
+disconnects cancels its request, which aborts it on its workers. `app.openapi()` documents each
+generation route's body schema and every status it answers (the HTTP fuzz suite holds the
+server to it); the document is not served.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
@@ -23,29 +25,37 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from router.auth import ApiKeyInterceptor
 from router.http.body_limit import BodyLimit
 from router.http.choices import Choice, ResponseShape, to_json, usage
 from router.http.errors import error_body, error_response, status_and_body
+from router.http.request_body import INLINE_BYTES, decode, max_body_bytes, validation_message
 from router.http.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from router.http.service import OpenAIService
 from router.http.translate import wants_logprobs
 from router.request_run import Step
-from router.validation import ModelLimits, max_request_bytes
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 _TRACE_HEADERS = ("traceparent", "tracestate")
 _REFUSAL = "missing or invalid API key (header 'Authorization: Bearer <key>')"
-# A pydantic location's parts that name a union member's type, not a field.
-_TYPE_TAG = re.compile(r"^(str|int|float|bool|list|dict)(\[.*\])?$|^function-")
-
-
-def max_body_bytes(limits: ModelLimits) -> int:
-    """The HTTP body cap: room for a prompt at the gRPC limits spelled in JSON (escapes take
-    up to 6 bytes per byte) with everything else; larger bodies are refused unread (413)."""
-    return 8 * max_request_bytes(limits)
+# Every status a generation route answers (router/http/errors.py, body_limit.py, connections.py).
+GENERATION_STATUSES = {
+    200: "the completion (JSON, or server-sent events with `stream`)",
+    400: "a malformed or invalid body: the message names the field",
+    401: "missing or invalid API key",
+    404: "the body names a model this server does not serve",
+    405: "a method other than POST",
+    408: "the request's headers and body took too long to arrive (connection closed)",
+    413: "the body is larger than any valid request (connection closed)",
+    429: "overloaded: admission control or a full CPU pool; retry later",
+    503: "no worker can take it now, or too many connections are open",
+}
+# Refusals after which the connection is closed: the client may still be sending a body
+# nobody will read.
+_CLOSING = {401, 413}
 
 
 class ClientGone(Exception):
@@ -69,11 +79,13 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def _invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse(error_body(400, _validation_message(exc)), status_code=400)
+        return JSONResponse(error_body(400, validation_message(exc)), status_code=400)
 
     @app.exception_handler(HTTPException)
     async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        return JSONResponse(error_body(exc.status_code, str(exc.detail)), exc.status_code)
+        headers = {"connection": "close"} if exc.status_code in _CLOSING else None
+        body = error_body(exc.status_code, str(exc.detail))
+        return JSONResponse(body, exc.status_code, headers=headers)
 
     @app.get("/health")
     async def health() -> dict:
@@ -105,27 +117,48 @@ def create_app(
             )
         return _model_card(service, started)
 
-    @app.post("/v1/completions", dependencies=[Depends(authorized)])
-    async def completions(body: CompletionRequest, request: Request) -> Response:
-        return await _generate(service, body, request, chat=False)
+    # The body is not a parameter: FastAPI would read and decode it on the loop, before the
+    # API key is checked. `_generate` reads it after (the dependency runs first).
+    @app.post(
+        "/v1/completions", dependencies=[Depends(authorized)], **_documented(CompletionRequest)
+    )
+    async def completions(request: Request) -> Response:
+        return await _generate(service, CompletionRequest, request, chat=False)
 
-    @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
-    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        return await _generate(service, body, request, chat=True)
+    @app.post(
+        "/v1/chat/completions",
+        dependencies=[Depends(authorized)],
+        **_documented(ChatCompletionRequest),
+    )
+    async def chat_completions(request: Request) -> Response:
+        return await _generate(service, ChatCompletionRequest, request, chat=True)
 
     return app
 
 
 async def _generate(
-    service: OpenAIService, body: SamplingFields, request: Request, chat: bool
+    service: OpenAIService, model: type[SamplingFields], request: Request, chat: bool
 ) -> Response:
     try:
+        body = await _body(service, request, model)
         return await _respond(service, body, request, chat)
+    except ClientDisconnect:  # left (or was cut off by a deadline) before its body arrived
+        return Response(status_code=499)
     except Exception as exc:
         response = error_response(exc)
         level = logging.WARNING if response.status_code >= 500 else logging.DEBUG
         log.log(level, "%s failed: %s", request.url.path, exc)
         return response
+
+
+async def _body(
+    service: OpenAIService, request: Request, model: type[SamplingFields]
+) -> SamplingFields:
+    """The request's body as `model`, decoded on the service's pool unless it is small."""
+    raw = await request.body()  # under the BodyLimit middleware's cap
+    if len(raw) <= INLINE_BYTES:
+        return decode(raw, model)
+    return await service.cpu.run(decode, raw, model)
 
 
 async def _respond(
@@ -223,6 +256,18 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
+def _documented(model: type[SamplingFields]) -> dict:
+    """The OpenAPI of a route that reads its body itself: the body's schema (refs local to it)
+    and the statuses it answers."""
+    body = {"content": {"application/json": {"schema": model.model_json_schema()}}}
+    return {
+        "openapi_extra": {"requestBody": {"required": True, **body}},
+        "responses": {
+            status: {"description": text} for status, text in GENERATION_STATUSES.items()
+        },
+    }
+
+
 def _model_card(service: OpenAIService, created: int) -> dict:
     return {
         "id": service.limits.name,
@@ -231,18 +276,3 @@ def _model_card(service: OpenAIService, created: int) -> dict:
         "owned_by": "pdserve",
         "max_model_len": service.limits.max_model_len,
     }
-
-
-def _validation_message(exc: RequestValidationError) -> str:
-    error = exc.errors()[0]
-    if error.get("type") == "json_invalid":
-        return f"body: not valid JSON ({error.get('ctx', {}).get('error', 'parse error')})"
-    field = ""
-    for part in error.get("loc", ())[1:]:
-        if isinstance(part, int):
-            field += f"[{part}]"
-        elif _TYPE_TAG.match(str(part)):
-            break
-        else:
-            field += f".{part}" if field else str(part)
-    return f"{field or 'body'}: {error.get('msg', 'invalid')}"

@@ -56,6 +56,10 @@ class BodyLimit:
     async def _refuse(self, send: Any) -> None:
         message = f"body: larger than the limit of {self.max_bytes} bytes"
         body = json.dumps(error_body(413, message)).encode()
-        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", b"%d" % len(body)),
+            (b"connection", b"close"),  # the rest of the body is not read: the client may stop
+        ]
         await send({"type": "http.response.start", "status": 413, "headers": headers})
         await send({"type": "http.response.body", "body": body})

@@ -14,6 +14,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+MAX_MESSAGES = 1024  # messages of one chat (each is a turn of the conversation)
+
 
 class StreamOptions(BaseModel):
     include_usage: bool = False
@@ -88,7 +90,7 @@ class ChatMessage(BaseModel):
 
 
 class ChatCompletionRequest(SamplingFields):
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None

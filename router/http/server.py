@@ -1,5 +1,6 @@
 """Runs the OpenAI HTTP API (router/http/api.py) with uvicorn on the router's event loop, over
-TLS when the gRPC API has it (same certificate, same client CA)."""
+TLS when the gRPC API has it (same certificate, same client CA), with deadlines and a cap on
+its connections (router/http/connections.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from pdserve.tls_files import CertificateFiles
+from router.http.connections import AcceptErrorLog, ConnectionLimits, guarded_protocol
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +42,7 @@ class HttpServer:
         tls_cert: str | None = None,
         tls_key: str | None = None,
         tls_client_ca: str | None = None,
+        limits: ConnectionLimits = ConnectionLimits(),
     ) -> None:
         self.host = host
         self.port = port
@@ -48,8 +51,10 @@ class HttpServer:
             host=host,
             port=port,
             lifespan="off",
-            # httptools (C) parses and frames HTTP for less CPU per stream event than h11.
-            http="httptools",
+            # httptools (C) parses and frames HTTP for less CPU per stream event than h11;
+            # guarded: idle and request deadlines, a connection cap.
+            http=guarded_protocol(limits),
+            timeout_keep_alive=limits.idle_timeout_s,
             log_config=None,  # the process's logging setup applies
             access_log=False,
             server_header=False,
@@ -65,6 +70,7 @@ class HttpServer:
             files.reload_at_handshakes(config.ssl)
         self._server = _Server(config)
         self._task: asyncio.Task | None = None
+        self._accept_errors: AcceptErrorLog | None = None
 
     async def start(self) -> None:
         """Raises OSError when the address cannot be bound."""
@@ -81,6 +87,8 @@ class HttpServer:
             sock.close()
             raise
         self.port = sock.getsockname()[1]
+        self._accept_errors = AcceptErrorLog(asyncio.get_running_loop())
+        self._accept_errors.install()
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
         while not self._server.started and not self._task.done():
             await asyncio.sleep(0.01)
@@ -96,3 +104,5 @@ class HttpServer:
         self._server.should_exit = True
         await self._task
         self._task = None
+        if self._accept_errors is not None:
+            self._accept_errors.uninstall()

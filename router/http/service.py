@@ -3,6 +3,9 @@
 Each prompt of a request is one pdserve request (own id, trace, workers), driven exactly as the
 gRPC servicer drives it (router/request_run.py), with the body's n choices (OpenAI's choice
 index: prompt * n + choice); the prompts run concurrently, and one failing cancels the others.
+A request carries at most MAX_SEQUENCES sequences (prompts x n, the bound gRPC puts on n) and
+request_text_bytes of text; its CPU work (decoding a large body, rendering a chat) runs on the
+service's bounded pool, off the event loop.
 """
 
 from __future__ import annotations
@@ -12,9 +15,11 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import aclosing
 
+from router.bounded_pool import BoundedPool
 from router.http.chat_template import ChatTemplate, ChatTemplateError
 from router.http.choices import Choice
 from router.http.errors import UnknownModel
+from router.http.request_body import request_text_bytes
 from router.http.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from router.http.translate import (
     chat_messages,
@@ -33,6 +38,12 @@ from router.validation import ModelLimits, RequestError, ValidRequest, validate
 
 # Variables a chat template gets from the server, which chat_template_kwargs cannot replace.
 _TEMPLATE_INPUTS = frozenset({"messages", "add_generation_prompt", "tools", "documents"})
+# Sequences (prompts x n) of one request: gRPC's bound on n, so neither API lets one request
+# occupy more of the decode batch than the other.
+MAX_SEQUENCES = 64
+# Bodies decoding or chats rendering at once, and waiting: a few large bodies at a time.
+_CPU_THREADS = 1
+_CPU_WAITING = 8
 
 
 class OpenAIService:
@@ -52,6 +63,7 @@ class OpenAIService:
         self.limits = limits
         self.observer = observer
         self.chat_template = chat_template
+        self.cpu = BoundedPool("request body", _CPU_THREADS, _CPU_WAITING)
 
     async def prepare(self, body: SamplingFields) -> list[ValidRequest]:
         """The body's validated requests, one per prompt; raises RequestError naming the
@@ -63,7 +75,8 @@ class OpenAIService:
                 f"this server serves {self.limits.name!r}"
             )
         if isinstance(body, ChatCompletionRequest):
-            prompts, fields = [self._render(body)], ["messages"]
+            _check_text_total("messages", _message_texts(body), self.limits)
+            prompts, fields = [await self.cpu.run(self._render, body)], ["messages"]
 
             async def tokenize(text: str) -> list[int]:
                 return await self.tokenizer.encode(text, add_special_tokens=False)
@@ -73,6 +86,8 @@ class OpenAIService:
             fields = (
                 ["prompt"] if len(prompts) == 1 else [f"prompt[{i}]" for i in range(len(prompts))]
             )
+            _check_sequences(len(prompts), body.n)
+            _check_text_total("prompt", [p for p in prompts if isinstance(p, str)], self.limits)
             tokenize = self.tokenizer.encode
         valid = []
         for prompt, field in zip(prompts, fields, strict=True):
@@ -81,6 +96,10 @@ class OpenAIService:
             except RequestError as e:
                 raise openai_names(e, field, max_tokens_field(body)) from None
         return valid
+
+    def close(self) -> None:
+        self.tokenizer.close()
+        self.cpu.close()
 
     def _render(self, body: ChatCompletionRequest) -> str:
         if self.chat_template is None:
@@ -187,6 +206,38 @@ class OpenAIService:
                 choice = own[step.batch.index]
                 choice.add(step.batch)
                 yield choice, step
+
+
+def _check_sequences(prompts: int, n: int) -> None:
+    if prompts > 1 and prompts * n > MAX_SEQUENCES:
+        raise RequestError(
+            f"n: {prompts} prompts x n={n} are {prompts * n} sequences; at most "
+            f"{MAX_SEQUENCES} per request"
+        )
+
+
+def _message_texts(body: ChatCompletionRequest) -> list[str]:
+    texts = []
+    for message in body.messages:
+        if isinstance(message.content, str):
+            texts.append(message.content)
+        elif message.content:
+            texts.extend(part.text for part in message.content if part.text)
+    return texts
+
+
+def _check_text_total(field: str, texts: list[str], limits: ModelLimits) -> None:
+    """A request's texts together within request_text_bytes (a character is at least a byte:
+    most oversized requests are caught without encoding)."""
+    limit = request_text_bytes(limits)
+    size = sum(map(len, texts))
+    if size <= limit:
+        size = sum(len(t.encode("utf-8")) for t in texts)
+    if size > limit:
+        raise RequestError(
+            f"{field}: {size} bytes of text together exceed the limit of {limit} bytes per "
+            "request (send longer batches as several requests)"
+        )
 
 
 def _by_request(

@@ -13,6 +13,7 @@ from router.http.schemas import ChatCompletionRequest, CompletionRequest, Sampli
 from router.validation import RequestError
 
 MAX_PROMPTS = 64  # prompts of one completions request
+_INT32 = 1 << 31
 _UINT32 = 1 << 32
 _UINT64 = 1 << 64
 _SAMPLING_FIELD = re.compile(r"^sampling\.(\w+): ")
@@ -125,6 +126,8 @@ def generate_request(body: SamplingFields, prompt: Prompt) -> generate_pb2.Gener
     if body.top_p is not None:
         sampling.top_p = body.top_p
     if body.top_k is not None:
+        if not -1 <= body.top_k < _INT32:
+            raise RequestError(f"top_k: must be >= 0 (0 or -1 = off) and < 2^31, got {body.top_k}")
         sampling.top_k = 0 if body.top_k == -1 else body.top_k  # vLLM's -1 = off
     if body.seed is not None:
         if not 0 <= body.seed < _UINT64:

@@ -7,6 +7,7 @@ tested in test_openai_served.py.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -18,9 +19,10 @@ from pdserve.models.tokenizer_builder import write_tokenizer
 from pdserve.tokenizer import Tokenizer
 from router.auth import ApiKeyInterceptor
 from router.errors import status_for
-from router.http.api import create_app, max_body_bytes
+from router.http.api import create_app
 from router.http.chat_template import ChatTemplate
 from router.http.errors import status_and_body
+from router.http.request_body import max_body_bytes
 from router.http.service import OpenAIService
 from router.tokenizing import BackgroundTokenizer
 from router.types import NoWorkerAvailable, Overloaded
@@ -279,3 +281,94 @@ def test_model_is_optional_as_in_vllm(client, path) -> None:
     response = client.post(path, json={**body, "max_tokens": 4})
     assert response.status_code == 500
     assert error_of(response)["message"].startswith("internal error: ")
+
+
+@pytest.mark.parametrize(
+    ("path", "raw", "param", "words"),
+    [
+        # Strict JSON types: nothing is coerced.
+        ("/v1/completions", completion(max_tokens=True), "max_tokens", "valid integer"),
+        ("/v1/completions", completion(max_tokens="8"), "max_tokens", "valid integer"),
+        ("/v1/completions", completion(max_tokens=8.0), "max_tokens", "valid integer"),
+        ("/v1/completions", completion(prompt=[True, False]), "prompt", "valid"),
+        ("/v1/completions", completion(stream="yes"), "stream", "valid boolean"),
+        ("/v1/completions", completion(n="2"), "n", "valid integer"),
+        # Text that is not Unicode: a lone surrogate, which JSON can spell.
+        ("/v1/completions", completion(prompt="a\ud800b"), "prompt", "not valid Unicode"),
+        ("/v1/completions", completion(prompt=["ok", "\udfff"]), "prompt[1]", "not valid Unicode"),
+        ("/v1/completions", completion(stop=["\ud800"]), "stop[0]", "not valid Unicode"),
+        (
+            "/v1/chat/completions",
+            chat(messages=[{"role": "user", "content": "\ud800"}]),
+            "messages[0].content",
+            "not valid Unicode",
+        ),
+        # Integers beyond what the request can carry.
+        ("/v1/completions", completion(top_k=2**31), "top_k", "< 2^31"),
+        ("/v1/completions", completion(top_k=-(2**40)), "top_k", ">= 0"),
+        # One request's size: sequences, messages, text.
+        ("/v1/completions", completion(prompt=["a", "b"], n=33), "n", "66 sequences"),
+        ("/v1/completions", completion(prompt=[[5]] * 65), "prompt", "at most 64"),
+        ("/v1/chat/completions", chat(messages=[{"role": "user"}] * 1025), "messages", "1024"),
+        ("/v1/completions", completion(prompt=["y" * 20000] * 60), "prompt", "per request"),
+    ],
+)
+def test_malformed_values_are_400_naming_the_field(client, path, raw, param, words) -> None:
+    content = json.dumps(raw).encode()  # ASCII: a lone surrogate spelled as JSON escapes it
+    response = client.post(path, content=content, headers={"content-type": "application/json"})
+    assert response.status_code == 400, response.text
+    error = error_of(response)
+    assert error["param"] == param and words in error["message"], error
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"model": "tiny", "prompt": "x", "max_tokens": NaN}',
+        b'{"model": "tiny", "prompt": "x", "seed": ' + b"9" * 5000 + b"}",
+        b'{"model": "tiny", "prompt": "\xff\xfe"}',
+        b"[" * 100_000,
+        b'["model"]',
+    ],
+    ids=["nan", "5000-digit-int", "invalid-utf8", "deep-nesting", "not-an-object"],
+)
+def test_bodies_that_are_not_json_objects_are_400(client, raw) -> None:
+    response = client.post(
+        "/v1/completions", content=raw, headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 400, response.text
+    assert error_of(response)["message"].startswith("body: ")
+
+
+def test_the_api_key_is_checked_before_the_body_is_read(tmp_path) -> None:
+    """Unauthenticated, the request is refused without a single body read, and the connection
+    is closed (the client may still be sending)."""
+    app = make_client(tmp_path, keys=[KEY]).app
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/completions",
+        "raw_path": b"/v1/completions",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-type", b"application/json"), (b"content-length", b"1000")],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 2),
+    }
+    reads, sent = [], []
+
+    async def receive() -> dict:
+        reads.append(1)
+        await asyncio.sleep(3600)  # the body never comes
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    asyncio.run(asyncio.wait_for(app(scope, receive, send), 10))
+    start = sent[0]
+    assert start["status"] == 401 and (b"connection", b"close") in start["headers"]
+    assert not reads

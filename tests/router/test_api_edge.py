@@ -183,3 +183,35 @@ def test_health_stays_fast_for_the_whole_of_a_4_mib_tokenize(tmp_path):
             assert len(latencies) > 50
             slowest.append(max(latencies))
     assert min(slowest) <= 0.1, slowest
+
+
+def _closed_within(sock, seconds: float) -> bool:
+    sock.settimeout(seconds)
+    try:
+        while sock.recv(65536):
+            pass
+    except TimeoutError:
+        return False
+    except OSError:
+        pass  # reset: closed
+    return True
+
+
+def test_silent_and_idle_connections_are_closed(tmp_path):
+    """A connection that never completes its handshake, and one that completes it but runs no
+    RPC, are closed at their deadlines (not held open forever, as slowloris would have it)."""
+    import socket
+
+    with ApiServer(tmp_path, handshake_timeout_ms=1000, max_connection_idle_ms=1500) as server:
+        host, port = server.target.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as silent:
+            started = time.monotonic()
+            assert _closed_within(silent, 15)
+            assert time.monotonic() - started < 10
+        with grpc.insecure_channel(server.target) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            stub.Check(health_pb2.HealthCheckRequest(), timeout=10)
+            state = []
+            channel.subscribe(state.append)
+            time.sleep(4)  # idle past 1.5 s: the server sent GOAWAY, the channel went idle
+            assert grpc.ChannelConnectivity.IDLE in state[1:], state

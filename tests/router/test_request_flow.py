@@ -56,6 +56,7 @@ class Cluster:
     flow: RequestFlow
     prefill: dict[str, ToyPrefillWorker]
     decode: dict[str, ToyDecodeWorker]
+    routing: Routing
 
     @property
     def workers(self) -> list:
@@ -83,6 +84,7 @@ async def cluster(
     progress_timeout_s: float = 5.0,
     room_wait_s: float = 2.0,
     max_retries: int = 2,
+    max_pending_requests: int = 256,
     on_prompt_computed=None,
 ) -> Cluster:
     model = ToyModel(script, VOCAB)
@@ -97,7 +99,11 @@ async def cluster(
     pool = WorkerPool(prefillers, decoders, poll_interval_s=0.02, call_timeout_s=1.0)
     await pool.start()
     # Round robin: the first attempt goes to decode-0, a retry to decode-1.
-    config = RouterConfig(policy="round_robin", disaggregate=disaggregate)
+    config = RouterConfig(
+        policy="round_robin",
+        disaggregate=disaggregate,
+        max_pending_requests=max_pending_requests,
+    )
     routing = Routing(pool, RoutingPolicy(config), BLOCK_SIZE)
     flow = RequestFlow(
         pool,
@@ -110,7 +116,8 @@ async def cluster(
         on_prompt_computed=on_prompt_computed or routing.on_prompt_computed,
         block_size=BLOCK_SIZE,
     )
-    return Cluster(pool, flow, prefillers, decoders)
+    routing.count(flow.waiting_for_room)
+    return Cluster(pool, flow, prefillers, decoders, routing)
 
 
 def run(scenario, timeout_s: float = 20.0):
@@ -337,6 +344,43 @@ def test_a_full_kv_pool_is_resource_exhausted_not_unavailable(tokenizer) -> None
     assert "no free KV blocks" in str(error)
     assert waited >= 0.3
     assert c.leaked_blocks() == {}
+
+
+def test_requests_waiting_for_room_are_pending_and_a_full_router_refuses_at_once(tokenizer):
+    async def scenario():
+        c = await cluster(
+            tokenizer,
+            script_after_prompt(LETTERS),
+            decode=1,
+            room_wait_s=10,
+            max_pending_requests=3,
+        )
+        decode = c.decode["decode-0"]
+        decode.refuse_reservations = True
+        waiting = [
+            asyncio.create_task(c.generate(greedy(4), request_id=f"waits-{i}")) for i in range(3)
+        ]
+        deadline = time.monotonic() + 5
+        while c.routing.pending() < 3 and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        pending = c.routing.pending()
+        stages = {stage: count() for stage, count in c.routing.pending_stages().items()}
+        started = time.monotonic()
+        with pytest.raises(Overloaded) as refusal:
+            await c.generate(greedy(4), request_id="one-too-many")
+        took = time.monotonic() - started
+        decode.refuse_reservations = False
+        results = await asyncio.gather(*waiting)
+        await c.pool.stop()
+        return c, pending, stages, refusal.value, took, results
+
+    c, pending, stages, error, took, results = run(scenario)
+    assert pending == 3 and stages == {"workers": 0, "waiting_for_room": 3}
+    assert "max_pending_requests=3" in str(error)
+    assert status_for(error)[0] == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert took < 0.1
+    assert all(ids_of(batches) == LETTERS[:4] for batches, _ in results)
+    assert c.routing.pending() == 0 and c.leaked_blocks() == {}
 
 
 def test_many_requests_on_a_small_kv_pool_wait_for_room_and_all_finish(tokenizer) -> None:

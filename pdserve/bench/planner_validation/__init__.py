@@ -10,4 +10,5 @@ without an import cycle.
 - `rates.py` — the swept rates, extended until the offline sweep brackets the goodput.
 - `ttft_parts.py` — where each request's TTFT went, offline and live, compared by index.
 - `routing_offline.py` — `bench sim-routing`'s policies and workloads on the virtual cluster.
+- `routing_tenants.py` — the multi-tenant workload: six policies per rate on the virtual cluster.
 """
