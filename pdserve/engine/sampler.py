@@ -2,26 +2,33 @@
 
 Greedy rows (temperature below `GREEDY_TEMPERATURE`, 0 included, since dividing by a tinier one
 overflows) take the argmax (ties: the lowest id, like transformers). Sampled rows apply
-temperature, then top-k, then top-p, and draw by inverting the cumulative distribution of the
-tokens they keep, taken in vocabulary order, with one uniform number: a categorical draw.
+temperature, then top-k, then top-p, then min-p (transformers' order), and draw from the
+tokens they keep.
 
-The seed contract: a seeded request's n-th token is the token where the uniform of (seed,
-seed_offset + n) falls in the cumulative distribution of its own kept tokens in vocabulary
-order. That layout depends on the row alone (not on which filters other rows of the batch ask
-for, which decide only how the kept tokens are found), so the token is a function of the seed,
-n and the request's own distribution: the same whatever shares the batch, on any worker, and
-after a retry that continues at n (`seed_offset`). Speculative verification draws every
-position with this same function and uniform (spec_verify.py), so speculation never changes a
-seeded request's tokens.
+The seed contract: a seeded request's n-th token is the Gumbel-max draw of its own filtered
+distribution with the noise of (seed, seed_offset + n): the argmax over its kept tokens of
+logits / temperature + G(key, token id), G a Gumbel noise hashed from the position's key and
+the token id (seeded_noise.py), which is exactly a draw of the filtered distribution. Each
+token's score depends on that token alone, so the token is a function of the seed, n and the
+request's own distribution: the same whatever shares the batch, however the kept tokens are
+laid out, on any worker, and after a retry that continues at n (`seed_offset`). Speculative
+verification draws every position with this same function (spec_verify.py), and a draft
+model races its own logits with the same noises (draft_proposer.py), so speculation never
+changes a seeded request's tokens and accepts a draft wherever the draft's race has the
+target's winner. The price is a hashed noise per kept token: the whole vocabulary for a row
+without top-k or a small nucleus (BENCHMARKS.md, "Sampling").
 
-Only the kept tokens are put in order: top-k takes the k best (`topk`), and top-p looks for
-its nucleus among the `NUCLEUS_CANDIDATES` best before sorting a whole row; a row without
-either is not sorted. The kept tokens found among the best are then put back in vocabulary
-order (a sort of those few ids), a whole sorted row by a scatter. At a 128k vocabulary and 32
-sampled rows, sorting every row took 0.41 s and an exponential noise per token 0.12 s (of a
-0.61 s sampling step on a 2-core VM), 0.02-0.03 s now unless a nucleus covers most of the
-vocabulary (BENCHMARKS.md, "Sampling"). These rows are drawn on the host, where the generators
-are.
+Unseeded rows (no stream to keep) draw by inverting the cumulative distribution of their kept
+tokens with one uniform from the sampler's shared generator: a categorical draw.
+
+Only the kept tokens are put in order: top-k takes the k best (`topk`), and top-p or min-p look
+for their last kept token among the `NUCLEUS_CANDIDATES` best before sorting a whole row; a row
+without a filter is not sorted. The kept tokens found among the best are then put back in
+vocabulary order (a sort of those few ids), a whole sorted row by a scatter. At a 128k
+vocabulary and 32 sampled rows, sorting every row took 0.41 s and an exponential noise per
+token 0.12 s (of a 0.61 s sampling step on a 2-core VM), 0.02-0.03 s now unless a nucleus
+covers most of the vocabulary (BENCHMARKS.md, "Sampling"). These rows are drawn on the host,
+where the generators are.
 
 Before choosing, a request with `repetition_penalty` != 1 has the logit of every token it has
 seen (prompt and output) divided by the penalty where positive and multiplied by it where
@@ -31,25 +38,22 @@ token is chosen from, after that penalty (and DoLa/SLED), before temperature.
 
 from __future__ import annotations
 
-import hashlib
-import struct
 from collections.abc import Sequence
 
 import torch
 
 from pdserve.core.sampling_params import SamplingParams
+from pdserve.engine.seeded_noise import gumbel_noise, token_key
+
+# What a row's token is drawn with: a seeded request's noise key at that position (an int,
+# `noise_key`), or an unseeded one's generator.
+DrawSource = int | torch.Generator
 
 
-def token_seed(seed: int, n: int) -> int:
-    """Deterministic seed of a request's n-th token (the same in every process)."""
-    digest = hashlib.blake2b(struct.pack("<QQ", seed & (2**64 - 1), n), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & (2**63 - 1)
-
-
-def seeded_generator(params: SamplingParams, n: int) -> torch.Generator:
-    """The generator of a seeded request's n-th token: seeded by (seed, seed_offset + n)."""
+def noise_key(params: SamplingParams, n: int) -> int:
+    """The noise key of a seeded request's n-th token: that of (seed, seed_offset + n)."""
     assert params.seed is not None
-    return torch.Generator().manual_seed(token_seed(params.seed, params.seed_offset + n))
+    return token_key(params.seed, params.seed_offset + n)
 
 
 class Sampler:
@@ -94,18 +98,18 @@ class Sampler:
                 logprobs[i] = value
         return tokens.tolist(), logprobs
 
-    def generator_for(self, params: SamplingParams, n: int) -> torch.Generator:
-        """The generator of a request's n-th token: its own for a seeded request, else the
-        sampler's shared one."""
+    def generator_for(self, params: SamplingParams, n: int) -> DrawSource:
+        """What a request's n-th token is drawn with: a seeded request's noise key, else the
+        sampler's shared generator."""
         if params.seed is None:
             return self._generator
-        return seeded_generator(params, n)
+        return noise_key(params, n)
 
     def _sample(
         self, logits: torch.Tensor, params: list[SamplingParams], token_indices: list[int]
     ) -> torch.Tensor:  # [M, vocab] -> [M] token ids
-        generators = [self.generator_for(p, n) for p, n in zip(params, token_indices, strict=True)]
-        return draw(logits, params, uniforms(generators))
+        sources = [self.generator_for(p, n) for p, n in zip(params, token_indices, strict=True)]
+        return draw(logits, params, sources)
 
 
 def uniforms(generators: list[torch.Generator]) -> torch.Tensor:
@@ -113,11 +117,44 @@ def uniforms(generators: list[torch.Generator]) -> torch.Tensor:
     return torch.stack([torch.rand((), generator=g, dtype=torch.float64) for g in generators])
 
 
-def draw(logits: torch.Tensor, params: list[SamplingParams], uniform: torch.Tensor) -> torch.Tensor:
-    """[M, vocab] sampled rows' logits -> [M] token ids: each row's `uniform` through the
-    cumulative distribution of its kept tokens in vocabulary order (the seed contract)."""
+def draw(
+    logits: torch.Tensor, params: list[SamplingParams], sources: list[DrawSource]
+) -> torch.Tensor:
+    """[M, vocab] sampled rows' logits -> [M] token ids from their filtered distributions: a
+    seeded row's Gumbel-max draw with its key's noise (the seed contract), an unseeded row's
+    uniform from its generator through the cumulative distribution of its kept tokens."""
     probs, ids = kept_tokens(logits, params)
-    return ids.gather(1, inverse_cdf(probs, uniform)[:, None]).squeeze(1)
+    tokens = torch.empty(len(params), dtype=torch.int64)
+    seeded = [i for i, s in enumerate(sources) if isinstance(s, int)]
+    if seeded:
+        rows = torch.tensor(seeded)
+        keys = torch.tensor([sources[i] for i in seeded], dtype=torch.int64)
+        scaled = _with_temperature(logits[rows], [params[i] for i in seeded])
+        tokens[rows] = gumbel_max(scaled, probs[rows], ids[rows], keys)
+    unseeded = [i for i, s in enumerate(sources) if not isinstance(s, int)]
+    if unseeded:
+        rows = torch.tensor(unseeded)
+        uniform = uniforms([sources[i] for i in unseeded])
+        tokens[rows] = ids[rows].gather(1, inverse_cdf(probs[rows], uniform)[:, None]).squeeze(1)
+    return tokens
+
+
+def gumbel_max(
+    scaled: torch.Tensor,  # [M, vocab] logits / temperature
+    probs: torch.Tensor,  # [M, K] kept_tokens' probabilities (0: dropped)
+    ids: torch.Tensor,  # [M, K] their token ids (the vocabulary in id order when K == vocab)
+    keys: torch.Tensor,  # [M] int64 noise keys
+) -> torch.Tensor:
+    """[M] token ids: the kept token with the largest scaled logit + Gumbel noise of (key, id).
+    A token's score is its own, so the winner does not depend on the layout of the kept
+    tokens; the scores are compared on the scaled logits, not on probabilities whose
+    normaliser may round differently per layout."""
+    vocab = scaled.shape[-1]
+    whole = ids.shape[-1] == vocab
+    noise = gumbel_noise(keys, None if whole else ids, vocab)
+    score = noise.add_(scaled if whole else scaled.gather(1, ids))
+    score = score.masked_fill_(probs <= 0, float("-inf"))
+    return ids.gather(1, score.argmax(dim=-1, keepdim=True)).squeeze(1)
 
 
 def inverse_cdf(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:

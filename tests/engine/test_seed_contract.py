@@ -90,7 +90,12 @@ def test_a_speculating_engine_gives_the_plain_engines_seeded_tokens(
         spec = engine(tiny_dir, method, draft_dir if method == "draft" else None, min_acceptance)
         assert spec.generate(prompts, params) == plain
         stats = spec.stats()
-        assert stats["spec_verify_steps"] > 0 and stats["spec_accepted_tokens"] > 0, stats
+        assert stats["spec_verify_steps"] > 0, stats
+        # A draft model's drafts race the target's noise and are accepted often; prompt
+        # lookup's are accepted with the target's p(x), a few percent on the tiny model, so
+        # whether one of its few is accepted is chance (the accepted path is the same code).
+        if method == "draft":
+            assert stats["spec_accepted_tokens"] > 0, stats
 
 
 @pytest.mark.parametrize("method", ["ngram", "draft"])
