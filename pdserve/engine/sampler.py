@@ -32,8 +32,11 @@ where the generators are.
 
 Before choosing, a request with `repetition_penalty` != 1 has the logit of every token it has
 seen (prompt and output) divided by the penalty where positive and multiplied by it where
-negative (transformers' RepetitionPenaltyLogitsProcessor). Logprobs are of the distribution the
-token is chosen from, after that penalty (and DoLa/SLED), before temperature.
+negative (transformers' RepetitionPenaltyLogitsProcessor), and a request with fewer than
+`min_tokens` output tokens has its stop tokens (`Sequence.min_tokens_mask`: stop_token_ids and
+EOS) at -inf, so they are never chosen (vLLM's min_tokens; transformers'
+MinNewTokensLengthLogitsProcessor). Logprobs are of the distribution the token is chosen from,
+after the penalty, the mask (and DoLa/SLED), before temperature.
 """
 
 from __future__ import annotations
@@ -71,11 +74,13 @@ class Sampler:
         params: list[SamplingParams],
         token_indices: list[int],  # n of each row: how many tokens its request already has
         token_ids: Sequence[Sequence[int]] = (),  # each row's prompt + output (repetition penalty)
+        stop_ids: Sequence[Sequence[int]] = (),  # each row's Sequence.min_tokens_mask
     ) -> tuple[list[int], list[float | None]]:
         # Penalty and argmax where the logits are: on a GPU only the token ids, and the rows
         # that the host's generators sample, cross to the host (a batch's whole logits are
         # ~0.5 MB per row at a 128k vocabulary).
         logits = apply_repetition_penalty(logits.float(), params, token_ids)
+        logits = mask_stops_before_min_tokens(logits, params, token_indices, stop_ids)
         device = logits.device
         tokens = logits.argmax(dim=-1).cpu()
         sampled = [i for i, p in enumerate(params) if not p.greedy]
@@ -175,26 +180,28 @@ def kept_tokens(
     logits: torch.Tensor, params: list[SamplingParams]
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """[M, K] probabilities (not renormalised; 0 for tokens the filters drop) and their token
-    ids, K covering every token a sampled row may draw: the rows' top k, the nucleus within the
-    NUCLEUS_CANDIDATES best, or (when a nucleus reaches past them, or no row filters) the
-    vocabulary. The kept tokens and their probabilities are the same whichever of these holds
-    them (those of the whole row sorted), and each row's kept tokens come in vocabulary order:
-    the layout a row's uniform is mapped through depends on that row alone."""
+    ids, K covering every token a sampled row may draw: the rows' top k, the nucleus or min-p
+    cut within the NUCLEUS_CANDIDATES best, or (when one reaches past them, or no row filters)
+    the vocabulary, then in id order (K == vocab means ids are the vocabulary in order). The
+    kept tokens and their probabilities are the same whichever of these holds them (those of
+    the whole row sorted), and each row's kept tokens come in vocabulary order."""
     scaled = _with_temperature(logits, params)
     rows, vocab = scaled.shape
     everything = torch.logsumexp(scaled, dim=-1)
-    if all(p.top_k <= 0 and p.top_p >= 1.0 for p in params):
+    if all(p.top_k <= 0 and p.top_p >= 1.0 and p.min_p <= 0.0 for p in params):
         probs = torch.exp(scaled - everything[:, None])
         return probs, torch.arange(vocab).expand(rows, vocab)
     k = max([p.top_k for p in params if p.top_k > 0] + [NUCLEUS_CANDIDATES])
-    if k < vocab and all(p.top_k > 0 or p.top_p < 1.0 for p in params):
+    if k < vocab and all(p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0 for p in params):
         values, order = scaled.topk(k, dim=-1)  # in descending order
-        # A row without top-k keeps token k + 1 too unless its first k reach top_p; summed
-        # as `_filtered_sorted` sums them, so both agree on where the nucleus ends.
+        # A row without top-k keeps token k + 1 too unless its first k reach top_p (summed
+        # as `_filtered_sorted` sums them, so both agree on where the nucleus ends) or min-p
+        # drops the last of them (so every later one too).
         mass = torch.cumsum(torch.exp(values - everything[:, None]), dim=-1)[:, -1]
         unbounded = torch.tensor([p.top_k <= 0 for p in params])
-        top_p = torch.tensor([p.top_p for p in params])
-        if not bool((unbounded & (mass < top_p)).any()):
+        nucleus_inside = mass >= _top_p(params)
+        min_p_inside = values[:, -1] < _min_p_floor(values, params)
+        if not bool((unbounded & ~nucleus_inside & ~min_p_inside).any()):
             return _in_vocabulary_order(_filtered_sorted(values, everything, params, vocab), order)
     values, order = scaled.sort(dim=-1, descending=True)
     probs = _filtered_sorted(values, everything, params, vocab)
@@ -225,19 +232,31 @@ def _filtered_sorted(
     params: list[SamplingParams],
     vocab: int,
 ) -> torch.Tensor:
-    """Top-k, then top-p over a row's best tokens in order: their probabilities, 0 for the
-    dropped ones. A row with top-k is normalised over its k best, any other over the whole
-    vocabulary; the first K positions come out the same whatever K."""
+    """Top-k, then top-p, then min-p over a row's best tokens in order: their probabilities, 0
+    for the dropped ones. A row with top-k is normalised over its k best, any other over the
+    whole vocabulary; the first K positions come out the same whatever K."""
     rank = torch.arange(values.shape[-1])[None, :]
     top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params])
     values = values.masked_fill(rank >= top_k[:, None], float("-inf"))
     denominator = torch.where(top_k < vocab, torch.logsumexp(values, dim=-1), everything)
     probs = torch.exp(values - denominator[:, None])
-    # top_p == 1 must keep the whole tail even where the cumulative sum rounds to 1.
-    top_p = torch.tensor([p.top_p if p.top_p < 1.0 else 2.0 for p in params])
     # Drop a token when the tokens ranked above it already reach top_p (the first stays).
     before = torch.cumsum(probs, dim=-1) - probs
-    return probs.masked_fill(before >= top_p[:, None], 0.0)
+    probs = probs.masked_fill(before >= _top_p(params)[:, None], 0.0)
+    return probs.masked_fill(values < _min_p_floor(values, params)[:, None], 0.0)
+
+
+def _top_p(params: list[SamplingParams]) -> torch.Tensor:
+    """[M] each row's top_p; 2 where off: top_p == 1 keeps the whole tail even where a
+    cumulative sum rounds to 1."""
+    return torch.tensor([p.top_p if p.top_p < 1.0 else 2.0 for p in params])
+
+
+def _min_p_floor(values: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """[M] the scaled logit below which min-p drops a token: the best one's + log(min_p), -inf
+    when off. A probability ratio compared as logits, exact whatever the row's normaliser."""
+    min_p = torch.tensor([p.min_p for p in params], dtype=values.dtype)
+    return values[:, 0] + torch.log(min_p)
 
 
 def filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
@@ -246,6 +265,28 @@ def filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.
     probs, ids = kept_tokens(logits.float(), params)
     probs = probs / probs.sum(dim=-1, keepdim=True)
     return torch.zeros(logits.shape, dtype=probs.dtype).scatter_(1, ids, probs)
+
+
+def mask_stops_before_min_tokens(
+    logits: torch.Tensor,  # [N, vocab] float32
+    params: Sequence[SamplingParams],
+    token_indices: Sequence[int],  # n of each row: the output tokens before the one chosen
+    stop_ids: Sequence[Sequence[int]],  # each row's stop tokens (empty: none to mask)
+) -> torch.Tensor:
+    """`logits`, or a copy with each row's stop tokens at -inf while its output is shorter than
+    its min_tokens (vLLM's min_tokens)."""
+    masked = [
+        (row, token)
+        for row, (p, n, ids) in enumerate(zip(params, token_indices, stop_ids, strict=False))
+        if n < p.min_tokens
+        for token in ids
+    ]
+    if not masked:
+        return logits
+    rows, tokens = torch.tensor(masked, device=logits.device).T
+    logits = logits.clone()
+    logits[rows, tokens] = float("-inf")
+    return logits
 
 
 def apply_repetition_penalty(

@@ -124,6 +124,8 @@ def generate_request(body: SamplingFields, prompt: Prompt) -> generate_pb2.Gener
         sampling.temperature = body.temperature
     if body.top_p is not None:
         sampling.top_p = body.top_p
+    if body.min_p is not None:
+        sampling.min_p = body.min_p
     if body.top_k is not None:
         sampling.top_k = 0 if body.top_k == -1 else body.top_k  # vLLM's -1 = off
     if body.seed is not None:

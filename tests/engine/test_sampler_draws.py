@@ -32,6 +32,9 @@ CASES = {
     "top_p, nucleus among the candidates": (3.0, SamplingParams(temperature=1.0, top_p=0.6)),
     "top_p, nucleus past them": (0.3, SamplingParams(temperature=1.0, top_p=0.9)),
     "top_k and top_p": (1.0, SamplingParams(temperature=1.5, top_k=40, top_p=0.8)),
+    "min_p, cut among the candidates": (3.0, SamplingParams(temperature=1.0, min_p=0.05)),
+    "min_p, cut past them": (0.3, SamplingParams(temperature=1.0, min_p=0.3)),
+    "top_p and min_p": (1.0, SamplingParams(temperature=0.8, top_p=0.9, min_p=0.1)),
 }
 
 

@@ -1,6 +1,6 @@
 """The seed contract (sampler.py, spec_verify.py): a seeded request's k-th token is a function of
 (seed, k, its own filtered distribution) only. So in one engine a seeded temperature-only,
-top-k, top-p or top-k + top-p request gives the same tokens alone and batched with every other
+top-k, top-p, top-k + top-p, min-p or top-p + min-p request gives the same tokens alone and batched with every other
 kind; a speculating engine (prompt lookup or a draft model, switch-off on or off) gives the
 plain engine's tokens, run after run; a continuation after a retry (`seed_offset`) on a
 speculating engine gives the rest of the uninterrupted run; and choice i of a seeded n-request
@@ -26,6 +26,8 @@ KINDS = {
     "top_k": dataclasses.replace(BASE, temperature=1.0, top_k=12, seed=2),
     "top_p": dataclasses.replace(BASE, temperature=0.6, top_p=0.8, seed=3),
     "top_k_top_p": dataclasses.replace(BASE, temperature=1.2, top_k=40, top_p=0.9, seed=4),
+    "min_p": dataclasses.replace(BASE, temperature=1.0, min_p=0.1, seed=6),
+    "top_p_min_p": dataclasses.replace(BASE, temperature=0.9, top_p=0.95, min_p=0.05, seed=7),
 }
 # Batched with the seeded kinds too: requests that promise no stream.
 UNSEEDED = {
