@@ -35,7 +35,13 @@ import torch
 from pdserve.config import ConfigError
 from pdserve.core.block_hash import ROOT_HASH, block_hash
 from pdserve.engine.model_runner import ModelRunner, copy_kv_blocks
-from pdserve.engine.sampler import DrawSource, draw, filtered_probs, noise_key
+from pdserve.engine.sampler import (
+    DrawSource,
+    draw,
+    filtered_probs,
+    mask_stops_before_min_tokens,
+    noise_key,
+)
 from pdserve.engine.scheduler import ScheduledBatch
 from pdserve.engine.sequence import Sequence, SequenceStatus
 from pdserve.engine_config import EngineConfig
@@ -163,6 +169,7 @@ class DraftProposer:
                 block_table=seq.block_table,
                 num_computed_tokens=start,
                 index=seq.index,
+                min_tokens_mask=seq.min_tokens_mask,
             )
             view.block_hashes = list(self._accepted_hashes(seq))
             plans.append((index, view, count))
@@ -215,6 +222,14 @@ class DraftProposer:
         """One draft token per view, and the distribution q it was drawn from: the argmax
         (q None) for greedy requests, the sampler's draw from the request's filtered
         distribution for sampled ones (seeded: with the target's noise of that position)."""
+        # The target's own mask of stop tokens before min_tokens (the drafts then need not
+        # guess a token the target cannot emit).
+        logits = mask_stops_before_min_tokens(
+            logits,
+            [view.params for view in views],
+            [view.num_output_tokens for view in views],
+            [view.min_tokens_mask for view in views],
+        )
         tokens = logits.argmax(dim=-1).tolist()
         qs: list[torch.Tensor | None] = [None] * len(views)
         sampled = [r for r, view in enumerate(views) if not view.params.greedy]
