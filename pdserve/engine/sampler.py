@@ -16,7 +16,7 @@ verification draws every position with this same function (spec_verify.py), and 
 model races its own logits with the same noises (draft_proposer.py), so speculation never
 changes a seeded request's tokens and accepts a draft wherever the draft's race has the
 target's winner. The price is a hashed noise per kept token: the whole vocabulary for a row
-without top-k or a small nucleus (BENCHMARKS.md, "Sampling").
+without top-k or a small nucleus (docs/decoding.md, "Seeded sampling").
 
 Unseeded rows (no stream to keep) draw by inverting the cumulative distribution of their kept
 tokens with one uniform from the sampler's shared generator: a categorical draw.
