@@ -178,6 +178,7 @@ class GenerateParams(TypedDict, total=False):
     temperature: float | None
     top_k: int | None
     top_p: float | None
+    min_p: float | None  # keep tokens at least min_p x the most likely one's probability
     seed: int | None
     stop: Sequence[str]  # stop strings; the text ends before them
     stop_token_ids: Sequence[int]

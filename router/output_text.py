@@ -26,7 +26,7 @@ class OutputText:
             tokenizer, prompt_ids, sampling.stop, min_tokens=sampling.min_tokens
         )
         # Like the engine: a stop token ends the request and adds no text, once the output
-        # has min_tokens tokens.
+        # has min_tokens tokens (before, the engine's sampler never chooses one).
         self._min_tokens = sampling.min_tokens
         self._stop_tokens = set(sampling.stop_token_ids)
         if not sampling.ignore_eos:

@@ -161,6 +161,7 @@ def _sampling(params: generate_pb2.SamplingParams | None, limits: ModelLimits) -
     if not math.isfinite(top_p) or not 0.0 < top_p <= 1.0:
         raise RequestError(f"sampling.top_p: must be in (0, 1], got {top_p}")
     top_k = params.top_k if params.HasField("top_k") else 0
+    min_p = params.min_p if params.HasField("min_p") else 0.0
     if top_k < 0:
         raise RequestError(f"sampling.top_k: must be >= 0 (0 = off), got {top_k}")
     max_tokens = params.max_tokens if params.HasField("max_tokens") else DEFAULT_MAX_TOKENS
@@ -179,6 +180,7 @@ def _sampling(params: generate_pb2.SamplingParams | None, limits: ModelLimits) -
             temperature=temperature,
             top_k=top_k,
             top_p=top_p,
+            min_p=min_p,
             seed=seed,
             stop_token_ids=stop_ids,
             stop=stop,

@@ -51,11 +51,14 @@ class SamplingParams:
 
     max_tokens: int = 64  # most tokens generated, the first one included
     # vLLM's: stop tokens (EOS included) and stop strings end the output only from this many
-    # generated tokens on; before, a stop token is output like any other.
+    # generated tokens on; before, the stop tokens are masked (never chosen, sampler.py).
     min_tokens: int = 0
     temperature: float = 0.0
     top_k: int = 0  # 0 = no top-k filter
     top_p: float = 1.0  # 1.0 = no nucleus filter
+    # vLLM's (transformers' MinPLogitsWarper): keep tokens whose probability is at least min_p
+    # times the most likely token's; 0.0 = off.
+    min_p: float = 0.0
     seed: int | None = None  # token n is drawn from a generator seeded by (seed, seed_offset + n)
     # Tokens generated before this prompt ended: a continuation whose prompt carries them
     # draws from the seeded stream where the interrupted run left off.
@@ -92,6 +95,8 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p: must be in [0, 1] (0 = off), got {self.min_p}")
         if self.seed_offset < 0:
             raise ValueError(f"seed_offset must be >= 0, got {self.seed_offset}")
         if any(not s for s in self.stop):

@@ -31,8 +31,9 @@ types in `pdserve.core`. This package imports none of ray, grpc or redis.
 - `host_tensors.py` — a step's int64 inputs as CPU tensors, without torch.tensor's per-element
   conversion.
 - `memory_profile.py` — the KV pool on CUDA from `--gpu-memory-utilization`: a profiled step.
-- `sampler.py` — repetition penalty; greedy / temperature / top-k / top-p / seeded sampling,
-  logprobs.
+- `sampler.py` — repetition penalty, the min_tokens mask; greedy / temperature / top-k /
+  top-p / min-p / seeded sampling, logprobs.
+- `seeded_noise.py` — the Gumbel noise of seeded draws, hashed from (seed, n, token id).
 - `factuality.py` — DoLa and SLED: contrast the final layer's logits with earlier layers'.
 - `premature_layers.py` — which earlier layers a DoLa/SLED request contrasts with (no torch).
 - `sequence.py` — one request's state (`Sequence`, `SequenceStatus`).

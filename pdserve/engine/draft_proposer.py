@@ -19,9 +19,9 @@ prompt the first time: on the decode worker of a disaggregated pair the draft's 
 computed here, at the first step after commit), then draws k tokens in k - 1 more single-token
 forwards batched over all sequences: the argmax for greedy requests, a draw from the request's
 filtered distribution q (returned by `draft_probs`) for sampled ones: a seeded request's
-token at output index n with the uniform the target draws that position with (the coupled
-draw of spec_verify.py: where p and q agree there, the draft is the target's own token). Forwards go through the
-engine's own `ModelRunner`. Two sequences of one call never touch a block the other writes (a
+token at output index n is the Gumbel-max race of q with the noise the target draws that
+position with (the coupled draw of spec_verify.py: where both races have the same winner, the
+draft is the target's own token). Forwards go through the engine's own `ModelRunner`. Two sequences of one call never touch a block the other writes (a
 fork whose partly filled last block is still shared waits a step, until copy-on-write splits
 it), so one forward never writes a slot twice.
 """
@@ -35,7 +35,13 @@ import torch
 from pdserve.config import ConfigError
 from pdserve.core.block_hash import ROOT_HASH, block_hash
 from pdserve.engine.model_runner import ModelRunner, copy_kv_blocks
-from pdserve.engine.sampler import draw, filtered_probs, seeded_generator, uniforms
+from pdserve.engine.sampler import (
+    DrawSource,
+    draw,
+    filtered_probs,
+    mask_stops_before_min_tokens,
+    noise_key,
+)
 from pdserve.engine.scheduler import ScheduledBatch
 from pdserve.engine.sequence import Sequence, SequenceStatus
 from pdserve.engine_config import EngineConfig
@@ -163,6 +169,7 @@ class DraftProposer:
                 block_table=seq.block_table,
                 num_computed_tokens=start,
                 index=seq.index,
+                min_tokens_mask=seq.min_tokens_mask,
             )
             view.block_hashes = list(self._accepted_hashes(seq))
             plans.append((index, view, count))
@@ -214,29 +221,37 @@ class DraftProposer:
     ) -> tuple[list[int], list[torch.Tensor | None]]:
         """One draft token per view, and the distribution q it was drawn from: the argmax
         (q None) for greedy requests, the sampler's draw from the request's filtered
-        distribution for sampled ones (seeded: with the target's uniform of that position)."""
+        distribution for sampled ones (seeded: with the target's noise of that position)."""
+        # The target's own mask of stop tokens before min_tokens (the drafts then need not
+        # guess a token the target cannot emit).
+        logits = mask_stops_before_min_tokens(
+            logits,
+            [view.params for view in views],
+            [view.num_output_tokens for view in views],
+            [view.min_tokens_mask for view in views],
+        )
         tokens = logits.argmax(dim=-1).tolist()
         qs: list[torch.Tensor | None] = [None] * len(views)
         sampled = [r for r, view in enumerate(views) if not view.params.greedy]
         if sampled:
-            # On the CPU, like the target's sampler and verification: the generators are CPU
-            # generators (seeded draws reproducible on any device).
+            # On the CPU, like the target's sampler and verification: unseeded rows' generator is
+            # a CPU generator.
             rows = logits[sampled].float().cpu()
             params = [views[r].params for r in sampled]
             q = filtered_probs(rows, params)
-            generators = [self._generator_for(views[r]) for r in sampled]
-            picked = draw(rows, params, uniforms(generators)).tolist()
+            sources = [self._source_for(views[r]) for r in sampled]
+            picked = draw(rows, params, sources).tolist()
             for row, r in enumerate(sampled):
                 tokens[r] = picked[row]
                 qs[r] = q[row]
         return tokens, qs
 
-    def _generator_for(self, view: Sequence) -> torch.Generator:
-        """A seeded request's draw of its n-th token uses the target's generator of that token
+    def _source_for(self, view: Sequence) -> DrawSource:
+        """A seeded request's draw of its n-th token uses the target's noise key of that token
         (the coupled draw); unseeded ones share the proposer's generator."""
         if view.params.seed is None:
             return self._generator
-        return seeded_generator(view.params, view.num_output_tokens)
+        return noise_key(view.params, view.num_output_tokens)
 
     def _drop_finished(self) -> None:
         """Forgets sequences that finished without `forget` (their id may be reused)."""

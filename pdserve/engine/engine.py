@@ -348,6 +348,7 @@ class LLMEngine(ForkedChoices, StepOutputs, OverlappedSteps):
             raise ValueError("beam_width: beam search needs the torch executor (not sim)")
         tied = bool(self.model_config.get("tie_word_embeddings", False))
         layers = request_layers(params, self.num_layers, tied)  # ValueError naming the field
+        mask = self._min_tokens_mask(params)
         return Sequence(
             request_id=request_id,
             token_ids=prompt,
@@ -359,12 +360,22 @@ class LLMEngine(ForkedChoices, StepOutputs, OverlappedSteps):
             detokenizer=self._detokenizer(prompt, params),
             overlaps=(
                 params.greedy
-                and not (prefill_only or params.logprobs or params.beam_search)
+                and not (prefill_only or params.logprobs or params.beam_search or mask)
                 and params.n == 1
                 and params.repetition_penalty == 1.0
                 and layers is None
             ),
+            min_tokens_mask=mask,
         )
+
+    def _min_tokens_mask(self, params: SamplingParams) -> tuple[int, ...]:
+        """The tokens the sampler masks until the output has min_tokens (Sequence)."""
+        if not params.min_tokens:
+            return ()
+        stops = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            stops |= self.eos_token_ids
+        return tuple(sorted(stops))
 
     def _detokenizer(
         self, prompt: list[int], params: SamplingParams

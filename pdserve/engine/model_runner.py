@@ -13,7 +13,11 @@ from pdserve.engine import memory_profile
 from pdserve.engine.attention_batch import attention_context
 from pdserve.engine.compiled_decode import CompiledDecode, resolve_placeholders, use_compile
 from pdserve.engine.factuality import contrast_layers, plan_exits
-from pdserve.engine.sampler import Sampler, apply_repetition_penalty
+from pdserve.engine.sampler import (
+    Sampler,
+    apply_repetition_penalty,
+    mask_stops_before_min_tokens,
+)
 from pdserve.engine.scheduler import ScheduledBatch
 from pdserve.engine.spec_verify import verify
 from pdserve.engine_config import EngineConfig
@@ -101,6 +105,7 @@ class TorchExecutor:
             [s.params for s in sampled],
             [s.num_output_tokens for s in sampled],
             [s.token_ids for s in sampled],
+            [s.min_tokens_mask for s in sampled],
         )
         if any(seq.beam_top_k for seq in sampled):
             _offer_beam_candidates(logits, sample_idx, sampled, batch)
@@ -171,8 +176,15 @@ class TorchExecutor:
                 ]
                 for s in seqs
             ]
+            # Each position's stop tokens masked as the plain sampler masks them there.
+            stacked = mask_stops_before_min_tokens(
+                torch.cat([rows for _, rows in members]).float(),
+                [s.params for s in seqs for _ in range(d + 1)],
+                [s.num_output_tokens - d + n for s in seqs for n in range(d + 1)],
+                [s.min_tokens_mask for s in seqs for _ in range(d + 1)],
+            )
             results = verify(
-                torch.stack([rows for _, rows in members]).float().cpu(),
+                stacked.view(len(seqs), d + 1, -1).cpu(),
                 torch.tensor([s.token_ids[-d:] for s in seqs]),
                 q,
                 [s.params for s in seqs],

@@ -65,6 +65,10 @@ class Sequence:
     # is the draft's distribution q of each (a [num_draft_tokens, vocab] tensor).
     num_draft_tokens: int = 0
     draft_probs: Any = None
+    # The tokens masked while the output is shorter than params.min_tokens (the sampler sets
+    # their logits to -inf): its stop_token_ids and, unless ignore_eos, the model's EOS ids.
+    # Empty when min_tokens is 0.
+    min_tokens_mask: tuple[int, ...] = ()
     # A plain decode that may be scheduled before its previous token is back
     # (overlapped_steps.py): greedy, one choice, no logprobs, penalty, beams, DoLa/SLED or
     # prefill_only. While a step is in flight, its last token is a placeholder: -(row + 1).

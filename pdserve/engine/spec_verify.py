@@ -11,16 +11,15 @@ token after the last draft.
   were accepted. The output is the target's greedy output token for token.
 - Seeded sampled requests use the coupled draw (the seed contract, sampler.py): the token at
   output index n is always the one the plain sampler draws there, `sampler.draw` of the row
-  with the uniform of (seed, seed_offset + n); draft x is accepted iff it is that token, and
-  the first disagreeing row (or row d) gives its own draw. So a seeded request's tokens are
-  the same whether a step verifies or not, with how many drafts, or after a retry: speculation
-  changes the speed only. Each emitted token is the plain draw, so it follows the target's
-  filtered distribution p exactly. The price is acceptance: a draft drawn independently from
-  q is accepted with probability sum_x q(x) p(x) instead of rejection sampling's
-  sum_x min(p(x), q(x)); the draft proposer therefore draws its own token at n with the same
-  uniform through q (draft_proposer.py), and is accepted where p's and q's cumulative
-  distributions put that uniform on the same token (always when p == q). For a point mass
-  (prompt lookup) both rules accept with p(x).
+  with the Gumbel noise of (seed, seed_offset + n); draft x is accepted iff it is that token,
+  and the first disagreeing row (or row d) gives its own draw. So a seeded request's tokens
+  are the same whether a step verifies or not, with how many drafts, or after a retry:
+  speculation changes the speed only. Each emitted token is the plain draw, so it follows the
+  target's filtered distribution p exactly. The draft proposer races its own filtered logits
+  with the same noises (draft_proposer.py), so a draft is accepted where both races have the
+  same winner: always when p == q, and close to rejection sampling's sum_x min(p(x), q(x))
+  when q is near p (a draft drawn independently of the noise would be accepted with
+  sum_x q(x) p(x) only). For a point mass (prompt lookup) both rules accept with p(x).
 - Unseeded sampled requests promise no stream and use rejection sampling (Leviathan et al.
   2023, Chen et al. 2023): with q the draft's distribution (a point mass on x when the proposer
   gives none), x is accepted with probability min(1, p(x) / q(x)); at the first rejection the
@@ -36,7 +35,7 @@ from __future__ import annotations
 import torch
 
 from pdserve.core.sampling_params import SamplingParams
-from pdserve.engine.sampler import draw, filtered_probs, inverse_cdf, uniforms
+from pdserve.engine.sampler import DrawSource, draw, filtered_probs, inverse_cdf, uniforms
 from pdserve.engine.scheduler import Verified
 
 
@@ -45,13 +44,14 @@ def verify(
     drafts: torch.Tensor,
     q: torch.Tensor | None,
     params: list[SamplingParams],
-    generators: list[list[torch.Generator]],
+    generators: list[list[DrawSource]],
 ) -> list[Verified]:
     """Verifies B sequences with d drafts each. logits: [B, d + 1, vocab] float32 (row i of a
     sequence judges its draft i + 1; row d gives the token after them); drafts: [B, d] token
     ids; q: the drafts' [B, d, vocab] distributions, or None (point masses; only unseeded
-    sampled rows read q); params: each sequence's; generators[b][i] (i = 0..d): the generator
-    of sequence b's token at its i-th position from its first draft's on."""
+    sampled rows read q); params: each sequence's; generators[b][i] (i = 0..d): what sequence
+    b's token at its i-th position from its first draft's on is drawn with
+    (`Sampler.generator_for`: a seeded request's noise key, else a generator)."""
     batch, rows, vocab = logits.shape
     d = rows - 1
     next_tokens = logits.argmax(dim=-1)  # greedy: the target's choice at every row
@@ -101,14 +101,15 @@ def _coupled_draw(
     logits: torch.Tensor,
     drafts: torch.Tensor,
     params: list[SamplingParams],
-    generators: list[list[torch.Generator]],
+    keys: list[list[DrawSource]],
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Seeded sequences: every row's plain draw with its position's uniform; drafts are
+    """Seeded sequences: every row's plain draw with its position's noise key; drafts are
     accepted while they equal it, and the draw of the row after them is emitted."""
     batch, rows, vocab = logits.shape
-    uniform = uniforms([g for gens in generators for g in gens])
     plain = draw(
-        logits.reshape(batch * rows, vocab), [x for x in params for _ in range(rows)], uniform
+        logits.reshape(batch * rows, vocab),
+        [x for x in params for _ in range(rows)],
+        [key for row_keys in keys for key in row_keys],
     )
     plain = plain.view(batch, rows)
     accepted = (plain[:, :-1] == drafts).long().cumprod(dim=1).sum(dim=1)

@@ -2,7 +2,7 @@
 
 Fields pdserve does not implement are declared anyway, so that setting one to anything but its
 neutral value is a 400 naming it (router/http/translate.py) rather than silently ignored.
-pdserve's own options (`top_k`, `min_tokens`, `ignore_eos`, `stop_token_ids`, `return_token_ids`, and the
+pdserve's own options (`top_k`, `min_p`, `min_tokens`, `ignore_eos`, `stop_token_ids`, `return_token_ids`, and the
 decoding rules: `beam_width`, `length_penalty`, `early_stopping`, `repetition_penalty`,
 `dola_layers`, `sled`, `sled_layers`, `evolution_*`; `disable_speculation`) are extra body fields, under vLLM's names
 where vLLM has them; other unknown fields are ignored, as vLLM does.
@@ -35,6 +35,7 @@ class SamplingFields(BaseModel):
     min_tokens: int | None = None  # vLLM's: stop tokens and strings count only after this many
     temperature: float | None = None
     top_p: float | None = None
+    min_p: float | None = None  # vLLM's: keep tokens at least min_p x the top token's probability
     n: int = 1
     stop: str | list[str] | None = None
     seed: int | None = None

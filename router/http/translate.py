@@ -125,6 +125,8 @@ def generate_request(body: SamplingFields, prompt: Prompt) -> generate_pb2.Gener
         sampling.temperature = body.temperature
     if body.top_p is not None:
         sampling.top_p = body.top_p
+    if body.min_p is not None:
+        sampling.min_p = body.min_p
     if body.top_k is not None:
         if not -1 <= body.top_k < _INT32:
             raise RequestError(f"top_k: must be >= 0 (0 or -1 = off) and < 2^31, got {body.top_k}")

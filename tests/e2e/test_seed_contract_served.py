@@ -1,6 +1,6 @@
 """The seed contract served (real Ray workers, gRPC KV transfer, Redis) on a speculating system
-with its switch-off on (prompt lookup, and a draft model): seeded temperature-only, top-k, top-p
-and top-k + top-p requests give a plain engine's tokens, alone three times and batched with
+with its switch-off on (prompt lookup, and a draft model): seeded temperature-only, top-k, top-p,
+top-k + top-p and min-p requests give a plain engine's tokens, alone three times and batched with
 every other kind; a seeded request whose decode worker is killed mid-stream gives its
 uninterrupted run's tokens (the router's retry continues the stream)."""
 
@@ -23,6 +23,7 @@ KINDS = {
     "top_k": {"temperature": 1.0, "top_k": 12, "seed": 2},
     "top_p": {"temperature": 0.6, "top_p": 0.8, "seed": 3},
     "top_k_top_p": {"temperature": 1.2, "top_k": 40, "top_p": 0.9, "seed": 4},
+    "min_p": {"temperature": 1.0, "min_p": 0.1, "seed": 6},
 }
 OTHERS = [{"temperature": 0.0}, {"temperature": 1.0, "top_p": 0.95}]  # greedy, unseeded
 KILLED = {"temperature": 0.9, "top_k": 40, "seed": 5, "max_tokens": 120, "ignore_eos": True}

@@ -1,6 +1,6 @@
 """The coupled draw of seeded rows (spec_verify.py): every emitted token is the plain sampler's
 draw of its position, so tokens follow the target's filtered distribution whatever the drafts
-(a fixed guess, drafts drawn from q, or drafts drawn with the target's own uniforms): chi-square
+(a fixed guess, drafts drawn from q, or drafts racing q with the target's own Gumbel noise): chi-square
 over 20k draws, each with its own seed, p-value printed."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 import torch
 
-from pdserve.engine.sampler import Sampler, draw, filtered_probs, uniforms
+from pdserve.engine.sampler import Sampler, draw, filtered_probs
 from pdserve.engine.spec_verify import verify
 from tests.engine.test_spec_verify import (
     DRAWS,
@@ -34,15 +34,15 @@ def test_the_coupled_draw_keeps_the_target_distribution(name, draft_kind):
     if draft_kind == "point_mass":  # the second most likely token, then the most likely
         guess = [int(p[0].argsort(descending=True)[1]), int(p[1].argmax())]
         drafts = torch.tensor([guess] * DRAWS)
-    elif draft_kind == "drawn_from_q":  # independent of the target's uniforms
+    elif draft_kind == "drawn_from_q":  # independent of the target's noise
         q = torch.softmax(q_logits, dim=-1)
         drafts = torch.stack(
             [torch.multinomial(q[i], DRAWS, True, generator=gen) for i in (0, 1)]
         ).T
-    else:  # as the draft proposer draws: q's draw with the target's uniform of the position
+    else:  # as the draft proposer draws: q's race with the target's noise of the position
         own = [[sampler.generator_for(x, n) for x in params] for n in (0, 1)]
         drafts = torch.stack(
-            [draw(q_logits[i].expand(DRAWS, VOCAB), params, uniforms(own[i])) for i in (0, 1)]
+            [draw(q_logits[i].expand(DRAWS, VOCAB), params, own[i]) for i in (0, 1)]
         ).T
     out = verify(logits.expand(DRAWS, 3, VOCAB), drafts, None, params, generators)
     first = torch.bincount(torch.tensor([v.token_ids[0] for v in out]), minlength=VOCAB)
@@ -52,7 +52,7 @@ def test_the_coupled_draw_keeps_the_target_distribution(name, draft_kind):
     assert_distributed_as(first, p[0], f"{label} token 1")
     assert_distributed_as(second, p[1], f"{label} token 2 after an accepted draft")
     # Token 1 is the plain draw of position 0 whatever was drafted.
-    fresh = uniforms([sampler.generator_for(x, 0) for x in params])
+    fresh = [sampler.generator_for(x, 0) for x in params]
     plain = draw(logits[:1].expand(DRAWS, VOCAB), params, fresh)
     assert [v.token_ids[0] for v in out] == plain.tolist()
     accepted = sum(v.num_accepted for v in out) / (2 * DRAWS)

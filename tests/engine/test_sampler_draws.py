@@ -1,9 +1,12 @@
-"""The sampler's draws (one uniform per row through the kept tokens' cumulative distribution)
-follow the distribution the filters define, `filtered_probs`, whichever way the kept tokens
+"""The sampler's draws (unseeded: one uniform per row through the kept tokens' cumulative
+distribution; seeded: Gumbel-max with each row's own noise) follow the distribution the
+filters define, `filtered_probs`, whichever way the kept tokens
 were found: the vocabulary unsorted (no filter), the top k, the nucleus among the best
 NUCLEUS_CANDIDATES, or the whole row sorted when a nucleus reaches past them."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -29,6 +32,9 @@ CASES = {
     "top_p, nucleus among the candidates": (3.0, SamplingParams(temperature=1.0, top_p=0.6)),
     "top_p, nucleus past them": (0.3, SamplingParams(temperature=1.0, top_p=0.9)),
     "top_k and top_p": (1.0, SamplingParams(temperature=1.5, top_k=40, top_p=0.8)),
+    "min_p, cut among the candidates": (3.0, SamplingParams(temperature=1.0, min_p=0.05)),
+    "min_p, cut past them": (0.3, SamplingParams(temperature=1.0, min_p=0.3)),
+    "top_p and min_p": (1.0, SamplingParams(temperature=0.8, top_p=0.9, min_p=0.1)),
 }
 
 
@@ -43,6 +49,20 @@ def test_draws_follow_the_filtered_distribution(case):
     scale, params = CASES[case]
     logits = row(scale, seed=len(case)).repeat(DRAWS, 1)
     tokens, _ = Sampler(seed=0)(logits, [params] * DRAWS, [0] * DRAWS)
+    assert_follows(tokens, logits, params, case)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_seeded_draws_follow_the_filtered_distribution(case):
+    """Gumbel-max draws, each row its own seed (so its own noise)."""
+    scale, params = CASES[case]
+    logits = row(scale, seed=len(case)).repeat(DRAWS, 1)
+    seeded = [dataclasses.replace(params, seed=s) for s in range(DRAWS)]
+    tokens, _ = Sampler()(logits, seeded, [3] * DRAWS)
+    assert_follows(tokens, logits, params, f"seeded {case}")
+
+
+def assert_follows(tokens: list[int], logits: torch.Tensor, params, case: str) -> None:
     observed = torch.bincount(torch.tensor(tokens), minlength=VOCAB).double()
     expected = filtered_probs(logits[:1], [params])[0].double()
     support = expected > 0

@@ -1,6 +1,6 @@
 """The seed contract (sampler.py, spec_verify.py): a seeded request's k-th token is a function of
 (seed, k, its own filtered distribution) only. So in one engine a seeded temperature-only,
-top-k, top-p or top-k + top-p request gives the same tokens alone and batched with every other
+top-k, top-p, top-k + top-p, min-p or top-p + min-p request gives the same tokens alone and batched with every other
 kind; a speculating engine (prompt lookup or a draft model, switch-off on or off) gives the
 plain engine's tokens, run after run; a continuation after a retry (`seed_offset`) on a
 speculating engine gives the rest of the uninterrupted run; and choice i of a seeded n-request
@@ -26,6 +26,8 @@ KINDS = {
     "top_k": dataclasses.replace(BASE, temperature=1.0, top_k=12, seed=2),
     "top_p": dataclasses.replace(BASE, temperature=0.6, top_p=0.8, seed=3),
     "top_k_top_p": dataclasses.replace(BASE, temperature=1.2, top_k=40, top_p=0.9, seed=4),
+    "min_p": dataclasses.replace(BASE, temperature=1.0, min_p=0.1, seed=6),
+    "top_p_min_p": dataclasses.replace(BASE, temperature=0.9, top_p=0.95, min_p=0.05, seed=7),
 }
 # Batched with the seeded kinds too: requests that promise no stream.
 UNSEEDED = {
@@ -90,7 +92,12 @@ def test_a_speculating_engine_gives_the_plain_engines_seeded_tokens(
         spec = engine(tiny_dir, method, draft_dir if method == "draft" else None, min_acceptance)
         assert spec.generate(prompts, params) == plain
         stats = spec.stats()
-        assert stats["spec_verify_steps"] > 0 and stats["spec_accepted_tokens"] > 0, stats
+        assert stats["spec_verify_steps"] > 0, stats
+        # A draft model's drafts race the target's noise and are accepted often; prompt
+        # lookup's are accepted with the target's p(x), a few percent on the tiny model, so
+        # whether one of its few is accepted is chance (the accepted path is the same code).
+        if method == "draft":
+            assert stats["spec_accepted_tokens"] > 0, stats
 
 
 @pytest.mark.parametrize("method", ["ngram", "draft"])

@@ -70,6 +70,8 @@ def error_of(response) -> dict:
     [
         ("/v1/completions", completion(temperature=-1), "temperature", "must be >= 0"),
         ("/v1/completions", completion(top_p=0), "top_p", "(0, 1]"),
+        ("/v1/completions", completion(min_p=1.5), "min_p", "[0, 1]"),
+        ("/v1/chat/completions", chat(min_p=-0.1), "min_p", "[0, 1]"),
         ("/v1/completions", completion(max_tokens=0), "max_tokens", ">= 1"),
         ("/v1/completions", completion(max_tokens=300), "max_tokens", "exceeds the context"),
         ("/v1/completions", completion(n=0), "n", "[1, 64]"),

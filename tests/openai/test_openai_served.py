@@ -386,7 +386,7 @@ def test_one_token_per_event_streams_each_token_alone(client, model):
     assert [c.choices[0].finish_reason for c in chunks][-1] == "length"
 
 
-def test_min_tokens_keeps_generating_past_a_stop_token(client, model):
+def test_min_tokens_masks_the_stop_tokens_until_then(client, model):
     prompt = list(range(LOW + 90, LOW + 110))
     free = client.completions.create(model=model, prompt=prompt, max_tokens=10, **greedy())
     first = free.choices[0].token_ids[0]
@@ -394,13 +394,16 @@ def test_min_tokens_keeps_generating_past_a_stop_token(client, model):
         model=model, prompt=prompt, max_tokens=10, **greedy(stop_token_ids=[first])
     )
     assert stopped.choices[0].finish_reason == "stop" and stopped.usage.completion_tokens == 1
-    later = [i for i, t in enumerate(free.choices[0].token_ids) if t == first and i >= 3]
     held = client.completions.create(
         model=model, prompt=prompt, max_tokens=10, **greedy(stop_token_ids=[first], min_tokens=3)
     )
-    end = later[0] + 1 if later else 10
-    assert held.choices[0].token_ids == free.choices[0].token_ids[:end]
+    tokens = held.choices[0].token_ids
+    # The stop token is never chosen before 3 tokens (another greedy path), then ends it.
+    assert first not in tokens[:3] and tokens[0] != first
+    later = [i for i, t in enumerate(tokens) if t == first]
+    assert later in ([], [len(tokens) - 1])
     assert held.choices[0].finish_reason == ("stop" if later else "length")
+    assert len(tokens) == (later[0] + 1 if later else 10)
 
 
 def test_vllm_tpot_and_itl_histograms_count_the_request_under_the_model(client, model):

@@ -63,6 +63,12 @@ def test_tokenizing_comes_after_every_cheap_check() -> None:
     assert tokenize.texts == []
 
 
+def test_min_p_outside_zero_to_one_is_refused_by_name() -> None:
+    for bad in (-0.1, 1.5, float("nan")):
+        assert error_of(text_request(min_p=bad)).startswith("sampling.min_p: must be in [0, 1]")
+    assert run(text_request(min_p=0.05)).sampling.min_p == pytest.approx(0.05)
+
+
 def test_stop_token_ids_are_capped() -> None:
     too_many = text_request(stop_token_ids=[5] * (MAX_STOP_TOKEN_IDS + 1))
     assert error_of(too_many) == (
