@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from pdserve.bench.system_probe import settled_leftovers, worker_pids
+from pdserve.bench.common.system_probe import settled_leftovers, worker_pids
 from tests.chaos.test_chaos import (
     MAX_TOKENS,
     PROGRESS_TIMEOUT_S,

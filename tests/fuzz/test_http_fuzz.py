@@ -22,7 +22,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from pdserve.bench.system_probe import settled_leftovers
+from pdserve.bench.common.system_probe import settled_leftovers
 from tests.e2e.conftest import serve_config
 from tests.e2e.test_disaggregated_serving import VOCAB_LOW, reference_outputs
 from tests.fuzz import http_cases
