@@ -31,16 +31,16 @@ from pdserve.core import model_limits
 from pdserve.core.kv_events import KVEvent, KVEventSink
 from pdserve.core.prompt_tokens import known_block_hashes
 from pdserve.core.sampling_params import SamplingParams
-from pdserve.engine.beam_search import BeamRequest
 from pdserve.engine.block_manager import BlockManager
+from pdserve.engine.decoding.beam_search import BeamRequest
+from pdserve.engine.decoding.forked_choices import ForkedChoices
+from pdserve.engine.decoding.premature_layers import request_layers
 from pdserve.engine.executor import Executor, make_executor
-from pdserve.engine.forked_choices import ForkedChoices
+from pdserve.engine.gpu_step.overlapped_steps import InFlight, OverlappedSteps
 from pdserve.engine.outputs import RequestOutput, Reservation
-from pdserve.engine.overlapped_steps import InFlight, OverlappedSteps
-from pdserve.engine.premature_layers import request_layers
 from pdserve.engine.scheduler import Scheduler
 from pdserve.engine.sequence import Sequence, SequenceStatus
-from pdserve.engine.speculation import make_speculation, speculation_stats
+from pdserve.engine.speculation.speculative_step import make_speculation, speculation_stats
 from pdserve.engine.step_outputs import StepOutputs
 from pdserve.engine_config import EngineConfig
 from pdserve.models.builtin import default_model_dir

@@ -9,13 +9,17 @@ from typing import NamedTuple
 
 import torch
 
-from pdserve.engine import memory_profile
-from pdserve.engine.attention_batch import attention_context
-from pdserve.engine.compiled_decode import CompiledDecode, resolve_placeholders, use_compile
-from pdserve.engine.factuality import contrast_layers, plan_exits
-from pdserve.engine.sampler import Sampler, apply_repetition_penalty
+from pdserve.engine.decoding.factuality import contrast_layers, plan_exits
+from pdserve.engine.decoding.sampler import Sampler, apply_repetition_penalty
+from pdserve.engine.gpu_step import memory_profile
+from pdserve.engine.gpu_step.attention_batch import attention_context
+from pdserve.engine.gpu_step.compiled_decode import (
+    CompiledDecode,
+    resolve_placeholders,
+    use_compile,
+)
 from pdserve.engine.scheduler import ScheduledBatch
-from pdserve.engine.spec_verify import verify
+from pdserve.engine.speculation.verification import verify
 from pdserve.engine_config import EngineConfig
 from pdserve.models.attention import reads_in_place
 from pdserve.models.llama import LlamaForCausalLM

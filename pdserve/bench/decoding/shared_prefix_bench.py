@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from pdserve.engine import attention_batch
+from pdserve.engine.gpu_step import attention_batch
 from pdserve.models.attention import paged_attention
 
 BLOCK, KV_HEADS, HEADS, HEAD_DIM, LAYERS, POOL = 16, 4, 8, 64, 8, 3000

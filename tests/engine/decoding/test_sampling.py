@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pdserve.core.sampling_params import SamplingParams
-from pdserve.engine.sampler import Sampler
+from pdserve.engine.decoding.sampler import Sampler
 from tests.engine.conftest import random_prompts
 
 PROMPTS = random_prompts([5, 12, 30], seed=2)

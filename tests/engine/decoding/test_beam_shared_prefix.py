@@ -8,12 +8,12 @@ import dataclasses
 
 import pytest
 
-from pdserve.engine import attention_batch
 from pdserve.engine.engine import LLMEngine
-from tests.engine import test_beam_search
+from pdserve.engine.gpu_step import attention_batch
 from tests.engine.conftest import random_prompts
-from tests.engine.test_beam_search import beam_cases, run_engine
-from tests.engine.test_n_choices import SAMPLED, assert_all_free, run_choices, single
+from tests.engine.decoding import test_beam_search
+from tests.engine.decoding.test_beam_search import beam_cases, run_engine
+from tests.engine.decoding.test_n_choices import SAMPLED, assert_all_free, run_choices, single
 from tests.models.test_llama_matches_transformers import VOCAB
 
 models = test_beam_search.models  # the fixture: Llama, Mistral and Qwen2 test models

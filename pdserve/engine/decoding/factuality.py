@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from pdserve.core.sampling_params import SamplingParams
-from pdserve.engine.premature_layers import request_layers
+from pdserve.engine.decoding.premature_layers import request_layers
 
 # DoLa's adaptive plausibility constraint: keep tokens with p_final >= ALPHA * max p_final.
 PLAUSIBILITY_ALPHA = 0.1

@@ -36,7 +36,7 @@ from __future__ import annotations
 import torch
 
 from pdserve.core.sampling_params import SamplingParams
-from pdserve.engine.sampler import draw, filtered_probs, inverse_cdf, uniforms
+from pdserve.engine.decoding.sampler import draw, filtered_probs, inverse_cdf, uniforms
 from pdserve.engine.scheduler import Verified
 
 

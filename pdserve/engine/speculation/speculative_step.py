@@ -35,14 +35,14 @@ from collections import deque
 from pdserve.engine.block_manager import BlockManager
 from pdserve.engine.scheduler import ScheduledBatch, Verified
 from pdserve.engine.sequence import Sequence, SequenceStatus
-from pdserve.engine.spec_payoff import (
+from pdserve.engine.speculation.payoff import (
     CLEAR_LOSS,
     DraftAcceptance,
     StepTimes,
     best_length,
     step_clock,
 )
-from pdserve.engine.speculative import Proposer, make_proposer
+from pdserve.engine.speculation.proposer import Proposer, make_proposer
 from pdserve.engine_config import EngineConfig, SpeculativeConfig
 
 

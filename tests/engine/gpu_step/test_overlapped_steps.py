@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from pdserve.core.sampling_params import SamplingParams
-from pdserve.engine.compiled_decode import resolve_placeholders
+from pdserve.engine.gpu_step.compiled_decode import resolve_placeholders
 from tests.engine.conftest import random_prompts
 from tests.engine.test_disaggregation import handoff
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pdserve.core.sampling_params import SamplingParams
-from tests.engine.test_sampling import PROMPTS, run
+from tests.engine.decoding.test_sampling import PROMPTS, run
 
 
 def test_a_stop_token_ends_the_output_only_after_min_tokens(make_engine):

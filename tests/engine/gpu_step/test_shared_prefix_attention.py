@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from pdserve.engine.attention_batch import (
+from pdserve.engine.gpu_step.attention_batch import (
     MIN_SHARED_BLOCKS,
     SHARED_TO_OWN_BLOCKS,
     attention_context,

@@ -10,9 +10,9 @@ import dataclasses
 import pytest
 import torch
 
-from pdserve.engine.sampler import Sampler, draw, filtered_probs, uniforms
-from pdserve.engine.spec_verify import verify
-from tests.engine.test_spec_verify import (
+from pdserve.engine.decoding.sampler import Sampler, draw, filtered_probs, uniforms
+from pdserve.engine.speculation.verification import verify
+from tests.engine.speculation.test_verification import (
     DRAWS,
     FILTERS,
     VOCAB,

@@ -10,7 +10,12 @@ import pytest
 
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.engine import model_runner
-from pdserve.engine.compiled_decode import batch_buckets, bucket_for, use_compile, width_bucket
+from pdserve.engine.gpu_step.compiled_decode import (
+    batch_buckets,
+    bucket_for,
+    use_compile,
+    width_bucket,
+)
 from tests.engine.conftest import random_prompts
 
 LENGTHS = [1, 3, 4, 5, 9, 16, 23, 40, 61]

@@ -17,7 +17,7 @@ from os.path import commonprefix
 
 import torch
 
-from pdserve.engine.host_tensors import padded_rows
+from pdserve.engine.gpu_step.host_tensors import padded_rows
 from pdserve.models.attention import AttentionContext, AttentionGroup, length_groups
 
 # A family of decode sequences attends as one pseudo-sequence when it shares at least this

@@ -10,8 +10,8 @@ import torch
 from scipy.stats import chisquare
 
 from pdserve.core.sampling_params import SamplingParams
-from pdserve.engine.sampler import Sampler, filtered_probs
-from pdserve.engine.spec_verify import verify
+from pdserve.engine.decoding.sampler import Sampler, filtered_probs
+from pdserve.engine.speculation.verification import verify
 
 VOCAB = 10
 DRAWS = 20_000

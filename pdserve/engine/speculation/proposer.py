@@ -113,7 +113,7 @@ def make_proposer(config: EngineConfig, num_blocks: int) -> Proposer | None:
         return NgramProposer(spec.ngram_max, spec.ngram_min)
     if spec.method == "draft":
         try:
-            from pdserve.engine.draft_proposer import DraftProposer
+            from pdserve.engine.speculation.draft_model_proposer import DraftProposer
         except ImportError as e:
             raise ConfigError(
                 "SpeculativeConfig", "method", f"the draft proposer is not available: {e}"

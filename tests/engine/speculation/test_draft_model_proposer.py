@@ -13,9 +13,9 @@ import torch
 from pdserve.config import ConfigError
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.engine.block_manager import BlockManager
-from pdserve.engine.draft_proposer import DraftProposer
 from pdserve.engine.engine import LLMEngine
 from pdserve.engine.sequence import Sequence
+from pdserve.engine.speculation.draft_model_proposer import DraftProposer
 from pdserve.engine_config import EngineConfig, SpeculativeConfig
 from pdserve.models.draft_of import write_draft_of
 from tests.engine.conftest import random_prompts

@@ -9,9 +9,9 @@ import torch
 from scipy.stats import chisquare
 
 from pdserve.core.sampling_params import SamplingParams
+from pdserve.engine.decoding.sampler import filtered_probs
 from pdserve.engine.engine import LLMEngine
-from pdserve.engine.sampler import filtered_probs
-from pdserve.engine.speculative import NgramProposer
+from pdserve.engine.speculation.proposer import NgramProposer
 from pdserve.engine_config import EngineConfig, SpeculativeConfig
 
 PROMPT = [17, 300, 42, 42, 9, 120]

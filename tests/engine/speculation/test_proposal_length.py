@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from pdserve.engine.spec_payoff import DraftAcceptance, StepTimes, best_length
-from tests.engine.test_speculative_payoff import GREEDY, Oracle, timed_engine
-from tests.engine.test_speculative_payoff import case as case  # noqa: F401  (fixture)
+from pdserve.engine.speculation.payoff import DraftAcceptance, StepTimes, best_length
+from tests.engine.speculation.test_switch_off import GREEDY, Oracle, timed_engine
+from tests.engine.speculation.test_switch_off import case as case  # noqa: F401  (fixture)
 
 
 def test_engine_drafts_the_length_that_pays_best(tiny_dir, case):

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import torch
 
-from pdserve.engine.cuda_graphs import CudaGraphs
-from pdserve.engine.factuality import plan_exits
-from pdserve.engine.host_tensors import append_padded, int64_tensor
+from pdserve.engine.decoding.factuality import plan_exits
+from pdserve.engine.gpu_step.cuda_graphs import CudaGraphs
+from pdserve.engine.gpu_step.host_tensors import append_padded, int64_tensor
 from pdserve.engine.scheduler import ScheduledBatch
 from pdserve.models.attention import AttentionContext
 from pdserve.models.llama import LlamaForCausalLM

@@ -13,7 +13,7 @@ import dataclasses
 import pytest
 
 from pdserve.core.sampling_params import SamplingParams
-from pdserve.engine import sampler as sampler_module
+from pdserve.engine.decoding import sampler as sampler_module
 from pdserve.engine.engine import LLMEngine
 from pdserve.engine_config import EngineConfig, SpeculativeConfig
 from pdserve.models.draft_of import write_draft_of

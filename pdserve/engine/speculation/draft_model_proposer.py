@@ -34,8 +34,8 @@ import torch
 
 from pdserve.config import ConfigError
 from pdserve.core.block_hash import ROOT_HASH, block_hash
+from pdserve.engine.decoding.sampler import draw, filtered_probs, seeded_generator, uniforms
 from pdserve.engine.model_runner import ModelRunner, copy_kv_blocks
-from pdserve.engine.sampler import draw, filtered_probs, seeded_generator, uniforms
 from pdserve.engine.scheduler import ScheduledBatch
 from pdserve.engine.sequence import Sequence, SequenceStatus
 from pdserve.engine_config import EngineConfig

@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 
 from pdserve.core.sampling_params import SamplingParams
-from pdserve.engine.beam_search import BeamRequest, BeamSearch
+from pdserve.engine.decoding.beam_search import BeamRequest, BeamSearch
 from pdserve.engine.outputs import RequestOutput
 from pdserve.engine.scheduler import ScheduledBatch
 from pdserve.engine.sequence import Sequence, SequenceStatus

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pdserve.engine.host_tensors import int64_tensor, padded_rows
+from pdserve.engine.gpu_step.host_tensors import int64_tensor, padded_rows
 
 INT64 = st.integers(-(2**63), 2**63 - 1)
 

@@ -10,8 +10,8 @@ import torch
 from scipy.stats import chisquare
 
 from pdserve.core.sampling_params import SamplingParams
-from pdserve.engine import sampler as sampler_module
-from pdserve.engine.sampler import Sampler, filtered_probs, kept_tokens
+from pdserve.engine.decoding import sampler as sampler_module
+from pdserve.engine.decoding.sampler import Sampler, filtered_probs, kept_tokens
 
 VOCAB = 300
 DRAWS = 6000
