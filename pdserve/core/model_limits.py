@@ -39,7 +39,7 @@ def kv_bytes_per_block(hf_config: dict[str, Any], block_size: int, dtype: str) -
 def kv_pool_blocks(hf_config: dict[str, Any], engine: EngineConfig) -> int:
     """The KV pool size in blocks: `num_kv_blocks`, else as many as `kv_cache_bytes` holds.
     (A CUDA worker without num_kv_blocks sizes its pool from measured memory instead:
-    gpu_kv_pool_blocks, pdserve/engine/memory_profile.py.)"""
+    gpu_kv_pool_blocks, pdserve/engine/gpu_step/memory_profile.py.)"""
     if engine.num_kv_blocks:
         return engine.num_kv_blocks
     return engine.kv_cache_bytes // kv_bytes_per_block(hf_config, engine.block_size, engine.dtype)

@@ -13,10 +13,10 @@ scheduler, block manager, sequences and prefix cache are the same for both, and 
 imports torch only through the torch executor.
 
 Requests with n > 1 and beam search run as forked sequences sharing KV blocks: the
-`ForkedChoices` steps the engine inherits (forked_choices.py). A step's sampled tokens become
+`ForkedChoices` steps the engine inherits (decoding/forked_choices.py). A step's sampled tokens become
 sequences' tokens and outputs in the `StepOutputs` steps it inherits (step_outputs.py). With
 `async_scheduling`, plain decode steps are launched before the previous one's tokens are back,
-and land one step later (`OverlappedSteps`, overlapped_steps.py).
+and land one step later (`OverlappedSteps`, gpu_step/overlapped_steps.py).
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ class LLMEngine(ForkedChoices, StepOutputs, OverlappedSteps):
             ("prefill_tokens_computed", "decode_tokens", "steps", "overlapped_steps"), 0
         )
         # Plain decode steps launched before the previous one's tokens are back
-        # (overlapped_steps.py); not with speculation, whose drafts need the last token.
+        # (gpu_step/overlapped_steps.py); not with speculation, whose drafts need the last token.
         overlap = config.async_scheduling
         if overlap is None:
             overlap = config.device.startswith("cuda")

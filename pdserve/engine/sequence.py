@@ -66,7 +66,7 @@ class Sequence:
     num_draft_tokens: int = 0
     draft_probs: Any = None
     # A plain decode that may be scheduled before its previous token is back
-    # (overlapped_steps.py): greedy, one choice, no logprobs, penalty, beams, DoLa/SLED or
+    # (gpu_step/overlapped_steps.py): greedy, one choice, no logprobs, penalty, beams, DoLa/SLED or
     # prefill_only. While a step is in flight, its last token is a placeholder: -(row + 1).
     overlaps: bool = False
 

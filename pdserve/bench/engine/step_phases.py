@@ -45,7 +45,7 @@ class StepPhases:
             self._add("waiting for the GPU", time.perf_counter() - started)
 
         # One step at a time: with the next step launched before a step's tokens are back
-        # (engine/overlapped_steps.py) its phases would not add up to it.
+        # (engine/gpu_step/overlapped_steps.py) its phases would not add up to it.
         overlapping, engine.async_scheduling = engine.async_scheduling, False
         self._restore.append(lambda: setattr(engine, "async_scheduling", overlapping))
         self._wrap(engine.scheduler, "schedule", "scheduling")

@@ -9,7 +9,7 @@ worker sampled choice 0's first token only: commit() forks choice 1 with the las
 position uncomputed, recomputes it (into a private copy of its block) and forks the other
 choices from it, so every choice draws its first token as a single request would.
 
-Beam search (beam_width >= 2, pdserve/engine/beam_search.py) runs its beams as forked
+Beam search (beam_width >= 2, pdserve/engine/decoding/beam_search.py) runs its beams as forked
 sequences in the same batch: each step every beam's row offers its best candidates instead of
 a sampled token; once all beams of the request computed, the search keeps the best and the
 engine re-forks: a beam continued by several candidates forks (blocks shared, the partial last

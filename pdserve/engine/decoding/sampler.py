@@ -11,8 +11,8 @@ order. That layout depends on the row alone (not on which filters other rows of 
 for, which decide only how the kept tokens are found), so the token is a function of the seed,
 n and the request's own distribution: the same whatever shares the batch, on any worker, and
 after a retry that continues at n (`seed_offset`). Speculative verification draws every
-position with this same function and uniform (spec_verify.py), so speculation never changes a
-seeded request's tokens.
+position with this same function and uniform (speculation/verification.py), so speculation
+never changes a seeded request's tokens.
 
 Only the kept tokens are put in order: top-k takes the k best (`topk`), and top-p looks for
 its nucleus among the `NUCLEUS_CANDIDATES` best before sorting a whole row; a row without

@@ -35,7 +35,7 @@ def use_compile(setting: bool | None, device: str) -> bool:
 
 def resolve_placeholders(ids: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """`ids` with each placeholder -(r + 1) replaced by tokens[r], where the tensors are (a step
-    launched before the previous one's tokens reached the host: engine/overlapped_steps.py)."""
+    launched before the previous one's tokens reached the host: overlapped_steps.py)."""
     return torch.where(ids < 0, tokens[(-1 - ids).clamp(min=0)], ids)
 
 

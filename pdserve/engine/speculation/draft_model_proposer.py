@@ -1,4 +1,4 @@
-"""DraftProposer: speculative decoding's draft-model proposer (the contract is in speculative.py).
+"""DraftProposer: speculative decoding's draft-model proposer (the contract is in proposer.py).
 
 A second, smaller model (`SpeculativeConfig.draft_model`, same vocabulary) loaded with pdserve's
 loader on the target's device and dtype, with its own paged KV cache: shaped like the target's
@@ -20,7 +20,7 @@ computed here, at the first step after commit), then draws k tokens in k - 1 mor
 forwards batched over all sequences: the argmax for greedy requests, a draw from the request's
 filtered distribution q (returned by `draft_probs`) for sampled ones: a seeded request's
 token at output index n with the uniform the target draws that position with (the coupled
-draw of spec_verify.py: where p and q agree there, the draft is the target's own token). Forwards go through the
+draw of verification.py: where p and q agree there, the draft is the target's own token). Forwards go through the
 engine's own `ModelRunner`. Two sequences of one call never touch a block the other writes (a
 fork whose partly filled last block is still shared waits a step, until copy-on-write splits
 it), so one forward never writes a slot twice.

@@ -35,7 +35,7 @@ differs. Acceptance never depends on the proposer being right: the target decide
 longest suffix of prompt + output, from `ngram_max` down to `ngram_min` tokens, that occurred
 earlier; its earliest occurrence's next k tokens are the guess. The search is a byte-string
 find over the token ids (O(len) per n-gram length, in C). `make_proposer` builds the configured
-one; the draft-model proposer lives in `draft_proposer.py` and is imported only when used.
+one; the draft-model proposer lives in `draft_model_proposer.py` and is imported only when used.
 """
 
 from __future__ import annotations

@@ -5,13 +5,13 @@ A step with speculation reads: `propose(running)` appends up to k proposed token
 running decode sequence that may speculate (`Sequence.num_draft_tokens`), so the scheduler
 schedules 1 + d tokens for it within its budget and max_num_seqs; `fit(drafted, batch)` then
 takes the drafts off the sequences that were not scheduled or were preempted, and trims them to
-what was scheduled; the executor verifies (spec_verify.py) and the engine rolls back
+what was scheduled; the executor verifies (verification.py) and the engine rolls back
 (LLMEngine._accept_verified). The sim executor never speculates: the engine builds no
 `Speculation` for `kind == "sim"`.
 
 Self switch-off (docs/decoding.md, "Speculative decoding"): speculation pays when the tokens a
 verify step emits outweigh what it costs over a plain step, and both are measured
-(spec_payoff.py: the engine's decode-only steps timed with and without drafts, per batch size).
+(payoff.py: the engine's decode-only steps timed with and without drafts, per batch size).
 Once the last SPEC_STEPS speculative steps (at least JUDGED_SEQUENCES sequence-steps) could be
 timed against plain steps of their batch size, proposing pauses when their measured speedup is
 below 1 (sooner, below CLEAR_LOSS over SPEC_STEPS steps). Until then the acceptance rate
@@ -122,7 +122,7 @@ class Speculation:
         self._step += 1
         self.times.start()
         # Which steps verify never changes a seeded request's tokens (the coupled draw,
-        # spec_verify.py), so measured time may decide.
+        # verification.py), so measured time may decide.
         timed = self.config.min_acceptance > 0
         probing = self._paused_until is not None
         if probing and self._step < self._paused_until:

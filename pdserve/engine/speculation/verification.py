@@ -9,8 +9,8 @@ token after the last draft.
 - Greedy requests accept drafts while they equal the row's argmax (ties: the lowest id, as the
   Sampler), then take the argmax of the first row that disagrees, or of row d after all d
   were accepted. The output is the target's greedy output token for token.
-- Seeded sampled requests use the coupled draw (the seed contract, sampler.py): the token at
-  output index n is always the one the plain sampler draws there, `sampler.draw` of the row
+- Seeded sampled requests use the coupled draw (the seed contract, decoding/sampler.py): the
+  token at output index n is always the one the plain sampler draws there, `sampler.draw` of the row
   with the uniform of (seed, seed_offset + n); draft x is accepted iff it is that token, and
   the first disagreeing row (or row d) gives its own draw. So a seeded request's tokens are
   the same whether a step verifies or not, with how many drafts, or after a retry: speculation
@@ -18,7 +18,7 @@ token after the last draft.
   filtered distribution p exactly. The price is acceptance: a draft drawn independently from
   q is accepted with probability sum_x q(x) p(x) instead of rejection sampling's
   sum_x min(p(x), q(x)); the draft proposer therefore draws its own token at n with the same
-  uniform through q (draft_proposer.py), and is accepted where p's and q's cumulative
+  uniform through q (draft_model_proposer.py), and is accepted where p's and q's cumulative
   distributions put that uniform on the same token (always when p == q). For a point mass
   (prompt lookup) both rules accept with p(x).
 - Unseeded sampled requests promise no stream and use rejection sampling (Leviathan et al.

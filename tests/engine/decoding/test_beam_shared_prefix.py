@@ -1,5 +1,5 @@
 """Beams and n choices over prompts long enough that their forks attend as shared-prefix
-families (attention_batch.py, when decode attention gathers the KV blocks): still
+families (gpu_step/attention_batch.py, when decode attention gathers the KV blocks): still
 transformers' beams and scores, still a single request's seeded tokens."""
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""The seed contract (sampler.py, spec_verify.py): a seeded request's k-th token is a function of
-(seed, k, its own filtered distribution) only. So in one engine a seeded temperature-only,
-top-k, top-p or top-k + top-p request gives the same tokens alone and batched with every other
-kind; a speculating engine (prompt lookup or a draft model, switch-off on or off) gives the
-plain engine's tokens, run after run; a continuation after a retry (`seed_offset`) on a
-speculating engine gives the rest of the uninterrupted run; and choice i of a seeded n-request
-under a draft model equals a single request with seed + i."""
+"""The seed contract (pdserve/engine/decoding/sampler.py, speculation/verification.py): a seeded
+request's k-th token is a function of (seed, k, its own filtered distribution) only. So in one
+engine a seeded temperature-only, top-k, top-p or top-k + top-p request gives the same tokens
+alone and batched with every other kind; a speculating engine (prompt lookup or a draft model,
+switch-off on or off) gives the plain engine's tokens, run after run; a continuation after a retry
+(`seed_offset`) on a speculating engine gives the rest of the uninterrupted run; and choice i of a
+seeded n-request under a draft model equals a single request with seed + i."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
-"""Async scheduling (engine/overlapped_steps.py): plain greedy decode steps launched before the
-previous step's tokens are back give the same tokens as steps one at a time — with stops in
-flight, arrivals, aborts, requests that cannot overlap, a disaggregated handoff, prefix-cache
-hits and the compiled path — and leave no block behind. On CPU a launch computes at once, so
-these check the bookkeeping (placeholders, landing one step later); `pdserve selftest --device
-cuda` compares both on a GPU, where the launch does not wait."""
+"""Async scheduling (engine/gpu_step/overlapped_steps.py): plain greedy decode steps launched
+before the previous step's tokens are back give the same tokens as steps one at a time — with
+stops in flight, arrivals, aborts, requests that cannot overlap, a disaggregated handoff,
+prefix-cache hits and the compiled path — and leave no block behind. On CPU a launch computes at
+once, so these check the bookkeeping (placeholders, landing one step later); `pdserve selftest
+--device cuda` compares both on a GPU, where the launch does not wait."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The coupled draw of seeded rows (spec_verify.py): every emitted token is the plain sampler's
+"""The coupled draw of seeded rows (verification.py): every emitted token is the plain sampler's
 draw of its position, so tokens follow the target's filtered distribution whatever the drafts
 (a fixed guess, drafts drawn from q, or drafts drawn with the target's own uniforms): chi-square
 over 20k draws, each with its own seed, p-value printed."""

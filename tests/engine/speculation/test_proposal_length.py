@@ -2,7 +2,7 @@
 sequence as pay best by the measured step cost of each draft count and the measured acceptance
 per draft position, and greedy output stays the plain greedy output.
 
-As in test_speculative_payoff.py the engine, model and verification are real; only the step
+As in test_switch_off.py the engine, model and verification are real; only the step
 clock is a counter advanced by a cost model (each step 1, plus `per_draft` per draft
 position), so the choice is deterministic."""
 

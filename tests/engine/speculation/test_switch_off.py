@@ -1,4 +1,4 @@
-"""The switch-off decides on measured cost, not acceptance alone (spec_payoff.py): speculation
+"""The switch-off decides on measured cost, not acceptance alone (payoff.py): speculation
 that accepts little but verifies almost for free keeps going; speculation that accepts much but
 costs more than it emits pauses; greedy output stays the plain greedy output either way.
 

@@ -1,4 +1,4 @@
-"""Verification of speculative drafts (spec_verify.py) at fixed synthetic prefixes: greedy keeps
+"""Verification of speculative drafts (verification.py) at fixed synthetic prefixes: greedy keeps
 the target's argmax; rejection sampling emits each token with the target's filtered
 distribution (temperature, top-k, top-p) whether the draft's q is a point mass or a full
 distribution: chi-square over 20k draws, p-value printed."""
