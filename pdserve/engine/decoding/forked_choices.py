@@ -1,5 +1,5 @@
-"""ForkedChoices: the steps of `LLMEngine` (engine.py, which inherits them) that run a
-request as several sequences sharing KV blocks — its n choices and its beams.
+"""ForkedChoices: the engine's requests that run as several sequences sharing KV blocks — their
+n choices and their beams.
 
 A request with n > 1 is prefilled once: in the step that computes its last prompt token, its
 sequence forks n - 1 more (choice i seeded with seed + i), which share its KV blocks and
@@ -17,58 +17,102 @@ block copied on write), one continued by none is freed, and nothing is emitted u
 search ends with its best n beams (one output each, `index` 0 = best). The torch executor
 offers candidates; the sim executor does not, and refuses beam requests.
 
-These methods use the engine's state (its sequences, scheduler, block manager, detokenizers)
-and are part of it; they live here so the engine's step and handoff read apart from them.
+`LLMEngine` (engine.py) owns one `ForkedChoices` and calls it when a request arrives or is
+reserved (`track`, `start_beams`), when a step is scheduled (`fork_pending`), when a handoff
+commits (`fork`) and on abort (`abort`); `StepOutputs` (step_outputs.py) calls it when a choice
+finishes (`close_choice`) and when a beam offers its candidates (`beams`, `beam_step`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Iterator
 
 from pdserve.core.sampling_params import SamplingParams
+from pdserve.engine.block_manager import BlockManager
 from pdserve.engine.decoding.beam_search import BeamRequest, BeamSearch
 from pdserve.engine.outputs import RequestOutput
-from pdserve.engine.scheduler import ScheduledBatch
+from pdserve.engine.scheduler import ScheduledBatch, Scheduler
 from pdserve.engine.sequence import Sequence, SequenceStatus
+from pdserve.tokenizer import IncrementalDetokenizer
+
+Detokenizers = Callable[[list[int], SamplingParams], IncrementalDetokenizer | None]
 
 
 class ForkedChoices:
+    def __init__(
+        self,
+        requests: dict[str, Sequence],
+        scheduler: Scheduler,
+        block_manager: BlockManager,
+        finish: Callable[[Sequence, str], None],
+        detokenizer: Detokenizers,
+        arrivals: Iterator[int],
+        eos_token_ids: set[int],
+        max_model_len: int,
+    ) -> None:
+        """`requests`: the engine's, by request id (choice 0's sequence), shared: a request is
+        forgotten when its last choice or its beam search ends. `finish(seq, reason)` frees a
+        sequence (the engine's); `detokenizer(prompt, params)` makes a fork's; `arrivals` numbers
+        sequences in arrival order (the engine's counter)."""
+        self._requests = requests
+        self._scheduler = scheduler
+        self._block_manager = block_manager
+        self._finish = finish
+        self._detokenizer = detokenizer
+        self._arrivals = arrivals
+        self._eos_token_ids = eos_token_ids
+        self._max_model_len = max_model_len
+        self.open_choices: dict[str, int] = {}  # choices still generating (n > 1), by request
+        self._forks: dict[str, list[Sequence]] = {}  # the other choices' sequences (n > 1)
+        self.beams: dict[str, BeamRequest] = {}  # beam-search requests by request id
+
     # ---- n choices ----------------------------------------------------------------------
-    def _track_choices(self, request_id: str, params: SamplingParams) -> None:
+    def track(self, request_id: str, params: SamplingParams) -> None:
+        """A new request (added or reserved): its choices are counted when n > 1."""
         if params.n > 1 and not params.beam_search:
-            self._open_choices[request_id] = params.n
+            self.open_choices[request_id] = params.n
             self._forks[request_id] = []
 
-    def _close_choice(self, request_id: str) -> int:
+    def abort(self, request_id: str) -> None:
+        """Frees the request's other choices and its beams."""
+        self.open_choices.pop(request_id, None)
+        for fork in self._forks.pop(request_id, []):
+            self._finish(fork, "abort")
+        beams = self.beams.pop(request_id, None)
+        for beam in beams.seqs if beams else ():
+            self._finish(beam, "abort")
+
+    def close_choice(self, request_id: str) -> int:
         """Counts a finished choice; forgets the request after its last. Returns how many
         choices still generate."""
-        left = self._open_choices.get(request_id, 1) - 1
+        left = self.open_choices.get(request_id, 1) - 1
         if left > 0:
-            self._open_choices[request_id] = left
+            self.open_choices[request_id] = left
             return left
-        del self._seqs[request_id]
-        self._open_choices.pop(request_id, None)
+        del self._requests[request_id]
+        self.open_choices.pop(request_id, None)
         self._forks.pop(request_id, None)
         return 0
 
-    def _fork_choices(self, batch: ScheduledBatch) -> None:
+    def fork_pending(self, batch: ScheduledBatch) -> None:
         """Forks the pending choices of each sequence whose last prompt token this step
         computes: after the scheduler's copy-on-write, so the step's writes land in blocks the
         forks share (the prompt's KV, which they all want)."""
-        if not self._open_choices:  # only open n > 1 requests have choices to fork
+        if not self.open_choices:  # only open n > 1 requests have choices to fork
             return
         for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_tokens, strict=True)):
             if not seq.pending_forks or seq.num_computed_tokens + n < seq.num_tokens:
                 continue
             for index in seq.pending_forks:
-                fork = self._fork(seq, index)
+                fork = self.fork(seq, index)
                 fork.num_computed_tokens = seq.num_computed_tokens + n
                 batch.fork_samples.append((i, fork))
             seq.pending_forks = []
 
-    def _fork(self, seq: Sequence, index: int) -> Sequence:
+    def fork(self, seq: Sequence, index: int) -> Sequence:
         """Choice `index` of seq's request, sharing seq's tokens and blocks, running."""
-        params = self._seqs[seq.request_id].params  # the request's: seed + index
+        params = self._requests[seq.request_id].params  # the request's: seed + index
         seed = None if params.seed is None else params.seed + index
         fork = self._forked(seq, dataclasses.replace(params, n=1, seed=seed), index)
         self._forks[seq.request_id].append(fork)
@@ -91,29 +135,29 @@ class ForkedChoices:
             beam_top_k=seq.beam_top_k,
         )
         if seq.status == SequenceStatus.RUNNING:
-            self.block_manager.fork(seq, fork)
+            self._block_manager.fork(seq, fork)
             fork.num_computed_tokens = seq.num_computed_tokens
-            self.scheduler.add_running(fork)
+            self._scheduler.add_running(fork)
         else:
-            self.scheduler.add(fork)
+            self._scheduler.add(fork)
         return fork
 
     # ---- beam search --------------------------------------------------------------------
-    def _start_beams(self, seq: Sequence) -> None:
+    def start_beams(self, seq: Sequence) -> None:
         """Makes `seq` (the prompt, computed or not) the one running beam of its request."""
         params = seq.params
         stop_ids = set(params.stop_token_ids)
         if not params.ignore_eos:
-            stop_ids |= self.eos_token_ids
-        max_tokens = min(params.max_tokens, self.max_model_len - seq.num_prompt_tokens)
+            stop_ids |= self._eos_token_ids
+        max_tokens = min(params.max_tokens, self._max_model_len - seq.num_prompt_tokens)
         search = BeamSearch(params, stop_ids, max_tokens)
         seq.beam_top_k = search.candidates_per_beam
-        self._beams[seq.request_id] = BeamRequest(search, [seq])
+        self.beams[seq.request_id] = BeamRequest(search, [seq])
 
-    def _beam_step(self, request_id: str) -> list[RequestOutput]:
+    def beam_step(self, request_id: str) -> list[RequestOutput]:
         """Steps the search once every beam offered; forks, frees and extends the beams; at
         the end, the best n beams as outputs."""
-        beams = self._beams[request_id]
+        beams = self.beams[request_id]
         if any(id(seq) not in beams.offers for seq in beams.seqs):
             return []  # some beam has not computed yet (preempted, or out of budget)
         offers = [beams.offers[id(seq)] for seq in beams.seqs]
@@ -139,10 +183,10 @@ class ForkedChoices:
         return []
 
     def _finish_beams(self, request_id: str) -> list[RequestOutput]:
-        beams = self._beams.pop(request_id)
+        beams = self.beams.pop(request_id)
         for seq in beams.seqs:
             self._finish(seq, "length")
-        first = self._seqs.pop(request_id)
+        first = self._requests.pop(request_id)
         best = beams.search.best()
         outputs = []
         for i, hypothesis in enumerate(best):

@@ -1,6 +1,8 @@
-"""OverlappedSteps: the steps of `LLMEngine` (engine.py, which inherits them) that schedule and
-launch the next decode step before the step in flight has returned its tokens (vLLM's async
-scheduling, SGLang's overlap scheduler). `EngineConfig.async_scheduling`: on for CUDA.
+"""OverlappedSteps: the engine's decode steps launched before the step in flight has returned
+its tokens (vLLM's async scheduling, SGLang's overlap scheduler). `EngineConfig.async_scheduling`:
+on for CUDA. `LLMEngine` (engine.py) owns one and asks it each step whether the next step
+overlaps (`overlaps_next`), then launches (`launch`) or lands the step in flight first
+(`land_in_flight`).
 
 Without it a GPU idles while the host turns a step's tokens into outputs and schedules and
 prepares the next step: 48% of the small model's batch-32 compiled step on an H200, 14% of the
@@ -12,15 +14,15 @@ batch first, then lands the step in flight, whose tokens the device is computing
   which the executor puts in place on the device (`TorchExecutor.launch`), so no token crosses
   to the host before the next step is queued.
 - Land: the placeholders are taken off again and the step's tokens go through the usual
-  `_postprocess` (tokens, stop checks, outputs, prefix caching, KV events), one step later than
-  without overlap; sequences of the newer batch get their placeholder back.
+  `StepOutputs.postprocess` (tokens, stop checks, outputs, prefix caching, KV events), one step
+  later than without overlap; sequences of the newer batch get their placeholder back.
 
 A sequence that a landing step finishes (a stop token or string) was already scheduled once
 more: that row's token is dropped when its step lands. Its blocks are released at once; the
 step still running writes one slot past its end, in a block no one else holds yet, and a later
 owner's writes come after it on the device.
 
-Steps overlap only while nothing needs the host first (`_overlaps_next`): every running
+Steps overlap only while nothing needs the host first (`overlaps_next`): every running
 sequence is a plain decode (`Sequence.overlaps`: greedy, no logprobs, repetition penalty, n,
 beams, DoLa/SLED or prefill_only), none waits, no speculation, the token in flight is nobody's
 last by length, and there are free blocks for every running sequence's next token, so the
@@ -34,9 +36,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from pdserve.engine.block_manager import BlockManager
 from pdserve.engine.outputs import RequestOutput
-from pdserve.engine.scheduler import ScheduledBatch
+from pdserve.engine.scheduler import ScheduledBatch, Scheduler
 from pdserve.engine.sequence import Sequence, SequenceStatus
+from pdserve.engine.step_outputs import StepOutputs
 
 _RUNNING = SequenceStatus.RUNNING
 
@@ -55,18 +59,39 @@ class InFlight:
 
 
 class OverlappedSteps:
-    def _overlaps_next(self) -> bool:
+    def __init__(
+        self,
+        enabled: bool,
+        executor: Any,
+        scheduler: Scheduler,
+        block_manager: BlockManager,
+        outputs: StepOutputs,
+        max_model_len: int,
+    ) -> None:
+        """`enabled`: steps may overlap (`LLMEngine.async_scheduling`); `executor`: the engine's
+        (`Executor`, executor.py; launches only where `overlaps_steps`); `outputs`: the engine's,
+        which a landing step's tokens go through."""
+        self.enabled = enabled
+        self._executor = executor
+        self._scheduler = scheduler
+        self._block_manager = block_manager
+        self._outputs = outputs
+        self._max_model_len = max_model_len
+        self.in_flight: InFlight | None = None  # the launched step whose tokens are not back
+        self.launched_steps = 0  # steps launched before the previous one's tokens were back
+
+    def overlaps_next(self) -> bool:
         """Whether the next step may be scheduled and launched before the one in flight
         lands: every sequence it would run is a plain decode, nothing else needs the host."""
-        if not self.async_scheduling or not getattr(self.executor, "overlaps_steps", False):
+        if not self.enabled or not getattr(self._executor, "overlaps_steps", False):
             return False
-        scheduler = self.scheduler
+        scheduler = self._scheduler
         running = scheduler.running[: scheduler.max_num_seqs]
         if scheduler.waiting or not running:
             return False
-        if self.block_manager.num_free_blocks < len(running):
+        if self._block_manager.num_free_blocks < len(running):
             return False  # a next token might need a preemption
-        max_model_len = self.max_model_len
+        max_model_len = self._max_model_len
         for seq in running:
             if not seq.overlaps or seq.num_computed_tokens + 1 != len(seq.token_ids):
                 return False
@@ -77,27 +102,28 @@ class OverlappedSteps:
                 return False
         return True
 
-    def _launch(self, batch: ScheduledBatch) -> list[RequestOutput]:
-        """Launches `batch` (`_overlaps_next` held when it was scheduled), then lands the step
+    def launch(self, batch: ScheduledBatch) -> list[RequestOutput]:
+        """Launches `batch` (`overlaps_next` held when it was scheduled), then lands the step
         that was in flight; returns that step's outputs."""
-        previous = self._in_flight
-        launched = self.executor.launch(batch, previous.launched if previous else None)
+        previous = self.in_flight
+        launched = self._executor.launch(batch, previous.launched if previous else None)
         for row, seq in enumerate(batch.seqs):
             seq.token_ids.append(placeholder(row))
             seq.num_computed_tokens += 1
-        self._in_flight = InFlight(batch, launched)
+        self.in_flight = InFlight(batch, launched)
+        self.launched_steps += 1
         return self._land(previous) if previous is not None else []
 
-    def _land_in_flight(self) -> list[RequestOutput]:
+    def land_in_flight(self) -> list[RequestOutput]:
         """Lands the step in flight, with no newer one launched."""
-        step, self._in_flight = self._in_flight, None
+        step, self.in_flight = self.in_flight, None
         return self._land(step) if step is not None else []
 
     def _land(self, step: InFlight) -> list[RequestOutput]:
-        """The tokens of `step` become its sequences' tokens and outputs (`_postprocess`); the
+        """The tokens of `step` become its sequences' tokens and outputs (`postprocess`); the
         step in flight after it, if any, keeps its placeholders."""
-        sample_idx, tokens, logprobs = self.executor.collect(step.launched)
-        newer = self._in_flight if self._in_flight is not step else None
+        sample_idx, tokens, logprobs = self._executor.collect(step.launched)
+        newer = self.in_flight if self.in_flight is not step else None
         row_in_newer = {id(s): row for row, s in enumerate(newer.batch.seqs)} if newer else {}
         live = ScheduledBatch()
         landed: list[tuple[int, int, float | None]] = []
@@ -112,7 +138,7 @@ class OverlappedSteps:
             seq.num_computed_tokens -= taken
             landed.append((len(live.seqs), token, logprob))
             live.add(seq, 1)
-        outputs = self._postprocess(
+        outputs = self._outputs.postprocess(
             live, [i for i, _, _ in landed], [t for _, t, _ in landed], [p for _, _, p in landed]
         )
         for seq in live.seqs:
