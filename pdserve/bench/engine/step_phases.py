@@ -51,7 +51,7 @@ class StepPhases:
         self._wrap(engine.scheduler, "schedule", "scheduling")
         self._wrap(executor.runner, "run", "model (host)", wait_for_gpu if gpu else None)
         self._wrap(executor, "sampler", "sampling")
-        self._wrap(engine, "_postprocess", "outputs")
+        self._wrap(engine.step_outputs, "postprocess", "outputs")
         if not gpu and linear.onednn_linear is not None:
             self._wrap(linear, "onednn_linear", WEIGHT_MATMULS)
 
