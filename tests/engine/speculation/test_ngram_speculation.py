@@ -14,7 +14,7 @@ import pytest
 from pdserve.config import ConfigError
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.engine.engine import LLMEngine
-from pdserve.engine.speculation.proposer import NgramProposer, lookup
+from pdserve.engine.speculation.ngram_proposer import NgramProposer, lookup
 from pdserve.engine_config import EngineConfig, SpeculativeConfig
 from pdserve.models.builtin import make_model
 from tests.engine.conftest import random_prompts

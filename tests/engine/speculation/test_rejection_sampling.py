@@ -11,7 +11,7 @@ from scipy.stats import chisquare
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.engine.decoding.sampler import filtered_probs
 from pdserve.engine.engine import LLMEngine
-from pdserve.engine.speculation.proposer import NgramProposer
+from pdserve.engine.speculation.ngram_proposer import NgramProposer
 from pdserve.engine_config import EngineConfig, SpeculativeConfig
 
 PROMPT = [17, 300, 42, 42, 9, 120]

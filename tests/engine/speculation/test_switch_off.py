@@ -14,8 +14,8 @@ import pytest
 
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.engine.engine import LLMEngine
+from pdserve.engine.speculation.ngram_proposer import NgramProposer
 from pdserve.engine.speculation.payoff import CLEAR_LOSS, StepTimes
-from pdserve.engine.speculation.proposer import NgramProposer
 from pdserve.engine_config import EngineConfig, SpeculativeConfig
 from tests.engine.conftest import random_prompts
 
