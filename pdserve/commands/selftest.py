@@ -1,8 +1,8 @@
 """`pdserve selftest --device cuda|cpu`: the checks a lent GPU is for, in minutes, as one table.
 
 - parity: pdserve's greedy tokens equal transformers' on the built-in model (and `--model`);
-- compiled: the `--compile` decode fast path (compiled_decode.py) equals the eager engine,
-  and with async scheduling (engine/overlapped_steps.py) equals it stepping one at a time;
+- compiled: the `--compile` decode fast path (gpu_step/compiled_decode.py) equals the eager engine,
+  and with async scheduling (engine/gpu_step/overlapped_steps.py) equals it stepping one at a time;
 - kv transfer: a loopback transfer over each transport available here (grpc, collective,
   nixl when importable) in MB/s, by `pdserve bench transfer`'s measurement (host-memory caches);
 - decode: tok/s of the compiled engine with async scheduling and stepping one at a time (one
@@ -160,7 +160,7 @@ def _engine(
         async_scheduling=overlap,
         max_num_seqs=max_num_seqs,
         kv_cache_bytes=256 * 2**20,  # CPU
-        gpu_memory_utilization=0.5,  # CUDA: sized by a profiled step (memory_profile.py)
+        gpu_memory_utilization=0.5,  # CUDA: sized by a profiled step (gpu_step/memory_profile.py)
     )
     return LLMEngine(config)
 

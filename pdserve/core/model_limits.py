@@ -43,7 +43,7 @@ def kv_pool_blocks(hf_config: dict[str, Any], engine: EngineConfig) -> int:
     """The KV pool size in blocks: `num_kv_blocks`, else as many as `kv_cache_bytes` holds
     (per tensor-parallel rank: each holds its own heads' pool of that size).
     (A CUDA worker without num_kv_blocks sizes its pool from measured memory instead:
-    gpu_kv_pool_blocks, pdserve/engine/memory_profile.py.)"""
+    gpu_kv_pool_blocks, pdserve/engine/gpu_step/memory_profile.py.)"""
     if engine.num_kv_blocks:
         return engine.num_kv_blocks
     per_block = kv_bytes_per_block(hf_config, engine.block_size, engine.dtype, engine.tp)

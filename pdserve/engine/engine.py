@@ -12,11 +12,13 @@ the model, the KV cache tensor, the sampler) or, with `EngineConfig.kind == "sim
 scheduler, block manager, sequences and prefix cache are the same for both, and this module
 imports torch only through the torch executor.
 
-Requests with n > 1 and beam search run as forked sequences sharing KV blocks: the
-`ForkedChoices` steps the engine inherits (forked_choices.py). A step's sampled tokens become
-sequences' tokens and outputs in the `StepOutputs` steps it inherits (step_outputs.py). With
-`async_scheduling`, plain decode steps are launched before the previous one's tokens are back,
-and land one step later (`OverlappedSteps`, overlapped_steps.py).
+The engine is composed of parts, each with its own state, all made in `__init__`: the block
+manager and the scheduler; `forks` (`ForkedChoices`, decoding/forked_choices.py), which runs
+requests with n > 1 and beam search as forked sequences sharing KV blocks; `step_outputs`
+(`StepOutputs`, step_outputs.py), which turns a step's sampled tokens into sequences' tokens and
+outputs; `overlapped_steps` (`OverlappedSteps`, gpu_step/overlapped_steps.py), which with
+`async_scheduling` launches plain decode steps before the previous one's tokens are back, to land
+one step later; and speculative decoding (`Speculation`, speculation/speculative_step.py).
 """
 
 from __future__ import annotations
@@ -31,16 +33,15 @@ from pdserve.core import model_limits
 from pdserve.core.kv_events import KVEvent, KVEventSink
 from pdserve.core.prompt_tokens import known_block_hashes
 from pdserve.core.sampling_params import SamplingParams
-from pdserve.engine.beam_search import BeamRequest
 from pdserve.engine.block_manager import BlockManager
+from pdserve.engine.decoding.forked_choices import ForkedChoices
+from pdserve.engine.decoding.premature_layers import request_layers
 from pdserve.engine.executor import Executor, make_executor
-from pdserve.engine.forked_choices import ForkedChoices
+from pdserve.engine.gpu_step.overlapped_steps import OverlappedSteps
 from pdserve.engine.outputs import RequestOutput, Reservation
-from pdserve.engine.overlapped_steps import InFlight, OverlappedSteps
-from pdserve.engine.premature_layers import request_layers
-from pdserve.engine.scheduler import Scheduler
+from pdserve.engine.scheduler import ScheduledBatch, Scheduler
 from pdserve.engine.sequence import Sequence, SequenceStatus
-from pdserve.engine.speculation import make_speculation, speculation_stats
+from pdserve.engine.speculation.speculative_step import make_speculation, speculation_stats
 from pdserve.engine.step_outputs import StepOutputs
 from pdserve.engine_config import EngineConfig
 from pdserve.models.builtin import default_model_dir
@@ -49,7 +50,7 @@ from pdserve.tokenizer import IncrementalDetokenizer, Tokenizer
 __all__ = ["Executor", "LLMEngine", "RequestOutput", "Reservation", "SamplingParams", "KVEvent"]
 
 
-class LLMEngine(ForkedChoices, StepOutputs, OverlappedSteps):
+class LLMEngine:
     def __init__(
         self,
         config: EngineConfig,
@@ -95,21 +96,41 @@ class LLMEngine(ForkedChoices, StepOutputs, OverlappedSteps):
         self._speculation = make_speculation(config, self.block_manager, self.max_model_len)
         self._kv_event_sink = kv_event_sink
         self._seqs: dict[str, Sequence] = {}  # by request id: choice 0's sequence
-        self._forks: dict[str, list[Sequence]] = {}  # the other choices' (n > 1)
-        self._open_choices: dict[str, int] = {}  # choices still generating (n > 1)
-        self._beams: dict[str, BeamRequest] = {}  # beam-search requests by request id
         self._pending: list[RequestOutput] = []  # outputs produced outside step()
-        self._arrivals = itertools.count()
-        self._counters = dict.fromkeys(
-            ("prefill_tokens_computed", "decode_tokens", "steps", "overlapped_steps"), 0
+        self._arrivals = itertools.count()  # numbers sequences in arrival order
+        self._steps = 0
+        self.forks = ForkedChoices(
+            self._seqs,
+            self.scheduler,
+            self.block_manager,
+            self._finish,
+            self._detokenizer,
+            self._arrivals,
+            self.eos_token_ids,
+            self.max_model_len,
         )
-        # Plain decode steps launched before the previous one's tokens are back
-        # (overlapped_steps.py); not with speculation, whose drafts need the last token.
+        self.step_outputs = StepOutputs(
+            self.scheduler,
+            self.block_manager,
+            self.forks,
+            self._speculation,
+            self._finish,
+            self.eos_token_ids,
+            self.max_model_len,
+        )
+        # Plain decode steps launched before the previous one's tokens are back; not with
+        # speculation, whose drafts need the last token.
         overlap = config.async_scheduling
         if overlap is None:
             overlap = config.device.startswith("cuda")
-        self.async_scheduling = overlap and self._speculation is None
-        self._in_flight: InFlight | None = None  # the launched step whose tokens are not back
+        self.overlapped_steps = OverlappedSteps(
+            overlap and self._speculation is None,
+            self.executor,
+            self.scheduler,
+            self.block_manager,
+            self.step_outputs,
+            self.max_model_len,
+        )
 
     @property
     def model(self) -> Any:
@@ -120,6 +141,15 @@ class LLMEngine(ForkedChoices, StepOutputs, OverlappedSteps):
     def runner(self) -> Any:
         """The ModelRunner (torch executor only)."""
         return self.executor.runner
+
+    @property
+    def async_scheduling(self) -> bool:
+        """Whether plain decode steps may overlap (gpu_step/overlapped_steps.py); settable."""
+        return self.overlapped_steps.enabled
+
+    @async_scheduling.setter
+    def async_scheduling(self, enabled: bool) -> None:
+        self.overlapped_steps.enabled = enabled
 
     @property
     def bytes_per_block(self) -> int:
@@ -139,22 +169,17 @@ class LLMEngine(ForkedChoices, StepOutputs, OverlappedSteps):
         if prefill_only:  # a prefill worker computes the prompt (and choice 0's first token)
             pass
         elif params.beam_search:
-            self._start_beams(seq)
+            self.forks.start_beams(seq)
         elif params.n > 1:
             seq.pending_forks = list(range(1, params.n))
         self._seqs[request_id] = seq
-        self._track_choices(request_id, params)
+        self.forks.track(request_id, params)
         self.scheduler.add(seq)
 
     def abort(self, request_id: str) -> None:
         """Frees the request's blocks at once, whatever its state. Unknown ids are ignored."""
         seq = self._seqs.pop(request_id, None)
-        self._open_choices.pop(request_id, None)
-        for fork in self._forks.pop(request_id, []):
-            self._finish(fork, "abort")
-        beams = self._beams.pop(request_id, None)
-        for beam in beams.seqs if beams else ():
-            self._finish(beam, "abort")
+        self.forks.abort(request_id)
         if seq is not None:
             self._finish(seq, "abort")
             self._emit_events()
@@ -168,7 +193,11 @@ class LLMEngine(ForkedChoices, StepOutputs, OverlappedSteps):
     def has_unfinished(self) -> bool:
         """Whether step() has work (waiting or running requests, a step in flight, or outputs to
         deliver)."""
-        return self.scheduler.has_work() or bool(self._pending) or self._in_flight is not None
+        return (
+            self.scheduler.has_work()
+            or bool(self._pending)
+            or self.overlapped_steps.in_flight is not None
+        )
 
     def generate(
         self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]
@@ -186,33 +215,42 @@ class LLMEngine(ForkedChoices, StepOutputs, OverlappedSteps):
 
     # ---- the step -----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        """schedule -> run -> postprocess. An overlapped step's run is a launch, and what it
+        postprocesses is the step launched before it, landing now."""
         started = time.perf_counter()
+        batch, overlap, outputs = self._schedule()
+        if batch.seqs and overlap:
+            outputs += self.overlapped_steps.launch(batch)
+        elif batch.seqs:
+            outputs += self.step_outputs.postprocess(batch, *self.executor.execute(batch, started))
+        self._end_step()
+        return outputs
+
+    def _schedule(self) -> tuple[ScheduledBatch, bool, list[RequestOutput]]:
+        """The step's batch, whether it overlaps the step in flight, and the outputs already
+        due: those produced outside step(), and the step in flight's when it lands first."""
         outputs, self._pending = self._pending, []
-        overlap = self._overlaps_next()
+        overlap = self.overlapped_steps.overlaps_next()
         if not overlap:  # the next batch needs every token: the step in flight lands first
-            outputs += self._land_in_flight()
+            outputs += self.overlapped_steps.land_in_flight()
         spec = self._speculation
         drafted = spec.propose(self.scheduler.running) if spec else []
         batch = self.scheduler.schedule()
         if spec:
             spec.fit(drafted, batch)
         if batch.seqs:
-            self._fork_choices(batch)
+            self.forks.fork_pending(batch)
             if batch.block_copies:
                 self.executor.copy_blocks(batch.block_copies)
                 if spec:
                     spec.copy_blocks(batch.block_copies)
-            if overlap:
-                outputs += self._launch(batch)
-                self._counters["overlapped_steps"] += 1
-            else:
-                sampled = self.executor.execute(batch, started)
-                outputs += self._postprocess(batch, *sampled)
-        if spec:
-            spec.end_step()
-        self._counters["steps"] += 1
+        return batch, overlap, outputs
+
+    def _end_step(self) -> None:
+        if self._speculation is not None:
+            self._speculation.end_step()
+        self._steps += 1
         self._emit_events()
-        return outputs
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         if self._speculation is not None:
@@ -240,7 +278,7 @@ class LLMEngine(ForkedChoices, StepOutputs, OverlappedSteps):
         self.scheduler.prefix_hit_tokens += cached
         self.scheduler.prefix_query_tokens += seq.num_prompt_tokens
         self._seqs[request_id] = seq
-        self._track_choices(request_id, params)
+        self.forks.track(request_id, params)
         self._emit_events()
         missing = list(range(cached // self.block_size, len(seq.block_table)))
         return Reservation(cached, list(seq.block_table), missing)
@@ -279,15 +317,15 @@ class LLMEngine(ForkedChoices, StepOutputs, OverlappedSteps):
         self.block_manager.cache_full_blocks(seq)
         if seq.params.beam_search:  # the search needs the last prompt position's candidates
             seq.num_computed_tokens = seq.num_prompt_tokens - 1
-            self._start_beams(seq)
+            self.forks.start_beams(seq)
             self.scheduler.add_running(seq)
             self._emit_events()
             return
         if seq.params.n > 1:  # choice 1 recomputes the last prompt position, then forks
-            second = self._fork(seq, 1)
+            second = self.forks.fork(seq, 1)
             second.num_computed_tokens = seq.num_prompt_tokens - 1
             second.pending_forks = list(range(2, seq.params.n))
-        out = self._append_tokens(seq, [first_token_id], [first_logprob])
+        out = self.step_outputs.append_tokens(seq, [first_token_id], [first_logprob])
         if out.finished:  # the first token already ended it; report the end, not the token
             self._pending.append(
                 RequestOutput(
@@ -322,7 +360,10 @@ class LLMEngine(ForkedChoices, StepOutputs, OverlappedSteps):
             "prefix_hit_tokens": sched.prefix_hit_tokens,
             "prefix_query_tokens": sched.prefix_query_tokens,
             "num_preemptions": sched.num_preemptions,
-            **self._counters,
+            "prefill_tokens_computed": self.step_outputs.prefill_tokens_computed,
+            "decode_tokens": self.step_outputs.decode_tokens,
+            "steps": self._steps,
+            "overlapped_steps": self.overlapped_steps.launched_steps,
             **speculation_stats(self._speculation),
             **self.executor.stats(),
         }

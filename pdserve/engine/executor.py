@@ -20,7 +20,8 @@ class Executor(Protocol):
 
     An executor whose `overlaps_steps` attribute is true also has `launch(batch, follows)` and
     `collect(launched)`: a step started without waiting for its tokens, and its tokens later
-    (the torch one, model_runner.py; the engine's async scheduling, overlapped_steps.py)."""
+    (the torch one, model_runner.py; the engine's async scheduling,
+    gpu_step/overlapped_steps.py)."""
 
     model_config: dict[str, Any]  # the HF config.json
     vocab_size: int

@@ -9,17 +9,21 @@ from typing import NamedTuple
 
 import torch
 
-from pdserve.engine import memory_profile
-from pdserve.engine.attention_batch import attention_context
-from pdserve.engine.compiled_decode import CompiledDecode, resolve_placeholders, use_compile
-from pdserve.engine.factuality import contrast_layers, plan_exits
-from pdserve.engine.sampler import (
+from pdserve.engine.decoding.factuality import contrast_layers, plan_exits
+from pdserve.engine.decoding.sampler import (
     Sampler,
     apply_repetition_penalty,
     mask_stops_before_min_tokens,
 )
+from pdserve.engine.gpu_step import memory_profile
+from pdserve.engine.gpu_step.attention_batch import attention_context
+from pdserve.engine.gpu_step.compiled_decode import (
+    CompiledDecode,
+    resolve_placeholders,
+    use_compile,
+)
 from pdserve.engine.scheduler import ScheduledBatch
-from pdserve.engine.spec_verify import verify
+from pdserve.engine.speculation.verification import verify
 from pdserve.engine_config import EngineConfig
 from pdserve.models.attention import reads_in_place
 from pdserve.models.llama import LlamaForCausalLM
@@ -43,7 +47,7 @@ class TorchExecutor:
     rank must be given the same batches in the same order."""
 
     offers_beam_candidates = True  # beam rows get their best candidates (batch.beam_candidates)
-    overlaps_steps = True  # launch/collect (engine/overlapped_steps.py)
+    overlaps_steps = True  # launch/collect (engine/gpu_step/overlapped_steps.py)
 
     def __init__(
         self, config: EngineConfig, model_dir: Path, tp: TensorParallel | None = None
@@ -143,8 +147,9 @@ class TorchExecutor:
         sampled: list,
         batch: ScheduledBatch,
     ) -> None:
-        """Verifies the sampled sequences' drafts into batch.verified (spec_verify.py), those
-        with as many drafts together: each one's draft rows, then its last row."""
+        """Verifies the sampled sequences' drafts into batch.verified
+        (speculation/verification.py), those with as many drafts together: each one's draft rows,
+        then its last row."""
         groups: dict[int, list[tuple[int, torch.Tensor]]] = {}
         offset = 0
         for row, (i, seq) in enumerate(zip(sample_idx, sampled, strict=True)):
@@ -300,11 +305,11 @@ class ModelRunner:
         """Computes every scheduled chunk. Returns logits [N + D, vocab] (float32) and the
         indices in `batch.seqs` of the N sequences whose tokens are now all computed. The first
         N rows are theirs (the last position's): the model's, or what DoLa/SLED make of them
-        for requests that ask (factuality.py). The D rows after them are the draft rows of the
-        sampled sequences with speculative drafts, in sample order: for d drafts, the d
+        for requests that ask (decoding/factuality.py). The D rows after them are the draft rows of
+        the sampled sequences with speculative drafts, in sample order: for d drafts, the d
         positions before the last (the last real token and all drafts but the last).
         `placeholder_tokens`: on the device, the tokens that input ids -(r + 1) stand for (row
-        r's; engine/overlapped_steps.py)."""
+        r's; engine/gpu_step/overlapped_steps.py)."""
         if self.compiled_decode is not None and self.compiled_decode.handles(batch):
             logits = self.compiled_decode.run(batch, placeholder_tokens)
             return logits, list(range(len(batch.seqs)))

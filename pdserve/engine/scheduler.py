@@ -48,7 +48,7 @@ class ScheduledBatch:
     # Filled by the executor: sample index -> a beam's best (token, log-probability) pairs.
     beam_candidates: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
     # Filled by the executor: sample index -> the verification of that sequence's speculative
-    # drafts (spec_verify.py), for sequences with num_draft_tokens > 0.
+    # drafts (speculation/verification.py), for sequences with num_draft_tokens > 0.
     verified: dict[int, Verified] = field(default_factory=dict)
 
     def add(self, seq: Sequence, num_tokens: int) -> None:

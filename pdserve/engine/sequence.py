@@ -70,7 +70,7 @@ class Sequence:
     # Empty when min_tokens is 0.
     min_tokens_mask: tuple[int, ...] = ()
     # A plain decode that may be scheduled before its previous token is back
-    # (overlapped_steps.py): greedy, one choice, no logprobs, penalty, beams, DoLa/SLED or
+    # (gpu_step/overlapped_steps.py): greedy, one choice, no logprobs, penalty, beams, DoLa/SLED or
     # prefill_only. While a step is in flight, its last token is a placeholder: -(row + 1).
     overlaps: bool = False
 

@@ -6,8 +6,8 @@ chunks, drafts) apart, so no sequence is padded to another's query length or to 
 context: the gather copies, and attention reads, about each sequence's own context. Decode
 sequences that fork one prefix's blocks (beams, n choices) may be one row of a group each
 family: a pseudo-sequence whose queries are the members' tokens and whose mask gives each its
-own blocks past the shared ones (pdserve/engine/attention_batch.py), so the shared blocks are
-gathered once per family.
+own blocks past the shared ones (pdserve/engine/gpu_step/attention_batch.py), so the shared
+blocks are gathered once per family.
 
 Plain decode rows skip the gather: a kernel reads their blocks where they lie, each row over its
 own context (on CPU a C++ kernel, native_attention.py; on a GPU a Triton one,

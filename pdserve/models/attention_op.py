@@ -1,5 +1,5 @@
 """Paged attention as one opaque torch op, `pdserve::paged_attention`, for compiled decode
-graphs (pdserve/engine/compiled_decode.py).
+graphs (pdserve/engine/gpu_step/compiled_decode.py).
 
 Traced as plain torch, the in-place store of new K/V into a view of the cache makes the compiler
 functionalize it: it copies the whole KV cache per layer to write a few slots. As a custom op

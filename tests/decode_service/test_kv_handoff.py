@@ -82,7 +82,8 @@ def test_handoff_decodes_like_the_colocated_engine():
 
 def test_a_decode_worker_with_async_scheduling_streams_the_colocated_tokens():
     """Handoffs decoding together on a decode worker whose steps overlap
-    (engine/overlapped_steps.py): each request's tokens land a step later, the same ones."""
+    (engine/gpu_step/overlapped_steps.py): each request's tokens land a step later, the same
+    ones."""
     prompts = [PROMPT, PROMPT[3:] + [7, 8], list(range(50, 71))]
     params = SamplingParams(max_tokens=12, ignore_eos=True)
 

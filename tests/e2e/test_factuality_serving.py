@@ -1,7 +1,7 @@
 """DoLa, SLED and the repetition penalty through the served system, disaggregated (real Ray
 workers, gRPC client): the prefill worker samples the first token under the rule, the decode
 worker continues it, and the tokens equal one in-process engine's on the same model (whose
-exactness against transformers tests/engine/test_factuality.py checks)."""
+exactness against transformers tests/engine/decoding/test_factuality.py checks)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from pdserve.engine.attention_batch import attention_context
+from pdserve.engine.gpu_step.attention_batch import attention_context
 from pdserve.models.attention import MIN_SPARED_BLOCKS, length_groups, paged_attention
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pdserve.engine.attention_batch import attention_context
+from pdserve.engine.gpu_step.attention_batch import attention_context
 from pdserve.models import native_attention
 from pdserve.models.attention import paged_attention
 from tests.models.test_length_groups import random_step

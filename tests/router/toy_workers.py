@@ -52,7 +52,8 @@ class ToyModel:
 
 @dataclass
 class _Request:
-    """One request's sequence on a toy worker, produced like the engine's `_append_tokens`."""
+    """One request's sequence on a toy worker, produced like the engine's
+    `StepOutputs.append_tokens`."""
 
     ids: list[int]
     params: SamplingParams
@@ -148,7 +149,8 @@ class ToyWorker:
         return request
 
     async def _step(self, request: _Request) -> tuple[int, str]:
-        """One token (and its text delta) of the request, like the engine's `_append_tokens`."""
+        """One token (and its text delta) of the request, like the engine's
+        `StepOutputs.append_tokens`."""
         await self._alive()
         await asyncio.sleep(self.step_s)
         token = self.model.next_token(request.ids, request.params, request.produced)

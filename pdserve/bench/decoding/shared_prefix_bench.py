@@ -1,6 +1,6 @@
 """Where shared-prefix attention pays: per-step attention time (every layer + the step's
 context build) of 8 requests x 4 beams, each request's beams attending as one family vs each
-beam over its own table, by shared prompt blocks (the bound in attention_batch.py).
+beam over its own table, by shared prompt blocks (the bound in gpu_step/attention_batch.py).
 
     python -m pdserve.bench.decoding.shared_prefix_bench [--threads 1]
 
@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from pdserve.engine import attention_batch
+from pdserve.engine.gpu_step import attention_batch
 from pdserve.models.attention import paged_attention
 
 BLOCK, KV_HEADS, HEADS, HEAD_DIM, LAYERS, POOL = 16, 4, 8, 64, 8, 3000

@@ -400,7 +400,7 @@ def _decode(
 
 def _ngram_cost(measured: Measured, k: int, clock: Callable[[], float]) -> float:
     """Seconds prompt lookup takes for one step of the batch (the final sequences, median)."""
-    from pdserve.engine.speculative import lookup
+    from pdserve.engine.speculation.ngram_proposer import lookup
 
     sequences = measured.outputs or []
     times = []

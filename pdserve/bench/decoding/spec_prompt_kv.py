@@ -29,9 +29,9 @@ def report(
 
     from pdserve.core.sampling_params import SamplingParams
     from pdserve.engine.block_manager import BlockManager
-    from pdserve.engine.draft_proposer import DraftProposer
     from pdserve.engine.engine import LLMEngine
     from pdserve.engine.sequence import Sequence
+    from pdserve.engine.speculation.draft_model_proposer import DraftProposer
     from pdserve.engine_config import EngineConfig, SpeculativeConfig
 
     block_size = 16

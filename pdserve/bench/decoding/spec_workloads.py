@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from pdserve.core.sampling_params import SamplingParams
-from pdserve.engine.speculative import lookup
+from pdserve.engine.speculation.ngram_proposer import lookup
 
 
 def novel_prompts(count: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:

@@ -156,8 +156,8 @@ def run(args: argparse.Namespace) -> int:
 
     from pdserve.bench.engine.step_recorder import StepRecorder, write_profile
     from pdserve.core.sampling_params import SamplingParams
-    from pdserve.engine.compiled_decode import use_compile
     from pdserve.engine.engine import LLMEngine
+    from pdserve.engine.gpu_step.compiled_decode import use_compile
     from pdserve.engine_config import EngineConfig
     from pdserve.models.builtin import builtin_model_dir
 

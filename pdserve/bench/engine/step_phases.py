@@ -45,13 +45,13 @@ class StepPhases:
             self._add("waiting for the GPU", time.perf_counter() - started)
 
         # One step at a time: with the next step launched before a step's tokens are back
-        # (engine/overlapped_steps.py) its phases would not add up to it.
+        # (engine/gpu_step/overlapped_steps.py) its phases would not add up to it.
         overlapping, engine.async_scheduling = engine.async_scheduling, False
         self._restore.append(lambda: setattr(engine, "async_scheduling", overlapping))
         self._wrap(engine.scheduler, "schedule", "scheduling")
         self._wrap(executor.runner, "run", "model (host)", wait_for_gpu if gpu else None)
         self._wrap(executor, "sampler", "sampling")
-        self._wrap(engine, "_postprocess", "outputs")
+        self._wrap(engine.step_outputs, "postprocess", "outputs")
         if not gpu and linear.onednn_linear is not None:
             self._wrap(linear, "onednn_linear", WEIGHT_MATMULS)
 

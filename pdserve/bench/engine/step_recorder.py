@@ -24,7 +24,7 @@ class StepRecorder:
     """An executor that runs `inner` and keeps one (StepWork, seconds) sample per step."""
 
     # A sample is one step's whole time: the engine does not launch the next step before a
-    # step's tokens are back (engine/overlapped_steps.py) through a recorder.
+    # step's tokens are back (engine/gpu_step/overlapped_steps.py) through a recorder.
     overlaps_steps = False
 
     def __init__(self, inner: Any) -> None:

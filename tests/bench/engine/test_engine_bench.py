@@ -84,7 +84,7 @@ def test_step_phases_put_the_engines_calls_back():
     for owner, name in [
         (engine.scheduler, "schedule"),
         (executor.runner, "run"),
-        (engine, "_postprocess"),
+        (engine.step_outputs, "postprocess"),
     ]:
         assert name not in vars(owner)
 
