@@ -42,7 +42,9 @@ MAX_BUCKET = 256
 EXACT_ROWS = 4
 # The few-row path is only timed up to this many rows; above it never came near.
 FEW_ROWS_MAX = 8
-ROUNDS = 3
+# Interleaved rounds per candidate; the best counts. 3 let a loaded machine (load 10-15 on 2
+# cores) keep F.linear where oneDNN was 1.4x faster (BENCHMARKS.md, issue 44 section).
+ROUNDS = 5
 # Weights of one shape timed in turn, up to this many bytes: the model reads its layers' weights
 # from memory, not from a cache that one reused weight would sit in.
 MEASURE_BYTES = 32 << 20
