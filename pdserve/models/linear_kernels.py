@@ -8,7 +8,8 @@ as slow as transformers). So nothing here is chosen by what was fastest on the d
 - PATHS are the candidates. A path the CPU cannot run is never one (oneDNN's bfloat16 reorder
   without AVX-512 or AVX-NE-CONVERT: cpu_features.runs_bf16_packed).
 - `KernelChoices.choose` times the candidates on the layer's own weights for a rows bucket
-  (a few interleaved rounds, the fastest round of each: other processes only ever add time),
+  (single calls in interleaved rounds, the fastest call of each: other processes only ever
+  add time),
   and keeps the fastest in a JSON file keyed by the CPU model, ISA, torch version, threads,
   dtype, shape and bucket, so later starts on that machine skip the measurement.
 - `choose_kernels(model, max_rows)` measures every bucket a model will meet at engine start;
@@ -23,6 +24,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -42,9 +44,12 @@ MAX_BUCKET = 256
 EXACT_ROWS = 4
 # The few-row path is only timed up to this many rows; above it never came near.
 FEW_ROWS_MAX = 8
-# Interleaved rounds per candidate; the best counts. 3 let a loaded machine (load 10-15 on 2
-# cores) keep F.linear where oneDNN was 1.4x faster (BENCHMARKS.md, issue 44 section).
+# Interleaved rounds per candidate. Timing a pass over all weights of a shape as one sample,
+# 3 or 5 rounds let a loaded machine (load 10-15 on 2 cores) keep F.linear where oneDNN was
+# 1.4-4x faster (BENCHMARKS.md, issue 44 section); single calls are timed now.
 ROUNDS = 5
+# Fewest timed calls per candidate (more rounds where a shape has few weights, as the LM head).
+MIN_SAMPLES = 16
 # Weights of one shape timed in turn, up to this many bytes: the model reads its layers' weights
 # from memory, not from a cache that one reused weight would sit in.
 MEASURE_BYTES = 32 << 20
@@ -113,17 +118,22 @@ def candidates(dtype: torch.dtype, rows: int, cpu: CpuFeatures) -> list[str]:
     return names
 
 
-def fastest(timed: dict[str, Callable[[], object]], rounds: int = ROUNDS) -> str:
-    """The name of the fastest callable: each warmed once, then timed in interleaved rounds;
-    each one's best round counts."""
-    for run in timed.values():
-        run()
-    best = dict.fromkeys(timed, float("inf"))
-    for _ in range(rounds):
-        for name, run in timed.items():
-            start = time.perf_counter()
+def fastest(calls: dict[str, list[Callable[[], object]]]) -> str:
+    """The name whose calls (one per weight, each the same work) run fastest: each warmed once,
+    then every call timed alone, in interleaved rounds; a name's fastest call counts. Single
+    calls of a millisecond or less mostly run between two of the scheduler's preemptions, so
+    the fastest of them stands even on a machine other processes load."""
+    for runs in calls.values():
+        for run in runs:
             run()
-            best[name] = min(best[name], time.perf_counter() - start)
+    best = dict.fromkeys(calls, float("inf"))
+    per_round = min(len(runs) for runs in calls.values())
+    for _ in range(max(ROUNDS, -(-MIN_SAMPLES // per_round))):
+        for name, runs in calls.items():
+            for run in runs:
+                start = time.perf_counter()
+                run()
+                best[name] = min(best[name], time.perf_counter() - start)
     return min(best, key=best.__getitem__)
 
 
@@ -171,15 +181,11 @@ class KernelChoices:
         x = torch.randn(rows, weights[0].shape[1], dtype=weights[0].dtype)
         packs = [pack(w) for w in weights] if "packed" in names else [None] * len(weights)
 
-        def timed(path: GemmPath) -> Callable[[], None]:
-            def run() -> None:
-                for weight, packed_weight in zip(weights, packs, strict=True):
-                    path(x, weight, bias, packed_weight)
-
-            return run
+        def calls(path: GemmPath) -> list[Callable[[], torch.Tensor]]:
+            return [partial(path, x, w, bias, p) for w, p in zip(weights, packs, strict=True)]
 
         with torch.inference_mode():
-            return fastest({name: timed(PATHS[name]) for name in names})
+            return fastest({name: calls(PATHS[name]) for name in names})
 
     def _read(self) -> dict[str, str]:
         """The cache file's choices; a missing, unreadable or foreign file counts as empty (it
