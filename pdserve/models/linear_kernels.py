@@ -9,9 +9,9 @@ as slow as transformers). So nothing here is chosen by what was fastest on the d
   without AVX-512 or AVX-NE-CONVERT: cpu_features.runs_bf16_packed).
 - `KernelChoices.choose` times the candidates on the layer's own weights for a rows bucket
   (single calls in interleaved rounds, the fastest call of each: other processes only ever
-  add time),
-  and keeps the fastest in a JSON file keyed by the CPU model, ISA, torch version, threads,
-  dtype, shape and bucket, so later starts on that machine skip the measurement.
+  add time), and keeps the fastest in a JSON file keyed by the CPU model, ISA, torch version,
+  threads, dtype, shape and bucket, so later starts on that machine skip the measurement
+  (delete the file to measure again).
 - `choose_kernels(model, max_rows)` measures every bucket a model will meet at engine start;
   a bucket met later is measured when first met.
 
