@@ -1,8 +1,8 @@
 """Where a decode step's wall time goes, by the engine's phases: scheduling, the model run as
 the host sees it, waiting for the GPU, sampling, turning tokens into outputs, and the rest.
 On the CPU, the weight matmuls inside the model run are timed too (`models.linear_kernels.gemm`,
-whichever path it runs): the share of a step outside them
-without the profiler's own cost per op, which op_profile.py's shares include.
+whichever kernel it runs): the share of a step outside them without the profiler's own cost
+per op, which op_profile.py's shares include.
 
 `bench engine --step-phases` prints it for decode steps at the largest batch. A profiler
 (op_profile.py) tells which kernels or ops ran, but it also slows every op the host launches:
