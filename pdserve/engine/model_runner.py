@@ -26,6 +26,7 @@ from pdserve.engine.scheduler import ScheduledBatch
 from pdserve.engine.speculation.verification import verify
 from pdserve.engine_config import EngineConfig
 from pdserve.models.attention import reads_in_place
+from pdserve.models.linear import choose_kernels
 from pdserve.models.llama import LlamaForCausalLM
 from pdserve.models.loader import DTYPES, load_model
 from pdserve.models.tensor_parallel import TensorParallel
@@ -70,6 +71,9 @@ class TorchExecutor:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         self.model, self.model_config = load_model(model_dir, config.dtype, config.device, tp)
+        if torch.device(config.device).type == "cpu":
+            # After the thread count is set: the fastest GEMM depends on it.
+            choose_kernels(self.model, max(config.max_num_batched_tokens, config.max_num_seqs))
         self.vocab_size = self.model.config.vocab_size
         self.num_layers = self.model.config.num_layers
 

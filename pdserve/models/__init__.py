@@ -8,8 +8,11 @@
   honoured exactly or refused by name (`ModelLoadError`).
 - `rope.py` — rotary embedding tables, as transformers computes them for each rope type.
 - `attention.py` — paged attention and its per-step `AttentionContext`.
-- `linear.py` — `Linear`: nn.Linear with faster CPU GEMMs (few rows; oneDNN over a reordered
-  weight from 4 rows).
+- `linear.py` — `Linear`: nn.Linear whose CPU forward runs the GEMM chosen for this machine;
+  `choose_kernels(model, max_rows)` at engine start, `probe_dtype(dtype, device)`.
+- `linear_kernels.py` — the CPU GEMM candidates (F.linear, few-row, oneDNN over a reordered
+  weight), timed per shape and rows bucket, cached per CPU model and ISA.
+- `cpu_features.py` — the CPU's model and the ISA torch and oneDNN use (AVX2, AVX-512, AMX).
 - `attention_op.py` — paged attention as one opaque torch op, for compiled decode graphs.
 - `native_attention.py` — the CPU decode-attention kernel (`csrc/paged_decode_attention.cpp`)
   that reads the KV blocks in place, and the build (on first use) of the C++ library it shares

@@ -160,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
     from pdserve.engine.gpu_step.compiled_decode import use_compile
     from pdserve.engine_config import EngineConfig
     from pdserve.models.builtin import builtin_model_dir
+    from pdserve.models.cpu_features import cpu_features
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -293,6 +294,10 @@ def run(args: argparse.Namespace) -> int:
         return batch * (args.steps - 1) / best
 
     baseline = "pdserve greedy tok/s" if decoding.layer_field else "transformers tok/s"
+    # Every figure names the machine: the fastest kernels, and the ratios, depend on it.
+    cpu = cpu_features().describe()
+    gpu = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else ""
+    print(f"cpu {cpu}" + (f" | gpu {gpu}" if gpu else ""))
     for prompt_len in prompt_lens:
         print(
             f"model {model_dir} | prompt {prompt_len} tokens, {args.steps} new tokens, "
@@ -343,7 +348,7 @@ def run(args: argparse.Namespace) -> int:
                     engine.step()
                 while engine.has_unfinished():
                     engine.step()
-        notes = {"device": args.device, "model": model_dir, "dtype": args.dtype}
+        notes = {"device": args.device, "model": model_dir, "dtype": args.dtype, "cpu": cpu}
         try:
             print(write_profile(recorder.samples, args.profile_out, **notes))
         except (OSError, ValueError) as e:

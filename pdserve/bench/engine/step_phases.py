@@ -1,8 +1,8 @@
 """Where a decode step's wall time goes, by the engine's phases: scheduling, the model run as
 the host sees it, waiting for the GPU, sampling, turning tokens into outputs, and the rest.
-On the CPU, the weight matmuls inside the model run are timed too (where `models.linear`
-multiplies through oneDNN: from 4 rows, and in bfloat16): the share of a step outside them
-without the profiler's own cost per op, which op_profile.py's shares include.
+On the CPU, the weight matmuls inside the model run are timed too (`models.linear_kernels.gemm`,
+whichever kernel it runs): the share of a step outside them without the profiler's own cost
+per op, which op_profile.py's shares include.
 
 `bench engine --step-phases` prints it for decode steps at the largest batch. A profiler
 (op_profile.py) tells which kernels or ops ran, but it also slows every op the host launches:
@@ -31,7 +31,7 @@ class StepPhases:
     def __init__(self, engine: Any, device: str) -> None:
         import torch
 
-        from pdserve.models import linear
+        from pdserve.models import linear_kernels
 
         executor = getattr(engine.executor, "inner", engine.executor)  # under a StepRecorder
         self.steps: list[dict[str, float]] = []  # per step: seconds per phase, and "wall"
@@ -52,8 +52,8 @@ class StepPhases:
         self._wrap(executor.runner, "run", "model (host)", wait_for_gpu if gpu else None)
         self._wrap(executor, "sampler", "sampling")
         self._wrap(engine.step_outputs, "postprocess", "outputs")
-        if not gpu and linear.onednn_linear is not None:
-            self._wrap(linear, "onednn_linear", WEIGHT_MATMULS)
+        if not gpu:
+            self._wrap(linear_kernels, "gemm", WEIGHT_MATMULS)
 
     def record(self, step: Callable[[], object]) -> None:
         self._current = {}
