@@ -72,6 +72,11 @@ class TenantResult:
     goodput_tokens_per_s: float  # output tokens/s of the requests within both SLOs
     hit_rate: float
     index_lag_ms: float
+    # The index's traffic and size: KV events and the blocks they name per worker per second,
+    # (block, worker) entries at most.
+    index_events_per_worker_s: float
+    index_blocks_per_worker_s: float
+    index_peak_entries: int
 
 
 def run(args: argparse.Namespace) -> int:
@@ -175,6 +180,7 @@ def run_policy(deployment, model, size, rate, policy, tenants, requests, args) -
     records = [r.record for r in runs]
     summary = summarize(records, run_duration(records))
     workers = runs[0].cluster.workers.values()
+    index = runs[0].cluster.index  # fed under every policy, as live workers always publish
     computed = sum(w.stats().prefill_tokens for w in workers)
     sent = sum(r.prompt_len for r in records if r.ok)
     done = [r for r in records if r.ok]
@@ -199,6 +205,9 @@ def run_policy(deployment, model, size, rate, policy, tenants, requests, args) -
         goodput_tokens_per_s=sum(r.output_tokens for r in in_slo) / duration,
         hit_rate=1.0 - computed / max(1, sent),
         index_lag_ms=args.index_lag_ms,
+        index_events_per_worker_s=index.events / duration / size,
+        index_blocks_per_worker_s=index.blocks / duration / size,
+        index_peak_entries=index.peak_entries,
     )
 
 
@@ -206,7 +215,8 @@ def _line(r: TenantResult) -> str:
     return (
         f"TTFT p50 {r.ttft_p50_ms:.0f} p90 {r.ttft_p90_ms:.0f} ms, TPOT p50 {r.tpot_p50_ms:.1f} ms, "
         f"{r.output_tokens_per_s:.0f} output tok/s ({r.goodput_tokens_per_s:.0f} within SLO), "
-        f"hit {r.hit_rate:.0%}, failed {r.failed}"
+        f"hit {r.hit_rate:.0%}, failed {r.failed}; index {r.index_events_per_worker_s:.0f} "
+        f"events/s per worker, {r.index_peak_entries} entries at most"
     )
 
 
