@@ -17,6 +17,7 @@ from pathlib import Path
 
 from pdserve.commands import CommandError
 from pdserve.commands.arg_types import bounded
+from pdserve.config import ROUTING_POLICIES
 
 GPUS = ("a100", "h100", "h200", "l40s")  # pdserve/sim/gpus.py (not imported: --help stays fast)
 
@@ -100,7 +101,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=400.0,
         help="prefill-to-decode KV link per worker, Gbit/s (default: 400)",
     )
-    parser.add_argument("--policy", default="cost", choices=("cost", "round_robin", "least_loaded"))
+    parser.add_argument("--policy", default="cost", choices=ROUTING_POLICIES)
     parser.add_argument("--disaggregate", default="auto", choices=("auto", "always", "never"))
     parser.add_argument(
         "--jobs",

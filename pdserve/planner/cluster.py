@@ -23,6 +23,7 @@ from pdserve.planner.virtual_index import VirtualIndex
 from pdserve.planner.virtual_worker import VirtualWorker
 from router.cost_model import CostModel
 from router.policy import RoutingPolicy
+from router.recent_prefixes import RecentPrefixes
 from router.routing import Routing
 from router.worker_pool import WorkerPool
 
@@ -97,6 +98,8 @@ class VirtualCluster:
             deployment.engine_config.block_size,
             index=self.index,
             clock=lambda: self.loop.now,
+            # Its memory of recent routes expires on the virtual clock too, not the wall's.
+            recent=RecentPrefixes(clock=lambda: self.loop.now),
         )
         for worker in self.workers.values():
             self._poll(worker)

@@ -27,6 +27,10 @@ class VirtualIndex:
         self._pending: dict[str, list[KVEvent]] = {}  # worker -> events of its current step
         self.events = 0  # KV events applied
         self.blocks = 0  # blocks stored or removed by them
+        # (block, worker) entries held now and at most: what Redis would store (its memory per
+        # entry is measured by `bench control-plane`).
+        self.entries = 0
+        self.peak_entries = 0
 
     def sink(self, worker_id: str):
         """The KV event sink of `worker_id`'s engine: holds a step's events until its end."""
@@ -76,11 +80,20 @@ class VirtualIndex:
             self.blocks += len(event.block_hashes)
             if event.kind == "stored":
                 for h in event.block_hashes:
-                    holders.setdefault(h, set()).add(worker_id)
+                    held = holders.setdefault(h, set())
+                    if worker_id not in held:
+                        held.add(worker_id)
+                        self.entries += 1
+                self.peak_entries = max(self.peak_entries, self.entries)
             else:
                 for h in event.block_hashes:
                     held = holders.get(h)
-                    if held is not None:
-                        held.discard(worker_id)
+                    if held is not None and worker_id in held:
+                        held.remove(worker_id)
+                        self.entries -= 1
                         if not held:
                             del holders[h]
+
+    @property
+    def distinct_blocks(self) -> int:
+        return len(self._holders)

@@ -156,3 +156,11 @@ def test_a_slo_must_be_positive(planner_model_dir, capsys):
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--ttft-slo-ms" in err
+
+
+@pytest.mark.parametrize("policy", ["approximate", "random", "prefix"])
+def test_a_plan_can_route_by_every_routing_policy(policy):
+    from pdserve.cli import build_parser
+
+    argv = ["plan", "--model", "m", "--gpus", "2", "--workload", "w", *SLOS, "--policy", policy]
+    assert build_parser(argv).parse_args(argv).policy == policy

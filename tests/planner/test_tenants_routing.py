@@ -29,6 +29,8 @@ def test_a_steps_events_reach_the_index_its_lag_after_the_step_ends() -> None:
     index.step_ended("w1")
     loop.run(lambda: False)
     assert index.lookup([1, 2, 3]) == {"w0": 2, "w1": 2}
+    # (block, worker) entries: w0's 1 and 2, w1's 1 and 2 (w0's 3 went before w1's arrived).
+    assert (index.entries, index.peak_entries, index.distinct_blocks) == (4, 4, 2)
 
 
 def test_the_tenants_sweep_runs_six_policies_and_prefix_routing_hits(tmp_path, capsys) -> None:
@@ -53,6 +55,10 @@ def test_the_tenants_sweep_runs_six_policies_and_prefix_routing_hits(tmp_path, c
     for r in results.values():
         assert r["completed"] + r["failed"] == r["requests"] > 0
         assert 0.0 <= r["hit_rate"] < 1.0
+        assert r["goodput_tokens_per_s"] <= r["output_tokens_per_s"]
+        # The index never holds more entries than the 4 workers' pools have blocks.
+        assert 0 < r["index_peak_entries"] <= 4 * 512
+        assert r["index_blocks_per_worker_s"] >= r["index_events_per_worker_s"] > 0
     # 22 tenants' prefixes on 4 workers: spreading them at random misses most of them.
     assert results["cost"]["hit_rate"] > results["random"]["hit_rate"] + 0.2
     assert results["prefix"]["hit_rate"] > results["random"]["hit_rate"] + 0.2

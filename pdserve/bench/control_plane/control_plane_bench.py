@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from pdserve.bench.control_plane.control_plane_workload import PlanSettings
+from pdserve.config import ROUTING_POLICIES
 
 P99_TARGET_MS = 1.0
 
@@ -68,7 +69,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="KV event load while the decisions are timed again: blocks stored and evicted per "
         "second by extra publishers in a child process (0: skip that pass)",
     )
-    p.add_argument("--policy", default="cost", choices=("cost", "round_robin", "least_loaded"))
+    p.add_argument("--policy", default="cost", choices=ROUTING_POLICIES)
     p.add_argument("--fill-processes", type=int, default=2)
     p.add_argument(
         "--events-seconds",

@@ -90,3 +90,8 @@ def test_impossible_split_is_a_one_line_error(tmp_path) -> None:
         control_plane_bench.run(bench_args(tmp_path, "--disaggregate", "sometimes"))
     with pytest.raises(SystemExit, match="--lookup"):
         control_plane_bench.run(bench_args(tmp_path, "--lookup", "memcached"))
+
+
+@pytest.mark.parametrize("policy", ["approximate", "random", "prefix"])
+def test_every_routing_policy_can_be_timed(tmp_path, policy) -> None:
+    assert bench_args(tmp_path, "--policy", policy).policy == policy
