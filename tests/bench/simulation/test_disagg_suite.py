@@ -38,7 +38,7 @@ def _kind(r) -> str:
 def test_one_cell_searches_every_split_at_every_setting() -> None:
     settings = (Setting(512, 64), Setting(2048, 64))
     options = SuiteOptions(settings, requests_per_worker=30, precision=0.2,
-                           families=("colocated", "split"))  # fmt: skip
+                           families=("colocated", "split"), steady_probes=False)  # fmt: skip
     cell = run_cell("70b", "code", "loose", options)
     colocated, split = cell.families["colocated"], cell.families["split"]
     assert len(colocated.searched) == 2 and len(split.searched) == 6  # 1:3, 2:2, 3:1 twice
