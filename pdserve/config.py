@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from pdserve.config_fields import ConfigError, MiB, check_fields, port_setting, setting
+from pdserve.disaggregate_modes import parse_disaggregate
 from pdserve.engine_config import ENGINE_KINDS, EngineConfig
 
 
@@ -134,8 +135,9 @@ class RouterConfig:
     policy: str = setting("cost", "", choices=ROUTING_POLICIES)
     disaggregate: str = setting(
         "auto",
-        "prefill on a prefill worker: by cost, always or never",
-        choices=("auto", "always", "never"),
+        "prefill on a prefill worker: auto (by cost), always, never, threshold:N (when more "
+        "than N tokens are uncached) or conditional:LEN:QUEUE (when more than LEN are uncached "
+        "and fewer than QUEUE prefills wait)",
     )
     ttft_slo_ms: float = setting(1000.0, "time-to-first-token objective", above=0)
     tpot_slo_ms: float = setting(100.0, "time-per-output-token objective", above=0)
@@ -193,6 +195,10 @@ class RouterConfig:
 
     def __post_init__(self) -> None:
         check_fields(self)
+        try:
+            parse_disaggregate(self.disaggregate)
+        except ValueError as e:
+            raise ConfigError("RouterConfig", "disaggregate", str(e)) from None
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ConfigError("RouterConfig", "tls_key", "--tls-cert and --tls-key go together")
         if self.tls_client_ca and not self.tls_cert:

@@ -18,7 +18,8 @@ and picks one (the cost policy does the same on arrays, router/option_matrix.py)
                (router/approximate_prefixes.py), so it measures what the index is worth
   random       any feasible option, uniformly (baseline)
 `disaggregate`: auto = remote or local, whichever the policy prefers; always = remote (local only
-when no prefill worker is healthy); never = local. When nothing can be taken the decision is a
+when no prefill worker is healthy); never = local; threshold:N and conditional:LEN:QUEUE = the
+field's rules choose the kind, the policy the workers (router/disaggregate_rule.py). When nothing can be taken the decision is a
 rejection that the server answers with RESOURCE_EXHAUSTED (at once when the router is full; after
 a brief wait for room when the workers are) or UNAVAILABLE (no healthy worker).
 Pure Python, no I/O; not thread-safe (the router calls it from its event loop).
@@ -32,7 +33,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pdserve.config import ROUTING_POLICIES, RouterConfig
+from pdserve.disaggregate_modes import parse_disaggregate
 from router.cost_model import CostModel
+from router.disaggregate_rule import option_kinds
 from router.estimates import Estimate, RoutingRequest, Weights, WorkerLoad, estimate, objective
 from router.load_rows import LoadRows
 from router.option_matrix import LazyEstimates, Limits, OptionMatrix
@@ -44,7 +47,6 @@ POLICIES = ROUTING_POLICIES
 APPROXIMATE_CACHE_THRESHOLD = 0.5
 APPROXIMATE_BALANCE_ABS = 32
 APPROXIMATE_BALANCE_REL = 1.0001
-MODES = ("auto", "always", "never")
 
 
 @dataclass
@@ -91,8 +93,10 @@ class RoutingPolicy:
         Python; False enumerates every option as an Estimate (the reference it is tested against)."""
         if config.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {config.policy!r}")
-        if config.disaggregate not in MODES:
-            raise ValueError(f"disaggregate must be one of {MODES}, got {config.disaggregate!r}")
+        try:
+            self.mode = parse_disaggregate(config.disaggregate)
+        except ValueError as e:
+            raise ValueError(f"disaggregate {e}") from None
         if config.ttft_slo_ms <= 0 or config.tpot_slo_ms <= 0:
             raise ValueError("ttft_slo_ms and tpot_slo_ms must be > 0")
         self.config = config
@@ -176,7 +180,7 @@ class RoutingPolicy:
         decode: list[WorkerLoad],
         cached: dict[str, int],
     ) -> list[Estimate]:
-        remote, local = self._option_kinds(prefill)
+        remote, local = option_kinds(self.mode, request, prefill, decode, cached)
         ttft_slo, tpot_slo = self._limits.ttft_slo_s, self._limits.tpot_slo_s
         options = []
         for d in decode:
@@ -193,13 +197,6 @@ class RoutingPolicy:
             objective(est, request, d, self.cost, ttft_slo, tpot_slo, self.weights, best_ttft)
         return [est for est, _ in options]
 
-    def _option_kinds(self, prefill: list[WorkerLoad]) -> tuple[bool, bool]:
-        """(remote, local): whether options pair a prefill worker, and whether D alone."""
-        mode = self.config.disaggregate
-        remote = mode == "auto" or (mode == "always" and bool(prefill))
-        local = mode == "never" or (mode == "auto" or not prefill)
-        return remote, local
-
     def _pick_vectorised(
         self,
         request: RoutingRequest,
@@ -209,7 +206,7 @@ class RoutingPolicy:
     ) -> Estimate | None:
         """The cost policy's pick (as `_pick`) over every option's arrays; None when no option
         can be taken (the enumeration then gives every reason)."""
-        remote, local = self._option_kinds(prefill)
+        remote, local = option_kinds(self.mode, request, prefill, decode, cached)
         limits = self._limits
         matrix = OptionMatrix.build(
             request, prefill, decode, cached, self.cost, limits, remote=remote, local=local

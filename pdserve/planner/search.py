@@ -233,13 +233,16 @@ class Search:
         jobs: int = 1,
         rank_all: bool = True,
         deployment_for: Callable[[Split], Deployment] | None = None,
+        index_lag_s: float | None = None,
     ) -> None:
         """`jobs` > 1: splits are searched in that many forked processes (`on_probe` is then
         called in them). `rank_all`: every split that passes the bar is searched within the
         precision; otherwise a disaggregated one stops once it failed at or below the best
         goodput of an earlier wave (it cannot be the recommendation: `below_best`).
         `deployment_for`: the deployment of a split whose pools run at other TPs (tp_splits);
-        default `deployment` for every split."""
+        default `deployment` for every split. `index_lag_s`: probes give the router a copy of
+        the prefix index, fed by the workers' KV events this long after each step (None: no
+        index, as `pdserve plan` runs; VirtualCluster)."""
         self.deployment, self.sample, self.slo = deployment, sample, slo
         self.deployment_for = deployment_for or (lambda split: deployment)
         self.router_config, self.timing = router_config, timing
@@ -249,6 +252,7 @@ class Search:
         self.on_probe = on_probe
         self.jobs = jobs
         self.rank_all = rank_all
+        self.index_lag_s = index_lag_s
         self.probes = 0
 
     def run(self, splits: list[Split]) -> Plan:
@@ -352,6 +356,7 @@ class Search:
             self.slo,
             self.router_config,
             self.timing,
+            index_lag_s=self.index_lag_s,
         )
         probe.split, probe.rate = result.split, rate
         self.probes += 1

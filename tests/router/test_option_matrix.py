@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from pdserve.config import RouterConfig
 from router.cost_model import CostModel
+from router.disaggregate_rule import option_kinds
 from router.estimates import RoutingRequest, WorkerLoad
 from router.load_rows import LoadRows
 from router.option_matrix import Limits, OptionMatrix
@@ -102,7 +103,7 @@ def test_vectorised_decision_is_the_enumerations(situation, turn) -> None:
 
     healthy_p = [p for p in prefill if p.healthy]
     healthy_d = [d for d in decode if d.healthy]
-    remote, local = slow._option_kinds(healthy_p)
+    remote, local = option_kinds(slow.mode, request, healthy_p, healthy_d, cached)
     matrix = OptionMatrix.build(
         request, healthy_p, healthy_d, cached, cost, slow._limits, remote=remote, local=local,
         prune=False,

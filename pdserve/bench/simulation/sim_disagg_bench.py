@@ -31,6 +31,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from pdserve.bench.disagg_suite.command import add_suite_arguments, run_suite
 from pdserve.bench.simulation.sim_run import (
     SimCluster,
     add_cluster_arguments,
@@ -107,6 +108,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write every result to this file")
     p.add_argument("--plot", help="write attainment curves and latency CDFs into this directory")
+    add_suite_arguments(p)
 
 
 def parse_layout(name: str, workers: int = NUM_WORKERS) -> tuple[int, int, str]:
@@ -146,6 +148,8 @@ def workload_dataset(name: str, args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.suite:
+        return run_suite(args)
     from rich.console import Console
 
     from pdserve.bench.simulation.sim_run import bench_error, config_only_model, ensure_ray

@@ -1,0 +1,169 @@
+"""`pdserve bench sim-disagg --suite`: the suite's flags, its run and its report.
+
+Offline, on the planner's virtual cluster (pdserve/planner: pdserve's engine, scheduler and
+router policy on a virtual clock, no Ray): the live simulated cluster of `sim-disagg` runs one
+Ray actor per GPU and reaches a few hundred simulated requests/s on two cores, where 8 H100s
+serve thousands of chat requests/s. Probes are scaled down (`--requests-per-worker` requests per
+simulated worker, goodput within `--precision`): a cell costs CPU minutes, not hours.
+
+The report: per cell, each family's goodput (best split and engine setting), `auto` over the
+best static layout (colocated or a split, whichever is better) and over colocated, the rules
+against `auto`, and the targets of issue 49 checked: auto >= 0.95x the best static layout and
+>= 1.0x colocated; auto's goodput >= each rule's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from pdserve.bench.disagg_suite.suite import (
+    FAMILIES,
+    MODELS,
+    SLOS,
+    Cell,
+    FamilyBest,
+    Setting,
+    SuiteOptions,
+    run_cell,
+)
+from pdserve.bench.disagg_suite.workloads import WORKLOADS
+
+# --quick: one model, two workloads that sit on either side of the question, one SLO, two
+# chunk budgets.
+QUICK = {"models": "8b", "suite_workloads": "code,rag", "slos": "loose", "chunks": "512,2048",
+         "batch_limits": "256"}  # fmt: skip
+AUTO_VS_STATIC, AUTO_VS_COLOCATED = 0.95, 1.0
+
+
+def add_suite_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--suite", action="store_true", help="the workload suite, offline (see docs)")
+    p.add_argument("--quick", action="store_true", help="--suite: a small subset")
+    p.add_argument("--models", default="8b,70b", help="--suite: 8b (8 H100, TP 1), 70b (16, TP 4)")
+    p.add_argument("--suite-workloads", default=",".join(WORKLOADS), help="--suite: workloads")
+    p.add_argument("--slos", default=",".join(SLOS), help="--suite: loose, tight-tpot, tight-ttft")
+    p.add_argument("--families", default=",".join(FAMILIES), help="--suite: layout families")
+    p.add_argument("--chunks", default="256,512,1024,2048", help="--suite: chunk budgets swept")
+    p.add_argument("--batch-limits", default="128,256", help="--suite: max_num_seqs swept")
+    p.add_argument("--requests-per-worker", type=int, default=150, help="--suite: probe size")
+    p.add_argument("--precision", type=float, default=0.1, help="--suite: goodput bracket")
+    p.add_argument("--jobs", type=int, default=1, help="--suite: processes per search")
+
+
+def _names(value: str, known, flag: str) -> list[str]:
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise ValueError(f"{flag}: {unknown or value!r} not among {', '.join(known)}")
+    return names
+
+
+def run_suite(args: argparse.Namespace) -> int:
+    if args.quick:
+        for key, value in QUICK.items():
+            setattr(args, key, value)
+    try:
+        models = _names(args.models, MODELS, "--models")
+        workloads = _names(args.suite_workloads, WORKLOADS, "--suite-workloads")
+        slos = _names(args.slos, SLOS, "--slos")
+        families = _names(args.families, FAMILIES, "--families")
+        settings = tuple(
+            Setting(int(c), int(b))
+            for c in args.chunks.split(",")
+            for b in args.batch_limits.split(",")
+        )
+    except ValueError as e:
+        print(f"sim-disagg --suite: {e}")
+        return 2
+    options = SuiteOptions(
+        settings, args.requests_per_worker, args.precision, tuple(families), args.jobs, args.seed
+    )
+    started = time.perf_counter()
+    print(
+        f"suite (offline virtual cluster): {len(models) * len(workloads) * len(slos)} cells, "
+        f"families {', '.join(families)}, settings chunk x batch "
+        f"{', '.join(f'{s.chunk}x{s.batch}' for s in settings)}, "
+        f"{args.requests_per_worker} requests per simulated worker, precision {args.precision:g}",
+        flush=True,
+    )
+    cells: list[Cell] = []
+    for model in models:
+        for workload in workloads:
+            for slo in slos:
+                cell = run_cell(model, workload, slo, options, _print_family)
+                cells.append(cell)
+                print(cell_summary(cell), flush=True)
+                if args.json:
+                    _write_json(Path(args.json), cells)
+    print(summary_table(cells))
+    print(f"suite: {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+def _print_family(cell: Cell, best: FamilyBest) -> None:
+    setting = best.setting
+    where = f"{best.split}, chunk {setting.chunk}, batch {setting.batch}" if setting else "-"
+    print(
+        f"  {cell.model} {cell.workload} {cell.slo}: {best.family:<11} {best.goodput:9.2f} "
+        f"req/s ({where}; mean TTFT {best.ttft_mean_ms:.0f} ms, TPOT p90 "
+        f"{best.tpot_p90_ms:.1f} ms)",
+        flush=True,
+    )
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else float("inf") if a > 0 else 1.0
+
+
+def targets(cell: Cell) -> dict[str, bool]:
+    """Issue 49's checks on one cell, for the families it measured."""
+    auto, checks = cell.goodput("auto"), {}
+    if "auto" not in cell.families:
+        return checks
+    if {"colocated", "split"} <= cell.families.keys():
+        checks["auto>=0.95x best static"] = _ratio(auto, cell.best_static) >= AUTO_VS_STATIC
+    if "colocated" in cell.families:
+        checks["auto>=1.0x colocated"] = _ratio(auto, cell.goodput("colocated")) >= (
+            AUTO_VS_COLOCATED
+        )
+    for rule in ("threshold", "conditional"):
+        if rule in cell.families:
+            checks[f"auto>={rule}"] = auto >= cell.goodput(rule)
+    return checks
+
+
+def cell_summary(cell: Cell) -> str:
+    colocated = cell.goodput("colocated")
+    parts = [f"{f} {_ratio(cell.goodput(f), colocated):.2f}x" for f in cell.families]
+    checks = targets(cell)
+    failed = [name for name, ok in checks.items() if not ok]
+    verdict = "all met" if not failed else "missed: " + ", ".join(failed)
+    return f"  -> vs best colocated: {', '.join(parts)}; targets {verdict}"
+
+
+def summary_table(cells: list[Cell]) -> str:
+    families = [f for f in FAMILIES if any(f in c.families for c in cells)]
+    header = f"{'model':<5} {'workload':<8} {'slo':<10} " + " ".join(f"{f:>12}" for f in families)
+    lines = ["goodput req/s (x best colocated)", header + "  auto/best static  targets"]
+    for c in cells:
+        colocated = c.goodput("colocated")
+        row = " ".join(
+            f"{c.goodput(f):>6.1f} {_ratio(c.goodput(f), colocated):>4.2f}x" for f in families
+        )
+        checks = targets(c)
+        met = sum(checks.values())
+        auto_static = _ratio(c.goodput("auto"), c.best_static)
+        lines.append(
+            f"{c.model:<5} {c.workload:<8} {c.slo:<10} {row}  {auto_static:>16.2f}  "
+            f"{met}/{len(checks)}"
+        )
+    return "\n".join(lines)
+
+
+def _write_json(path: Path, cells: list[Cell]) -> None:
+    document = [{**asdict(c), "targets": targets(c), "best_static": c.best_static} for c in cells]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")

@@ -1,0 +1,60 @@
+"""`pdserve bench sim-disagg --suite`: its workloads, one cheap cell on the virtual cluster, and
+the targets it checks."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from pdserve.bench.disagg_suite.command import targets
+from pdserve.bench.disagg_suite.suite import Cell, FamilyBest, Setting, SuiteOptions, run_cell
+from pdserve.bench.disagg_suite.workloads import suite_sample
+
+
+def test_agentic_sessions_grow_a_shared_context() -> None:
+    sample = suite_sample("agentic", 64)
+    by_session: dict[str, list] = {}
+    for r in sample:
+        by_session.setdefault(r.tag, []).append(list(r.prompt))
+    for turns in by_session.values():
+        for earlier, later in zip(turns, turns[1:], strict=False):
+            assert len(later) > len(earlier) and later[: len(earlier)] == earlier
+
+
+def test_phases_change_the_mix_and_mix_holds_every_kind() -> None:
+    phases = suite_sample("phases", 400)
+    quarters = [Counter(_kind(r) for r in phases[i * 100 : (i + 1) * 100]) for i in range(4)]
+    assert [q.most_common(1)[0][0] for q in quarters] == ["chat", "code", "rag", "agentic"]
+    assert all(len(q) == 1 for q in quarters)
+    mix = Counter(_kind(r) for r in suite_sample("mix", 400))
+    assert set(mix) == {"chat", "code", "rag", "agentic"} and min(mix.values()) >= 80
+    arrivals = [r.unit_arrival for r in phases]
+    assert arrivals == sorted(arrivals)
+
+
+def _kind(r) -> str:
+    return r.tag.split(":")[0]
+
+
+def test_one_cell_searches_every_split_at_every_setting() -> None:
+    settings = (Setting(512, 64), Setting(2048, 64))
+    options = SuiteOptions(settings, requests_per_worker=30, precision=0.2,
+                           families=("colocated", "split"), steady_probes=False)  # fmt: skip
+    cell = run_cell("70b", "code", "loose", options)
+    colocated, split = cell.families["colocated"], cell.families["split"]
+    assert len(colocated.searched) == 2 and len(split.searched) == 6  # 1:3, 2:2, 3:1 twice
+    assert colocated.goodput == max(colocated.searched.values()) > 0
+    assert split.goodput == max(split.searched.values()) > 0
+    assert colocated.setting in settings and split.split.endswith(("1D (TP 4:4)", "3D (TP 4:4)",
+                                                                    "2D (TP 4:4)"))  # fmt: skip
+
+
+def test_targets() -> None:
+    cell = Cell("8b", "code", "loose")
+    for family, goodput in [("colocated", 100.0), ("split", 60.0), ("auto", 96.0),
+                            ("threshold", 97.0)]:  # fmt: skip
+        cell.families[family] = FamilyBest(family, goodput)
+    assert targets(cell) == {
+        "auto>=0.95x best static": True,
+        "auto>=1.0x colocated": False,
+        "auto>=threshold": False,
+    }
