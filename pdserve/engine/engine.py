@@ -35,6 +35,7 @@ from pdserve.engine.beam_search import BeamRequest
 from pdserve.engine.block_manager import BlockManager
 from pdserve.engine.executor import Executor, make_executor
 from pdserve.engine.forked_choices import ForkedChoices
+from pdserve.engine.host_tier import HostTier, host_tier_stats
 from pdserve.engine.outputs import RequestOutput, Reservation
 from pdserve.engine.overlapped_steps import InFlight, OverlappedSteps
 from pdserve.engine.premature_layers import request_layers
@@ -84,7 +85,10 @@ class LLMEngine(ForkedChoices, StepOutputs, OverlappedSteps):
         self.num_layers = self.executor.num_layers
         self.max_model_len = model_limits.max_model_len(self.model_config, config)
         num_blocks = model_limits.kv_pool_blocks(self.model_config, config)
-        self.block_manager = BlockManager(num_blocks, self.block_size, config.enable_prefix_caching)
+        self.host_tier = self._host_tier(config)
+        self.block_manager = BlockManager(
+            num_blocks, self.block_size, config.enable_prefix_caching, self.host_tier
+        )
         self.scheduler = Scheduler(
             self.block_manager,
             config.max_num_seqs,
@@ -196,6 +200,7 @@ class LLMEngine(ForkedChoices, StepOutputs, OverlappedSteps):
         batch = self.scheduler.schedule()
         if spec:
             spec.fit(drafted, batch)
+        self._fence_host_copies()
         if batch.seqs:
             self._fork_choices(batch)
             if batch.block_copies:
@@ -234,10 +239,12 @@ class LLMEngine(ForkedChoices, StepOutputs, OverlappedSteps):
             self.block_manager.release(seq)
             self._emit_events()
             return None
+        self._fence_host_copies()  # before the transfer writes the blocks (another thread)
         seq.status = SequenceStatus.RESERVED
         seq.admitted = True
         seq.num_cached_tokens = cached
         self.scheduler.prefix_hit_tokens += cached
+        self.scheduler.prefix_host_hit_tokens += seq.num_host_hit_tokens
         self.scheduler.prefix_query_tokens += seq.num_prompt_tokens
         self._seqs[request_id] = seq
         self._track_choices(request_id, params)
@@ -321,6 +328,8 @@ class LLMEngine(ForkedChoices, StepOutputs, OverlappedSteps):
             "waiting_prompt_tokens": sum(s.num_uncomputed_tokens for s in sched.waiting),
             "prefix_hit_tokens": sched.prefix_hit_tokens,
             "prefix_query_tokens": sched.prefix_query_tokens,
+            "prefix_host_hit_tokens": sched.prefix_host_hit_tokens,
+            **host_tier_stats(self.host_tier),
             "num_preemptions": sched.num_preemptions,
             **self._counters,
             **speculation_stats(self._speculation),
@@ -328,6 +337,21 @@ class LLMEngine(ForkedChoices, StepOutputs, OverlappedSteps):
         }
 
     # ---- helpers ------------------------------------------------------------------------
+    def _host_tier(self, config: EngineConfig) -> HostTier | None:
+        """The host tier of --kv-offload-gb (None when off or too small for one block)."""
+        if not config.kv_offload_gb or not config.enable_prefix_caching:
+            return None
+        if config.kind != "torch":
+            raise ValueError("kv_offload_gb: the sim engine holds no KV bytes to offload")
+        from pdserve.engine.host_kv_pool import make_host_tier
+
+        return make_host_tier(self.kv_cache, int(config.kv_offload_gb * 2**30))
+
+    def _fence_host_copies(self) -> None:
+        """Device work queued from here on waits for the host tier's copies (host_kv_pool.py)."""
+        if self.host_tier is not None:
+            self.host_tier.copier.fence()
+
     def _new_sequence(
         self, request_id: str, prompt: Seq[int], params: SamplingParams, prefill_only: bool
     ) -> Sequence:
