@@ -10,6 +10,8 @@ CPU the copies are plain and `fence` has nothing to do.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from pdserve.engine.host_tier import HostTier
@@ -39,6 +41,7 @@ class HostKVPool:
             pin_memory=cuda,
         )
         self._stream = torch.cuda.Stream(kv_cache.device) if cuda else None
+        self.bytes_per_s = self._measure_load_bandwidth()
 
     @property
     def nbytes(self) -> int:
@@ -59,6 +62,22 @@ class HostKVPool:
         self._stream.wait_stream(torch.cuda.current_stream(self.kv_cache.device))
         with torch.cuda.stream(self._stream):
             self.kv_cache[:, :, block_id].copy_(self.blocks[slot], non_blocking=True)
+
+    def _measure_load_bandwidth(self, repeats: int = 3) -> int:
+        """Host-to-device bytes per second of copying blocks back, the best of a few copies of
+        up to 32 slots (at start, while the pool is unused): what the router prices a host hit
+        at (router/cost_model.py)."""
+        n = min(len(self.blocks), 32)
+        target = torch.empty((n, *self.blocks.shape[1:]), dtype=self.blocks.dtype)
+        target = target.to(self.kv_cache.device)
+        best = float("inf")
+        for _ in range(repeats):
+            started = time.perf_counter()
+            target.copy_(self.blocks[:n], non_blocking=True)
+            if self.kv_cache.is_cuda:
+                torch.cuda.synchronize(self.kv_cache.device)
+            best = min(best, time.perf_counter() - started)
+        return int(target.numel() * target.element_size() / max(best, 1e-9))
 
     def fence(self) -> None:
         if self._stream is not None:

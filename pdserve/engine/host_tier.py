@@ -31,12 +31,16 @@ def host_tier_stats(tier: HostTier | None) -> dict[str, int]:
         "num_host_cached_blocks": len(tier) if tier else 0,
         "host_offloaded_blocks": tier.num_offloaded if tier else 0,
         "host_restored_blocks": tier.num_restored if tier else 0,
+        "host_copy_bytes_per_s": tier.copier.bytes_per_s if tier else 0,
     }
 
 
 class BlockCopier(Protocol):
     """Moves one block's KV (every layer) between the device pool and a host slot. Copies are
-    ordered as they are called; `fence` makes later device work wait for them."""
+    ordered as they are called; `fence` makes later device work wait for them.
+    `bytes_per_s`: host-to-device copy bandwidth, measured when it was made."""
+
+    bytes_per_s: int
 
     def save(self, block_id: int, slot: int) -> None: ...
 
