@@ -53,6 +53,7 @@ def test_multi_turn_chat_is_exact_and_reuses_host_blocks(make_engine, hf_tiny, b
     stats, base = tiered.stats(), without.stats()
     assert stats["num_host_blocks"] == 200
     assert 0 < stats["num_host_cached_blocks"] <= 200
+    assert stats["host_copy_bytes_per_s"] > 0  # measured when the pool was made
     assert stats["host_restored_blocks"] * 4 == stats["prefix_host_hit_tokens"] > 0
     assert "prefix_host_hit_tokens" in base and base["prefix_host_hit_tokens"] == 0
     # Every later turn finds its whole conversation so far: only the new message, the last
