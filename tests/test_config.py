@@ -106,6 +106,10 @@ def test_flags_reach_every_config_with_units_and_negations():
             ["--kv-offload-gb", "4", "--decode-engine", "sim"],
             "--decode-engine: simulated workers hold no KV bytes",
         ),
+        (
+            ["--kv-offload-gb", "4", "--prefill-tp", "2"],
+            "--prefill-tp: --kv-offload-gb is not supported yet under TP",
+        ),
     ],
 )
 def test_bad_values_name_their_flag(argv, message):

@@ -341,8 +341,8 @@ class LLMEngine(ForkedChoices, StepOutputs, OverlappedSteps):
         """The host tier of --kv-offload-gb (None when off or too small for one block)."""
         if not config.kv_offload_gb or not config.enable_prefix_caching:
             return None
-        if config.kind != "torch":
-            raise ValueError("kv_offload_gb: the sim engine holds no KV bytes to offload")
+        if config.kind != "torch" or config.tp > 1:
+            raise ValueError("kv_offload_gb: needs the torch engine without tensor parallelism")
         from pdserve.engine.host_kv_pool import make_host_tier
 
         return make_host_tier(self.kv_cache, int(config.kv_offload_gb * 2**30))
