@@ -9,6 +9,8 @@ worker actors share), `prefix_index` (Redis), `commands` (the CLI), `bench`, `pb
 Modules:
 - `app.py` — `ServingApp` / `BackgroundApp`: everything `pdserve serve` starts and stops.
 - `startup_checks.py` — what `pdserve serve` checks before it starts anything (`StartupError`).
+- `disaggregate_modes.py` — `--disaggregate`'s modes parsed: auto, always, never, threshold:N,
+  conditional:LEN:QUEUE.
 - `dtype_probe.py` — `check_dtype`: the dtype tried on the device (one matmul) at start-up.
 - `ray_cluster.py` — a private Ray in its own session, or --ray-address checked for the pools.
 - `startup_progress.py` — `StartupProgress`: start-up's lines with elapsed time, a bar on a TTY.

@@ -139,6 +139,12 @@ class EngineConfig:
     kv_cache_bytes: int = setting(
         256 * MiB, "KV pool size in MiB", flag="--kv-cache-mb", unit=MiB, minimum=1
     )
+    kv_offload_gb: float = setting(
+        0.0,
+        "host memory (GiB) that keeps the prefix-cache blocks evicted from the KV pool, to be "
+        "copied back instead of recomputed (pinned on CUDA); 0 = off (torch engine only)",
+        minimum=0,
+    )
     max_num_seqs: int = setting(64, "most sequences in one step", minimum=1)
     max_num_batched_tokens: int = setting(
         1024, "token budget of one step (prefill chunks + decodes)", minimum=1

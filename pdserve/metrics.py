@@ -91,7 +91,16 @@ QUEUE_LENGTH = Gauge(
     "pdserve_queue_length", "Requests waiting in a worker's scheduler queue.", ["worker"]
 )
 KV_BLOCKS = Gauge(
-    "pdserve_kv_blocks", "KV cache blocks of a worker by state: used, free.", ["worker", "state"]
+    "pdserve_kv_blocks",
+    "KV cache blocks of a worker by state: used, free (device pool), host (prefix-cache blocks "
+    "kept in host memory, --kv-offload-gb).",
+    ["worker", "state"],
+)
+PREFIX_CACHE_HIT_TOKENS = Counter(
+    "pdserve_prefix_cache_hit_tokens",
+    "Prompt tokens a worker found in its prefix cache, by tier: device (its KV pool) or host "
+    "(brought back from host memory instead of recomputed).",
+    ["worker", "tier"],
 )
 WORKER_PEAK_MEMORY = Gauge(
     "pdserve_worker_peak_memory_bytes",
@@ -288,6 +297,11 @@ def observe_worker_stats(stats: Any, previous: Any | None = None) -> None:
     QUEUE_LENGTH.labels(worker=worker).set(stats.num_waiting)
     KV_BLOCKS.labels(worker=worker, state="used").set(stats.num_used_blocks)
     KV_BLOCKS.labels(worker=worker, state="free").set(stats.num_free_blocks)
+    if stats.num_host_blocks:
+        KV_BLOCKS.labels(worker=worker, state="host").set(stats.num_host_cached_blocks)
+    for tier, amount in zip(("device", "host"), prefix_hit_delta(previous, stats), strict=True):
+        if amount:
+            PREFIX_CACHE_HIT_TOKENS.labels(worker=worker, tier=tier).inc(amount)
     WORKER_PEAK_MEMORY.labels(worker=worker, kind="rss").set(stats.peak_rss_bytes)
     WORKER_PEAK_MEMORY.labels(worker=worker, kind="gpu").set(stats.peak_gpu_bytes)
     if stats.prefix_query_tokens:
@@ -324,6 +338,15 @@ def speculation_delta(previous: Any | None, stats: Any) -> tuple[int, ...]:
         max(0, getattr(stats, name) - (0 if fresh else getattr(previous, name)))
         for name in SPEC_COUNT_FIELDS
     )
+
+
+def prefix_hit_delta(previous: Any | None, stats: Any) -> tuple[int, int]:
+    """A worker's prefix-cache hit tokens in the device and in the host tier between two
+    snapshots of its `WorkerStats` (all of them after a start or restart)."""
+    fresh = previous is None or previous.epoch != stats.epoch
+    host = stats.prefix_host_hit_tokens - (0 if fresh else previous.prefix_host_hit_tokens)
+    hits = stats.prefix_hit_tokens - (0 if fresh else previous.prefix_hit_tokens)
+    return max(0, hits - host), max(0, host)
 
 
 # gRPC status names (as KV-transfer errors spell them) -> KV_TRANSFER_FAILURES reason.

@@ -16,6 +16,8 @@ contracts in pyproject.toml); it knows workers only through `router/types.py` an
 - `tokenizing.py` — tokenization on a small thread pool, off the event loop.
 - `bounded_pool.py` — threads for CPU work off the event loop; a full queue is refused at once.
 - `approximate_prefixes.py` — `--policy approximate`: each worker's cache predicted from the router's own routes, no KV events.
+- `disaggregate_rule.py` — the field's rules for local or remote prefill: `threshold:N` (llm-d),
+  `conditional:LEN:QUEUE` (Dynamo).
 - `errors.py` — exceptions to gRPC status codes, in one place.
 - `request_flow.py` — one request's lifecycle: reserve, prefill, stream, retry, abort.
 - `waiting.py` — requests waiting for room between attempts, counted by admission control.

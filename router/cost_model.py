@@ -107,12 +107,17 @@ class CostModel:
     the slower of it and `prefill`'s line (until it has data, `prefill`'s line alone).
     decode: seconds of one decode step vs batch size.
     transfer: seconds of one KV transfer vs bytes (intercept = latency, 1/slope = bandwidth).
+    host_copy_bytes_per_s: the bandwidth of copying prefix-cache blocks back from a worker's
+    host tier to its device (--kv-offload-gb), what a host hit costs (`hit_seconds`). The prior
+    is a PCIe 4 x16 link's ~12 GB/s; each worker measures its own at start
+    (WorkerStats.host_copy_bytes_per_s) and the latest measurement replaces it.
     """
 
     prefill: LinearFit = field(default_factory=lambda: LinearFit(0.01, 1e-4, x_scale=512))
     local_prefill: LinearFit = field(default_factory=lambda: LinearFit(0.01, 1e-4, x_scale=512))
     decode: LinearFit = field(default_factory=lambda: LinearFit(0.01, 2e-4, x_scale=16))
     transfer: LinearFit = field(default_factory=lambda: LinearFit(0.002, 1e-9, x_scale=16 << 20))
+    host_copy_bytes_per_s: float = 12e9
     # Prompt tokens one engine step computes at most (EngineConfig.max_num_batched_tokens).
     step_tokens: int = EngineConfig.max_num_batched_tokens
     _last: dict[str, object] = field(default_factory=dict)  # worker_id -> previous stats
@@ -153,6 +158,7 @@ class CostModel:
         prev = self._last.get(stats.worker_id)
         self._last[stats.worker_id] = stats
         if prev is None or prev.epoch != stats.epoch:
+            self._observe_host_copy(stats)
             return
         tokens = stats.prefill_tokens - prev.prefill_tokens
         seconds = stats.prefill_seconds - prev.prefill_seconds
@@ -170,7 +176,22 @@ class CostModel:
         if stats.role == "prefill" and sent > 0 and transfer_s > 0:
             self.observe_transfer(sent, transfer_s)
 
+    def _observe_host_copy(self, stats) -> None:
+        """A worker's host-to-device bandwidth, measured when it started (once per epoch)."""
+        bandwidth = getattr(stats, "host_copy_bytes_per_s", 0)
+        if bandwidth > 0:
+            self.host_copy_bytes_per_s = float(bandwidth)
+
     # -- estimates ----------------------------------------------------------------------------
+
+    def hit_seconds(self, tier: str, num_bytes: int) -> float:
+        """What using `num_bytes` of cached KV held in `tier` costs before the prefill can
+        start: nothing on the device, a copy back from host memory."""
+        if tier == "device" or num_bytes <= 0:
+            return 0.0
+        if tier == "host":
+            return num_bytes / self.host_copy_bytes_per_s
+        raise ValueError(f"unknown KV cache tier {tier!r}")
 
     def prefill_fits(self, local: bool) -> list[LinearFit]:
         """A decode worker shares its accelerator with decoding, so a prefill there is never

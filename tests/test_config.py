@@ -101,6 +101,15 @@ def test_flags_reach_every_config_with_units_and_negations():
         (["--device", "gpu"], "--device: must be cpu, cuda or cuda:N, got 'gpu'"),
         (["--decode-workers", "0"], "--decode-workers: must be at least 1, got 0"),
         (["--max-retries", "-1"], "--max-retries: must be at least 0, got -1"),
+        (["--kv-offload-gb", "-1"], "--kv-offload-gb: must be at least 0, got -1.0"),
+        (
+            ["--kv-offload-gb", "4", "--decode-engine", "sim"],
+            "--decode-engine: simulated workers hold no KV bytes",
+        ),
+        (
+            ["--kv-offload-gb", "4", "--prefill-tp", "2"],
+            "--prefill-tp: --kv-offload-gb is not supported yet under TP",
+        ),
     ],
 )
 def test_bad_values_name_their_flag(argv, message):

@@ -1,7 +1,9 @@
 """KVEvent: what the engine tells the prefix index about its cache (no torch import here).
 
-"stored": full blocks whose hashes were just registered in the prefix cache.
-"removed": cached blocks that were evicted and whose contents are gone.
+"stored": full blocks whose hashes were just registered in the prefix cache, in `tier`: the
+device pool, or the host tier (--kv-offload-gb) for a block the device evicted into it. A block
+that moves between tiers is stored again with its new tier: an update, not a removal.
+"removed": cached blocks that were evicted from `tier` and whose contents are gone.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 KVEventKind = Literal["stored", "removed"]
+KVTier = Literal["device", "host"]
+KV_TIERS: tuple[KVTier, ...] = ("device", "host")
 
 
 @dataclass(frozen=True)
@@ -18,6 +22,7 @@ class KVEvent:
     kind: KVEventKind
     block_hashes: list[int]
     token_count: int  # tokens covered by these blocks (len(block_hashes) * block_size)
+    tier: KVTier = "device"
 
 
 KVEventSink = Callable[[list[KVEvent]], None]

@@ -92,6 +92,10 @@ ENGINE_COUNT_FIELDS = (
     "num_cached_blocks",
     "prefix_hit_tokens",
     "prefix_query_tokens",
+    "prefix_host_hit_tokens",
+    "num_host_blocks",
+    "num_host_cached_blocks",
+    "host_copy_bytes_per_s",
     "spec_draft_tokens",
     "spec_accepted_tokens",
     "spec_verify_steps",
@@ -123,8 +127,12 @@ class WorkerStats:
     decode_steps: int = 0  # steps that only decoded
     decode_seconds: float = 0.0
     decode_tokens: int = 0  # tokens produced by those steps (sum of batch sizes)
-    prefix_hit_tokens: int = 0
+    prefix_hit_tokens: int = 0  # in any tier
     prefix_query_tokens: int = 0
+    prefix_host_hit_tokens: int = 0  # of prefix_hit_tokens, those brought back from host memory
+    num_host_blocks: int = 0  # the host tier's capacity (--kv-offload-gb), in blocks
+    num_host_cached_blocks: int = 0
+    host_copy_bytes_per_s: int = 0  # host-to-device copy bandwidth, measured at start
     transfer_bytes: int = 0  # KV bytes sent (prefill) or received (decode)
     transfer_seconds: float = 0.0
     transfer_failures: int = 0

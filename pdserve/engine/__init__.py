@@ -12,6 +12,11 @@ types in `pdserve.core`. This package imports none of ray, grpc or redis.
 - `scheduler.py` — continuous batching, chunked prefill, preemption by recompute.
 - `block_manager.py` — blocks, reference counts, prefix cache (LRU), KV events, forks with
   copy-on-write.
+- `host_tier.py` — `HostTier`: the prefix-cache blocks the device pool evicted, kept in host
+  memory (`--kv-offload-gb`): LRU, prefix-closed with the device cache, a fixed slot budget
+  (no torch).
+- `host_kv_pool.py` — `HostKVPool`: the host tier's bytes (pinned, side-stream copies on CUDA),
+  `make_host_tier`.
 - `model_runner.py` — `TorchExecutor` (the torch side of the executor seam) and `ModelRunner`:
   the paged KV cache tensor; batch -> tensors -> logits.
 - `tp_executor.py` — a tensor-parallel worker's executors: rank 0's `LeaderExecutor` broadcasts

@@ -23,6 +23,11 @@ more reference each. A block is written only by a sequence that holds it alone:
 each shared block there for a private copy and returns the copies for the executor to make.
 Forked sequences write only after their common tokens, so only a partly filled last block is
 ever copied, at most once per fork; full blocks are never copied.
+
+With a host tier (host_tier.py, --kv-offload-gb) an evicted block is copied to host memory
+instead of dropped (a "stored" event of tier "host": it moved, it is not gone), and a prefix
+walk that misses the device cache brings host blocks back into free device blocks, which are
+then device hits like any other.
 """
 
 from __future__ import annotations
@@ -31,12 +36,19 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence as PySequence
 
 from pdserve.core.block_hash import ROOT_HASH, block_hash, prompt_block_hashes
-from pdserve.core.kv_events import KVEvent, KVEventKind
+from pdserve.core.kv_events import KVEvent, KVEventKind, KVTier
+from pdserve.engine.host_tier import HostTier
 from pdserve.engine.sequence import Sequence
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        host_tier: HostTier | None = None,
+    ):
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
@@ -48,7 +60,8 @@ class BlockManager:
         self._cached: dict[int, int] = {}  # hash -> block id
         self._parent: list[int | None] = [None] * num_blocks  # a registered block's parent hash
         self._children: dict[int, set[int]] = {}  # hash -> cached hashes that extend it
-        self._events: list[tuple[KVEventKind, int]] = []
+        self._events: list[tuple[KVEventKind, int, KVTier]] = []
+        self.host_tier = host_tier if enable_prefix_caching else None
 
     # ---- counts -------------------------------------------------------------------------
     @property
@@ -70,8 +83,10 @@ class BlockManager:
     # ---- sequence-level operations ------------------------------------------------------
     def acquire_prefix(self, seq: Sequence, max_tokens: int) -> int:
         """Gives a sequence with no blocks the longest cached run of full blocks within its
-        first `max_tokens` tokens; returns how many tokens that covers."""
+        first `max_tokens` tokens, bringing back those of the host tier (their tokens are
+        `seq.num_host_hit_tokens`); returns how many tokens that covers."""
         assert not seq.block_table, "prefix lookup is only for a sequence without blocks"
+        seq.num_host_hit_tokens = 0
         if not self.enable_prefix_caching:
             return 0
         parent = ROOT_HASH
@@ -82,9 +97,15 @@ class BlockManager:
             token_ids = seq.token_ids[start : start + size]
             h = prompt[i] if i < len(prompt) else block_hash(parent, token_ids)
             block_id = self._cached.get(h)
-            if block_id is None or self._tokens[block_id] != tuple(token_ids):
+            if block_id is not None and self._tokens[block_id] == tuple(token_ids):
+                self._acquire(block_id)
+            elif block_id is None and self.host_tier is not None:
+                block_id = self._restore(h, tuple(token_ids), parent)
+                if block_id is None:
+                    break
+                seq.num_host_hit_tokens += size
+            else:
                 break
-            self._acquire(block_id)
             seq.block_table.append(block_id)
             seq.block_hashes.append(h)
             parent = h
@@ -185,13 +206,9 @@ class BlockManager:
                 and self._hash[block_id] is None
                 and (parent == ROOT_HASH or parent in cached)
             ):
-                cached[h] = block_id
-                self._hash[block_id] = h
-                self._tokens[block_id] = tuple(token_ids)
-                self._parent[block_id] = parent
-                if parent != ROOT_HASH:
-                    self._children.setdefault(parent, set()).add(h)
-                self._events.append(("stored", h))
+                self._register(block_id, h, tuple(token_ids), parent)
+                if self.host_tier is not None:
+                    self.host_tier.discard(h)
 
     def truncate(self, seq: Sequence, num_tokens: int) -> None:
         """Drops the sequence's blocks past the first `num_tokens` tokens (rejected speculative
@@ -213,19 +230,43 @@ class BlockManager:
     def take_events(
         self,
     ) -> list[KVEvent]:
-        """Queued stores and evictions, consecutive ones of a kind merged into one event."""
+        """Queued stores and evictions, consecutive ones of a kind and tier merged into one."""
         events: list[KVEvent] = []
-        for kind, h in self._events:
-            if events and events[-1].kind == kind:
+        for kind, h, tier in self._events:
+            if events and events[-1].kind == kind and events[-1].tier == tier:
                 events[-1].block_hashes.append(h)
             else:
-                events.append(KVEvent(kind, [h], 0))
+                events.append(KVEvent(kind, [h], 0, tier))
         self._events = []
         return [
-            KVEvent(e.kind, e.block_hashes, len(e.block_hashes) * self.block_size) for e in events
+            KVEvent(e.kind, e.block_hashes, len(e.block_hashes) * self.block_size, e.tier)
+            for e in events
         ]
 
     # ---- single blocks ------------------------------------------------------------------
+    def _register(self, block_id: int, h: int, token_ids: tuple[int, ...], parent: int) -> None:
+        self._cached[h] = block_id
+        self._hash[block_id] = h
+        self._tokens[block_id] = token_ids
+        self._parent[block_id] = parent
+        if parent != ROOT_HASH:
+            self._children.setdefault(parent, set()).add(h)
+        self._events.append(("stored", h, "device"))
+
+    def _restore(self, h: int, token_ids: tuple[int, ...], parent: int) -> int | None:
+        """A free device block (ref 1) holding the host tier's copy of block `h`, registered
+        in the device cache; None when the host does not hold it or no block is free."""
+        tier = self.host_tier
+        if tier is None or not tier.holds(h, token_ids) or not self.num_free_blocks:
+            return None
+        block_id = self._allocate_one()  # may offload an evicted block, and so evict `h`
+        if not tier.holds(h, token_ids):
+            self._drop(block_id)
+            return None
+        tier.restore(h, block_id)
+        self._register(block_id, h, token_ids, parent)
+        return block_id
+
     def _acquire(self, block_id: int) -> None:
         if self._ref[block_id] == 0:
             del self._evictable[block_id]
@@ -259,17 +300,29 @@ class BlockManager:
             order.append(h)
             stack.extend(self._children.pop(h, ()))
         for h in reversed(order):  # leaves first, so the index never shows a gap
-            victim = self._cached.pop(h)
+            victim = self._cached[h]
+            self._offload_or_drop(victim, h)
+            del self._cached[h]
             parent = self._parent[victim]
             if parent != ROOT_HASH and parent in self._children:
                 self._children[parent].discard(h)
                 if not self._children[parent]:
                     del self._children[parent]
             self._hash[victim] = self._tokens[victim] = self._parent[victim] = None
-            self._events.append(("removed", h))
             if victim != block_id and self._ref[victim] == 0:
                 del self._evictable[victim]
                 self._free.append(victim)
+
+    def _offload_or_drop(self, block_id: int, h: int) -> None:
+        """An evicted block (its parent still cached here) goes to the host tier if there is
+        one, else its contents are gone; the events say which."""
+        if self.host_tier is None:
+            self._events.append(("removed", h, "device"))
+            return
+        token_ids, parent = self._tokens[block_id], self._parent[block_id]
+        evicted = self.host_tier.offload(block_id, h, token_ids, parent)
+        self._events += [("removed", gone, "host") for gone in evicted]
+        self._events.append(("stored", h, "host"))
 
     def check_invariants(self) -> None:
         """Asserts the state partition above (used by tests)."""

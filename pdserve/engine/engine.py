@@ -38,6 +38,7 @@ from pdserve.engine.decoding.forked_choices import ForkedChoices
 from pdserve.engine.decoding.premature_layers import request_layers
 from pdserve.engine.executor import Executor, make_executor
 from pdserve.engine.gpu_step.overlapped_steps import OverlappedSteps
+from pdserve.engine.host_tier import HostTier, host_tier_stats
 from pdserve.engine.outputs import RequestOutput, Reservation
 from pdserve.engine.scheduler import ScheduledBatch, Scheduler
 from pdserve.engine.sequence import Sequence, SequenceStatus
@@ -85,7 +86,10 @@ class LLMEngine:
         self.num_layers = self.executor.num_layers
         self.max_model_len = model_limits.max_model_len(self.model_config, config)
         num_blocks = model_limits.kv_pool_blocks(self.model_config, config)
-        self.block_manager = BlockManager(num_blocks, self.block_size, config.enable_prefix_caching)
+        self.host_tier = self._host_tier(config)
+        self.block_manager = BlockManager(
+            num_blocks, self.block_size, config.enable_prefix_caching, self.host_tier
+        )
         self.scheduler = Scheduler(
             self.block_manager,
             config.max_num_seqs,
@@ -238,6 +242,7 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         if spec:
             spec.fit(drafted, batch)
+        self._fence_host_copies()
         if batch.seqs:
             self.forks.fork_pending(batch)
             if batch.block_copies:
@@ -272,10 +277,12 @@ class LLMEngine:
             self.block_manager.release(seq)
             self._emit_events()
             return None
+        self._fence_host_copies()  # before the transfer writes the blocks (another thread)
         seq.status = SequenceStatus.RESERVED
         seq.admitted = True
         seq.num_cached_tokens = cached
         self.scheduler.prefix_hit_tokens += cached
+        self.scheduler.prefix_host_hit_tokens += seq.num_host_hit_tokens
         self.scheduler.prefix_query_tokens += seq.num_prompt_tokens
         self._seqs[request_id] = seq
         self.forks.track(request_id, params)
@@ -359,6 +366,8 @@ class LLMEngine:
             "waiting_prompt_tokens": sum(s.num_uncomputed_tokens for s in sched.waiting),
             "prefix_hit_tokens": sched.prefix_hit_tokens,
             "prefix_query_tokens": sched.prefix_query_tokens,
+            "prefix_host_hit_tokens": sched.prefix_host_hit_tokens,
+            **host_tier_stats(self.host_tier),
             "num_preemptions": sched.num_preemptions,
             "prefill_tokens_computed": self.step_outputs.prefill_tokens_computed,
             "decode_tokens": self.step_outputs.decode_tokens,
@@ -369,6 +378,21 @@ class LLMEngine:
         }
 
     # ---- helpers ------------------------------------------------------------------------
+    def _host_tier(self, config: EngineConfig) -> HostTier | None:
+        """The host tier of --kv-offload-gb (None when off or too small for one block)."""
+        if not config.kv_offload_gb or not config.enable_prefix_caching:
+            return None
+        if config.kind != "torch" or config.tp > 1:
+            raise ValueError("kv_offload_gb: needs the torch engine without tensor parallelism")
+        from pdserve.engine.host_kv_pool import make_host_tier
+
+        return make_host_tier(self.kv_cache, int(config.kv_offload_gb * 2**30))
+
+    def _fence_host_copies(self) -> None:
+        """Device work queued from here on waits for the host tier's copies (host_kv_pool.py)."""
+        if self.host_tier is not None:
+            self.host_tier.copier.fence()
+
     def _new_sequence(
         self, request_id: str, prompt: Seq[int], params: SamplingParams, prefill_only: bool
     ) -> Sequence:

@@ -77,7 +77,8 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # kept in arrival order: preemption takes the tail
         self.num_preemptions = 0
-        self.prefix_hit_tokens = 0
+        self.prefix_hit_tokens = 0  # in any tier
+        self.prefix_host_hit_tokens = 0  # of those, brought back from the host tier
         self.prefix_query_tokens = 0
 
     def add(self, seq: Sequence) -> None:
@@ -229,6 +230,7 @@ class Scheduler:
             seq.admitted = True
             seq.num_cached_tokens = seq.num_computed_tokens
             self.prefix_hit_tokens += seq.num_cached_tokens
+            self.prefix_host_hit_tokens += seq.num_host_hit_tokens
             self.prefix_query_tokens += seq.num_prompt_tokens
         return n
 

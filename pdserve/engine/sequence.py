@@ -46,6 +46,7 @@ class Sequence:
     prompt_block_hashes: list[int] | tuple[int, ...] | None = None
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at first admission
+    num_host_hit_tokens: int = 0  # of those, the ones brought back from the host tier
     admitted: bool = False  # has been scheduled once (later admissions are recomputes)
     # Whether its blocks may enter the prefix cache: not when its KV came from a peer this
     # engine does not trust (the KV of every later token depends on it).

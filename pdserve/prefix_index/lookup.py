@@ -200,6 +200,16 @@ class PrefixIndex:
         reply = await self.link.acall(run, "")
         return json.loads(reply) if reply else {}
 
+    def host_blocks(self, worker_id: str, block_hashes: Sequence[int]) -> int:
+        """How many of `block_hashes` (a worker's hit, from `lookup`) it holds in host memory
+        (--kv-offload-gb) rather than in its device pool; 0 when Redis is unreachable. As a
+        device cache is prefix-closed, they are the last ones of the hit."""
+        if not block_hashes:
+            return 0
+        key = self.keys.worker_host_blocks(worker_id)
+        members = self.link.call(lambda client: client.smismember(key, list(block_hashes)), [])
+        return sum(map(int, members))
+
     def _answer_here(self, block_hashes: Sequence[int]) -> dict[str, int] | None:
         """The answer without asking Redis (the router's copy, or an empty prompt); None when
         only the lookup script can give it."""

@@ -6,6 +6,9 @@ and declares only the first). With namespace "pdserve" and model "m":
 
   pdserve:{m}:blk:<hash>      HASH  worker_id -> epoch        who holds the block with that hash
   pdserve:{m}:wblk:<worker>   SET   block hashes               what one worker published (cleanup)
+  pdserve:{m}:whost:<worker>  SET   block hashes               those of them in its host memory
+                                                               (--kv-offload-gb); the rest are
+                                                               in its device KV pool
   pdserve:{m}:hb:<worker>     STR   epoch, with a TTL          the worker is alive in that epoch
   pdserve:{m}:workers         HASH  worker_id -> epoch        newest epoch ever registered
   pdserve:{m}:reuse           HASH  hit_tokens, miss_tokens, requests, w:<worker>:<counter>
@@ -136,6 +139,10 @@ class IndexKeys:
 
     def worker_blocks(self, worker_id: str) -> str:
         return self.worker_blocks_prefix + worker_id
+
+    def worker_host_blocks(self, worker_id: str) -> str:
+        """The worker's blocks held in host memory (a subset of its block set)."""
+        return self.base + "whost:" + worker_id
 
     @property
     def workers(self) -> str:

@@ -112,6 +112,8 @@ class IndexSweeper:
             count, gone = self._drop_dead(keys=keys, args=args, client=client)
             if count < 0:
                 continue  # it heartbeat again meanwhile
+            if gone:  # which of its blocks were in host memory: nothing to know any more
+                client.delete(self.keys.worker_host_blocks(worker))
             removed, budget, forgotten = removed + count, budget - count, forgotten + gone
         return removed, forgotten
 

@@ -387,6 +387,10 @@ involved. The Redis URL comes from the env (PDSERVE_REDIS_URL), never from argv.
 {{- end }}
 {{- end }}
 {{- end }}
+{{- if $v.kvCache.offloadGb }}
+- --kv-offload-gb
+- {{ $v.kvCache.offloadGb | toString | quote }}
+{{- end }}
 - --ttft-slo-ms
 - {{ $v.router.ttftSloMs | toString | quote }}
 - --tpot-slo-ms

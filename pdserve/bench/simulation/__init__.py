@@ -13,6 +13,8 @@
 - `fidelity_bench.py` — `bench fidelity`: sim workers with a profile calibrated on the CPU
   engine vs the real CPU system, same requests.
 - `fidelity_calibration.py` — records the steps and KV pushes of serving workers.
+- `disagg_suite/` — `bench sim-disagg --suite`: every layout, `auto` and the field's rules
+  over workloads, models and SLOs on the planner's virtual cluster.
 - `child_system.py` — serves a second system from a child process on the same Ray cluster,
   so two can be measured interleaved.
 """

@@ -31,7 +31,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from pdserve.bench.disagg_suite.command import add_suite_arguments, run_suite
+from pdserve.bench.simulation.disagg_suite.command import add_suite_arguments, run_suite
 from pdserve.bench.simulation.sim_run import (
     SimCluster,
     add_cluster_arguments,

@@ -5,9 +5,15 @@ from __future__ import annotations
 
 from collections import Counter
 
-from pdserve.bench.disagg_suite.command import targets
-from pdserve.bench.disagg_suite.suite import Cell, FamilyBest, Setting, SuiteOptions, run_cell
-from pdserve.bench.disagg_suite.workloads import suite_sample
+from pdserve.bench.simulation.disagg_suite.command import targets
+from pdserve.bench.simulation.disagg_suite.suite import (
+    Cell,
+    FamilyBest,
+    Setting,
+    SuiteOptions,
+    run_cell,
+)
+from pdserve.bench.simulation.disagg_suite.workloads import suite_sample
 
 
 def test_agentic_sessions_grow_a_shared_context() -> None:

@@ -20,7 +20,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from pdserve.bench.disagg_suite.suite import (
+from pdserve.bench.simulation.disagg_suite.suite import (
     FAMILIES,
     MODELS,
     SLOS,
@@ -30,7 +30,7 @@ from pdserve.bench.disagg_suite.suite import (
     SuiteOptions,
     run_cell,
 )
-from pdserve.bench.disagg_suite.workloads import WORKLOADS
+from pdserve.bench.simulation.disagg_suite.workloads import WORKLOADS
 
 # --quick: one model, two workloads that sit on either side of the question, one SLO, two
 # chunk budgets.

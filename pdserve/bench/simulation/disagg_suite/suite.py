@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 
-from pdserve.bench.disagg_suite.workloads import suite_sample
+from pdserve.bench.simulation.disagg_suite.workloads import suite_sample
 from pdserve.config import RouterConfig
 from pdserve.planner.deployment import Deployment
 from pdserve.planner.probe import SLO, Split

@@ -1,0 +1,8 @@
+"""`pdserve bench sim-disagg --suite`: colocated, every P:D split, `auto` and the field's rules
+over a suite of workloads, models and SLOs, each layout at its best engine settings, on the
+planner's virtual cluster (pdserve/planner).
+
+- `workloads.py` — the suite's workloads: chat, code, rag, agentic, their mix, phase-shifting.
+- `suite.py` — one cell (workload x model x SLOs): each layout family's best goodput.
+- `command.py` — the `--suite` arguments, the run over every cell, the targets and the table.
+"""

@@ -1,0 +1,96 @@
+"""The prefix index records each holder's tier (--kv-offload-gb): a block the device evicts into
+host memory stays indexed (an update, not a removal) and is listed among the worker's host
+blocks; brought back, it leaves that list; resyncs and the sweeper keep the list true. The
+events come from a real block manager with a host tier."""
+
+from __future__ import annotations
+
+import time
+
+import redis
+
+from pdserve.core.block_hash import prompt_block_hashes
+from pdserve.core.messages import WorkerStats
+from pdserve.prefix_index.lookup import PrefixIndex
+from pdserve.prefix_index.publisher import PrefixIndexPublisher
+from pdserve.prefix_index.sweeper import IndexSweeper
+from router.cost_model import CostModel
+from tests.engine.test_host_tier import BS, compute, seq, tiered
+
+A_TOKENS, B_TOKENS = list(range(13)), list(range(100, 116))
+
+
+def publisher(url: str, worker: str, ttl: float = 10.0) -> PrefixIndexPublisher:
+    pub = PrefixIndexPublisher(url, worker, "m", BS, heartbeat_ttl_s=ttl)
+    assert pub.register()
+    return pub
+
+
+def evicted_to_host(pub: PrefixIndexPublisher):
+    """A worker of 4 device blocks computes A (3 full blocks), then B evicts A to the host."""
+    bm, kv = tiered(num_blocks=4, host_blocks=8)
+    for i, tokens in enumerate((A_TOKENS, B_TOKENS)):
+        s = seq(tokens, i)
+        assert compute(bm, kv, s, i)
+        bm.release(s)
+        assert pub.publish(bm.take_events())
+    return bm
+
+
+def test_moving_to_host_is_an_update_and_coming_back_another(redis_url: str) -> None:
+    pub = publisher(redis_url, "w")
+    bm = evicted_to_host(pub)
+    index = PrefixIndex(redis_url, "m", BS)
+    a_hashes = prompt_block_hashes(A_TOKENS, BS)
+    b_hashes = prompt_block_hashes(B_TOKENS, BS)
+    assert index.lookup(a_hashes) == {"w": 3}  # still held: in host memory
+    assert index.host_blocks("w", a_hashes) == 3
+    assert index.lookup(b_hashes) == {"w": 4} and index.host_blocks("w", b_hashes) == 0
+
+    assert bm.acquire_prefix(seq(A_TOKENS, 2), 12) == 12  # copied back, evicting 3 of B's
+    assert pub.publish(bm.take_events())
+    assert index.lookup(a_hashes) == {"w": 3} and index.host_blocks("w", a_hashes) == 0
+    assert index.lookup(b_hashes) == {"w": 4}
+    # B's evicted blocks are its last ones (released tail first): the hit's tail is on the host.
+    assert index.host_blocks("w", b_hashes) == 3
+    assert index.host_blocks("w", b_hashes[:1]) == 0
+
+
+def test_a_resync_rewrites_the_host_list(redis_url: str) -> None:
+    pub = publisher(redis_url, "w")
+    evicted_to_host(pub)
+    client = redis.Redis.from_url(redis_url)
+    key = pub.keys.worker_host_blocks("w")
+    before = client.smembers(key)
+    client.delete(key)
+    client.srem(key, *before)
+    assert pub.resync()
+    assert client.smembers(key) == before and len(before) == 3
+
+
+def test_a_dead_workers_host_list_is_swept(redis_url: str) -> None:
+    pub = publisher(redis_url, "dead", ttl=0.3)
+    evicted_to_host(pub)
+    client = redis.Redis.from_url(redis_url)
+    assert client.exists(pub.keys.worker_host_blocks("dead"))
+    time.sleep(0.4)
+    IndexSweeper(PrefixIndex(redis_url, "m", BS)).sweep()
+    assert not client.exists(pub.keys.worker_host_blocks("dead"))
+
+
+def test_unregister_drops_the_host_list(redis_url: str) -> None:
+    pub = publisher(redis_url, "w")
+    evicted_to_host(pub)
+    pub.unregister()
+    assert not redis.Redis.from_url(redis_url).exists(pub.keys.worker_host_blocks("w"))
+
+
+def test_the_cost_model_prices_a_hit_by_tier_at_the_measured_bandwidth() -> None:
+    cost = CostModel()
+    assert cost.hit_seconds("device", 64 << 20) == 0.0
+    prior = cost.hit_seconds("host", 64 << 20)
+    assert prior > 0
+    cost.observe_stats(WorkerStats("p0", "prefill", 1, host_copy_bytes_per_s=1_000_000_000))
+    measured = cost.hit_seconds("host", 64 << 20)
+    assert measured > prior  # a slower host link than the prior's (12 GB/s)
+    assert measured == (64 << 20) / 1e9
