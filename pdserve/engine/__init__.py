@@ -26,6 +26,8 @@ types in `pdserve.core`. This package imports none of ray, grpc or redis.
   its sequences in attention groups when their lengths differ widely.
 - `compiled_decode.py` — `CompiledDecode`: decode-only steps as compiled static-shape graphs
   (`--compile`; CUDA graphs on CUDA), batch and block tables padded to buckets.
+- `grammar.py` — `Grammars`: structured output with xgrammar (compiled grammars cached per
+  spec, a matcher per sequence, the token mask applied before sampling).
 - `cuda_graphs.py` — `CudaGraphs`: the compiled decode step's CUDA graphs, captured by hand and
   replayed after one copy of the step's inputs.
 - `host_tensors.py` — a step's int64 inputs as CPU tensors, without torch.tensor's per-element

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from pdserve.core import model_limits
+from pdserve.core.grammar_spec import GrammarError
 from pdserve.core.kv_events import KVEvent, KVEventSink
 from pdserve.core.prompt_tokens import known_block_hashes
 from pdserve.core.sampling_params import SamplingParams
@@ -35,6 +36,7 @@ from pdserve.engine.beam_search import BeamRequest
 from pdserve.engine.block_manager import BlockManager
 from pdserve.engine.executor import Executor, make_executor
 from pdserve.engine.forked_choices import ForkedChoices
+from pdserve.engine.grammar import Grammars
 from pdserve.engine.outputs import RequestOutput, Reservation
 from pdserve.engine.overlapped_steps import InFlight, OverlappedSteps
 from pdserve.engine.premature_layers import request_layers
@@ -92,6 +94,7 @@ class LLMEngine(ForkedChoices, StepOutputs, OverlappedSteps):
             config.enable_chunked_prefill,
         )
         self.eos_token_ids = set(self.tokenizer.eos_token_ids)
+        self.grammars = Grammars(model_dir, self.executor.vocab_size, self.tokenizer.eos_token_ids)
         self._speculation = make_speculation(config, self.block_manager, self.max_model_len)
         self._kv_event_sink = kv_event_sink
         self._seqs: dict[str, Sequence] = {}  # by request id: choice 0's sequence
@@ -348,6 +351,13 @@ class LLMEngine(ForkedChoices, StepOutputs, OverlappedSteps):
             raise ValueError("beam_width: beam search needs the torch executor (not sim)")
         tied = bool(self.model_config.get("tie_word_embeddings", False))
         layers = request_layers(params, self.num_layers, tied)  # ValueError naming the field
+        grammar = None
+        if params.grammar is not None:
+            if self.config.kind == "sim":
+                raise GrammarError("grammar: structured output needs the torch executor (not sim)")
+            # A continuation's prompt ends with the seed_offset tokens generated so far.
+            generated = prompt[len(prompt) - params.seed_offset :]
+            grammar = self.grammars.start(params.grammar, generated)
         return Sequence(
             request_id=request_id,
             token_ids=prompt,
@@ -357,8 +367,10 @@ class LLMEngine(ForkedChoices, StepOutputs, OverlappedSteps):
             prefill_only=prefill_only,
             prompt_block_hashes=known_hashes,
             detokenizer=self._detokenizer(prompt, params),
+            grammar=grammar,
             overlaps=(
                 params.greedy
+                and grammar is None
                 and not (prefill_only or params.logprobs or params.beam_search)
                 and params.n == 1
                 and params.repetition_penalty == 1.0

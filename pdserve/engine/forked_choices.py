@@ -89,6 +89,7 @@ class ForkedChoices:
             cache_blocks=seq.cache_blocks,
             detokenizer=self._detokenizer(seq.token_ids, params),
             beam_top_k=seq.beam_top_k,
+            grammar=seq.grammar.fork() if seq.grammar is not None else None,
         )
         if seq.status == SequenceStatus.RUNNING:
             self.block_manager.fork(seq, fork)

@@ -13,6 +13,7 @@ from pdserve.engine import memory_profile
 from pdserve.engine.attention_batch import attention_context
 from pdserve.engine.compiled_decode import CompiledDecode, resolve_placeholders, use_compile
 from pdserve.engine.factuality import contrast_layers, plan_exits
+from pdserve.engine.grammar import mask_logits
 from pdserve.engine.sampler import Sampler, apply_repetition_penalty
 from pdserve.engine.scheduler import ScheduledBatch
 from pdserve.engine.spec_verify import verify
@@ -96,6 +97,8 @@ class TorchExecutor:
         if not sample_idx:
             return [], [], []
         sampled = [batch.sampling_seq(i) for i in sample_idx]
+        if any(s.grammar is not None for s in sampled):
+            mask_logits(logits, [s.grammar for s in sampled])
         tokens, logprobs = self.sampler(
             logits,
             [s.params for s in sampled],
