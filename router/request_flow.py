@@ -28,6 +28,7 @@ from typing import TypeVar
 
 from opentelemetry.trace import Span
 
+from pdserve.core.grammar_spec import GrammarError
 from pdserve.core.messages import PrefillResult, TokenBatch, WorkRequest
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.telemetry import carrier_of
@@ -42,6 +43,7 @@ from router.types import (
     Route,
     RouteChooser,
 )
+from router.validation import RequestError
 from router.waiting import WaitingRequests
 from router.worker_pool import WorkerPool, failure_reason
 
@@ -191,6 +193,10 @@ class RequestFlow:
                 error = exc
                 raise
             except Exception as exc:  # a worker or transfer failed: try elsewhere
+                refusal = _grammar_refusal(exc)
+                if refusal is not None:  # the request's grammar is at fault, not the worker
+                    outcome, error = "rejected", refusal
+                    raise refusal from None
                 outcome, error = "failed", exc
                 if route is None:  # routing itself broke: a bug, not a worker failure
                     raise
@@ -427,6 +433,20 @@ def _continuation(
         ),
         trace_context=trace_context,
     )
+
+
+def _grammar_refusal(exc: BaseException) -> RequestError | None:
+    """The client's error when a worker refused the request's grammar (it compiles there,
+    where xgrammar and torch are): a GrammarError anywhere in the exception's chain (Ray
+    raises the worker's exception as a subclass of it, with the original as `cause`)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, GrammarError):
+            original = getattr(seen, "cause", None)
+            message = original if isinstance(original, GrammarError) else seen
+            return RequestError(f"sampling.{message.args[0] if message.args else message}")
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def _remaining(

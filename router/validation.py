@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from pdserve.core.grammar_spec import GrammarError, GrammarSpec
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.pb import generate_pb2
 
@@ -201,6 +202,8 @@ def _decoding_rule(params: generate_pb2.SamplingParams, limits: ModelLimits) -> 
         "sled": params.sled,
         "speculative": not params.disable_speculation,
     }
+    if params.HasField("grammar"):
+        rule["grammar"] = _grammar(params.grammar)
     for name in (
         "n",
         "beam_width",
@@ -216,6 +219,22 @@ def _decoding_rule(params: generate_pb2.SamplingParams, limits: ModelLimits) -> 
         if params.HasField(name):
             rule[name] = _layers(name, getattr(params, name), limits)
     return rule
+
+
+def _grammar(grammar: generate_pb2.Grammar) -> GrammarSpec:
+    kind = grammar.WhichOneof("spec")
+    try:
+        if kind is None:
+            raise GrammarError("grammar: set one of json_object, json_schema, regex, choice, ebnf")
+        if grammar.strict and kind != "json_schema":
+            raise GrammarError("grammar: strict applies to json_schema only")
+        if kind == "json_object":
+            return GrammarSpec(kind)
+        if kind == "choice":
+            return GrammarSpec(kind, choices=tuple(grammar.choice.choices))
+        return GrammarSpec(kind, getattr(grammar, kind), strict=grammar.strict)
+    except GrammarError as exc:
+        raise RequestError(f"sampling.{exc}") from None
 
 
 def _layers(

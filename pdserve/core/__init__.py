@@ -1,6 +1,8 @@
 """Plain data every process shares: no torch, Ray, gRPC or Redis import here.
 
 - `sampling_params.py` — `SamplingParams`: how one request samples and stops.
+- `grammar_spec.py` — `GrammarSpec`: what a structured output must match, checked without a
+  compiler; `GrammarError`: a grammar the client got wrong.
 - `messages.py` — what the router and the workers exchange through Ray calls.
 - `kv_events.py` — `KVEvent`: blocks entering or leaving a worker's prefix cache.
 - `block_hash.py` — the chained hash of full KV blocks, the only one used anywhere (a whole

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from pdserve.core.grammar_spec import GrammarSpec
+
 # Temperatures below this are greedy: dividing logits by them overflows float32 to inf, and a
 # softmax over infinities samples an arbitrary token instead of the most likely one.
 GREEDY_TEMPERATURE = 1e-5
@@ -81,6 +83,10 @@ class SamplingParams:
     # Whether the engine may speculate on this request (when it runs --speculative); False =
     # every token from its own forward. Speculation never changes the output distribution.
     speculative: bool = True
+    # Structured output: every token keeps the output a prefix of the grammar's language, and
+    # EOS comes only where the grammar may end (pdserve/engine/decoding/grammar.py). Such a request is
+    # not speculated on, and beam search refuses it.
+    grammar: GrammarSpec | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -141,6 +147,11 @@ class SamplingParams:
         if self.stop:
             raise ValueError(
                 "stop: stop strings are not supported with beam search (beam_width >= 2)"
+            )
+        if self.grammar is not None:
+            raise ValueError(
+                "beam_width: beam search (>= 2) cannot be combined with structured output "
+                "(a grammar) yet"
             )
 
     @property

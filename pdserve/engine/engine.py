@@ -30,11 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from pdserve.core import model_limits
+from pdserve.core.grammar_spec import GrammarError
 from pdserve.core.kv_events import KVEvent, KVEventSink
 from pdserve.core.prompt_tokens import known_block_hashes
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.engine.block_manager import BlockManager
 from pdserve.engine.decoding.forked_choices import ForkedChoices
+from pdserve.engine.decoding.grammar import Grammars
 from pdserve.engine.decoding.premature_layers import request_layers
 from pdserve.engine.executor import Executor, make_executor
 from pdserve.engine.gpu_step.overlapped_steps import OverlappedSteps
@@ -97,6 +99,7 @@ class LLMEngine:
             config.enable_chunked_prefill,
         )
         self.eos_token_ids = set(self.tokenizer.eos_token_ids)
+        self.grammars = Grammars(model_dir, self.executor.vocab_size, self.tokenizer.eos_token_ids)
         self._speculation = make_speculation(config, self.block_manager, self.max_model_len)
         self._kv_event_sink = kv_event_sink
         self._seqs: dict[str, Sequence] = {}  # by request id: choice 0's sequence
@@ -414,6 +417,13 @@ class LLMEngine:
         tied = bool(self.model_config.get("tie_word_embeddings", False))
         layers = request_layers(params, self.num_layers, tied)  # ValueError naming the field
         mask = self._min_tokens_mask(params)
+        grammar = None
+        if params.grammar is not None:
+            if self.config.kind == "sim":
+                raise GrammarError("grammar: structured output needs the torch executor (not sim)")
+            # A continuation's prompt ends with the seed_offset tokens generated so far.
+            generated = prompt[len(prompt) - params.seed_offset :]
+            grammar = self.grammars.start(params.grammar, generated)
         return Sequence(
             request_id=request_id,
             token_ids=prompt,
@@ -423,8 +433,10 @@ class LLMEngine:
             prefill_only=prefill_only,
             prompt_block_hashes=known_hashes,
             detokenizer=self._detokenizer(prompt, params),
+            grammar=grammar,
             overlaps=(
                 params.greedy
+                and grammar is None
                 and not (prefill_only or params.logprobs or params.beam_search or mask)
                 and params.n == 1
                 and params.repetition_penalty == 1.0

@@ -10,6 +10,7 @@ from typing import NamedTuple
 import torch
 
 from pdserve.engine.decoding.factuality import contrast_layers, plan_exits
+from pdserve.engine.decoding.grammar import mask_logits
 from pdserve.engine.decoding.sampler import (
     Sampler,
     apply_repetition_penalty,
@@ -108,6 +109,8 @@ class TorchExecutor:
         if not sample_idx:
             return [], [], []
         sampled = [batch.sampling_seq(i) for i in sample_idx]
+        if any(s.grammar is not None for s in sampled):
+            mask_logits(logits, [s.grammar for s in sampled])
         tokens, logprobs = self.sampler(
             logits,
             [s.params for s in sampled],

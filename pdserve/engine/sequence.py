@@ -74,6 +74,8 @@ class Sequence:
     # (gpu_step/overlapped_steps.py): greedy, one choice, no logprobs, penalty, beams, DoLa/SLED or
     # prefill_only. While a step is in flight, its last token is a placeholder: -(row + 1).
     overlaps: bool = False
+    # Structured output: its place in the request's grammar (grammar.py's SequenceGrammar).
+    grammar: Any = None
 
     @property
     def num_tokens(self) -> int:

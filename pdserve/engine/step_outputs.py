@@ -112,10 +112,12 @@ class StepOutputs:
                 token in params.stop_token_ids
                 or (not params.ignore_eos and token in self._eos_token_ids)
             ) and len(token_ids) - seq.num_prompt_tokens > params.min_tokens  # min_tokens before it
+            # Structured output ends where its grammar does (grammar.py).
+            grammar_ended = seq.grammar is not None and seq.grammar.accept(token)
             if not stop_token and detokenizer is not None:
                 text += detokenizer.add([token])
             stop_string = detokenizer is not None and detokenizer.stopped is not None
-            reason = "stop" if stop_token or stop_string else None
+            reason = "stop" if stop_token or stop_string or grammar_ended else None
             if reason is None and len(token_ids) >= limit:
                 reason = "length"
             if reason is not None:

@@ -24,39 +24,43 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19pdserve/v1/generate.proto\x12\npdserve.v1\"\xb7\x06\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_k\x18\x02 \x01(\x05H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x03\x88\x01\x01\x12\x17\n\nmax_tokens\x18\x05 \x01(\rH\x04\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\r\x12\x0c\n\x04stop\x18\x07 \x03(\t\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\x10\n\x08logprobs\x18\t \x01(\x08\x12\x0e\n\x01n\x18\n \x01(\rH\x05\x88\x01\x01\x12\x17\n\nbeam_width\x18\x0b \x01(\rH\x06\x88\x01\x01\x12\x1b\n\x0elength_penalty\x18\x0c \x01(\x02H\x07\x88\x01\x01\x12\x16\n\x0e\x65\x61rly_stopping\x18\r \x01(\x08\x12\x1f\n\x12repetition_penalty\x18\x0e \x01(\x02H\x08\x88\x01\x01\x12/\n\x0b\x64ola_layers\x18\x0f \x01(\x0b\x32\x1a.pdserve.v1.LayerSelection\x12\x0c\n\x04sled\x18\x10 \x01(\x08\x12/\n\x0bsled_layers\x18\x11 \x01(\x0b\x32\x1a.pdserve.v1.LayerSelection\x12\x1b\n\x0e\x65volution_rate\x18\x12 \x01(\x02H\t\x88\x01\x01\x12\x1c\n\x0f\x65volution_scale\x18\x13 \x01(\rH\n\x88\x01\x01\x12\"\n\x15\x65volution_lower_bound\x18\x14 \x01(\x02H\x0b\x88\x01\x01\x12\x1b\n\x13\x64isable_speculation\x18\x15 \x01(\x08\x12\x17\n\nmin_tokens\x18\x16 \x01(\rH\x0c\x88\x01\x01\x12\x12\n\x05min_p\x18\x17 \x01(\x02H\r\x88\x01\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_kB\x08\n\x06_top_pB\x07\n\x05_seedB\r\n\x0b_max_tokensB\x04\n\x02_nB\r\n\x0b_beam_widthB\x11\n\x0f_length_penaltyB\x15\n\x13_repetition_penaltyB\x11\n\x0f_evolution_rateB\x12\n\x10_evolution_scaleB\x18\n\x16_evolution_lower_boundB\r\n\x0b_min_tokensB\x08\n\x06_min_p\"\\\n\x0eLayerSelection\x12\x10\n\x06preset\x18\x01 \x01(\tH\x00\x12+\n\x07indices\x18\x02 \x01(\x0b\x32\x18.pdserve.v1.LayerIndicesH\x00\x42\x0b\n\tselection\"\x1e\n\x0cLayerIndices\x12\x0e\n\x06layers\x18\x01 \x03(\r\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\xa7\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12)\n\ttoken_ids\x18\x04 \x01(\x0b\x32\x14.pdserve.v1.TokenIdsH\x00\x12,\n\x08sampling\x18\x05 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParamsB\x08\n\x06prompt\"W\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x03 \x01(\r\"\xab\x01\n\x07Timings\x12\x10\n\x08queue_ms\x18\x01 \x01(\x01\x12\x12\n\nprefill_ms\x18\x02 \x01(\x01\x12\x13\n\x0btransfer_ms\x18\x03 \x01(\x01\x12\x0f\n\x07ttft_ms\x18\x04 \x01(\x01\x12\x0e\n\x06\x65\x32\x65_ms\x18\x05 \x01(\x01\x12\x16\n\x0eprefill_worker\x18\x06 \x01(\t\x12\x15\n\rdecode_worker\x18\x07 \x01(\t\x12\x15\n\rdisaggregated\x18\x08 \x01(\x08\"\xb7\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x10\n\x08logprobs\x18\x04 \x03(\x02\x12/\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x18.pdserve.v1.FinishReason\x12 \n\x05usage\x18\x06 \x01(\x0b\x32\x11.pdserve.v1.Usage\x12$\n\x07timings\x18\x07 \x01(\x0b\x32\x13.pdserve.v1.Timings\x12\r\n\x05index\x18\x08 \x01(\r\x12\x1f\n\x12\x63umulative_logprob\x18\t \x01(\x01H\x00\x88\x01\x01\x12\x12\n\x05score\x18\n \x01(\x01H\x01\x88\x01\x01\x42\x15\n\x13_cumulative_logprobB\x08\n\x06_score\"J\n\x0fTokenizeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x1a\n\x12\x61\x64\x64_special_tokens\x18\x03 \x01(\x08\"5\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x0e\n\x06tokens\x18\x02 \x03(\t\"\x15\n\x13GetModelInfoRequest\"\xb6\x01\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\r\x12\x15\n\rmax_model_len\x18\x03 \x01(\r\x12\x12\n\nblock_size\x18\x04 \x01(\r\x12\x15\n\reos_token_ids\x18\x05 \x03(\r\x12\x17\n\x0fprefill_workers\x18\x06 \x01(\r\x12\x16\n\x0e\x64\x65\x63ode_workers\x18\x07 \x01(\r\x12\x14\n\x0ckv_transport\x18\x08 \x01(\t*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x32\xe4\x01\n\nGeneration\x12G\n\x08Generate\x12\x1b.pdserve.v1.GenerateRequest\x1a\x1c.pdserve.v1.GenerateResponse0\x01\x12\x45\n\x08Tokenize\x12\x1b.pdserve.v1.TokenizeRequest\x1a\x1c.pdserve.v1.TokenizeResponse\x12\x46\n\x0cGetModelInfo\x12\x1f.pdserve.v1.GetModelInfoRequest\x1a\x15.pdserve.v1.ModelInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19pdserve/v1/generate.proto\x12\npdserve.v1\"\xdd\x06\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_k\x18\x02 \x01(\x05H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x03\x88\x01\x01\x12\x17\n\nmax_tokens\x18\x05 \x01(\rH\x04\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\r\x12\x0c\n\x04stop\x18\x07 \x03(\t\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\x10\n\x08logprobs\x18\t \x01(\x08\x12\x0e\n\x01n\x18\n \x01(\rH\x05\x88\x01\x01\x12\x17\n\nbeam_width\x18\x0b \x01(\rH\x06\x88\x01\x01\x12\x1b\n\x0elength_penalty\x18\x0c \x01(\x02H\x07\x88\x01\x01\x12\x16\n\x0e\x65\x61rly_stopping\x18\r \x01(\x08\x12\x1f\n\x12repetition_penalty\x18\x0e \x01(\x02H\x08\x88\x01\x01\x12/\n\x0b\x64ola_layers\x18\x0f \x01(\x0b\x32\x1a.pdserve.v1.LayerSelection\x12\x0c\n\x04sled\x18\x10 \x01(\x08\x12/\n\x0bsled_layers\x18\x11 \x01(\x0b\x32\x1a.pdserve.v1.LayerSelection\x12\x1b\n\x0e\x65volution_rate\x18\x12 \x01(\x02H\t\x88\x01\x01\x12\x1c\n\x0f\x65volution_scale\x18\x13 \x01(\rH\n\x88\x01\x01\x12\"\n\x15\x65volution_lower_bound\x18\x14 \x01(\x02H\x0b\x88\x01\x01\x12\x1b\n\x13\x64isable_speculation\x18\x15 \x01(\x08\x12\x17\n\nmin_tokens\x18\x16 \x01(\rH\x0c\x88\x01\x01\x12\x12\n\x05min_p\x18\x17 \x01(\x02H\r\x88\x01\x01\x12$\n\x07grammar\x18\x1e \x01(\x0b\x32\x13.pdserve.v1.GrammarB\x0e\n\x0c_temperatureB\x08\n\x06_top_kB\x08\n\x06_top_pB\x07\n\x05_seedB\r\n\x0b_max_tokensB\x04\n\x02_nB\r\n\x0b_beam_widthB\x11\n\x0f_length_penaltyB\x15\n\x13_repetition_penaltyB\x11\n\x0f_evolution_rateB\x12\n\x10_evolution_scaleB\x18\n\x16_evolution_lower_boundB\r\n\x0b_min_tokensB\x08\n\x06_min_p\"\x9a\x01\n\x07Grammar\x12\x15\n\x0bjson_object\x18\x01 \x01(\x08H\x00\x12\x15\n\x0bjson_schema\x18\x02 \x01(\tH\x00\x12\x0f\n\x05regex\x18\x03 \x01(\tH\x00\x12(\n\x06\x63hoice\x18\x04 \x01(\x0b\x32\x16.pdserve.v1.ChoiceListH\x00\x12\x0e\n\x04\x65\x62nf\x18\x05 \x01(\tH\x00\x12\x0e\n\x06strict\x18\x06 \x01(\x08\x42\x06\n\x04spec\"\x1d\n\nChoiceList\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\"\\\n\x0eLayerSelection\x12\x10\n\x06preset\x18\x01 \x01(\tH\x00\x12+\n\x07indices\x18\x02 \x01(\x0b\x32\x18.pdserve.v1.LayerIndicesH\x00\x42\x0b\n\tselection\"\x1e\n\x0cLayerIndices\x12\x0e\n\x06layers\x18\x01 \x03(\r\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\xa7\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12)\n\ttoken_ids\x18\x04 \x01(\x0b\x32\x14.pdserve.v1.TokenIdsH\x00\x12,\n\x08sampling\x18\x05 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParamsB\x08\n\x06prompt\"W\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x03 \x01(\r\"\xab\x01\n\x07Timings\x12\x10\n\x08queue_ms\x18\x01 \x01(\x01\x12\x12\n\nprefill_ms\x18\x02 \x01(\x01\x12\x13\n\x0btransfer_ms\x18\x03 \x01(\x01\x12\x0f\n\x07ttft_ms\x18\x04 \x01(\x01\x12\x0e\n\x06\x65\x32\x65_ms\x18\x05 \x01(\x01\x12\x16\n\x0eprefill_worker\x18\x06 \x01(\t\x12\x15\n\rdecode_worker\x18\x07 \x01(\t\x12\x15\n\rdisaggregated\x18\x08 \x01(\x08\"\xb7\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x10\n\x08logprobs\x18\x04 \x03(\x02\x12/\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x18.pdserve.v1.FinishReason\x12 \n\x05usage\x18\x06 \x01(\x0b\x32\x11.pdserve.v1.Usage\x12$\n\x07timings\x18\x07 \x01(\x0b\x32\x13.pdserve.v1.Timings\x12\r\n\x05index\x18\x08 \x01(\r\x12\x1f\n\x12\x63umulative_logprob\x18\t \x01(\x01H\x00\x88\x01\x01\x12\x12\n\x05score\x18\n \x01(\x01H\x01\x88\x01\x01\x42\x15\n\x13_cumulative_logprobB\x08\n\x06_score\"J\n\x0fTokenizeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x1a\n\x12\x61\x64\x64_special_tokens\x18\x03 \x01(\x08\"5\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x0e\n\x06tokens\x18\x02 \x03(\t\"\x15\n\x13GetModelInfoRequest\"\xb6\x01\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\r\x12\x15\n\rmax_model_len\x18\x03 \x01(\r\x12\x12\n\nblock_size\x18\x04 \x01(\r\x12\x15\n\reos_token_ids\x18\x05 \x03(\r\x12\x17\n\x0fprefill_workers\x18\x06 \x01(\r\x12\x16\n\x0e\x64\x65\x63ode_workers\x18\x07 \x01(\r\x12\x14\n\x0ckv_transport\x18\x08 \x01(\t*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x32\xe4\x01\n\nGeneration\x12G\n\x08Generate\x12\x1b.pdserve.v1.GenerateRequest\x1a\x1c.pdserve.v1.GenerateResponse0\x01\x12\x45\n\x08Tokenize\x12\x1b.pdserve.v1.TokenizeRequest\x1a\x1c.pdserve.v1.TokenizeResponse\x12\x46\n\x0cGetModelInfo\x12\x1f.pdserve.v1.GetModelInfoRequest\x1a\x15.pdserve.v1.ModelInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pdserve.v1.generate_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=2104
-  _globals['_FINISHREASON']._serialized_end=2224
+  _globals['_FINISHREASON']._serialized_start=2330
+  _globals['_FINISHREASON']._serialized_end=2450
   _globals['_SAMPLINGPARAMS']._serialized_start=42
-  _globals['_SAMPLINGPARAMS']._serialized_end=865
-  _globals['_LAYERSELECTION']._serialized_start=867
-  _globals['_LAYERSELECTION']._serialized_end=959
-  _globals['_LAYERINDICES']._serialized_start=961
-  _globals['_LAYERINDICES']._serialized_end=991
-  _globals['_TOKENIDS']._serialized_start=993
-  _globals['_TOKENIDS']._serialized_end=1016
-  _globals['_GENERATEREQUEST']._serialized_start=1019
-  _globals['_GENERATEREQUEST']._serialized_end=1186
-  _globals['_USAGE']._serialized_start=1188
-  _globals['_USAGE']._serialized_end=1275
-  _globals['_TIMINGS']._serialized_start=1278
-  _globals['_TIMINGS']._serialized_end=1449
-  _globals['_GENERATERESPONSE']._serialized_start=1452
-  _globals['_GENERATERESPONSE']._serialized_end=1763
-  _globals['_TOKENIZEREQUEST']._serialized_start=1765
-  _globals['_TOKENIZEREQUEST']._serialized_end=1839
-  _globals['_TOKENIZERESPONSE']._serialized_start=1841
-  _globals['_TOKENIZERESPONSE']._serialized_end=1894
-  _globals['_GETMODELINFOREQUEST']._serialized_start=1896
-  _globals['_GETMODELINFOREQUEST']._serialized_end=1917
-  _globals['_MODELINFO']._serialized_start=1920
-  _globals['_MODELINFO']._serialized_end=2102
-  _globals['_GENERATION']._serialized_start=2227
-  _globals['_GENERATION']._serialized_end=2455
+  _globals['_SAMPLINGPARAMS']._serialized_end=903
+  _globals['_GRAMMAR']._serialized_start=906
+  _globals['_GRAMMAR']._serialized_end=1060
+  _globals['_CHOICELIST']._serialized_start=1062
+  _globals['_CHOICELIST']._serialized_end=1091
+  _globals['_LAYERSELECTION']._serialized_start=1093
+  _globals['_LAYERSELECTION']._serialized_end=1185
+  _globals['_LAYERINDICES']._serialized_start=1187
+  _globals['_LAYERINDICES']._serialized_end=1217
+  _globals['_TOKENIDS']._serialized_start=1219
+  _globals['_TOKENIDS']._serialized_end=1242
+  _globals['_GENERATEREQUEST']._serialized_start=1245
+  _globals['_GENERATEREQUEST']._serialized_end=1412
+  _globals['_USAGE']._serialized_start=1414
+  _globals['_USAGE']._serialized_end=1501
+  _globals['_TIMINGS']._serialized_start=1504
+  _globals['_TIMINGS']._serialized_end=1675
+  _globals['_GENERATERESPONSE']._serialized_start=1678
+  _globals['_GENERATERESPONSE']._serialized_end=1989
+  _globals['_TOKENIZEREQUEST']._serialized_start=1991
+  _globals['_TOKENIZEREQUEST']._serialized_end=2065
+  _globals['_TOKENIZERESPONSE']._serialized_start=2067
+  _globals['_TOKENIZERESPONSE']._serialized_end=2120
+  _globals['_GETMODELINFOREQUEST']._serialized_start=2122
+  _globals['_GETMODELINFOREQUEST']._serialized_end=2143
+  _globals['_MODELINFO']._serialized_start=2146
+  _globals['_MODELINFO']._serialized_end=2328
+  _globals['_GENERATION']._serialized_start=2453
+  _globals['_GENERATION']._serialized_end=2681
 # @@protoc_insertion_point(module_scope)

@@ -19,7 +19,7 @@ FINISH_REASON_LENGTH: FinishReason
 FINISH_REASON_ABORT: FinishReason
 
 class SamplingParams(_message.Message):
-    __slots__ = ("temperature", "top_k", "top_p", "seed", "max_tokens", "stop_token_ids", "stop", "ignore_eos", "logprobs", "n", "beam_width", "length_penalty", "early_stopping", "repetition_penalty", "dola_layers", "sled", "sled_layers", "evolution_rate", "evolution_scale", "evolution_lower_bound", "disable_speculation", "min_tokens", "min_p")
+    __slots__ = ("temperature", "top_k", "top_p", "seed", "max_tokens", "stop_token_ids", "stop", "ignore_eos", "logprobs", "n", "beam_width", "length_penalty", "early_stopping", "repetition_penalty", "dola_layers", "sled", "sled_layers", "evolution_rate", "evolution_scale", "evolution_lower_bound", "disable_speculation", "min_tokens", "min_p", "grammar")
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
@@ -43,6 +43,7 @@ class SamplingParams(_message.Message):
     DISABLE_SPECULATION_FIELD_NUMBER: _ClassVar[int]
     MIN_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MIN_P_FIELD_NUMBER: _ClassVar[int]
+    GRAMMAR_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_k: int
     top_p: float
@@ -66,7 +67,30 @@ class SamplingParams(_message.Message):
     disable_speculation: bool
     min_tokens: int
     min_p: float
-    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., max_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., stop: _Optional[_Iterable[str]] = ..., ignore_eos: _Optional[bool] = ..., logprobs: _Optional[bool] = ..., n: _Optional[int] = ..., beam_width: _Optional[int] = ..., length_penalty: _Optional[float] = ..., early_stopping: _Optional[bool] = ..., repetition_penalty: _Optional[float] = ..., dola_layers: _Optional[_Union[LayerSelection, _Mapping]] = ..., sled: _Optional[bool] = ..., sled_layers: _Optional[_Union[LayerSelection, _Mapping]] = ..., evolution_rate: _Optional[float] = ..., evolution_scale: _Optional[int] = ..., evolution_lower_bound: _Optional[float] = ..., disable_speculation: _Optional[bool] = ..., min_tokens: _Optional[int] = ..., min_p: _Optional[float] = ...) -> None: ...
+    grammar: Grammar
+    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., max_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., stop: _Optional[_Iterable[str]] = ..., ignore_eos: _Optional[bool] = ..., logprobs: _Optional[bool] = ..., n: _Optional[int] = ..., beam_width: _Optional[int] = ..., length_penalty: _Optional[float] = ..., early_stopping: _Optional[bool] = ..., repetition_penalty: _Optional[float] = ..., dola_layers: _Optional[_Union[LayerSelection, _Mapping]] = ..., sled: _Optional[bool] = ..., sled_layers: _Optional[_Union[LayerSelection, _Mapping]] = ..., evolution_rate: _Optional[float] = ..., evolution_scale: _Optional[int] = ..., evolution_lower_bound: _Optional[float] = ..., disable_speculation: _Optional[bool] = ..., min_tokens: _Optional[int] = ..., min_p: _Optional[float] = ..., grammar: _Optional[_Union[Grammar, _Mapping]] = ...) -> None: ...
+
+class Grammar(_message.Message):
+    __slots__ = ("json_object", "json_schema", "regex", "choice", "ebnf", "strict")
+    JSON_OBJECT_FIELD_NUMBER: _ClassVar[int]
+    JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    REGEX_FIELD_NUMBER: _ClassVar[int]
+    CHOICE_FIELD_NUMBER: _ClassVar[int]
+    EBNF_FIELD_NUMBER: _ClassVar[int]
+    STRICT_FIELD_NUMBER: _ClassVar[int]
+    json_object: bool
+    json_schema: str
+    regex: str
+    choice: ChoiceList
+    ebnf: str
+    strict: bool
+    def __init__(self, json_object: _Optional[bool] = ..., json_schema: _Optional[str] = ..., regex: _Optional[str] = ..., choice: _Optional[_Union[ChoiceList, _Mapping]] = ..., ebnf: _Optional[str] = ..., strict: _Optional[bool] = ...) -> None: ...
+
+class ChoiceList(_message.Message):
+    __slots__ = ("choices",)
+    CHOICES_FIELD_NUMBER: _ClassVar[int]
+    choices: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, choices: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class LayerSelection(_message.Message):
     __slots__ = ("preset", "indices")

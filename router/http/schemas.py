@@ -4,7 +4,8 @@ Fields pdserve does not implement are declared anyway, so that setting one to an
 neutral value is a 400 naming it (router/http/translate.py) rather than silently ignored.
 pdserve's own options (`top_k`, `min_p`, `min_tokens`, `ignore_eos`, `stop_token_ids`, `return_token_ids`, and the
 decoding rules: `beam_width`, `length_penalty`, `early_stopping`, `repetition_penalty`,
-`dola_layers`, `sled`, `sled_layers`, `evolution_*`; `disable_speculation`) are extra body fields, under vLLM's names
+`dola_layers`, `sled`, `sled_layers`, `evolution_*`; `disable_speculation`; structured output's
+`guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`) are extra body fields, under vLLM's names
 where vLLM has them; other unknown fields are ignored, as vLLM does.
 """
 
@@ -64,6 +65,13 @@ class SamplingFields(BaseModel):
     evolution_lower_bound: float | None = None
     # Opt out of the server's speculative decoding (pdserve.v1.SamplingParams documents it).
     disable_speculation: bool = False
+    # Structured output (pdserve.v1.Grammar): OpenAI's response_format, or one of vLLM's
+    # guided_json (a schema), guided_regex, guided_choice, guided_grammar (EBNF).
+    response_format: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
 
 class CompletionRequest(SamplingFields):
@@ -97,7 +105,6 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
-    response_format: dict[str, Any] | None = None
     # vLLM extensions: the template's generation prompt, and extra template variables.
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None

@@ -26,6 +26,7 @@ from router.http.translate import (
     check_supported,
     completion_prompts,
     generate_request,
+    grammar_field,
     max_tokens_field,
     openai_names,
 )
@@ -94,7 +95,7 @@ class OpenAIService:
             try:
                 valid.append(await validate(generate_request(body, prompt), self.limits, tokenize))
             except RequestError as e:
-                raise openai_names(e, field, max_tokens_field(body)) from None
+                raise openai_names(e, field, max_tokens_field(body), grammar_field(body)) from None
         return valid
 
     def close(self) -> None:

@@ -4,10 +4,12 @@ implement are refused here, by name; validation's messages are renamed to OpenAI
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from typing import Any
 
+from pdserve.core.grammar_spec import GrammarError, GrammarSpec
 from pdserve.pb import generate_pb2
 from router.http.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from router.validation import RequestError
@@ -61,8 +63,6 @@ def _check_chat(body: ChatCompletionRequest) -> None:
         raise RequestError("tools: tool calling is not supported")
     if body.tool_choice not in (None, "none"):
         raise RequestError("tool_choice: tool calling is not supported")
-    if body.response_format and body.response_format.get("type", "text") != "text":
-        raise RequestError("response_format: only type 'text' is supported")
 
 
 def completion_prompts(prompt: str | list[str] | list[int] | list[list[int]]) -> list[Prompt]:
@@ -143,7 +143,72 @@ def generate_request(body: SamplingFields, prompt: Prompt) -> generate_pb2.Gener
     sampling.ignore_eos = body.ignore_eos
     sampling.logprobs = wants_logprobs(body)
     _decoding_rule(body, sampling)
+    spec = grammar_spec(body)
+    if spec is not None:
+        _set_grammar(sampling.grammar, spec)
     return request
+
+
+_GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
+
+
+def grammar_field(body: SamplingFields) -> str:
+    """The field the client asked for structured output with."""
+    return next((name for name in _GUIDED if getattr(body, name) is not None), "response_format")
+
+
+def grammar_spec(body: SamplingFields) -> GrammarSpec | None:
+    """The grammar `body` asks for (None: free text); RequestError naming the field when it
+    is malformed or when two fields ask for one."""
+    asked = [name for name in _GUIDED if getattr(body, name) is not None]
+    response_format = body.response_format or {}
+    kind = response_format.get("type", "text")
+    if kind != "text":
+        asked.insert(0, "response_format")
+    if len(asked) > 1:
+        raise RequestError(f"{asked[1]}: conflicts with {asked[0]}; ask for one grammar")
+    if not asked:
+        return None
+    field = asked[0]
+    try:
+        if field == "response_format":
+            return _response_format(kind, response_format)
+        if field == "guided_json":
+            schema = body.guided_json
+            return GrammarSpec(
+                "json_schema", schema if isinstance(schema, str) else json.dumps(schema)
+            )
+        if field == "guided_choice":
+            return GrammarSpec("choice", choices=tuple(body.guided_choice or ()))
+        if field == "guided_regex":
+            return GrammarSpec("regex", body.guided_regex or "")
+        return GrammarSpec("ebnf", body.guided_grammar or "")
+    except GrammarError as exc:
+        raise RequestError(f"{field}: {str(exc).removeprefix('grammar: ')}") from None
+
+
+def _response_format(kind: str, response_format: dict[str, Any]) -> GrammarSpec:
+    if kind == "json_object":
+        return GrammarSpec("json_object")
+    if kind != "json_schema":
+        raise GrammarError(f"type must be 'text', 'json_object' or 'json_schema', got {kind!r}")
+    json_schema = response_format.get("json_schema")
+    if not isinstance(json_schema, dict) or not isinstance(json_schema.get("schema"), dict):
+        raise GrammarError("json_schema.schema: a JSON schema object is required")
+    strict = json_schema.get("strict") or False
+    if not isinstance(strict, bool):
+        raise GrammarError("json_schema.strict: must be a boolean")
+    return GrammarSpec("json_schema", json.dumps(json_schema["schema"]), strict=strict)
+
+
+def _set_grammar(grammar: generate_pb2.Grammar, spec: GrammarSpec) -> None:
+    if spec.kind == "json_object":
+        grammar.json_object = True
+    elif spec.kind == "choice":
+        grammar.choice.choices.extend(spec.choices)
+    else:
+        setattr(grammar, spec.kind, spec.text)
+    grammar.strict = spec.strict
 
 
 def _decoding_rule(body: SamplingFields, sampling: generate_pb2.SamplingParams) -> None:
@@ -179,13 +244,16 @@ def wants_logprobs(body: SamplingFields) -> bool:
     return getattr(body, "logprobs", None) is not None
 
 
-def openai_names(error: RequestError, prompt_field: str, max_tokens_name: str) -> RequestError:
+def openai_names(
+    error: RequestError, prompt_field: str, max_tokens_name: str, grammar_name: str = "grammar"
+) -> RequestError:
     """Validation's message with the gRPC field names replaced by the OpenAI request's."""
     message = str(error)
     message = _PROMPT_FIELD.sub(f"{prompt_field}: ", message)
     sampling = _SAMPLING_FIELD.match(message)
     if sampling:
         field = max_tokens_name if sampling.group(1) == "max_tokens" else sampling.group(1)
+        field = grammar_name if field == "grammar" else field
         message = f"{field}: " + message[sampling.end() :]
     message = message.replace("sampling.max_tokens", max_tokens_name)
     return RequestError(message)

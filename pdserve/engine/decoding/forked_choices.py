@@ -134,6 +134,7 @@ class ForkedChoices:
             detokenizer=self._detokenizer(seq.token_ids, params),
             beam_top_k=seq.beam_top_k,
             min_tokens_mask=seq.min_tokens_mask,
+            grammar=seq.grammar.fork() if seq.grammar is not None else None,
         )
         if seq.status == SequenceStatus.RUNNING:
             self._block_manager.fork(seq, fork)

@@ -53,6 +53,7 @@ def may_speculate(seq: Sequence) -> bool:
     return (
         seq.status == SequenceStatus.RUNNING
         and params.speculative
+        and params.grammar is None  # drafts are not checked against a grammar (yet)
         and not seq.prefill_only
         and not params.beam_search
         and params.dola_layers is None

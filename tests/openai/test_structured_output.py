@@ -1,0 +1,176 @@
+"""Structured output through the official `openai` SDK, colocated and disaggregated: random
+weights, yet every output is valid against its JSON schema (the grammar guarantees it),
+regex and choice outputs match, and a bad grammar is a 400 that names the problem."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import openai
+import pytest
+
+KEY = "sk-structured-test"
+SCHEMAS = {
+    "flat": {
+        "type": "object",
+        "properties": {
+            "ok": {"type": "boolean"},
+            "level": {"enum": ["low", "mid", "high"]},
+            "count": {"type": "integer", "minimum": 0, "maximum": 999},
+        },
+        "required": ["ok", "level", "count"],
+    },
+    "nested": {
+        "type": "object",
+        "properties": {
+            "user": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "maxLength": 8},
+                    "role": {"enum": ["admin", "guest"]},
+                },
+                "required": ["name", "role"],
+            },
+            "active": {"type": "boolean"},
+        },
+        "required": ["user", "active"],
+    },
+    "array": {
+        "type": "object",
+        "properties": {
+            "scores": {
+                "type": "array",
+                "items": {"type": "integer", "minimum": -5, "maximum": 5},
+                "maxItems": 4,
+            },
+            "label": {"type": "string", "pattern": "^[A-Z]{2}[0-9]$"},
+        },
+        "required": ["scores", "label"],
+    },
+    "refs": {
+        "type": "object",
+        "$defs": {"point": {"type": "object", "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["x"]}},  # noqa: E501
+        "properties": {"a": {"$ref": "#/$defs/point"}, "b": {"anyOf": [{"$ref": "#/$defs/point"}, {"type": "null"}]}},  # noqa: E501
+        "required": ["a", "b"],
+    },
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module", params=["always", "never"], ids=["disaggregated", "colocated"])
+def served(request, ray_cluster, tmp_path_factory):
+    from pdserve.app import BackgroundApp
+    from pdserve.models.builtin import BUILTIN_VERSION, make_model
+    from tests.e2e.conftest import serve_config
+
+    model_dir = make_model(tmp_path_factory.mktemp("model") / f"tiny-llama-v{BUILTIN_VERSION}")
+    config = serve_config("grpc", prefill_workers=1, decode_workers=1)
+    config.engine.model = str(model_dir)
+    config.router.api_keys = [KEY]
+    config.router.disaggregate = request.param
+    with BackgroundApp(config) as app:
+        app.model_dir = model_dir
+        yield app
+
+
+@pytest.fixture(scope="module")
+def client(served) -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=f"http://127.0.0.1:{served.http_port}/v1", api_key=KEY, max_retries=0
+    )
+
+
+@pytest.fixture(scope="module")
+def model(served) -> str:
+    return served.model_dir.name
+
+
+def test_a_hundred_sampled_outputs_are_all_valid_against_their_schemas(client, model):
+    valid = 0
+    for name, schema in SCHEMAS.items():
+        response = client.completions.create(
+            model=model,
+            prompt=f"Give me {name} JSON:",
+            max_tokens=150,
+            temperature=1.0,
+            n=25,
+            seed=len(name),
+            extra_body={"response_format": _json_schema(name, schema)},
+        )
+        for choice in response.choices:
+            assert choice.finish_reason == "stop", choice.text
+            jsonschema.validate(json.loads(choice.text), schema)
+            valid += 1
+    assert valid == 100
+
+
+def test_chat_with_a_json_schema_response_format(client, model):
+    schema = SCHEMAS["nested"]
+    response = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "Who is logged in?"}],
+        max_tokens=150,
+        temperature=1.0,
+        seed=3,
+        response_format=_json_schema("nested", schema),
+    )
+    jsonschema.validate(json.loads(response.choices[0].message.content), schema)
+
+
+def test_json_object_starts_an_object(client, model):
+    response = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "JSON please"}],
+        max_tokens=40,
+        response_format={"type": "json_object"},
+    )
+    assert response.choices[0].message.content.startswith("{")
+
+
+def test_guided_regex_choice_and_grammar_outputs_match(client, model):
+    cases = [
+        ({"guided_regex": r"[0-9]{3}-[a-z]{2,4}"}, r"[0-9]{3}-[a-z]{2,4}"),
+        ({"guided_choice": ["red", "green", "blue"]}, r"red|green|blue"),
+        ({"guided_grammar": 'root ::= "<" ("ab" | "c")+ ">"'}, r"<(ab|c)+>"),
+    ]
+    for extra, pattern in cases:
+        response = client.completions.create(
+            model=model, prompt="Answer:", max_tokens=200, temperature=1.0, n=8, extra_body=extra
+        )
+        for choice in response.choices:
+            assert re.fullmatch(pattern, choice.text), (extra, choice.text)
+
+
+@pytest.mark.parametrize(
+    "extra, problem",
+    [
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objekt"}}}},  # noqa: E501
+            'Unsupported type "objekt"',
+        ),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "strict": True, "schema": {"type": "object", "not": {}}}}},  # noqa: E501
+            r"response_format: strict schema uses unsupported keyword\(s\) \['not'\]",
+        ),
+        ({"guided_regex": "(?=a)b"}, "Lookahead is not supported"),
+        ({"guided_grammar": "root ::= undefined_rule"}, "undefined_rule"),
+        ({"guided_choice": []}, "guided_choice: the choice list is empty"),
+        ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice: conflicts with guided_regex"),
+        ({"response_format": {"type": "yaml"}}, "response_format: type must be"),
+        ({"guided_regex": "a+", "beam_width": 2}, "beam_width: .*structured output"),
+    ],
+)  # fmt: skip
+def test_a_bad_grammar_is_a_400_naming_the_problem(client, model, extra, problem):
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(model=model, prompt="x", max_tokens=5, extra_body=extra)
+    assert re.search(problem, caught.value.body["message"]), caught.value.body["message"]
+    # The server keeps serving.
+    ok = client.completions.create(
+        model=model, prompt="x", max_tokens=5, extra_body={"guided_choice": ["fine"]}
+    )
+    assert ok.choices[0].text == "fine"
+
+
+def _json_schema(name: str, schema: dict) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
