@@ -8,7 +8,7 @@ chat's distinct prompt blocks (--working-set-ratio), so each conversation's earl
 evicted before its next turn comes. Without a tier they are recomputed; with one they are
 copied back from host memory. Reported both ways: prompt tokens the worker computed (the
 `WorkerStats.prefill_tokens` delta, = prompt tokens - prefix hit tokens) against the minimum
-any cache could reach (every distinct full block once, plus each prompt's tail), the prefix hit
+a cache that never evicts would reach (minimum_prefill_tokens), the prefix hit
 tokens (and those from the host tier), TTFT p50/p99, and the ratios with / without.
 """
 
@@ -29,7 +29,6 @@ from pdserve.bench.common.local_system import (
     serve_locally,
     start_ray,
 )
-from pdserve.bench.serving.router_bench import minimum_prefill_tokens
 
 WAYS = ("without", "with")  # the host tier off, on
 
@@ -139,6 +138,27 @@ def _chat(args: argparse.Namespace, model_config: dict) -> list:
         model_config["vocab_size"],
         eos_ids(model_config),
     )
+
+
+def minimum_prefill_tokens(prompts: list[list[int]], block_size: int) -> int:
+    """The least a cache that never evicts computes for these prompts in this order: each full
+    block the first time it is seen, each prompt's partial tail, and one token for a prompt whose
+    last full block is already cached (its last token runs again to sample the first output).
+    In order, unlike `bench router`'s bound: a turn's last block is not cached before the turn
+    that extends it, so the earlier turn computes it, with no extra token."""
+    from pdserve.core.block_hash import prompt_block_hashes
+
+    seen: set[int] = set()
+    total = 0
+    for prompt in prompts:
+        chain = prompt_block_hashes(prompt, block_size)
+        tail = len(prompt) % block_size
+        if not tail and chain and chain[-1] in seen:
+            total += 1
+        else:
+            total += sum(h not in seen for h in chain) * block_size + tail
+        seen.update(chain)
+    return total
 
 
 def _distinct_blocks(prompts: list[list[int]], block_size: int) -> int:

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from pdserve.bench.serving import kv_tiers_bench
-from pdserve.bench.serving.router_bench import minimum_prefill_tokens
+from pdserve.bench.serving.kv_tiers_bench import minimum_prefill_tokens
 from tests.bench.cli_args import bench_args
 
 SMALLEST = {
@@ -58,3 +58,13 @@ def test_a_pool_too_small_for_the_requests_in_flight_is_refused_naming_the_flags
     args = bench_args(kv_tiers_bench, **(SMALLEST | {"conversations": 4, "max_concurrency": 2}))
     with pytest.raises(SystemExit, match="--working-set-ratio 4 leaves .* --max-concurrency 2"):
         kv_tiers_bench.run(args)
+
+
+def test_the_minimum_counts_blocks_once_in_order_and_a_fully_cached_prompt_as_one_token():
+    block = 4
+    first = list(range(8))  # two full blocks
+    extended = first + [9, 9, 9, 9, 7]  # first's blocks cached, one new block, a tail of 1
+    again = list(first)  # wholly cached: its last token runs again
+    assert minimum_prefill_tokens([first, extended, again], block) == 8 + 4 + 1 + 1
+    # Turn order: the earlier turn's last block is not cached yet when it runs.
+    assert minimum_prefill_tokens([first, extended], block) == 8 + 5
