@@ -1,0 +1,325 @@
+"""`pdserve bench kv-tiers`: a multi-turn chat whose working set outgrows the device KV pool,
+served without and with the host tier (--kv-offload-gb), same requests, same run.
+
+    pdserve bench kv-tiers
+
+One worker that prefills and decodes (pinned to a core) holds a KV pool sized to 1/4 of the
+chat's distinct prompt blocks (--working-set-ratio), so each conversation's earlier turns are
+evicted before its next turn comes. Without a tier they are recomputed; with one they are
+copied back from host memory. Reported both ways: prompt tokens the worker computed (the
+`WorkerStats.prefill_tokens` delta, = prompt tokens - prefix hit tokens) against the minimum
+a cache that never evicts would reach (minimum_prefill_tokens), the prefix hit
+tokens (and those from the host tier), TTFT p50/p99, and the ratios with / without.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import math
+import time
+from pathlib import Path
+
+from pdserve.bench.common.local_system import (
+    add_model_arguments,
+    eos_ids,
+    load_model,
+    serve_locally,
+    start_ray,
+)
+
+WAYS = ("without", "with")  # the host tier off, on
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_model_arguments(p, preset="tiny")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument(
+        "--working-set-ratio",
+        type=float,
+        default=4.0,
+        help="the chat's distinct prompt blocks over the device KV pool's blocks",
+    )
+    p.add_argument(
+        "--kv-offload-gb",
+        type=float,
+        default=0.05,
+        help="the host tier of the 'with' system (GiB; enough for the whole working set)",
+    )
+    p.add_argument("--max-concurrency", type=int, default=2, help="requests in flight")
+    chat = p.add_argument_group("multi-turn chat")
+    chat.add_argument("--conversations", type=int, default=16)
+    chat.add_argument("--turns", type=int, default=4)
+    chat.add_argument("--system-prompts", type=int, default=4)
+    chat.add_argument("--system-prompt-len", type=int, default=256)
+    chat.add_argument("--user-len", type=int, default=64)
+    chat.add_argument("--output-len", type=int, default=16)
+    p.add_argument("--json", help="write both results and the ratios to this file")
+
+
+@dataclasses.dataclass
+class TierResult:
+    """The chat served one way."""
+
+    completed: int
+    failed: int
+    prompt_tokens: int
+    computed_tokens: int  # prompt tokens the worker ran through the model
+    minimum_tokens: int  # the least any cache could compute for this chat
+    hit_tokens: int  # prompt tokens found in a prefix cache, any tier
+    host_hit_tokens: int  # of hit_tokens, those copied back from the host tier
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+
+    @property
+    def computed_vs_minimum(self) -> float:
+        return self.computed_tokens / max(1, self.minimum_tokens)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    model_dir, model_config = load_model(args)
+    requests = _chat(args, model_config)
+    distinct_blocks = _distinct_blocks([r.prompt for r in requests], args.block_size)
+    num_kv_blocks = _pool_blocks(args, requests, distinct_blocks)
+    console = Console(width=150)
+    console.print(
+        f"multi-turn chat: {len(requests)} requests, "
+        f"{sum(r.prompt_len for r in requests)} prompt tokens, {distinct_blocks} distinct "
+        f"blocks over a pool of {num_kv_blocks} ({distinct_blocks / num_kv_blocks:.1f}x), "
+        f"minimum computed {minimum_prefill_tokens([r.prompt for r in requests], args.block_size)}"
+    )
+    start_ray(0, 1)
+    results: dict[str, TierResult] = {}
+    for way in WAYS:
+        offload_gb = args.kv_offload_gb if way == "with" else 0.0
+        console.print(f"[bold]{way} host tier[/bold] (--kv-offload-gb {offload_gb:g}): starting")
+        started = time.perf_counter()
+        with _serve(model_dir, args, num_kv_blocks, offload_gb) as app:
+            console.print(f"  started in {time.perf_counter() - started:.1f}s; warming up")
+            _warm_up(app, model_config, args)
+            results[way] = _measure(app, requests, args)
+            console.print(f"  {_line(results[way])}")
+    ratios = _ratios(results)
+    console.print(_table(results, ratios))
+    if args.json:
+        document = {
+            way: dataclasses.asdict(r) | {"computed_vs_minimum": r.computed_vs_minimum}
+            for way, r in results.items()
+        } | {"with_over_without": ratios}
+        Path(args.json).write_text(json.dumps(document, indent=2) + "\n")
+    return 1 if any(r.failed for r in results.values()) else 0
+
+
+def _chat(args: argparse.Namespace, model_config: dict) -> list:
+    from pdserve.workloads.datasets import DatasetConfig, generate_requests
+
+    dataset = DatasetConfig(
+        name="multi-turn",
+        mt_conversations=args.conversations,
+        mt_turns=args.turns,
+        mt_system_prompts=args.system_prompts,
+        mt_system_prompt_len=args.system_prompt_len,
+        mt_user_len=args.user_len,
+        mt_output_len=args.output_len,
+    )
+    try:
+        dataset.validate()
+    except ValueError as error:
+        raise SystemExit(str(error)) from error
+    return generate_requests(
+        dataset,
+        args.conversations * args.turns,
+        args.seed,
+        model_config["vocab_size"],
+        eos_ids(model_config),
+    )
+
+
+def minimum_prefill_tokens(prompts: list[list[int]], block_size: int) -> int:
+    """The least a cache that never evicts computes for these prompts in this order: each full
+    block the first time it is seen, each prompt's partial tail, and one token for a prompt whose
+    last full block is already cached (its last token runs again to sample the first output).
+    In order, unlike `bench router`'s bound: a turn's last block is not cached before the turn
+    that extends it, so the earlier turn computes it, with no extra token."""
+    from pdserve.core.block_hash import prompt_block_hashes
+
+    seen: set[int] = set()
+    total = 0
+    for prompt in prompts:
+        chain = prompt_block_hashes(prompt, block_size)
+        tail = len(prompt) % block_size
+        if not tail and chain and chain[-1] in seen:
+            total += 1
+        else:
+            total += sum(h not in seen for h in chain) * block_size + tail
+        seen.update(chain)
+    return total
+
+
+def _distinct_blocks(prompts: list[list[int]], block_size: int) -> int:
+    from pdserve.core.block_hash import prompt_block_hashes
+
+    return len({h for prompt in prompts for h in prompt_block_hashes(prompt, block_size)})
+
+
+def _pool_blocks(args: argparse.Namespace, requests: list, distinct_blocks: int) -> int:
+    """The device pool: the working set over --working-set-ratio, refused when it cannot hold
+    the requests in flight (the ratio would then measure preemption, not the tier)."""
+    if args.working_set_ratio < 1 or args.max_concurrency < 1:
+        raise SystemExit("--working-set-ratio must be >= 1 and --max-concurrency >= 1")
+    longest = max(r.prompt_len + r.output_len for r in requests)
+    in_flight = args.max_concurrency * math.ceil(longest / args.block_size)
+    pool = math.ceil(distinct_blocks / args.working_set_ratio)
+    if pool < in_flight:
+        raise SystemExit(
+            f"--working-set-ratio {args.working_set_ratio:g} leaves {pool} blocks, fewer than "
+            f"the {in_flight} that --max-concurrency {args.max_concurrency} sequences need: "
+            "lengthen the chat (--conversations) or lower the ratio"
+        )
+    return pool
+
+
+def _serve(model_dir: Path, args: argparse.Namespace, num_kv_blocks: int, offload_gb: float):
+    engine = {
+        "block_size": args.block_size,
+        "num_kv_blocks": num_kv_blocks,
+        "kv_offload_gb": offload_gb,
+    }
+    return serve_locally(
+        model_dir,
+        prefill_workers=0,
+        decode_workers=1,
+        engine=engine,
+        router={"disaggregate": "never"},
+    )
+
+
+def _warm_up(app, model_config: dict, args: argparse.Namespace) -> None:
+    """Unshared prompts first, so first-call costs stay out of the figures."""
+    from pdserve.bench.common.load_generator import run_load
+    from pdserve.workloads.datasets import DatasetConfig, generate_requests
+
+    warm = DatasetConfig(
+        name="random", random_input_len=args.system_prompt_len, random_output_len=4
+    )
+    requests = generate_requests(
+        warm, 4, args.seed + 1, model_config["vocab_size"], eos_ids(model_config)
+    )
+    asyncio.run(run_load(f"127.0.0.1:{app.port}", requests, max_concurrency=1))
+    _wait_idle(app)
+
+
+def _measure(app, requests: list, args: argparse.Namespace) -> TierResult:
+    from pdserve.bench.common.load_generator import run_load
+    from pdserve.workloads.metrics import run_duration, summarize
+
+    before = _stats(app)
+    records = asyncio.run(
+        run_load(f"127.0.0.1:{app.port}", requests, max_concurrency=args.max_concurrency)
+    )
+    _wait_idle(app)
+    after = _stats(app)
+    computed, hits, host_hits = (b - a for a, b in zip(before, after, strict=True))
+    summary = summarize(records, run_duration(records) or 1e-9)
+    return TierResult(
+        completed=summary.completed,
+        failed=summary.failed,
+        prompt_tokens=sum(r.prompt_len for r in records),
+        computed_tokens=computed,
+        minimum_tokens=minimum_prefill_tokens([r.prompt for r in requests], args.block_size),
+        hit_tokens=hits,
+        host_hit_tokens=host_hits,
+        ttft_p50_ms=summary.ttft.p50,
+        ttft_p99_ms=summary.ttft.p99,
+    )
+
+
+def _stats(app) -> tuple[int, int, int]:
+    """Prompt tokens computed, prefix hit tokens, and those from the host tier, all workers."""
+    import ray
+
+    workers = app.app.pool.workers.values()
+    stats = ray.get([w.actor.stats.remote() for w in workers])
+    return (
+        sum(s.prefill_tokens for s in stats),
+        sum(s.prefix_hit_tokens for s in stats),
+        sum(s.prefix_host_hit_tokens for s in stats),
+    )
+
+
+def _wait_idle(app, timeout_s: float = 60.0) -> None:
+    """Until no worker has queued or running work (so every prefill is counted)."""
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        stats = ray.get([w.actor.stats.remote() for w in app.app.pool.workers.values()])
+        if not any(s.num_waiting or s.num_running or s.num_reserved or s.num_held for s in stats):
+            return
+        time.sleep(0.2)
+
+
+def _ratios(results: dict[str, TierResult]) -> dict[str, float | None]:
+    without, with_ = results["without"], results["with"]
+    return {
+        name: (getattr(with_, name) / getattr(without, name) if getattr(without, name) else None)
+        for name in ("computed_tokens", "ttft_p50_ms", "ttft_p99_ms")
+    }
+
+
+def _line(r: TierResult) -> str:
+    return (
+        f"computed {r.computed_tokens} tokens ({r.computed_vs_minimum:.2f}x minimum "
+        f"{r.minimum_tokens}), hits {r.hit_tokens} (host {r.host_hit_tokens}), TTFT p50 "
+        f"{r.ttft_p50_ms:.1f} ms p99 {r.ttft_p99_ms:.1f} ms, failed {r.failed}"
+    )
+
+
+def _table(results: dict[str, TierResult], ratios: dict[str, float | None]):
+    from rich.table import Table
+
+    table = Table(title="KV host tier: multi-turn chat, working set > device pool (with / without)")
+    columns = (
+        "host tier",
+        "prefill computed",
+        "vs minimum",
+        "hit tokens",
+        "host hit tokens",
+        "TTFT p50 ms",
+        "TTFT p99 ms",
+        "failed",
+    )
+    for column in columns:
+        table.add_column(column, justify="left" if column == columns[0] else "right")
+    for way, r in results.items():
+        table.add_row(
+            way,
+            str(r.computed_tokens),
+            f"{r.computed_vs_minimum:.2f}x",
+            str(r.hit_tokens),
+            str(r.host_hit_tokens),
+            f"{r.ttft_p50_ms:.1f}",
+            f"{r.ttft_p99_ms:.1f}",
+            str(r.failed),
+        )
+    table.add_section()
+    table.add_row(
+        "with/without",
+        _ratio_text(ratios["computed_tokens"]),
+        "",
+        "",
+        "",
+        _ratio_text(ratios["ttft_p50_ms"]),
+        _ratio_text(ratios["ttft_p99_ms"]),
+        "",
+    )
+    return table
+
+
+def _ratio_text(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.2f}"
