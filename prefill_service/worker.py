@@ -8,6 +8,12 @@ lacks through the configured transport, commits with the first token, and releas
 to this worker's prefix cache, where a later request with the same prefix finds them. P never
 holds blocks on D's behalf once its push is done, whatever the outcome, nor once the caller
 stops listening.
+
+Ray does not order an async actor's calls: the router's abort() may run before the prefill()
+it aborts has started, or between its stream opening and its request reaching the engine. So
+an abort is remembered (request ids are unique per attempt), and prefill() checks it before
+computing, on the engine thread as it adds the request, and before pushing: an aborted
+request is never computed, held or pushed, and its blocks are freed at once.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
@@ -34,6 +41,11 @@ if TYPE_CHECKING:  # torch; imported on the worker only, so the router can impor
 
 log = logging.getLogger(__name__)
 
+# Aborted request ids remembered for a prefill() that starts after its abort. The router aborts
+# every attempt when it ends, so this bounds memory; a prefill starts within seconds of its
+# abort, long before thousands of later attempts push its id out.
+ABORTS_REMEMBERED = 4096
+
 
 class PrefillAborted(RuntimeError):
     """The request was aborted while it waited or computed on this worker."""
@@ -45,6 +57,8 @@ class PrefillWorker(WorkerActor):
     def __init__(self, worker_id: str, spec: WorkerSpec) -> None:
         super().__init__(worker_id, spec)
         self._sender = None
+        # Read by the engine thread too (in `add`): written before the abort reaches the engine.
+        self._aborted: OrderedDict[str, None] = OrderedDict()
 
     def _start_transport(self, runtime: WorkerRuntime) -> None:
         from kv_transfer.factory import make_sender
@@ -77,6 +91,8 @@ class PrefillWorker(WorkerActor):
             attributes=attributes,
         )
         try:
+            if rid in self._aborted:
+                raise PrefillAborted(f"request {rid} was aborted before its prefill started")
             with bind_request_id(rid), trace.use_span(span, end_on_exit=False):
                 result, block_ids = await self._compute(runtime, request, span)
             if result.finished:  # the first token ended it: blocks freed, nothing to hand over
@@ -84,6 +100,8 @@ class PrefillWorker(WorkerActor):
                 return
             try:
                 yield result
+                if rid in self._aborted:  # while the first token went out: push nothing
+                    raise PrefillAborted(f"request {rid} was aborted before its KV push")
                 with bind_request_id(rid), trace.use_span(span, end_on_exit=False):
                     src_blocks = [block_ids[i] for i in reservation.missing_block_indices]
                     await self._push(runtime, reservation, src_blocks, result)
@@ -101,11 +119,18 @@ class PrefillWorker(WorkerActor):
         stream = runtime.loop.open_stream(rid)
         received = time.perf_counter()
 
-        def add() -> None:
+        def add() -> bool:
+            # On the engine thread, ordered with the abort's engine.abort: either the abort
+            # is remembered here, or it finds the request in the engine and frees it.
+            if rid in self._aborted:
+                return False
             engine.add_request(rid, request.prompt_token_ids, request.sampling, prefill_only=True)
             runtime.track_queue(rid)
+            return True
 
-        await runtime.loop.acall(add)
+        if not await runtime.loop.acall(add):
+            runtime.loop.close_stream(rid)
+            raise PrefillAborted(f"request {rid} was aborted before its prefill started")
         try:
             output = await stream.get()
         finally:
@@ -222,8 +247,17 @@ class PrefillWorker(WorkerActor):
         self._sender.tamper = corrupt_once
 
     async def abort(self, request_id: str) -> None:
+        """Frees the request's blocks at once and fences a prefill() not yet started (or not yet
+        in the engine) for it. Idempotent."""
+        self._remember_abort(request_id)  # before the first await: a racing prefill sees it
         runtime = await self._started()
         await runtime.abort(request_id)
+
+    def _remember_abort(self, request_id: str) -> None:
+        self._aborted[request_id] = None
+        self._aborted.move_to_end(request_id)
+        while len(self._aborted) > ABORTS_REMEMBERED:
+            self._aborted.popitem(last=False)
 
 
 def _child_span(
