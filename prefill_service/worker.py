@@ -9,11 +9,10 @@ to this worker's prefix cache, where a later request with the same prefix finds 
 holds blocks on D's behalf once its push is done, whatever the outcome, nor once the caller
 stops listening.
 
-Ray does not order an async actor's calls: the router's abort() may run before the prefill()
-it aborts has started, or between its stream opening and its request reaching the engine. So
-an abort is remembered (request ids are unique per attempt), and prefill() checks it before
-computing, on the engine thread as it adds the request, and before pushing: an aborted
-request is never computed, held or pushed, and its blocks are freed at once.
+An abort may run before the prefill() it aborts has started, or between its stream opening and
+its request reaching the engine (pdserve/worker/aborted_requests.py): prefill() checks the
+remembered aborts before computing, on the engine thread as it adds the request, and before
+pushing, so an aborted request is never computed, held or pushed.
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
@@ -32,6 +30,7 @@ from pdserve import metrics
 from pdserve.core.messages import KVReservation, PrefillResult, WorkRequest
 from pdserve.logging_setup import bind_request_id
 from pdserve.telemetry import extract_context, get_tracer, inject_context, wall_ns
+from pdserve.worker.aborted_requests import AbortedRequests
 from pdserve.worker.engine_loop import END_OF_STREAM
 from pdserve.worker.worker_actor import WorkerActor
 from pdserve.worker.worker_spec import WorkerSpec
@@ -40,11 +39,6 @@ if TYPE_CHECKING:  # torch; imported on the worker only, so the router can impor
     from pdserve.worker.worker_runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
-
-# Aborted request ids remembered for a prefill() that starts after its abort. The router aborts
-# every attempt when it ends, so this bounds memory; a prefill starts within seconds of its
-# abort, long before thousands of later attempts push its id out.
-ABORTS_REMEMBERED = 4096
 
 
 class PrefillAborted(RuntimeError):
@@ -58,7 +52,7 @@ class PrefillWorker(WorkerActor):
         super().__init__(worker_id, spec)
         self._sender = None
         # Read by the engine thread too (in `add`): written before the abort reaches the engine.
-        self._aborted: OrderedDict[str, None] = OrderedDict()
+        self._aborted = AbortedRequests()
 
     def _start_transport(self, runtime: WorkerRuntime) -> None:
         from kv_transfer.factory import make_sender
@@ -249,15 +243,9 @@ class PrefillWorker(WorkerActor):
     async def abort(self, request_id: str) -> None:
         """Frees the request's blocks at once and fences a prefill() not yet started (or not yet
         in the engine) for it. Idempotent."""
-        self._remember_abort(request_id)  # before the first await: a racing prefill sees it
+        self._aborted.add(request_id)  # before the first await: a racing prefill sees it
         runtime = await self._started()
         await runtime.abort(request_id)
-
-    def _remember_abort(self, request_id: str) -> None:
-        self._aborted[request_id] = None
-        self._aborted.move_to_end(request_id)
-        while len(self._aborted) > ABORTS_REMEMBERED:
-            self._aborted.popitem(last=False)
 
 
 def _child_span(
