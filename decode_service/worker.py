@@ -24,6 +24,7 @@ from decode_service.handoffs import Handoff, HandoffTable
 from pdserve.core.messages import KVReservation, TokenBatch, WorkRequest
 from pdserve.logging_setup import bind_request_id
 from pdserve.telemetry import extract_context, get_tracer, inject_context, span_from_carrier
+from pdserve.worker.aborted_requests import AbortedRequests
 from pdserve.worker.worker_actor import WorkerActor
 from pdserve.worker.worker_spec import WorkerSpec
 
@@ -50,6 +51,9 @@ class DecodeWorker(WorkerActor):
         self._endpoint = ""
         self._cache_received_kv = False
         self._handoffs = HandoffTable()
+        # Aborts that may arrive before the reserve() or generate() they abort; read by the
+        # engine thread too (in generate's `add`).
+        self._aborted = AbortedRequests()
         self._streams: dict[str, asyncio.Queue] = {}
         # Received trace contexts of recent requests, oldest first (outlive their handoffs).
         self._trace_contexts: dict[str, dict[str, dict[str, str]]] = {}
@@ -79,6 +83,8 @@ class DecodeWorker(WorkerActor):
 
         The reservation is freed if no commit arrives within the timeout (default: config).
         """
+        if request.request_id in self._aborted:  # the abort ran first: reserve nothing
+            return None
         # Recorded before the first await, so an abort() arriving meanwhile finds and cancels it.
         handoff = self._handoffs.begin(
             request.request_id, len(request.prompt_token_ids), request.sampling.logprobs
@@ -150,9 +156,18 @@ class DecodeWorker(WorkerActor):
             span_from_carrier("pdserve.decode.admit", request.trace_context, attributes),
         ):
             self._streams[rid] = runtime.loop.open_stream(rid)
-            await runtime.loop.acall(
-                lambda: runtime.engine.add_request(rid, request.prompt_token_ids, request.sampling)
-            )
+
+            def add() -> bool:
+                # On the engine thread, ordered with the abort's engine.abort: either the
+                # abort is remembered here, or it finds the request in the engine and frees it.
+                if rid in self._aborted:
+                    return False
+                runtime.engine.add_request(rid, request.prompt_token_ids, request.sampling)
+                return True
+
+            if not await runtime.loop.acall(add):  # stream() then ends as aborted
+                self._streams.pop(rid, None)
+                runtime.loop.close_stream(rid)
 
     async def stream(self, request_id: str) -> AsyncIterator[TokenBatch]:
         """Token batches of a reserved-and-committed or locally prefilled request."""
@@ -192,7 +207,9 @@ class DecodeWorker(WorkerActor):
             span.end()
 
     async def abort(self, request_id: str) -> None:
-        """Ends the request whatever its state: reservation, transfer, decoding. Idempotent."""
+        """Ends the request whatever its state: reservation, transfer, decoding; also one whose
+        reserve() or generate() has not started yet. Idempotent."""
+        self._aborted.add(request_id)  # before the first await: a racing call sees it
         runtime = await self._started()
         handoff = self._handoffs.cancel(request_id)
         if handoff is not None and handoff.transfer_id:

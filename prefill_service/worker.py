@@ -8,6 +8,11 @@ lacks through the configured transport, commits with the first token, and releas
 to this worker's prefix cache, where a later request with the same prefix finds them. P never
 holds blocks on D's behalf once its push is done, whatever the outcome, nor once the caller
 stops listening.
+
+An abort may run before the prefill() it aborts has started, or between its stream opening and
+its request reaching the engine (pdserve/worker/aborted_requests.py): prefill() checks the
+remembered aborts before computing, on the engine thread as it adds the request, and before
+pushing, so an aborted request is never computed, held or pushed.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from pdserve import metrics
 from pdserve.core.messages import KVReservation, PrefillResult, WorkRequest
 from pdserve.logging_setup import bind_request_id
 from pdserve.telemetry import extract_context, get_tracer, inject_context, wall_ns
+from pdserve.worker.aborted_requests import AbortedRequests
 from pdserve.worker.engine_loop import END_OF_STREAM
 from pdserve.worker.worker_actor import WorkerActor
 from pdserve.worker.worker_spec import WorkerSpec
@@ -45,6 +51,8 @@ class PrefillWorker(WorkerActor):
     def __init__(self, worker_id: str, spec: WorkerSpec) -> None:
         super().__init__(worker_id, spec)
         self._sender = None
+        # Read by the engine thread too (in `add`): written before the abort reaches the engine.
+        self._aborted = AbortedRequests()
 
     def _start_transport(self, runtime: WorkerRuntime) -> None:
         from kv_transfer.factory import make_sender
@@ -77,6 +85,8 @@ class PrefillWorker(WorkerActor):
             attributes=attributes,
         )
         try:
+            if rid in self._aborted:
+                raise PrefillAborted(f"request {rid} was aborted before its prefill started")
             with bind_request_id(rid), trace.use_span(span, end_on_exit=False):
                 result, block_ids = await self._compute(runtime, request, span)
             if result.finished:  # the first token ended it: blocks freed, nothing to hand over
@@ -84,6 +94,8 @@ class PrefillWorker(WorkerActor):
                 return
             try:
                 yield result
+                if rid in self._aborted:  # while the first token went out: push nothing
+                    raise PrefillAborted(f"request {rid} was aborted before its KV push")
                 with bind_request_id(rid), trace.use_span(span, end_on_exit=False):
                     src_blocks = [block_ids[i] for i in reservation.missing_block_indices]
                     await self._push(runtime, reservation, src_blocks, result)
@@ -101,11 +113,18 @@ class PrefillWorker(WorkerActor):
         stream = runtime.loop.open_stream(rid)
         received = time.perf_counter()
 
-        def add() -> None:
+        def add() -> bool:
+            # On the engine thread, ordered with the abort's engine.abort: either the abort
+            # is remembered here, or it finds the request in the engine and frees it.
+            if rid in self._aborted:
+                return False
             engine.add_request(rid, request.prompt_token_ids, request.sampling, prefill_only=True)
             runtime.track_queue(rid)
+            return True
 
-        await runtime.loop.acall(add)
+        if not await runtime.loop.acall(add):
+            runtime.loop.close_stream(rid)
+            raise PrefillAborted(f"request {rid} was aborted before its prefill started")
         try:
             output = await stream.get()
         finally:
@@ -222,6 +241,9 @@ class PrefillWorker(WorkerActor):
         self._sender.tamper = corrupt_once
 
     async def abort(self, request_id: str) -> None:
+        """Frees the request's blocks at once and fences a prefill() not yet started (or not yet
+        in the engine) for it. Idempotent."""
+        self._aborted.add(request_id)  # before the first await: a racing prefill sees it
         runtime = await self._started()
         await runtime.abort(request_id)
 

@@ -4,6 +4,7 @@ decode_service/).
 - `worker_actor.py` — `WorkerActor`: the actor skeleton (lazy start, `ready`, `stats`).
 - `worker_runtime.py` — `WorkerRuntime`: engine + loop, step costs, stats, KV events to the index.
 - `engine_loop.py` — `EngineLoop`: the engine on its own thread, outputs to asyncio queues.
+- `aborted_requests.py` — `AbortedRequests`: aborts remembered for calls Ray runs after them.
 - `memory_usage.py` — peak RSS and peak CUDA memory of the worker process (WorkerStats).
 - `worker_spec.py` — `WorkerSpec`: everything an actor is started with (no secrets in env).
 - `worker_spec.py` — `WorkerSpec`: all one actor is started with (its constructor argument).

@@ -37,16 +37,41 @@ def test_abort_while_the_engine_reserves_undoes_the_reservation():
     asyncio.run(scenario())
 
 
-def test_abort_before_the_transfer_opened_then_reserving_again_works():
+def test_abort_before_reserve_started_reserves_nothing():
+    """Ray does not order an async actor's calls: the router's abort can run first."""
+
     async def scenario() -> None:
         async with running_workers() as (decode, _prefill):
-            work = WorkRequest("r", PROMPT, SamplingParams(max_tokens=4))
-            await decode.abort("r")  # unknown request: a no-op
-            reservation = await decode.reserve(work)
-            assert reservation is not None
-            assert decode._receiver.open_transfer_ids() == [reservation.transfer_id]
             await decode.abort("r")
+            reservation = await decode.reserve(WorkRequest("r", PROMPT, SamplingParams()))
+            assert reservation is None
+            assert decode._receiver.open_transfer_ids() == []  # nothing waits out a deadline
+            assert await used_blocks(decode) == 0 and len(decode._handoffs) == 0
+            # Another request (a retry's id is another) reserves as usual.
+            retry = await decode.reserve(WorkRequest("r#1", PROMPT, SamplingParams()))
+            assert retry is not None
+            assert decode._receiver.open_transfer_ids() == [retry.transfer_id]
+            await decode.abort("r#1")
             assert decode._receiver.open_transfer_ids() == []
             assert await used_blocks(decode) == 0 and len(decode._handoffs) == 0
+
+    asyncio.run(scenario())
+
+
+def test_abort_racing_a_local_request_into_the_engine_frees_it():
+    async def scenario() -> None:
+        async with running_workers() as (decode, _prefill):
+            gate = threading.Event()
+            decode._runtime.loop.call(gate.wait)  # the engine thread waits: calls queue
+            aborting = asyncio.ensure_future(decode.abort("r"))
+            await asyncio.sleep(0.1)  # abort() queued engine.abort (a no-op: nothing added yet)
+            work = WorkRequest("r", PROMPT, SamplingParams(max_tokens=400, ignore_eos=True))
+            generating = asyncio.ensure_future(decode.generate(work))
+            await asyncio.sleep(0.1)  # generate() opened its stream and queued its request
+            gate.set()
+            await asyncio.gather(aborting, generating)
+            assert await used_blocks(decode) == 0
+            batches = await drain(decode, "r")
+            assert [b.finish_reason for b in batches] == ["abort"]
 
     asyncio.run(scenario())

@@ -134,9 +134,11 @@ def used_blocks(served) -> dict[str, int]:
     return {w.worker_id: ray.get(w.actor.stats.remote()).num_used_blocks for w in workers}
 
 
-# A prefill worker told to abort before the request reached it still computes it and holds its
-# blocks until its KV push gives up on the aborted reservation (reservation_timeout_s = 20).
-IDLE_S = 45.0
+# Aborts free blocks at once on both workers, even one that Ray runs before the reserve(),
+# generate() or prefill() it aborts (tests/decode_service/test_reserve_abort.py and
+# test_prefill_abort.py); the margin is for a loaded machine, well under the reservation
+# timeout (20 s) that a leaked reservation would wait out.
+IDLE_S = 10.0
 
 
 def wait_idle(served, timeout_s: float = IDLE_S) -> dict[str, int]:
