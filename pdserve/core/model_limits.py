@@ -2,9 +2,9 @@
 
 The engine sizes itself with these functions and the router validates requests against the
 same `max_model_len`, so a request the router accepts always fits the engine. The engine runs
-full causal attention; on a sliding-window model (Mistral, Qwen2/3 with `use_sliding_window`) that
-equals the model's own attention only while the sequence fits the window, so the window caps
-the context too.
+full causal attention; on a sliding-window model (Mistral, Mixtral, Qwen2/3 and their MoE
+variants with `use_sliding_window`) that equals the model's own attention only while the
+sequence fits the window, so the window caps the context too.
 """
 
 from __future__ import annotations
@@ -13,8 +13,18 @@ from typing import Any
 
 from pdserve.engine_config import EngineConfig
 
+# Architectures whose MLP is (in some layers) a mixture of experts (pdserve/models/moe.py).
+MOE_ARCHITECTURES = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM")
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 DEFAULT_MAX_POSITION_EMBEDDINGS = 2048
+
+
+_QWEN_ARCHITECTURES = (
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "Qwen2MoeForCausalLM",
+    "Qwen3MoeForCausalLM",
+)
 
 
 def sliding_window(hf_config: dict[str, Any]) -> int | None:
@@ -22,7 +32,7 @@ def sliding_window(hf_config: dict[str, Any]) -> int | None:
     Qwen2 and Qwen3 slide only with use_sliding_window, and only in layers from
     max_window_layers on."""
     architectures = hf_config.get("architectures", [])
-    if "Qwen2ForCausalLM" in architectures or "Qwen3ForCausalLM" in architectures:
+    if any(a in architectures for a in _QWEN_ARCHITECTURES):
         sliding_layers = hf_config["num_hidden_layers"] - hf_config.get("max_window_layers", 0)
         if not hf_config.get("use_sliding_window", False) or sliding_layers <= 0:
             return None
@@ -67,9 +77,18 @@ def tensor_parallel_error(heads: int, kv_heads: int, intermediate: int, tp: int)
     return None
 
 
+def moe_tensor_parallel_error(tp: int) -> str:
+    return (
+        f"tensor parallel degree {tp}: mixture-of-experts layers are not split across ranks "
+        "yet; serve this model at TP 1"
+    )
+
+
 def check_tensor_parallel(hf_config: dict[str, Any], tp: int) -> None:
     """ValueError (one line naming the numbers) when `tp` ranks cannot split this model
     (pdserve/models/tp_layout.py)."""
+    if tp > 1 and any(a in MOE_ARCHITECTURES for a in hf_config.get("architectures", [])):
+        raise ValueError(moe_tensor_parallel_error(tp))
     heads = hf_config["num_attention_heads"]
     kv_heads = hf_config.get("num_key_value_heads") or heads
     problem = tensor_parallel_error(heads, kv_heads, hf_config["intermediate_size"], tp)

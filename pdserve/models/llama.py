@@ -1,4 +1,5 @@
-"""The Llama-family decoder (Llama, Llama 3, Mistral, Qwen2, Qwen3): math only.
+"""The Llama-family decoder (Llama, Llama 3, Mistral, Qwen2, Qwen3, and with a mixture-of-experts
+MLP in some or all layers Qwen2-MoE, Qwen3-MoE, Mixtral: moe.py): math only.
 
 Numerics follow transformers' LlamaForCausalLM: RMSNorm and RoPE tables in float32, rotate-half
 RoPE, a gated MLP (SwiGLU with the default `hidden_act`); Qwen3 also RMS-normalizes each query and
@@ -22,10 +23,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pdserve.core.model_limits import moe_tensor_parallel_error
 from pdserve.models import native_ops
 from pdserve.models.attention import AttentionContext, attend_stored, paged_attention
 from pdserve.models.attention_op import compiled_paged_attention
 from pdserve.models.linear import Linear
+from pdserve.models.moe import MoeConfig, SparseMoeBlock
 from pdserve.models.rope import rope_tables
 from pdserve.models.tensor_parallel import (
     RowParallelLinear,
@@ -67,6 +70,7 @@ class LlamaConfig:
     hidden_act: str = "silu"  # a key of ACTIVATIONS
     tie_word_embeddings: bool = False
     qk_norm: bool = False  # Qwen3: an RMSNorm over each query and key head before RoPE
+    moe: MoeConfig | None = None  # the layers whose MLP is a mixture of experts, and its sizes
 
 
 class RMSNorm(nn.Module):
@@ -185,13 +189,28 @@ class MLP(nn.Module):
         return self.down_proj(native_ops.silu_and_mul(self.gate_up_proj(x)))
 
 
+def _mlp(config: LlamaConfig, index: int, tp: TensorParallel | None) -> nn.Module:
+    """Layer `index`'s MLP: dense, or a mixture of experts in the model's sparse layers."""
+    moe = config.moe
+    if moe is None or index not in moe.sparse_layers:
+        return MLP(config, tp)
+    assert tp is None, "tensor-parallel experts are refused at load (model_limits)"
+    act = ACTIVATIONS[config.hidden_act]
+    shared = None
+    if moe.shared_expert_intermediate_size:
+        shared = MLP(replace(config, intermediate_size=moe.shared_expert_intermediate_size))
+    return SparseMoeBlock(config.hidden_size, moe, act, shared)
+
+
 class DecoderLayer(nn.Module):
-    def __init__(self, config: LlamaConfig, tp: TensorParallel | None = None) -> None:
+    def __init__(
+        self, config: LlamaConfig, tp: TensorParallel | None = None, index: int = 0
+    ) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config, tp)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config, tp)
+        self.mlp = _mlp(config, index, tp)
 
     def forward(self, x, cos, sin, layer_cache, ctx) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, layer_cache, ctx)
@@ -222,6 +241,8 @@ def shard_layout(config: LlamaConfig, tp: TensorParallel) -> ShardLayout:
     """What rank tp.rank of tp.size holds (tp_layout.py); ValueError naming the numbers when
     the model cannot be split that way."""
     c = config
+    if c.moe is not None and tp.size > 1:
+        raise ValueError(moe_tensor_parallel_error(tp.size))
     return ShardLayout.of(
         c.num_heads,
         c.num_kv_heads,
@@ -259,7 +280,7 @@ class LlamaForCausalLM(nn.Module):
         # KV heads this rank's cache holds: [num_layers, 2, blocks, block_size, kv_heads, D]
         self.kv_heads = layer_config.num_kv_heads
         self.layers = nn.ModuleList(
-            DecoderLayer(layer_config, self.tp) for _ in range(config.num_layers)
+            DecoderLayer(layer_config, self.tp, i) for i in range(config.num_layers)
         )
         self.norm = RMSNorm(hidden, config.rms_norm_eps)
         if config.tie_word_embeddings:
