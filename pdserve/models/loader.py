@@ -6,7 +6,7 @@ config.json fields are honoured is listed in hf_config.py. Experts are read in e
 checkpoint has: one tensor per expert (`mlp.experts.3.gate_proj.weight`, Mixtral's
 `block_sparse_moe.experts.3.w1.weight`: what the published checkpoints and transformers'
 save_pretrained write) or transformers 5's stacked `mlp.experts.gate_up_proj`; both become
-moe.Experts' stacked tensors. Anything else (a field we cannot compute, a missing
+moe.Experts' stacked tensors (transposed: input dimension first). Anything else (a field we cannot compute, a missing
 tensor, a checkpoint tensor the model would not use) fails with a ModelLoadError that names the
 directory and what is missing or unsupported; nothing is ever downloaded.
 
@@ -54,6 +54,7 @@ _PER_EXPERT = {
         ("block_sparse_moe.experts.{e}.w2.weight",),
     ),
 }
+_EXPERT_WEIGHTS = tuple(_PER_EXPERT)
 _MIXTRAL_ROUTER = "block_sparse_moe.gate.weight"  # our mlp.gate.weight
 # Checkpoint tensors recomputed from config.json rather than loaded (older Llama checkpoints).
 _DERIVED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -163,6 +164,8 @@ def _state_dict(
             continue
         joined = [torch.cat([found[p] for p in group], dim=0) for group in groups]
         tensor = torch.stack(joined) if stacked else joined[0]
+        if name.endswith(_EXPERT_WEIGHTS):  # moe.Experts holds them input dimension first
+            tensor = tensor.transpose(1, 2).contiguous()
         if tensor.shape != param.shape:
             raise ModelLoadError(
                 f"{name} in {model_dir} has shape {tuple(tensor.shape)}, "

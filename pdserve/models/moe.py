@@ -18,10 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from pdserve.models.linear import Linear
+from pdserve.models.linear import ONEDNN, PACK_ROWS, Linear, onednn_linear
 
 # torch's grouped GEMM: one kernel over every expert's slice, offsets on the device (no host
 # sync). Measured on this CPU alike or faster than a loop of F.linear at 8-128 experts.
@@ -39,32 +38,83 @@ class MoeConfig:
 
 
 class Experts(nn.Module):
-    """Every expert's gated-MLP weights as one tensor each, in transformers 5's layout:
-    gate_up_proj [E, 2 * inner, hidden] (gate rows first), down_proj [E, hidden, inner]."""
+    """Every expert's gated-MLP weights as one tensor each, input dimension first:
+    gate_up_proj [E, hidden, 2 * inner] (gate columns first), down_proj [E, inner, hidden].
+    That is transformers 5's layout transposed (the loader transposes): x @ W[e] is then the
+    plain product, which the CPU GEMMs run ~1.5x faster at a few rows per expert than
+    x @ W[e]^T (measured: 15 experts of 512 x 512, 128 rows, 1 thread: 3.3 ms against 5.0)."""
 
     def __init__(self, num_experts: int, hidden: int, inner: int, act: Callable) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * inner, hidden))
-        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, inner))
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, hidden, 2 * inner))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, inner, hidden))
         self.act = act
+
+    _packed: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+    _packed_of: tuple | None = None  # the weights' (data_ptr, version, dtype) when packed
 
     def forward(self, x: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
         """x: [P, hidden], rows sorted by expert; ends: [E] int32, the end row of each expert's
         slice (cumulative counts). Returns [P, hidden], each row through its expert."""
+        packed = self._packed_weights(x)
+        if packed is not None:
+            return self._forward_packed(x, ends, packed)
         gate, up = _grouped_linear(x, self.gate_up_proj, ends).chunk(2, dim=-1)
         return _grouped_linear(self.act(gate) * up, self.down_proj, ends)
 
+    def _forward_packed(self, x, ends, packed) -> torch.Tensor:
+        """`forward` through oneDNN over each expert's reordered weights (linear.py: at a few
+        rows ~2x faster than the MKL GEMM under torch.mm, which packs the weight again on
+        every call), one pair of calls per expert that some row chose."""
+        out = x.new_empty(x.shape[0], self.down_proj.shape[2])
+        start = 0
+        for expert, end in enumerate(ends.tolist()):  # one host sync per call
+            if end > start:
+                gate_up, down = packed[expert]
+                gate, up = onednn_linear(x[start:end], gate_up, None, "none", [], "").chunk(2, -1)
+                h = self.act(gate) * up
+                out[start:end] = onednn_linear(h, down, None, "none", [], "")
+            start = end
+        return out
+
+    def _packed_weights(self, x: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        """Each expert's weights reordered for oneDNN, made on first use and again when the
+        weights change; None where oneDNN does not apply (as in linear.Linear)."""
+        w = self.gate_up_proj
+        applies = (
+            ONEDNN
+            and x.device.type == "cpu"
+            and x.dtype == w.dtype
+            and w.dtype in (torch.float32, torch.bfloat16)
+            and not torch.compiler.is_compiling()
+            and not (w.requires_grad and torch.is_grad_enabled())
+        )
+        if not applies:
+            return None
+        key = (w.data_ptr(), w._version, self.down_proj.data_ptr(), self.down_proj._version)
+        if self._packed_of != key:
+            reorder = torch.ops.mkldnn._reorder_linear_weight
+            self._packed = [
+                (
+                    reorder(w[e].detach().t().contiguous(), PACK_ROWS),
+                    reorder(self.down_proj[e].detach().t().contiguous(), PACK_ROWS),
+                )
+                for e in range(w.shape[0])
+            ]
+            self._packed_of = key
+        return self._packed
+
 
 def _grouped_linear(x: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
-    """Rows [ends[e - 1], ends[e]) of x times weight[e]^T, for every expert e.
-    x: [P, in]; weight: [E, out, in] -> [P, out]."""
+    """Rows [ends[e - 1], ends[e]) of x times weight[e], for every expert e.
+    x: [P, in]; weight: [E, in, out] -> [P, out]."""
     if _GROUPED_MM is not None and x.device.type == "cpu" and not torch.compiler.is_compiling():
-        return _GROUPED_MM(x, weight.transpose(1, 2), offs=ends)
-    out = x.new_empty(x.shape[0], weight.shape[1])
+        return _GROUPED_MM(x, weight, offs=ends)
+    out = x.new_empty(x.shape[0], weight.shape[2])
     start = 0
     for expert, end in enumerate(ends.tolist()):  # one host sync per call
         if end > start:
-            out[start:end] = F.linear(x[start:end], weight[expert])
+            torch.mm(x[start:end], weight[expert], out=out[start:end])
         start = end
     return out
 

@@ -65,7 +65,7 @@ def test_stacked_expert_checkpoint_loads_the_same_model(tmp_path):
     a, b = load_model(per_expert)[0].state_dict(), load_model(stacked)[0].state_dict()
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a)
-    assert a["layers.1.mlp.experts.gate_up_proj"].shape == (9, 48, 64)
+    assert a["layers.1.mlp.experts.gate_up_proj"].shape == (9, 64, 48)
 
 
 def _edit_config(directory, **changes) -> None:
@@ -106,3 +106,31 @@ def test_tensor_parallel_moe_is_refused_naming_the_degree(tmp_path):
     check_tensor_parallel(config, 1)
     with pytest.raises(ValueError, match="tensor parallel degree 2: mixture-of-experts"):
         check_tensor_parallel(config, 2)
+
+
+@pytest.mark.parametrize("tokens", [3, 40])
+def test_both_expert_paths_equal_a_token_by_token_reference(tokens):
+    """The oneDNN path (CPU inference) and the grouped GEMM (elsewhere; here under autograd)
+    give each token the weighted sum of its top-k experts; with 3 tokens most of the 7 experts
+    go unchosen and are skipped."""
+    import torch.nn.functional as F
+
+    from pdserve.models.moe import MoeConfig, SparseMoeBlock
+
+    torch.manual_seed(0)
+    block = SparseMoeBlock(32, MoeConfig(7, 2, 24, True), F.silu, None)
+    with torch.no_grad():
+        for p in block.parameters():
+            p.normal_(0.0, 0.3)
+    x = torch.randn(tokens, 32)
+    with torch.inference_mode():
+        experts, weights = block.route(x)
+        packed = block(x)
+    expected = torch.zeros_like(x)
+    for t in range(tokens):
+        for e, w in zip(experts[t].tolist(), weights[t], strict=True):
+            gate, up = (x[t] @ block.experts.gate_up_proj[e].detach()).chunk(2)
+            expected[t] += w * ((F.silu(gate) * up) @ block.experts.down_proj[e].detach())
+    torch.testing.assert_close(packed, expected, atol=1e-5, rtol=0)
+    grouped = block(x).detach()  # parameters requiring grad: not the oneDNN path
+    torch.testing.assert_close(grouped, expected, atol=1e-5, rtol=0)
