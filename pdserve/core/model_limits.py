@@ -13,8 +13,6 @@ from typing import Any
 
 from pdserve.engine_config import EngineConfig
 
-# Architectures whose MLP is (in some layers) a mixture of experts (pdserve/models/moe.py).
-MOE_ARCHITECTURES = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM")
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 DEFAULT_MAX_POSITION_EMBEDDINGS = 2048
 
@@ -77,18 +75,9 @@ def tensor_parallel_error(heads: int, kv_heads: int, intermediate: int, tp: int)
     return None
 
 
-def moe_tensor_parallel_error(tp: int) -> str:
-    return (
-        f"tensor parallel degree {tp}: mixture-of-experts layers are not split across ranks "
-        "yet; serve this model at TP 1"
-    )
-
-
 def check_tensor_parallel(hf_config: dict[str, Any], tp: int) -> None:
     """ValueError (one line naming the numbers) when `tp` ranks cannot split this model
     (pdserve/models/tp_layout.py)."""
-    if tp > 1 and any(a in MOE_ARCHITECTURES for a in hf_config.get("architectures", [])):
-        raise ValueError(moe_tensor_parallel_error(tp))
     heads = hf_config["num_attention_heads"]
     kv_heads = hf_config.get("num_key_value_heads") or heads
     problem = tensor_parallel_error(heads, kv_heads, hf_config["intermediate_size"], tp)

@@ -23,7 +23,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pdserve.core.model_limits import moe_tensor_parallel_error
 from pdserve.models import native_ops
 from pdserve.models.attention import AttentionContext, attend_stored, paged_attention
 from pdserve.models.attention_op import compiled_paged_attention
@@ -194,12 +193,12 @@ def _mlp(config: LlamaConfig, index: int, tp: TensorParallel | None) -> nn.Modul
     moe = config.moe
     if moe is None or index not in moe.sparse_layers:
         return MLP(config, tp)
-    assert tp is None, "tensor-parallel experts are refused at load (model_limits)"
     act = ACTIVATIONS[config.hidden_act]
     shared = None
-    if moe.shared_expert_intermediate_size:
+    # The shared expert whole on rank 0 only: the all-reduce of the experts' sum adds it once.
+    if moe.shared_expert_intermediate_size and (tp is None or tp.rank == 0):
         shared = MLP(replace(config, intermediate_size=moe.shared_expert_intermediate_size))
-    return SparseMoeBlock(config.hidden_size, moe, act, shared)
+    return SparseMoeBlock(config.hidden_size, moe, act, shared, tp)
 
 
 class DecoderLayer(nn.Module):
@@ -241,8 +240,6 @@ def shard_layout(config: LlamaConfig, tp: TensorParallel) -> ShardLayout:
     """What rank tp.rank of tp.size holds (tp_layout.py); ValueError naming the numbers when
     the model cannot be split that way."""
     c = config
-    if c.moe is not None and tp.size > 1:
-        raise ValueError(moe_tensor_parallel_error(tp.size))
     return ShardLayout.of(
         c.num_heads,
         c.num_kv_heads,
@@ -251,6 +248,7 @@ def shard_layout(config: LlamaConfig, tp: TensorParallel) -> ShardLayout:
         c.vocab_size,
         tp.rank,
         tp.size,
+        c.moe.num_experts if c.moe else 0,
     )
 
 

@@ -17,6 +17,7 @@ safetensors' lazy slices: each rank holds 1/N of every layer's weights, never th
 from __future__ import annotations
 
 import json
+import re
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,8 @@ _MIXTRAL_ROUTER = "block_sparse_moe.gate.weight"  # our mlp.gate.weight
 # Checkpoint tensors recomputed from config.json rather than loaded (older Llama checkpoints).
 _DERIVED_SUFFIXES = ("rotary_emb.inv_freq",)
 _RANK_0_ONLY = ("self_attn.o_proj.bias", "mlp.down_proj.bias")
+_SHARED = ".mlp.shared_expert"  # also matches shared_expert_gate
+_EXPERT_INDEX = re.compile(r"\.experts\.(\d+)\.")
 
 
 def _weight_files(model_dir: Path) -> list[Path]:
@@ -147,15 +150,18 @@ def _state_dict(
     missing: list[str] = []
     unused = {n for n in checkpoint.names() if not n.endswith(_DERIVED_SUFFIXES)}
     if model.tp is not None and model.tp.rank > 0:
-        # Row-parallel biases live on rank 0 (tensor_parallel.RowParallelLinear); rank 0
-        # checks them.
-        unused = {n for n in unused if not n.endswith(_RANK_0_ONLY)}
+        # Row-parallel biases and the shared expert live on rank 0 (tensor_parallel.py,
+        # tp_layout.py); rank 0 checks them.
+        unused = {n for n in unused if not n.endswith(_RANK_0_ONLY) and _SHARED not in n}
+    if model.tp is not None:  # other ranks' experts: they check them
+        first, end = checkpoint.layout.experts
+        unused = {n for n in unused if not _expert_outside(n, first, end)}
     present = checkpoint.names()
     for name, param in model.named_parameters():
         if config.tie_word_embeddings and name == "lm_head.weight":
             unused.discard(name)  # transformers ties it to the embedding too
             continue
-        groups, stacked = _checkpoint_parts(name, present, config)
+        groups, stacked = _checkpoint_parts(name, present, config, checkpoint.layout)
         parts = [p for group in groups for p in group]
         unused.difference_update(parts)
         found = {p: checkpoint.get(p) for p in parts}
@@ -187,13 +193,19 @@ def _first_few(names: list[str]) -> str:
     return ", ".join(names[:5]) + (" ..." if len(names) > 5 else "")
 
 
+def _expert_outside(name: str, first: int, end: int) -> bool:
+    """Whether checkpoint tensor `name` is one expert's, of an expert not in [first, end)."""
+    match = _EXPERT_INDEX.search(name)
+    return match is not None and not first <= int(match[1]) < end
+
+
 def _checkpoint_parts(
-    name: str, present: set[str], config: LlamaConfig
+    name: str, present: set[str], config: LlamaConfig, layout: ShardLayout | None
 ) -> tuple[list[list[str]], bool]:
     """Checkpoint tensor names (without the `model.` prefix) that make up our parameter: each
-    inner list concatenated along rows, and whether the lists (one per expert) are stacked
-    along a new first dimension. `present`: the checkpoint's names, which decide between the
-    layouts of expert weights."""
+    inner list concatenated along rows, and whether the lists (one per expert: the rank's
+    experts under `layout`) are stacked along a new first dimension. `present`: the
+    checkpoint's names, which decide between the layouts of expert weights."""
     if not name.startswith("layers."):
         return [[name]], False
     index, local = name.split(".", 2)[1:]
@@ -205,10 +217,11 @@ def _checkpoint_parts(
         return [[prefix + _MIXTRAL_ROUTER]], False
     if local in _PER_EXPERT and name not in present:
         assert config.moe is not None
+        first, end = layout.experts if layout is not None else (0, config.moe.num_experts)
         naming = next(
-            (n for n in _PER_EXPERT[local] if prefix + n[0].format(e=0) in present),
+            (n for n in _PER_EXPERT[local] if prefix + n[0].format(e=first) in present),
             _PER_EXPERT[local][0],  # neither: reported missing under the Qwen names
         )
-        experts = range(config.moe.num_experts)
+        experts = range(first, end)
         return [[prefix + part.format(e=e) for part in naming] for e in experts], True
     return [[name]], False

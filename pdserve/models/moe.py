@@ -10,6 +10,11 @@ expert, so each expert's rows are one contiguous slice, and each expert multipli
 once (torch._grouped_mm on CPU: one call for all experts; elsewhere one matmul per expert that
 some token chose). Experts no token chose cost nothing. The weighted outputs are scatter-added
 back to their tokens.
+
+Under tensor parallelism the layer is expert-parallel (tp_layout.py): every rank holds the
+router and routes every token alike, runs only the pairs of its own experts, and the all-reduce
+sums the ranks' partial outputs (the tokens are already on every rank, so this all-reduce is the
+combine, and no dispatch is needed).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import torch
 from torch import nn
 
 from pdserve.models.linear import ONEDNN, PACK_ROWS, Linear, onednn_linear
+from pdserve.models.tensor_parallel import TensorParallel
 
 # torch's grouped GEMM: one kernel over every expert's slice, offsets on the device (no host
 # sync). Measured on this CPU alike or faster than a loop of F.linear at 8-128 experts.
@@ -121,19 +127,27 @@ def _grouped_linear(x: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor) -
 
 class SparseMoeBlock(nn.Module):
     """The MoE MLP of one decoder layer. `shared_expert`: Qwen2-MoE's dense MLP every token
-    also goes through (with its sigmoid gate); None for Qwen3-MoE and Mixtral."""
+    also goes through (with its sigmoid gate); None for Qwen3-MoE and Mixtral, and on ranks
+    other than 0. `tp`: this rank holds the experts [first_expert, end_expert) only."""
 
     def __init__(
-        self, hidden: int, moe: MoeConfig, act: Callable, shared_expert: nn.Module | None
+        self,
+        hidden: int,
+        moe: MoeConfig,
+        act: Callable,
+        shared_expert: nn.Module | None,
+        tp: TensorParallel | None = None,
     ) -> None:
         super().__init__()
-        self.num_experts, self.top_k, self.norm_topk_prob = (
-            moe.num_experts,
-            moe.top_k,
-            moe.norm_topk_prob,
+        self.top_k, self.norm_topk_prob = moe.top_k, moe.norm_topk_prob
+        self.tp = tp
+        e = moe.num_experts
+        self.first_expert, end = (
+            (tp.rank * e // tp.size, (tp.rank + 1) * e // tp.size) if tp else (0, e)
         )
-        self.gate = Linear(hidden, moe.num_experts, bias=False)  # the router
-        self.experts = Experts(moe.num_experts, hidden, moe.intermediate_size, act)
+        self.num_local_experts = end - self.first_expert
+        self.gate = Linear(hidden, e, bias=False)  # the router, whole on every rank
+        self.experts = Experts(self.num_local_experts, hidden, moe.intermediate_size, act)
         self.shared_expert = shared_expert
         if shared_expert is not None:
             self.shared_expert_gate = Linear(hidden, 1, bias=False)
@@ -148,17 +162,23 @@ class SparseMoeBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
         experts, weights = self.route(x)
-        pairs = experts.flatten()  # [T * k], token-major
+        pairs, weights = experts.flatten(), weights.flatten()  # [T * k], token-major
+        token_of_pair = None  # pair p belongs to token p // k
+        if self.tp is not None:  # this rank's experts' pairs only, numbered from 0
+            pairs = pairs - self.first_expert
+            mine = ((pairs >= 0) & (pairs < self.num_local_experts)).nonzero().squeeze(1)
+            pairs, weights, token_of_pair = pairs[mine], weights[mine], mine // self.top_k
         order = pairs.argsort(stable=True)  # pairs grouped by expert
-        tokens = order // self.top_k  # the token of each sorted pair
-        counts = torch.bincount(pairs, minlength=self.num_experts)
+        # the token of each sorted pair
+        tokens = order // self.top_k if token_of_pair is None else token_of_pair[order]
+        counts = torch.bincount(pairs, minlength=self.num_local_experts)
         out_rows = self.experts(x.index_select(0, tokens), counts.cumsum(0, dtype=torch.int32))
-        out_rows.mul_(weights.flatten()[order].unsqueeze(1))
+        out_rows.mul_(weights[order].unsqueeze(1))
         out = torch.zeros_like(x).index_add_(0, tokens, out_rows)
         if self.shared_expert is not None:
             shared = self.shared_expert(x) * torch.sigmoid(self.shared_expert_gate(x))
             out = out + shared
-        return out
+        return out if self.tp is None else self.tp.all_reduce(out)
 
     def forward_fused(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward(x)

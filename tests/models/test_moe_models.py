@@ -10,7 +10,6 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from pdserve.core.model_limits import check_tensor_parallel
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.engine.engine import LLMEngine
 from pdserve.engine_config import EngineConfig
@@ -98,14 +97,6 @@ def test_a_router_bias_tensor_is_refused_by_name(tmp_path):
     save_file(tensors, str(path), {"format": "pt"})
     with pytest.raises(ModelLoadError, match="layers.0.mlp.gate.e_score_correction_bias"):
         load_model(tmp_path)
-
-
-def test_tensor_parallel_moe_is_refused_naming_the_degree(tmp_path):
-    make_hf_model(tmp_path, "qwen2-moe-shared")
-    config = read_config(tmp_path)
-    check_tensor_parallel(config, 1)
-    with pytest.raises(ValueError, match="tensor parallel degree 2: mixture-of-experts"):
-        check_tensor_parallel(config, 2)
 
 
 @pytest.mark.parametrize("tokens", [3, 40])
