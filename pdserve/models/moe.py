@@ -147,6 +147,10 @@ class SparseMoeBlock(nn.Module):
         )
         self.num_local_experts = end - self.first_expert
         self.gate = Linear(hidden, e, bias=False)  # the router, whole on every rank
+        # Tokens routed to each expert (all ranks' experts: every rank routes every token)
+        # since the model was loaded, for the load per expert an operator watches
+        # (routed_tokens_per_layer); made on the first forward, on its device.
+        self.routed_tokens: torch.Tensor | None = None
         self.experts = Experts(self.num_local_experts, hidden, moe.intermediate_size, act)
         self.shared_expert = shared_expert
         if shared_expert is not None:
@@ -163,6 +167,10 @@ class SparseMoeBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
         experts, weights = self.route(x)
         pairs, weights = experts.flatten(), weights.flatten()  # [T * k], token-major
+        routed = torch.bincount(pairs, minlength=self.gate.out_features)
+        if self.routed_tokens is None:
+            self.routed_tokens = torch.zeros_like(routed)
+        self.routed_tokens += routed
         token_of_pair = None  # pair p belongs to token p // k
         if self.tp is not None:  # this rank's experts' pairs only, numbered from 0
             pairs = pairs - self.first_expert
@@ -182,3 +190,12 @@ class SparseMoeBlock(nn.Module):
 
     def forward_fused(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward(x)
+
+
+def routed_tokens_per_layer(model: nn.Module) -> list[list[int]]:
+    """Tokens routed to each expert of each sparse layer since load (one device sync); [] for
+    a dense model or one that has not run yet."""
+    counts = [m.routed_tokens for m in model.modules() if isinstance(m, SparseMoeBlock)]
+    if not counts or any(c is None for c in counts):
+        return []
+    return torch.stack(counts).tolist()

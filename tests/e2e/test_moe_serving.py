@@ -7,6 +7,7 @@ import dataclasses
 
 import grpc
 import pytest
+from prometheus_client import REGISTRY
 
 from pdserve.pb import generate_pb2_grpc
 from tests.e2e.conftest import serve_config
@@ -41,12 +42,25 @@ def test_qwen3_moe_served_prefill_to_decode_gives_transformers_tokens(
         stub = generate_pb2_grpc.GenerationStub(ch)
         first = collect(stub, request(prompts[0], 6))  # warms both prefix caches
         answers = [first, *run_concurrently(stub, prompts[1:], [6, 6])]
-        hits = {
-            w.worker_id: ray.get(w.actor.stats.remote()).prefix_hit_tokens
-            for w in served.app.pool.workers.values()
+        stats = {
+            w.worker_id: ray.get(w.actor.stats.remote()) for w in served.app.pool.workers.values()
         }
+        hits = {worker: s.prefix_hit_tokens for worker, s in stats.items()}
+        served.run(served.app.pool.poll_once(), timeout=30)  # the router exports them
     assert [tokens for tokens, _ in answers] == expected
     last = [responses[-1] for _, responses in answers]
     assert all(r.timings.disaggregated for r in last)
     assert last[1].usage.cached_prompt_tokens >= 16  # the shared prefix's full blocks
     assert all(n > 0 for n in hits.values()), hits  # on the prefill and the decode worker
+    # The load per expert: 2 sparse layers x top-2 routings per computed token, exported.
+    for worker, s in stats.items():
+        assert len(s.expert_tokens) == 5 and sum(s.expert_tokens) % 4 == 0, worker
+        assert s.expert_load_imbalance >= 1.0
+        exported = [
+            REGISTRY.get_sample_value(
+                "pdserve_expert_tokens_total", {"worker": worker, "expert": str(e)}
+            )
+            or 0
+            for e in range(5)
+        ]
+        assert sum(exported) > 0, worker

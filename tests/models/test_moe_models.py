@@ -125,3 +125,21 @@ def test_both_expert_paths_equal_a_token_by_token_reference(tokens):
     torch.testing.assert_close(packed, expected, atol=1e-5, rtol=0)
     grouped = block(x).detach()  # parameters requiring grad: not the oneDNN path
     torch.testing.assert_close(grouped, expected, atol=1e-5, rtol=0)
+
+
+def test_engine_counts_the_tokens_routed_to_each_expert(tmp_path):
+    """Each sparse layer routes every computed token to top-k experts: 10 prompt tokens and 3
+    decode steps (the 4th token is sampled from the 3rd) give 13 x 2 routings per layer; the
+    dense layer 1 (mlp_only_layers) has none."""
+    from pdserve.metrics import expert_load
+
+    make_hf_model(tmp_path, "qwen3-moe-top2")
+    engine = LLMEngine(EngineConfig(model=str(tmp_path), block_size=4, num_kv_blocks=32))
+    assert engine.stats()["expert_tokens"] == []
+    engine.generate([list(range(5, 15))], SamplingParams(max_tokens=4, ignore_eos=True))
+    per_layer = engine.stats()["expert_tokens"]
+    assert len(per_layer) == 2 and all(len(layer) == 5 for layer in per_layer)
+    assert [sum(layer) for layer in per_layer] == [26, 26]
+    per_expert, imbalance = expert_load(per_layer)
+    assert sum(per_expert) == 52 and imbalance >= 1.0
+    assert imbalance == max(map(max, per_layer)) * 10 / 52
