@@ -28,6 +28,7 @@ from safetensors import safe_open
 
 from pdserve.models.hf_config import ModelLoadError, llama_config, read_config
 from pdserve.models.llama import LlamaConfig, LlamaForCausalLM, shard_layout
+from pdserve.models.moe import reset_routed_tokens
 from pdserve.models.tensor_parallel import TensorParallel
 from pdserve.models.tp_layout import ShardLayout
 
@@ -137,6 +138,7 @@ def load_model(
     if config.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     model.reset_rope(device)
+    reset_routed_tokens(model)
     return model.eval(), hf_config
 
 

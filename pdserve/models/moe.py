@@ -149,8 +149,8 @@ class SparseMoeBlock(nn.Module):
         self.gate = Linear(hidden, e, bias=False)  # the router, whole on every rank
         # Tokens routed to each expert (all ranks' experts: every rank routes every token)
         # since the model was loaded, for the load per expert an operator watches
-        # (routed_tokens_per_layer); made on the first forward, on its device.
-        self.routed_tokens: torch.Tensor | None = None
+        # (routed_tokens_per_layer). A buffer updated in place, so compiled graphs keep it.
+        self.register_buffer("routed_tokens", torch.zeros(e, dtype=torch.int64), persistent=False)
         self.experts = Experts(self.num_local_experts, hidden, moe.intermediate_size, act)
         self.shared_expert = shared_expert
         if shared_expert is not None:
@@ -167,10 +167,7 @@ class SparseMoeBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
         experts, weights = self.route(x)
         pairs, weights = experts.flatten(), weights.flatten()  # [T * k], token-major
-        routed = torch.bincount(pairs, minlength=self.gate.out_features)
-        if self.routed_tokens is None:
-            self.routed_tokens = torch.zeros_like(routed)
-        self.routed_tokens += routed
+        self.routed_tokens += torch.bincount(pairs, minlength=self.gate.out_features)
         token_of_pair = None  # pair p belongs to token p // k
         if self.tp is not None:  # this rank's experts' pairs only, numbered from 0
             pairs = pairs - self.first_expert
@@ -194,8 +191,14 @@ class SparseMoeBlock(nn.Module):
 
 def routed_tokens_per_layer(model: nn.Module) -> list[list[int]]:
     """Tokens routed to each expert of each sparse layer since load (one device sync); [] for
-    a dense model or one that has not run yet."""
+    a dense model."""
     counts = [m.routed_tokens for m in model.modules() if isinstance(m, SparseMoeBlock)]
-    if not counts or any(c is None for c in counts):
-        return []
-    return torch.stack(counts).tolist()
+    return torch.stack(counts).tolist() if counts else []
+
+
+def reset_routed_tokens(model: nn.Module) -> None:
+    """Zeroes the counts (after the loader materializes a model built on the meta device,
+    whose buffers hold whatever memory they got)."""
+    for module in model.modules():
+        if isinstance(module, SparseMoeBlock):
+            module.routed_tokens.zero_()

@@ -135,7 +135,7 @@ def test_engine_counts_the_tokens_routed_to_each_expert(tmp_path):
 
     make_hf_model(tmp_path, "qwen3-moe-top2")
     engine = LLMEngine(EngineConfig(model=str(tmp_path), block_size=4, num_kv_blocks=32))
-    assert engine.stats()["expert_tokens"] == []
+    assert engine.stats()["expert_tokens"] == [[0] * 5, [0] * 5]
     engine.generate([list(range(5, 15))], SamplingParams(max_tokens=4, ignore_eos=True))
     per_layer = engine.stats()["expert_tokens"]
     assert len(per_layer) == 2 and all(len(layer) == 5 for layer in per_layer)
