@@ -166,6 +166,19 @@ SPEC_PAUSED = Gauge(
     ["worker"],
 )
 
+# --- mixtures of experts (router and worker) -----------------------------------------------
+EXPERT_TOKENS = Counter(
+    "pdserve_expert_tokens",
+    "Tokens routed to each expert of a mixture-of-experts worker, summed over its sparse layers "
+    "(expert: the expert's index).",
+    ["worker", "expert"],
+)
+EXPERT_LOAD_IMBALANCE = Gauge(
+    "pdserve_expert_load_imbalance",
+    "Tokens of a worker's busiest (layer, expert) over the mean since it started (1 = even).",
+    ["worker"],
+)
+
 # --- the served model, under vLLM's names (router) -----------------------------------------
 # Dashboards, autoscalers (KEDA, HPA on custom metrics) and gateways written for vLLM read these
 # unchanged: same names, types, units and labels (`model_name`, `finished_reason`).
@@ -318,6 +331,28 @@ def observe_worker_stats(stats: Any, previous: Any | None = None) -> None:
             stats.spec_accepted_tokens / stats.spec_verify_steps
         )
         SPEC_PAUSED.labels(worker=worker).set(stats.spec_paused)
+    if stats.expert_tokens:
+        _observe_expert_load(stats, previous)
+
+
+def _observe_expert_load(stats: Any, previous: Any | None) -> None:
+    before = previous.expert_tokens if previous is not None else []
+    if previous is None or previous.epoch != stats.epoch or len(before) != len(stats.expert_tokens):
+        before = [0] * len(stats.expert_tokens)
+    for expert, (now, then) in enumerate(zip(stats.expert_tokens, before, strict=True)):
+        if now > then:
+            EXPERT_TOKENS.labels(worker=stats.worker_id, expert=str(expert)).inc(now - then)
+    EXPERT_LOAD_IMBALANCE.labels(worker=stats.worker_id).set(stats.expert_load_imbalance)
+
+
+def expert_load(per_layer: list[list[int]]) -> tuple[list[int], float]:
+    """Tokens per expert summed over the sparse layers, and the busiest (layer, expert)'s
+    tokens over the mean (0 before any token was routed)."""
+    per_expert = [sum(column) for column in zip(*per_layer, strict=True)]
+    cells = [n for layer in per_layer for n in layer]
+    if not any(cells):
+        return per_expert, 0.0
+    return per_expert, max(cells) * len(cells) / sum(cells)
 
 
 def observe_model_speculation(model: str, previous: Any | None, stats: Any) -> None:

@@ -20,8 +20,9 @@ from pathlib import Path
 from pdserve.commands import CommandError
 from pdserve.commands.arg_types import bounded
 from pdserve.models.presets import WEIGHT_PRESETS
+from pdserve.sim.shapes import SHAPES
 
-SHAPE_PRESETS = ("llama-3.1-8b", "llama-3.1-70b")
+SHAPE_PRESETS = tuple(SHAPES)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,7 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--preset",
         choices=WEIGHT_PRESETS + SHAPE_PRESETS,
-        help="tiny: the default/test model; small, medium: for benchmarks; llama-3.1-8b/70b: "
+        help="tiny: the default/test model; small, medium, small-moe (Qwen3-MoE): for "
+        "benchmarks; llama-3.1-8b/70b, qwen3-30b-a3b, qwen3-235b-a22b, mixtral-8x7b: "
         "shapes for sim workers, with --config-only (default: tiny)",
     )
     parser.add_argument("--seed", type=int, help="weight seed (default: 0)")

@@ -147,6 +147,10 @@ class WorkerStats:
     sim_modelled_seconds: float = 0.0
     sim_measured_seconds: float = 0.0
     sim_overrun_steps: int = 0
+    # A mixture of experts since the worker started: tokens routed to each expert (summed over
+    # the sparse layers), and the busiest (layer, expert)'s tokens over the mean (1 = even).
+    expert_tokens: list[int] = field(default_factory=list)
+    expert_load_imbalance: float = 0.0
     # Peak memory of the worker process since it started: resident set size, and bytes the
     # CUDA allocator held (0 on CPU). Budget: weights + KV pool + allowance (docs/design.md).
     peak_rss_bytes: int = 0

@@ -2,9 +2,9 @@
 
 The engine sizes itself with these functions and the router validates requests against the
 same `max_model_len`, so a request the router accepts always fits the engine. The engine runs
-full causal attention; on a sliding-window model (Mistral, Qwen2/3 with `use_sliding_window`) that
-equals the model's own attention only while the sequence fits the window, so the window caps
-the context too.
+full causal attention; on a sliding-window model (Mistral, Mixtral, Qwen2/3 and their MoE
+variants with `use_sliding_window`) that equals the model's own attention only while the
+sequence fits the window, so the window caps the context too.
 """
 
 from __future__ import annotations
@@ -17,12 +17,20 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 DEFAULT_MAX_POSITION_EMBEDDINGS = 2048
 
 
+_QWEN_ARCHITECTURES = (
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "Qwen2MoeForCausalLM",
+    "Qwen3MoeForCausalLM",
+)
+
+
 def sliding_window(hf_config: dict[str, Any]) -> int | None:
     """Mistral/Qwen2/Qwen3 sliding window in tokens, or None when attention is over everything.
     Qwen2 and Qwen3 slide only with use_sliding_window, and only in layers from
     max_window_layers on."""
     architectures = hf_config.get("architectures", [])
-    if "Qwen2ForCausalLM" in architectures or "Qwen3ForCausalLM" in architectures:
+    if any(a in architectures for a in _QWEN_ARCHITECTURES):
         sliding_layers = hf_config["num_hidden_layers"] - hf_config.get("max_window_layers", 0)
         if not hf_config.get("use_sliding_window", False) or sliding_layers <= 0:
             return None

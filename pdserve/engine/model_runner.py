@@ -5,7 +5,7 @@ into tensors, runs the forward pass and returns the logits of the sequences that
 from __future__ import annotations
 
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -30,6 +30,7 @@ from pdserve.models.attention import reads_in_place
 from pdserve.models.linear import choose_kernels
 from pdserve.models.llama import LlamaForCausalLM
 from pdserve.models.loader import DTYPES, load_model
+from pdserve.models.moe import routed_tokens_per_layer
 from pdserve.models.tensor_parallel import TensorParallel
 
 
@@ -218,9 +219,14 @@ class TorchExecutor:
         index = torch.tensor(block_ids, dtype=torch.int64, device=self.kv_cache.device)
         return self.kv_cache[layer_start:layer_end].index_select(2, index)
 
-    def stats(self) -> dict[str, float]:
+    def stats(self) -> dict[str, Any]:
         compiled = self.runner.compiled_decode
-        return {"compiled_decode_steps": compiled.steps} if compiled is not None else {}
+        stats: dict[str, Any] = {}
+        if compiled is not None:
+            stats["compiled_decode_steps"] = compiled.steps
+        if self.model.config.moe is not None:
+            stats["expert_tokens"] = routed_tokens_per_layer(self.model)
+        return stats
 
 
 def copy_kv_blocks(kv_cache: torch.Tensor, copies: list[tuple[int, int]]) -> None:

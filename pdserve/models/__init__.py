@@ -1,6 +1,9 @@
 """Model code (torch): math only, no serving logic.
 
-- `llama.py` — the Llama-family decoder (Llama, Llama 3, Mistral, Qwen2, Qwen3).
+- `llama.py` — the Llama-family decoder (Llama, Llama 3, Mistral, Qwen2, Qwen3, and the MoE
+  Qwen2-MoE, Qwen3-MoE, Mixtral).
+- `moe.py` — the mixture-of-experts MLP: softmax top-k routing, experts run grouped by expert
+  (sorted pairs, one grouped GEMM), Qwen2-MoE's gated shared expert.
 - `tp_layout.py` — which slice of each weight a tensor-parallel rank holds (Megatron's layout).
 - `tensor_parallel.py` — `TensorParallel` (a rank of a torch.distributed group) and the layers
   that communicate: row-parallel linear (all-reduce), vocab-parallel embedding and LM head.

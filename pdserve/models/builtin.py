@@ -73,13 +73,37 @@ def random_weights(
         tensors[p + "self_attn.k_proj.weight"] = linear(kv_heads * head_dim, hidden)
         tensors[p + "self_attn.v_proj.weight"] = linear(kv_heads * head_dim, hidden)
         tensors[p + "self_attn.o_proj.weight"] = residual(hidden, heads * head_dim)
-        tensors[p + "mlp.gate_proj.weight"] = linear(inter, hidden)
-        tensors[p + "mlp.up_proj.weight"] = linear(inter, hidden)
-        tensors[p + "mlp.down_proj.weight"] = residual(hidden, inter)
+        if "Qwen3MoeForCausalLM" in config["architectures"]:
+            tensors[p + "self_attn.q_norm.weight"] = ones(head_dim)
+            tensors[p + "self_attn.k_norm.weight"] = ones(head_dim)
+        if _num_experts(config):  # every layer sparse (the presets and shapes)
+            tensors.update(_experts(config, p, linear, residual))
+        else:
+            tensors[p + "mlp.gate_proj.weight"] = linear(inter, hidden)
+            tensors[p + "mlp.up_proj.weight"] = linear(inter, hidden)
+            tensors[p + "mlp.down_proj.weight"] = residual(hidden, inter)
         tensors[p + "input_layernorm.weight"] = ones(hidden)
         tensors[p + "post_attention_layernorm.weight"] = ones(hidden)
     tensors["model.norm.weight"] = ones(hidden)
     tensors["lm_head.weight"] = normal(config["vocab_size"], hidden, 3.0 / math.sqrt(hidden))
+    return tensors
+
+
+def _num_experts(config: dict) -> int:
+    return config.get("num_experts") or config.get("num_local_experts") or 0
+
+
+def _experts(config: dict, prefix: str, linear, residual) -> dict[str, torch.Tensor]:
+    """A mixture-of-experts layer's router and experts, one tensor per expert as published
+    Qwen-MoE checkpoints name them (Mixtral's expert size is its intermediate_size)."""
+    hidden = config["hidden_size"]
+    inner = config.get("moe_intermediate_size") or config["intermediate_size"]
+    tensors = {prefix + "mlp.gate.weight": linear(_num_experts(config), hidden)}
+    for e in range(_num_experts(config)):
+        p = f"{prefix}mlp.experts.{e}."
+        tensors[p + "gate_proj.weight"] = linear(inner, hidden)
+        tensors[p + "up_proj.weight"] = linear(inner, hidden)
+        tensors[p + "down_proj.weight"] = residual(hidden, inner)
     return tensors
 
 

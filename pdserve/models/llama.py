@@ -1,4 +1,5 @@
-"""The Llama-family decoder (Llama, Llama 3, Mistral, Qwen2, Qwen3): math only.
+"""The Llama-family decoder (Llama, Llama 3, Mistral, Qwen2, Qwen3, and with a mixture-of-experts
+MLP in some or all layers Qwen2-MoE, Qwen3-MoE, Mixtral: moe.py): math only.
 
 Numerics follow transformers' LlamaForCausalLM: RMSNorm and RoPE tables in float32, rotate-half
 RoPE, a gated MLP (SwiGLU with the default `hidden_act`); Qwen3 also RMS-normalizes each query and
@@ -26,6 +27,7 @@ from pdserve.models import native_ops
 from pdserve.models.attention import AttentionContext, attend_stored, paged_attention
 from pdserve.models.attention_op import compiled_paged_attention
 from pdserve.models.linear import Linear
+from pdserve.models.moe import MoeConfig, SparseMoeBlock
 from pdserve.models.rope import rope_tables
 from pdserve.models.tensor_parallel import (
     RowParallelLinear,
@@ -67,6 +69,7 @@ class LlamaConfig:
     hidden_act: str = "silu"  # a key of ACTIVATIONS
     tie_word_embeddings: bool = False
     qk_norm: bool = False  # Qwen3: an RMSNorm over each query and key head before RoPE
+    moe: MoeConfig | None = None  # the layers whose MLP is a mixture of experts, and its sizes
 
 
 class RMSNorm(nn.Module):
@@ -185,13 +188,28 @@ class MLP(nn.Module):
         return self.down_proj(native_ops.silu_and_mul(self.gate_up_proj(x)))
 
 
+def _mlp(config: LlamaConfig, index: int, tp: TensorParallel | None) -> nn.Module:
+    """Layer `index`'s MLP: dense, or a mixture of experts in the model's sparse layers."""
+    moe = config.moe
+    if moe is None or index not in moe.sparse_layers:
+        return MLP(config, tp)
+    act = ACTIVATIONS[config.hidden_act]
+    shared = None
+    # The shared expert whole on rank 0 only: the all-reduce of the experts' sum adds it once.
+    if moe.shared_expert_intermediate_size and (tp is None or tp.rank == 0):
+        shared = MLP(replace(config, intermediate_size=moe.shared_expert_intermediate_size))
+    return SparseMoeBlock(config.hidden_size, moe, act, shared, tp)
+
+
 class DecoderLayer(nn.Module):
-    def __init__(self, config: LlamaConfig, tp: TensorParallel | None = None) -> None:
+    def __init__(
+        self, config: LlamaConfig, tp: TensorParallel | None = None, index: int = 0
+    ) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config, tp)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config, tp)
+        self.mlp = _mlp(config, index, tp)
 
     def forward(self, x, cos, sin, layer_cache, ctx) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, layer_cache, ctx)
@@ -230,6 +248,7 @@ def shard_layout(config: LlamaConfig, tp: TensorParallel) -> ShardLayout:
         c.vocab_size,
         tp.rank,
         tp.size,
+        c.moe.num_experts if c.moe else 0,
     )
 
 
@@ -259,7 +278,7 @@ class LlamaForCausalLM(nn.Module):
         # KV heads this rank's cache holds: [num_layers, 2, blocks, block_size, kv_heads, D]
         self.kv_heads = layer_config.num_kv_heads
         self.layers = nn.ModuleList(
-            DecoderLayer(layer_config, self.tp) for _ in range(config.num_layers)
+            DecoderLayer(layer_config, self.tp, i) for i in range(config.num_layers)
         )
         self.norm = RMSNorm(hidden, config.rms_norm_eps)
         if config.tie_word_embeddings:

@@ -1,7 +1,12 @@
 """Loads a Hugging Face model directory (config.json + safetensors) into LlamaForCausalLM.
 
-Supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM; which config.json fields
-are honoured is listed in hf_config.py. Anything else (a field we cannot compute, a missing
+Supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM and the
+mixtures of experts Qwen2MoeForCausalLM, Qwen3MoeForCausalLM and MixtralForCausalLM; which
+config.json fields are honoured is listed in hf_config.py. Experts are read in either layout a
+checkpoint has: one tensor per expert (`mlp.experts.3.gate_proj.weight`, Mixtral's
+`block_sparse_moe.experts.3.w1.weight`: what the published checkpoints and transformers'
+save_pretrained write) or transformers 5's stacked `mlp.experts.gate_up_proj`; both become
+moe.Experts' stacked tensors (transposed: input dimension first). Anything else (a field we cannot compute, a missing
 tensor, a checkpoint tensor the model would not use) fails with a ModelLoadError that names the
 directory and what is missing or unsupported; nothing is ever downloaded.
 
@@ -12,6 +17,7 @@ safetensors' lazy slices: each rank holds 1/N of every layer's weights, never th
 from __future__ import annotations
 
 import json
+import re
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -21,7 +27,8 @@ import torch.nn.functional as F
 from safetensors import safe_open
 
 from pdserve.models.hf_config import ModelLoadError, llama_config, read_config
-from pdserve.models.llama import LlamaForCausalLM, shard_layout
+from pdserve.models.llama import LlamaConfig, LlamaForCausalLM, shard_layout
+from pdserve.models.moe import reset_routed_tokens
 from pdserve.models.tensor_parallel import TensorParallel
 from pdserve.models.tp_layout import ShardLayout
 
@@ -32,10 +39,30 @@ _FUSED = {
     "self_attn.qkv_proj.bias": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
     "mlp.gate_up_proj.weight": ("mlp.gate_proj", "mlp.up_proj"),
     "mlp.gate_up_proj.bias": ("mlp.gate_proj", "mlp.up_proj"),
+    "mlp.shared_expert.gate_up_proj.weight": (
+        "mlp.shared_expert.gate_proj",
+        "mlp.shared_expert.up_proj",
+    ),
 }
+# Stacked expert parameters (moe.Experts) -> each expert's checkpoint tensors, concatenated, in
+# the Qwen-MoE and the Mixtral naming.
+_PER_EXPERT = {
+    "mlp.experts.gate_up_proj": (
+        ("mlp.experts.{e}.gate_proj.weight", "mlp.experts.{e}.up_proj.weight"),
+        ("block_sparse_moe.experts.{e}.w1.weight", "block_sparse_moe.experts.{e}.w3.weight"),
+    ),
+    "mlp.experts.down_proj": (
+        ("mlp.experts.{e}.down_proj.weight",),
+        ("block_sparse_moe.experts.{e}.w2.weight",),
+    ),
+}
+_EXPERT_WEIGHTS = tuple(_PER_EXPERT)
+_MIXTRAL_ROUTER = "block_sparse_moe.gate.weight"  # our mlp.gate.weight
 # Checkpoint tensors recomputed from config.json rather than loaded (older Llama checkpoints).
 _DERIVED_SUFFIXES = ("rotary_emb.inv_freq",)
 _RANK_0_ONLY = ("self_attn.o_proj.bias", "mlp.down_proj.bias")
+_SHARED = ".mlp.shared_expert"  # also matches shared_expert_gate
+_EXPERT_INDEX = re.compile(r"\.experts\.(\d+)\.")
 
 
 def _weight_files(model_dir: Path) -> list[Path]:
@@ -111,6 +138,7 @@ def load_model(
     if config.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     model.reset_rope(device)
+    reset_routed_tokens(model)
     return model.eval(), hf_config
 
 
@@ -124,20 +152,28 @@ def _state_dict(
     missing: list[str] = []
     unused = {n for n in checkpoint.names() if not n.endswith(_DERIVED_SUFFIXES)}
     if model.tp is not None and model.tp.rank > 0:
-        # Row-parallel biases live on rank 0 (tensor_parallel.RowParallelLinear); rank 0
-        # checks them.
-        unused = {n for n in unused if not n.endswith(_RANK_0_ONLY)}
+        # Row-parallel biases and the shared expert live on rank 0 (tensor_parallel.py,
+        # tp_layout.py); rank 0 checks them.
+        unused = {n for n in unused if not n.endswith(_RANK_0_ONLY) and _SHARED not in n}
+    if model.tp is not None:  # other ranks' experts: they check them
+        first, end = checkpoint.layout.experts
+        unused = {n for n in unused if not _expert_outside(n, first, end)}
+    present = checkpoint.names()
     for name, param in model.named_parameters():
         if config.tie_word_embeddings and name == "lm_head.weight":
             unused.discard(name)  # transformers ties it to the embedding too
             continue
-        parts = _checkpoint_parts(name)
+        groups, stacked = _checkpoint_parts(name, present, config, checkpoint.layout)
+        parts = [p for group in groups for p in group]
         unused.difference_update(parts)
-        found = [checkpoint.get(p) for p in parts]
-        if any(t is None for t in found):
-            missing += [p for p, t in zip(parts, found, strict=True) if t is None]
+        found = {p: checkpoint.get(p) for p in parts}
+        if any(t is None for t in found.values()):
+            missing += [p for p, t in found.items() if t is None]
             continue
-        tensor = torch.cat(found, dim=0) if len(found) > 1 else found[0]
+        joined = [torch.cat([found[p] for p in group], dim=0) for group in groups]
+        tensor = torch.stack(joined) if stacked else joined[0]
+        if name.endswith(_EXPERT_WEIGHTS):  # moe.Experts holds them input dimension first
+            tensor = tensor.transpose(1, 2).contiguous()
         if tensor.shape != param.shape:
             raise ModelLoadError(
                 f"{name} in {model_dir} has shape {tuple(tensor.shape)}, "
@@ -159,13 +195,35 @@ def _first_few(names: list[str]) -> str:
     return ", ".join(names[:5]) + (" ..." if len(names) > 5 else "")
 
 
-def _checkpoint_parts(name: str) -> list[str]:
-    """Checkpoint tensor names (without the `model.` prefix) that make up our parameter."""
-    if name == "lm_head.weight":
-        return ["lm_head.weight"]
-    if name.startswith("layers."):
-        index, local = name.split(".", 2)[1:]
-        if local in _FUSED:
-            suffix = local.rsplit(".", 1)[1]
-            return [f"layers.{index}.{part}.{suffix}" for part in _FUSED[local]]
-    return [name]
+def _expert_outside(name: str, first: int, end: int) -> bool:
+    """Whether checkpoint tensor `name` is one expert's, of an expert not in [first, end)."""
+    match = _EXPERT_INDEX.search(name)
+    return match is not None and not first <= int(match[1]) < end
+
+
+def _checkpoint_parts(
+    name: str, present: set[str], config: LlamaConfig, layout: ShardLayout | None
+) -> tuple[list[list[str]], bool]:
+    """Checkpoint tensor names (without the `model.` prefix) that make up our parameter: each
+    inner list concatenated along rows, and whether the lists (one per expert: the rank's
+    experts under `layout`) are stacked along a new first dimension. `present`: the
+    checkpoint's names, which decide between the layouts of expert weights."""
+    if not name.startswith("layers."):
+        return [[name]], False
+    index, local = name.split(".", 2)[1:]
+    prefix = f"layers.{index}."
+    if local in _FUSED:
+        suffix = local.rsplit(".", 1)[1]
+        return [[f"{prefix}{part}.{suffix}" for part in _FUSED[local]]], False
+    if local == "mlp.gate.weight" and prefix + _MIXTRAL_ROUTER in present:
+        return [[prefix + _MIXTRAL_ROUTER]], False
+    if local in _PER_EXPERT and name not in present:
+        assert config.moe is not None
+        first, end = layout.experts if layout is not None else (0, config.moe.num_experts)
+        naming = next(
+            (n for n in _PER_EXPERT[local] if prefix + n[0].format(e=first) in present),
+            _PER_EXPERT[local][0],  # neither: reported missing under the Qwen names
+        )
+        experts = range(first, end)
+        return [[prefix + part.format(e=e) for part in naming] for e in experts], True
+    return [[name]], False

@@ -6,6 +6,9 @@ medium: 233M parameters (0.93 GB in float32, ~30x this machine's L3 cache), so a
 step at a few rows is bound by reading the weights, as a GPU's is: the regime speculative
 decoding is for (`pdserve bench spec --preset medium`; on `small` a verify of 5 positions costs
 ~1.9 plain steps of few-row matmuls, BENCHMARKS.md). Written on first use (~6 s).
+small-moe: `small`'s attention with a Qwen3-MoE MLP in every layer (15 experts of 256 rows, top
+4, renormalized: 4 x 256 = 1024 active rows per token against small's 1408), for `bench
+engine --model` on a mixture of experts.
 """
 
 from __future__ import annotations
@@ -62,6 +65,25 @@ PRESETS: dict[str, dict[str, Any]] = {
         "num_key_value_heads": 6,
         "head_dim": 128,
         "max_position_embeddings": 2048,
+    },
+    "small-moe": {
+        **_COMMON,
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "vocab_size": 8192,
+        "hidden_size": 512,
+        "intermediate_size": 1408,  # of dense layers (mlp_only_layers): none here
+        "num_hidden_layers": 8,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 64,
+        "max_position_embeddings": 2048,
+        "num_experts": 15,
+        "num_experts_per_tok": 4,
+        "moe_intermediate_size": 256,
+        "norm_topk_prob": True,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
     },
 }
 WEIGHT_PRESETS = tuple(PRESETS)  # every preset here is written with weights

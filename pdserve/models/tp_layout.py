@@ -9,6 +9,10 @@
   padded with zero rows): each rank looks up the tokens of its shard, the all-reduce sums the
   ranks' rows; each rank's LM head gives its shard's logits, gathered in rank order.
 - Norms are replicated; a row-parallel bias lives on rank 0 only (added once by the sum).
+- Mixture-of-experts layers are expert-parallel: rank r holds the routed experts
+  [r * E // N, (r + 1) * E // N) whole (contiguous, sizes differing by one at most) and the
+  router replicated; each rank runs its experts' (token, expert) pairs and the all-reduce sums
+  the ranks' outputs. Qwen2-MoE's shared expert lives on rank 0 only (added once by the sum).
 
 Pure arithmetic on head and row counts, free of torch; which degrees it can split is
 `pdserve.core.model_limits.tensor_parallel_error`, the rule the configuration checks share.
@@ -27,6 +31,7 @@ _KV_ROWS = ("self_attn.k_proj", "self_attn.v_proj")
 _INNER_ROWS = ("mlp.gate_proj", "mlp.up_proj")
 _ROW_PARALLEL = {"self_attn.o_proj": "query", "mlp.down_proj": "inner"}
 _VOCAB_ROWS = ("embed_tokens.weight", "lm_head.weight")
+_STACKED_EXPERTS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,7 @@ class ShardLayout:
     intermediate: int  # MLP rows of this rank
     vocab_size: int  # the whole vocabulary
     vocab_per_rank: int  # ceil(vocab_size / size): rows of each rank's embedding and LM head
+    num_experts: int = 0  # routed experts of each sparse layer, the model's (0: dense)
 
     @classmethod
     def of(
@@ -53,6 +59,7 @@ class ShardLayout:
         vocab_size: int,
         rank: int,
         size: int,
+        num_experts: int = 0,
     ) -> ShardLayout:
         problem = tensor_parallel_error(heads, kv_heads, intermediate, size)
         if problem:
@@ -69,7 +76,14 @@ class ShardLayout:
             intermediate // size,
             vocab_size,
             -(-vocab_size // size),
+            num_experts,
         )
+
+    @property
+    def experts(self) -> tuple[int, int]:
+        """[first, end) of the routed experts this rank holds."""
+        e = self.num_experts
+        return self.rank * e // self.size, (self.rank + 1) * e // self.size
 
     @property
     def first_head(self) -> int:
@@ -98,6 +112,8 @@ class ShardLayout:
             return (0, *self.vocab_rows)
         if not name.startswith("layers."):
             return None
+        if name.split(".", 2)[2] in _STACKED_EXPERTS:
+            return (0, *self.experts)
         local, suffix = name.split(".", 2)[2].rsplit(".", 1)
         d = self.head_dim
         if local in _QUERY_ROWS:

@@ -3,7 +3,8 @@
 - `analytical:GPU` or `analytical:GPU:tpN` — the roofline over a GPU of `gpus.GPUS` with the
   default efficiencies, tensor parallel over N GPUs.
 - a path to a JSON file: `{"kind": "analytical", "gpu": "h100", "tp": 2, "efficiency":
-  {"compute": 0.5, ...}}` or `{"kind": "linear", "step_s": ..., "prefill_token_s": ...,
+  {"compute": 0.5, ...}, "expert_imbalance": 1.2}` (the last: a mixture of experts' max / mean
+  load per GPU, at least 1; default timing.DEFAULT_EXPERT_IMBALANCE) or `{"kind": "linear", "step_s": ..., "prefill_token_s": ...,
   "decode_seq_s": ..., "context_token_s": ...}` (coefficients fitted on a real engine; other
   keys such as "device" are kept as notes), optionally with `"spread": {"decode": [[ratio,
   gap_s], ...], "prefill": [...], "seed": 0}` (a `StepSpread`: how the served steps scattered
@@ -23,7 +24,14 @@ from typing import Any
 
 from pdserve.sim.gpus import GPUS, gpu_spec
 from pdserve.sim.model_shape import ModelShape
-from pdserve.sim.timing import AnalyticalTiming, Efficiency, LinearTiming, StepSpread, StepTiming
+from pdserve.sim.timing import (
+    DEFAULT_EXPERT_IMBALANCE,
+    AnalyticalTiming,
+    Efficiency,
+    LinearTiming,
+    StepSpread,
+    StepTiming,
+)
 
 ANALYTICAL = re.compile(r"analytical:(?P<gpu>[\w-]+)(?::tp(?P<tp>\d+))?")
 KINDS = ("analytical", "linear")
@@ -41,6 +49,7 @@ class AnalyticalProfile:
     gpu: str
     tp: int = 1
     efficiency: Efficiency = Efficiency()
+    expert_imbalance: float = DEFAULT_EXPERT_IMBALANCE
 
 
 Profile = AnalyticalProfile | LinearTiming
@@ -74,7 +83,11 @@ def parse_profile(spec: str) -> Profile:
     tp = data.get("tp", 1)
     if not isinstance(tp, int) or isinstance(tp, bool):
         raise ProfileError(f'{spec}: "tp" must be an integer, got {tp!r}')
-    return _analytical(str(data.get("gpu")), tp, efficiency, spec)
+    profile = _analytical(str(data.get("gpu")), tp, efficiency, spec)
+    imbalance = data.get("expert_imbalance", DEFAULT_EXPERT_IMBALANCE)
+    if isinstance(imbalance, bool) or not isinstance(imbalance, int | float) or imbalance < 1:
+        raise ProfileError(f'{spec}: "expert_imbalance" must be a number >= 1, got {imbalance!r}')
+    return dataclasses.replace(profile, expert_imbalance=float(imbalance))
 
 
 def timing_model(profile: Profile, model_config: dict[str, Any], dtype: str) -> StepTiming:
@@ -82,7 +95,9 @@ def timing_model(profile: Profile, model_config: dict[str, Any], dtype: str) -> 
     if isinstance(profile, LinearTiming):
         return profile
     shape = ModelShape.from_config(model_config, dtype)
-    return AnalyticalTiming(shape, gpu_spec(profile.gpu), profile.tp, profile.efficiency)
+    return AnalyticalTiming(
+        shape, gpu_spec(profile.gpu), profile.tp, profile.efficiency, profile.expert_imbalance
+    )
 
 
 def _analytical(gpu: str, tp: int, efficiency: dict, spec: str) -> AnalyticalProfile:

@@ -88,30 +88,41 @@ class Efficiency:
     step_overhead_s: float = 0.001  # launch and scheduling cost of one step
 
 
+# Tokens on the busiest GPU's experts over the mean (max / mean load) of a mixture of experts:
+# an assumption, not a measurement: what remains after a load balancer such as DeepSeek's EPLB
+# (redundant copies of hot experts); 1 = perfectly even routing.
+DEFAULT_EXPERT_IMBALANCE = 1.2
+
+
 @dataclass(frozen=True)
 class AnalyticalTiming:
     """Roofline: a step takes the longer of its compute and memory times, plus the TP
-    all-reduces and a fixed overhead. Work and bytes split evenly over `tp` GPUs."""
+    all-reduces and a fixed overhead. Work and bytes split evenly over `tp` GPUs; a mixture of
+    experts' routed-expert FLOPs scaled by `expert_imbalance` (the busiest GPU sets the step),
+    and a step reads only the experts its tokens touch (ModelShape.step_weight_bytes)."""
 
     shape: ModelShape
     gpu: GPUSpec
     tp: int = 1
     efficiency: Efficiency = Efficiency()
+    expert_imbalance: float = DEFAULT_EXPERT_IMBALANCE
 
     def step_seconds(self, work: StepWork) -> float:
         if not work.chunks:
             return 0.0
         s, eff = self.shape, self.efficiency
         kv_bytes = s.kv_bytes_per_token * (work.context_tokens + work.new_tokens)
-        memory = (s.weight_bytes + kv_bytes) / (self.tp * self.gpu.hbm_bytes_per_s * eff.memory)
+        weights = s.step_weight_bytes(work.new_tokens)
+        memory = (weights + kv_bytes) / (self.tp * self.gpu.hbm_bytes_per_s * eff.memory)
         compute = self.compute_seconds(work)
         return max(compute, memory) + self._all_reduce_seconds(work) + eff.step_overhead_s
 
     def compute_seconds(self, work: StepWork) -> float:
         """The step's FLOPs at the efficiency's share of peak: a lower bound on its time."""
         s = self.shape
+        routed = s.routed_active_params * self.expert_imbalance
         flops = (
-            2 * s.body_params * work.new_tokens
+            2 * (s.body_params - s.routed_active_params + routed) * work.new_tokens
             + 2 * s.lm_head_params * work.num_sampled
             + s.attention_flops_per_pair * work.attention_pairs
         )

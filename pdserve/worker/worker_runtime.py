@@ -124,6 +124,8 @@ class WorkerRuntime:
         stats.sim_overrun_steps = int(engine_stats.get("sim_overrun_steps", 0))
         stats.sim_modelled_seconds = float(engine_stats.get("sim_modelled_seconds", 0.0))
         stats.sim_measured_seconds = float(engine_stats.get("sim_measured_seconds", 0.0))
+        expert_tokens = engine_stats.get("expert_tokens", [])
+        stats.expert_tokens, stats.expert_load_imbalance = metrics.expert_load(expert_tokens)
         stats.peak_rss_bytes = memory_usage.peak_rss_bytes()
         stats.peak_gpu_bytes = memory_usage.peak_gpu_bytes()
         stats.engine_failure = self.loop.failure

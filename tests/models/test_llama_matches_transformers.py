@@ -95,6 +95,59 @@ FAMILIES = {
         "Qwen3ForCausalLM",
         dict(head_dim=24, attention_bias=True, tie_word_embeddings=True),
     ),
+    # Mixtures of experts: odd expert counts, top-k 1, 2 and 8, norm_topk_prob both ways, dense
+    # layers among sparse ones (mlp_only_layers, decoder_sparse_step), Qwen2-MoE's shared expert.
+    "qwen3-moe-top2": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        dict(
+            head_dim=16,
+            num_experts=5,
+            num_experts_per_tok=2,
+            moe_intermediate_size=40,
+            num_hidden_layers=3,
+            mlp_only_layers=[1],
+        ),
+    ),
+    "qwen3-moe-top8-norm": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        dict(
+            num_experts=9,
+            num_experts_per_tok=8,
+            moe_intermediate_size=24,
+            norm_topk_prob=True,
+            decoder_sparse_step=2,
+        ),
+    ),
+    "qwen3-moe-top1-norm": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        dict(num_experts=7, num_experts_per_tok=1, moe_intermediate_size=32, norm_topk_prob=True),
+    ),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(num_local_experts=5)),
+    "qwen2-moe-shared": (
+        "Qwen2MoeConfig",
+        "Qwen2MoeForCausalLM",
+        dict(
+            num_experts=7,
+            num_experts_per_tok=1,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=80,
+        ),
+    ),
+    "qwen2-moe-shared-norm": (
+        "Qwen2MoeConfig",
+        "Qwen2MoeForCausalLM",
+        dict(
+            num_experts=5,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=48,
+            norm_topk_prob=True,
+            qkv_bias=False,
+        ),
+    ),
 }
 
 
@@ -117,7 +170,7 @@ def make_hf_model(directory, family: str, **overrides):
             elif "embed_tokens" in name:
                 p.normal_(0.0, 1.0)
             else:
-                p.normal_(0.0, 1.0 / math.sqrt(p.shape[1]))
+                p.normal_(0.0, 1.0 / math.sqrt(p.shape[-1]))  # fan-in, also of stacked experts
     model.save_pretrained(directory)
     write_tokenizer(directory, VOCAB)
     return model
