@@ -93,7 +93,10 @@ def run(args: argparse.Namespace) -> int:
         f"blocks over a pool of {num_kv_blocks} ({distinct_blocks / num_kv_blocks:.1f}x), "
         f"minimum computed {minimum_prefill_tokens([r.prompt for r in requests], args.block_size)}"
     )
-    start_ray(0, 1)
+    import ray
+
+    if not ray.is_initialized():  # a test's session cluster, else our own
+        start_ray(0, 1)
     results: dict[str, TierResult] = {}
     for way in WAYS:
         offload_gb = args.kv_offload_gb if way == "with" else 0.0

@@ -22,15 +22,12 @@ SMALLEST = {
 }
 
 
-def test_serves_the_chat_both_ways_and_reports_computed_tokens_and_ratios(tmp_path, capsys):
-    import ray
-
+def test_serves_the_chat_both_ways_and_reports_computed_tokens_and_ratios(
+    ray_cluster, tmp_path, capsys
+):
     path = tmp_path / "kv_tiers.json"
     args = bench_args(kv_tiers_bench, json=path, **SMALLEST)
-    try:
-        assert kv_tiers_bench.run(args) == 0
-    finally:
-        ray.shutdown()
+    assert kv_tiers_bench.run(args) == 0
     document = json.loads(path.read_text())
     from pdserve.bench.common.local_system import load_model
 
