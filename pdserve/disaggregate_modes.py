@@ -15,6 +15,7 @@ Parsed here, apart from the router, so that the configuration can check the flag
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 FIXED = ("auto", "always", "never")
@@ -32,6 +33,7 @@ class DisaggregateMode:
         return self.kind in ("threshold", "conditional")
 
 
+@functools.cache
 def parse_disaggregate(spec: str) -> DisaggregateMode:
     """The mode `spec` names; ValueError naming the accepted forms."""
     name, *numbers = spec.strip().split(":")

@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pdserve.config import ROUTING_POLICIES, RouterConfig
-from pdserve.disaggregate_modes import parse_disaggregate
+from pdserve.disaggregate_modes import DisaggregateMode, parse_disaggregate
 from router.cost_model import CostModel
 from router.disaggregate_rule import option_kinds
 from router.estimates import Estimate, RoutingRequest, Weights, WorkerLoad, estimate, objective
@@ -94,7 +94,7 @@ class RoutingPolicy:
         if config.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {config.policy!r}")
         try:
-            self.mode = parse_disaggregate(config.disaggregate)
+            parse_disaggregate(config.disaggregate)
         except ValueError as e:
             raise ValueError(f"disaggregate {e}") from None
         if config.ttft_slo_ms <= 0 or config.tpot_slo_ms <= 0:
@@ -113,6 +113,12 @@ class RoutingPolicy:
         self._turn = itertools.count()  # rotation among ties, and of decode workers
         self._prefill_turn = itertools.count()  # rotation of prefill workers (round_robin)
         self._random = random.Random(0)  # `random`: seeded, so a run can be repeated
+
+    @property
+    def mode(self) -> DisaggregateMode:
+        """`--disaggregate` as parsed: read from the config at each decision, which may change
+        while the router runs (parsed once per spec string)."""
+        return parse_disaggregate(self.config.disaggregate)
 
     def overloaded(self, pending_requests: int) -> str | None:
         """Admission control: why one more request is refused, or None."""
