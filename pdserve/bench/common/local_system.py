@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -173,3 +174,15 @@ def finish_paired(summaries: dict, json_path: str | None) -> int:
             json.dumps({name: s.to_dict() for name, s in summaries.items()}, indent=2)
         )
     return 0 if all(s.failed == 0 for s in summaries.values()) else 1
+
+
+def wait_idle(app, timeout_s: float = 60.0) -> None:
+    """Until no worker has queued or running work (so every prefill is counted)."""
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        stats = ray.get([w.actor.stats.remote() for w in app.app.pool.workers.values()])
+        if not any(s.num_waiting or s.num_running or s.num_reserved or s.num_held for s in stats):
+            return
+        time.sleep(0.2)

@@ -28,6 +28,7 @@ from pdserve.bench.common.local_system import (
     load_model,
     serve_locally,
     start_ray,
+    wait_idle,
 )
 
 WAYS = ("without", "with")  # the host tier off, on
@@ -214,7 +215,7 @@ def _warm_up(app, model_config: dict, args: argparse.Namespace) -> None:
         warm, 4, args.seed + 1, model_config["vocab_size"], eos_ids(model_config)
     )
     asyncio.run(run_load(f"127.0.0.1:{app.port}", requests, max_concurrency=1))
-    _wait_idle(app)
+    wait_idle(app)
 
 
 def _measure(app, requests: list, args: argparse.Namespace) -> TierResult:
@@ -225,7 +226,7 @@ def _measure(app, requests: list, args: argparse.Namespace) -> TierResult:
     records = asyncio.run(
         run_load(f"127.0.0.1:{app.port}", requests, max_concurrency=args.max_concurrency)
     )
-    _wait_idle(app)
+    wait_idle(app)
     after = _stats(app)
     computed, hits, host_hits = (b - a for a, b in zip(before, after, strict=True))
     summary = summarize(records, run_duration(records) or 1e-9)
@@ -253,18 +254,6 @@ def _stats(app) -> tuple[int, int, int]:
         sum(s.prefix_hit_tokens for s in stats),
         sum(s.prefix_host_hit_tokens for s in stats),
     )
-
-
-def _wait_idle(app, timeout_s: float = 60.0) -> None:
-    """Until no worker has queued or running work (so every prefill is counted)."""
-    import ray
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        stats = ray.get([w.actor.stats.remote() for w in app.app.pool.workers.values()])
-        if not any(s.num_waiting or s.num_running or s.num_reserved or s.num_held for s in stats):
-            return
-        time.sleep(0.2)
 
 
 def _ratios(results: dict[str, TierResult]) -> dict[str, float | None]:

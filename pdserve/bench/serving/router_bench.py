@@ -30,6 +30,7 @@ from pdserve.bench.common.local_system import (
     load_model,
     mixed_requests,
     serve_locally,
+    wait_idle,
 )
 
 POLICIES = ("cost", "round_robin")
@@ -199,7 +200,7 @@ def _warm_up(app, model_config: dict, args: argparse.Namespace) -> None:
         warm, 8, args.seed + 2, model_config["vocab_size"], eos_ids(model_config)
     )
     asyncio.run(run_load(f"127.0.0.1:{app.port}", requests, max_concurrency=2))
-    _wait_idle(app)
+    wait_idle(app)
 
 
 def _measure(app, requests: list, rate: float, args: argparse.Namespace) -> WorkloadResult:
@@ -210,7 +211,7 @@ def _measure(app, requests: list, rate: float, args: argparse.Namespace) -> Work
     records = asyncio.run(
         run_load(f"127.0.0.1:{app.port}", requests, request_rate=rate, seed=args.seed)
     )
-    _wait_idle(app)
+    wait_idle(app)
     computed = _prefill_tokens(app) - before
     summary = summarize(records, run_duration(records) or 1e-9)
     routes: dict[str, int] = {}
@@ -236,18 +237,6 @@ def _prefill_tokens(app) -> int:
 
     workers = app.app.pool.workers.values()
     return sum(s.prefill_tokens for s in ray.get([w.actor.stats.remote() for w in workers]))
-
-
-def _wait_idle(app, timeout_s: float = 60.0) -> None:
-    """Until no worker has queued or running work (so every prefill is counted)."""
-    import ray
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        stats = ray.get([w.actor.stats.remote() for w in app.app.pool.workers.values()])
-        if not any(s.num_waiting or s.num_running or s.num_reserved or s.num_held for s in stats):
-            return
-        time.sleep(0.2)
 
 
 def _line(r: WorkloadResult) -> str:
