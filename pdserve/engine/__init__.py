@@ -4,6 +4,8 @@ Serving plumbing (Ray actors, the engine thread) lives in `pdserve.worker`; the 
 types in `pdserve.core`. This package imports none of ray, grpc or redis.
 
 - `engine.py` — `LLMEngine`: add_request / step / abort, and the disaggregation hooks.
+- `request_admission.py` — `RequestAdmission`: a request checked and made its first `Sequence`;
+  each sequence's detokenizer.
 - `step_outputs.py` — `StepOutputs`, the engine's steps from a step's sampled tokens to
   sequences' tokens and `RequestOutput`s (the per-token path, with a short path for the usual
   token).

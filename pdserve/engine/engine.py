@@ -30,25 +30,23 @@ from pathlib import Path
 from typing import Any
 
 from pdserve.core import model_limits
-from pdserve.core.grammar_spec import GrammarError
 from pdserve.core.kv_events import KVEvent, KVEventSink
-from pdserve.core.prompt_tokens import known_block_hashes
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.engine.block_manager import BlockManager
 from pdserve.engine.decoding.forked_choices import ForkedChoices
 from pdserve.engine.decoding.grammar import Grammars
-from pdserve.engine.decoding.premature_layers import request_layers
 from pdserve.engine.executor import Executor, make_executor
 from pdserve.engine.gpu_step.overlapped_steps import OverlappedSteps
 from pdserve.engine.host_tier import HostTier, host_tier_stats
 from pdserve.engine.outputs import RequestOutput, Reservation
+from pdserve.engine.request_admission import RequestAdmission
 from pdserve.engine.scheduler import ScheduledBatch, Scheduler
 from pdserve.engine.sequence import Sequence, SequenceStatus
 from pdserve.engine.speculation.speculative_step import make_speculation, speculation_stats
 from pdserve.engine.step_outputs import StepOutputs
 from pdserve.engine_config import EngineConfig
 from pdserve.models.builtin import default_model_dir
-from pdserve.tokenizer import IncrementalDetokenizer, Tokenizer
+from pdserve.tokenizer import Tokenizer
 
 __all__ = ["Executor", "LLMEngine", "RequestOutput", "Reservation", "SamplingParams", "KVEvent"]
 
@@ -105,13 +103,22 @@ class LLMEngine:
         self._seqs: dict[str, Sequence] = {}  # by request id: choice 0's sequence
         self._pending: list[RequestOutput] = []  # outputs produced outside step()
         self._arrivals = itertools.count()  # numbers sequences in arrival order
+        self.admission = RequestAdmission(
+            config,
+            self.executor,
+            self.tokenizer,
+            self.grammars,
+            self._arrivals,
+            self.max_model_len,
+            emit_text,
+        )
         self._steps = 0
         self.forks = ForkedChoices(
             self._seqs,
             self.scheduler,
             self.block_manager,
             self._finish,
-            self._detokenizer,
+            self.admission.detokenizer,
             self._arrivals,
             self.eos_token_ids,
             self.max_model_len,
@@ -401,67 +408,7 @@ class LLMEngine:
     ) -> Sequence:
         if request_id in self._seqs:
             raise ValueError(f"request id {request_id!r} is already in use")
-        known_hashes = known_block_hashes(prompt, self.block_size)  # PromptTokens remember them
-        prompt = list(prompt)
-        if not prompt:
-            raise ValueError("the prompt must have at least one token")
-        vocab = self.executor.vocab_size
-        if min(prompt) < 0 or max(prompt) >= vocab:
-            raise ValueError(f"prompt token ids must be in [0, {vocab})")
-        if len(prompt) > self.max_model_len:
-            raise ValueError(
-                f"prompt of {len(prompt)} tokens exceeds max_model_len {self.max_model_len}"
-            )
-        if params.beam_search and not getattr(self.executor, "offers_beam_candidates", False):
-            raise ValueError("beam_width: beam search needs the torch executor (not sim)")
-        tied = bool(self.model_config.get("tie_word_embeddings", False))
-        layers = request_layers(params, self.num_layers, tied)  # ValueError naming the field
-        mask = self._min_tokens_mask(params)
-        grammar = None
-        if params.grammar is not None:
-            if self.config.kind == "sim":
-                raise GrammarError("grammar: structured output needs the torch executor (not sim)")
-            # A continuation's prompt ends with the seed_offset tokens generated so far.
-            generated = prompt[len(prompt) - params.seed_offset :]
-            grammar = self.grammars.start(params.grammar, generated)
-        return Sequence(
-            request_id=request_id,
-            token_ids=prompt,
-            num_prompt_tokens=len(prompt),
-            params=params,
-            arrival=next(self._arrivals),
-            prefill_only=prefill_only,
-            prompt_block_hashes=known_hashes,
-            detokenizer=self._detokenizer(prompt, params),
-            grammar=grammar,
-            overlaps=(
-                params.greedy
-                and grammar is None
-                and not (prefill_only or params.logprobs or params.beam_search or mask)
-                and params.n == 1
-                and params.repetition_penalty == 1.0
-                and layers is None
-            ),
-            min_tokens_mask=mask,
-        )
-
-    def _min_tokens_mask(self, params: SamplingParams) -> tuple[int, ...]:
-        """The tokens the sampler masks until the output has min_tokens (Sequence)."""
-        if not params.min_tokens:
-            return ()
-        stops = set(params.stop_token_ids)
-        if not params.ignore_eos:
-            stops |= self.eos_token_ids
-        return tuple(sorted(stops))
-
-    def _detokenizer(
-        self, prompt: list[int], params: SamplingParams
-    ) -> IncrementalDetokenizer | None:
-        if self.emit_text or params.stop:
-            return IncrementalDetokenizer(
-                self.tokenizer, prompt, params.stop, min_tokens=params.min_tokens
-            )
-        return None
+        return self.admission.new_sequence(request_id, prompt, params, prefill_only)
 
     def _emit_events(self) -> None:
         events = self.block_manager.take_events()
