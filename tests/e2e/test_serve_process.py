@@ -5,23 +5,20 @@ reach none of the local Ray processes."""
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import signal
 import socket
 import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
 import grpc
 import httpx
 import psutil
 
 from pdserve.pb import generate_pb2, generate_pb2_grpc
+from tests.serve_process import ServeProcess
 
 GRACE_S = 2.0
 RAY_DAEMONS = ("gcs_server", "raylet", "dashboard")
@@ -30,48 +27,30 @@ RAY_DAEMONS = ("gcs_server", "raylet", "dashboard")
 @dataclass
 class Served:
     process: subprocess.Popen
-    port: int = 0
-    lines: list[str] = field(default_factory=list)
+    port: int
+    serving: ServeProcess
 
     @property
     def output(self) -> str:
-        return "".join(self.lines)
+        return self.serving.text()
 
 
 @contextlib.contextmanager
 def pdserve_serve(*flags: str, env: dict[str, str] | None = None) -> Iterator[Served]:
-    """`pdserve serve` of sim workers on loopback, until it printed its port."""
-    command = [
-        sys.executable, "-m", "pdserve.cli", "serve",
+    """`pdserve serve` of sim workers on loopback, once it printed its ports."""
+    serving = ServeProcess(
         "--engine", "sim", "--sim-time-scale", "20",
         "--prefill-workers", "1", "--decode-workers", "1", "--disaggregate", "always",
         "--host", "127.0.0.1", "--port", "0", "--http-host", "127.0.0.1", "--http-port", "0",
         "--kv-bind-host", "127.0.0.1", "--kv-advertise-host", "127.0.0.1", *flags,
-    ]  # fmt: skip
-    repo = Path(__file__).resolve().parents[2]
-    process = subprocess.Popen(
-        command,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(repo), **(env or {})},
-    )
-    served = Served(process)
-    reader = threading.Thread(target=served.lines.extend, args=(process.stdout,), daemon=True)
-    reader.start()
+        env=env,
+    )  # fmt: skip
     try:
-        deadline = time.monotonic() + 240
-        while not served.port and time.monotonic() < deadline and process.poll() is None:
-            found = [re.search(r"gRPC on port (\d+)", line) for line in served.lines]
-            served.port = next((int(m.group(1)) for m in found if m), 0)
-            time.sleep(0.2)
-        assert served.port, served.output
-        yield served
+        ready = serving.wait_for(r"gRPC on port \d+")
+        port = int(re.search(r"gRPC on port (\d+)", ready).group(1))
+        yield Served(serving.process, port, serving)
     finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait(30)
-        reader.join(10)
+        serving.kill()
 
 
 def ray_processes(pid: int) -> list[psutil.Process]:
