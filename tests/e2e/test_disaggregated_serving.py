@@ -100,15 +100,18 @@ def test_shared_prefixes_hit_both_prefix_caches_and_match(served, stub):
     before = {
         w.worker_id: ray.get(w.actor.stats.remote()) for w in served.app.pool.workers.values()
     }
-    # The first request warms the caches; the rest share its prefix.
-    first = collect(stub, request(prompts[0], 6))
-    answers = [first, *run_concurrently(stub, prompts[1:], max_tokens[1:])]
+    # The first three run one after another, each after the last has committed its KV: the
+    # second either goes to the decode worker holding the prefix (a hit) or leaves both decode
+    # workers holding it, so the third hits wherever it goes. Routed concurrently instead, all
+    # could land on the other decode worker while the prefix is in flight (this failed so in
+    # full CI runs, with the router weighing load over a loopback transfer's tiny cost).
+    warm = [collect(stub, request(prompt, 6)) for prompt in prompts[:3]]
+    answers = [*warm, *run_concurrently(stub, prompts[3:], max_tokens[3:])]
     assert [tokens for tokens, _ in answers] == expected
     after = {w.worker_id: ray.get(w.actor.stats.remote()) for w in served.app.pool.workers.values()}
     hits = {wid: after[wid].prefix_hit_tokens - before[wid].prefix_hit_tokens for wid in after}
-    # Where each request went: this test failed twice in full CI runs with no decode-side hit
-    # (outputs right), and never alone; the routes tell a cache that lost the prefix from
-    # requests that all went to the other decode worker.
+    # Where each request went: a failure tells a cache that lost the prefix from requests that
+    # all went to one decode worker.
     routes = [(r[-1].timings.prefill_worker, r[-1].timings.decode_worker) for _, r in answers]
     assert any(hits[w] > 0 for w in hits if w.startswith("prefill")), (hits, routes)
     assert any(hits[w] > 0 for w in hits if w.startswith("decode")), (hits, routes)

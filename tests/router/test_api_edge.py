@@ -154,7 +154,9 @@ def test_stop_refuses_new_rpcs_and_lets_running_ones_finish(tmp_path):
 def test_health_stays_fast_for_the_whole_of_a_4_mib_tokenize(tmp_path):
     """Issue 46, N8: the response's token strings (millions) are made and serialized off the
     event loop. A stall the code causes comes back at every call; a busy host's scheduling
-    hiccup does not: the slowest health answer of the best of three calls is the measure."""
+    hiccup does not: the slowest health answer of the best of three calls is the measure. Built
+    on the loop, the strings stalled it 3.5-6.4 s; off it, a loaded 2-core CI machine still saw
+    0.15 s (the tokenizer thread holds the interpreter lock in turns), so 0.5 s tells them apart."""
     text = ("0123456789" * (1 << 19))[: 4 << 20]  # at the byte cap
     request = generate_pb2.TokenizeRequest(text=text)
     slowest = []
@@ -189,7 +191,7 @@ def test_health_stays_fast_for_the_whole_of_a_4_mib_tokenize(tmp_path):
             assert len(response.tokens) == len(response.token_ids) > 500_000
             assert len(latencies) > 50
             slowest.append(max(latencies))
-    assert min(slowest) <= 0.1, slowest
+    assert min(slowest) <= 0.5, slowest
 
 
 @contextlib.contextmanager
