@@ -145,6 +145,15 @@ class EngineConfig:
         "copied back instead of recomputed (pinned on CUDA); 0 = off (torch engine only)",
         minimum=0,
     )
+    kv_disk_dir: str | None = setting(
+        None,
+        "directory of the disk tier under --kv-offload-gb: blocks the host tier evicts are "
+        "written there (one file each, checksummed) instead of dropped; files of dead runs "
+        "are deleted at start",
+    )
+    kv_disk_gb: float = setting(
+        0.0, "disk space (GiB) of --kv-disk-dir's tier, file headers included; 0 = off", minimum=0
+    )
     max_num_seqs: int = setting(64, "most sequences in one step", minimum=1)
     max_num_batched_tokens: int = setting(
         1024, "token budget of one step (prefill chunks + decodes)", minimum=1
@@ -201,3 +210,8 @@ class EngineConfig:
             raise ConfigError(
                 "EngineConfig", "device", f"must be cpu, cuda or cuda:N, got {self.device!r}"
             )
+        if self.kv_disk_gb and not self.kv_disk_dir:
+            raise ConfigError("EngineConfig", "kv_disk_gb", "needs --kv-disk-dir DIR")
+        if self.kv_disk_gb and not self.kv_offload_gb:
+            # Blocks reach the disk through the host tier (engine/host_tier.py).
+            raise ConfigError("EngineConfig", "kv_disk_gb", "needs --kv-offload-gb (the host tier)")

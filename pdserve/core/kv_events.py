@@ -1,7 +1,8 @@
 """KVEvent: what the engine tells the prefix index about its cache (no torch import here).
 
 "stored": full blocks whose hashes were just registered in the prefix cache, in `tier`: the
-device pool, or the host tier (--kv-offload-gb) for a block the device evicted into it. A block
+device pool, the host tier (--kv-offload-gb) for a block the device evicted into it, or the
+disk tier (--kv-disk-dir) for a block the host tier evicted into it. A block
 that moves between tiers is stored again with its new tier: an update, not a removal.
 "removed": cached blocks that were evicted from `tier` and whose contents are gone.
 """
@@ -13,8 +14,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 KVEventKind = Literal["stored", "removed"]
-KVTier = Literal["device", "host"]
-KV_TIERS: tuple[KVTier, ...] = ("device", "host")
+KVTier = Literal["device", "host", "disk"]
+KV_TIERS: tuple[KVTier, ...] = ("device", "host", "disk")
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,8 @@ ever copied, at most once per fork; full blocks are never copied.
 With a host tier (host_tier.py, --kv-offload-gb) an evicted block is copied to host memory
 instead of dropped (a "stored" event of tier "host": it moved, it is not gone), and a prefix
 walk that misses the device cache brings host blocks back into free device blocks, which are
-then device hits like any other.
+then device hits like any other. Under the host tier a disk tier (disk_tier.py, --kv-disk-dir)
+takes what the host evicts, and the walk reads its blocks back the same way.
 """
 
 from __future__ import annotations
@@ -83,10 +84,11 @@ class BlockManager:
     # ---- sequence-level operations ------------------------------------------------------
     def acquire_prefix(self, seq: Sequence, max_tokens: int) -> int:
         """Gives a sequence with no blocks the longest cached run of full blocks within its
-        first `max_tokens` tokens, bringing back those of the host tier (their tokens are
-        `seq.num_host_hit_tokens`); returns how many tokens that covers."""
+        first `max_tokens` tokens, bringing back those of the host and disk tiers (their tokens
+        are `seq.num_host_hit_tokens`, `seq.num_disk_hit_tokens`); returns how many tokens that
+        covers."""
         assert not seq.block_table, "prefix lookup is only for a sequence without blocks"
-        seq.num_host_hit_tokens = 0
+        seq.num_host_hit_tokens = seq.num_disk_hit_tokens = 0
         if not self.enable_prefix_caching:
             return 0
         parent = ROOT_HASH
@@ -100,10 +102,13 @@ class BlockManager:
             if block_id is not None and self._tokens[block_id] == tuple(token_ids):
                 self._acquire(block_id)
             elif block_id is None and self.host_tier is not None:
-                block_id = self._restore(h, tuple(token_ids), parent)
+                block_id, tier = self._restore(h, tuple(token_ids), parent)
                 if block_id is None:
                     break
-                seq.num_host_hit_tokens += size
+                if tier == "host":
+                    seq.num_host_hit_tokens += size
+                else:
+                    seq.num_disk_hit_tokens += size
             else:
                 break
             seq.block_table.append(block_id)
@@ -253,19 +258,25 @@ class BlockManager:
             self._children.setdefault(parent, set()).add(h)
         self._events.append(("stored", h, "device"))
 
-    def _restore(self, h: int, token_ids: tuple[int, ...], parent: int) -> int | None:
-        """A free device block (ref 1) holding the host tier's copy of block `h`, registered
-        in the device cache; None when the host does not hold it or no block is free."""
+    def _restore(
+        self, h: int, token_ids: tuple[int, ...], parent: int
+    ) -> tuple[int | None, KVTier | None]:
+        """A free device block (ref 1) holding the host or disk tier's copy of block `h`,
+        registered in the device cache, and the tier it came from; None when neither holds it,
+        its file failed its checks, or no block is free."""
         tier = self.host_tier
         if tier is None or not tier.holds(h, token_ids) or not self.num_free_blocks:
-            return None
+            return None, None
         block_id = self._allocate_one()  # may offload an evicted block, and so evict `h`
-        if not tier.holds(h, token_ids):
+        source = None
+        if tier.holds(h, token_ids):
+            source, events = tier.restore(h, block_id)
+            self._events += events
+        if source is None:
             self._drop(block_id)
-            return None
-        tier.restore(h, block_id)
+            return None, None
         self._register(block_id, h, token_ids, parent)
-        return block_id
+        return block_id, source
 
     def _acquire(self, block_id: int) -> None:
         if self._ref[block_id] == 0:
@@ -320,9 +331,7 @@ class BlockManager:
             self._events.append(("removed", h, "device"))
             return
         token_ids, parent = self._tokens[block_id], self._parent[block_id]
-        evicted = self.host_tier.offload(block_id, h, token_ids, parent)
-        self._events += [("removed", gone, "host") for gone in evicted]
-        self._events.append(("stored", h, "host"))
+        self._events += self.host_tier.offload(block_id, h, token_ids, parent)
 
     def check_invariants(self) -> None:
         """Asserts the state partition above (used by tests)."""

@@ -293,6 +293,7 @@ class LLMEngine:
         seq.num_cached_tokens = cached
         self.scheduler.prefix_hit_tokens += cached
         self.scheduler.prefix_host_hit_tokens += seq.num_host_hit_tokens
+        self.scheduler.prefix_disk_hit_tokens += seq.num_disk_hit_tokens
         self.scheduler.prefix_query_tokens += seq.num_prompt_tokens
         self._seqs[request_id] = seq
         self.forks.track(request_id, params)
@@ -377,6 +378,7 @@ class LLMEngine:
             "prefix_hit_tokens": sched.prefix_hit_tokens,
             "prefix_query_tokens": sched.prefix_query_tokens,
             "prefix_host_hit_tokens": sched.prefix_host_hit_tokens,
+            "prefix_disk_hit_tokens": sched.prefix_disk_hit_tokens,
             **host_tier_stats(self.host_tier),
             "num_preemptions": sched.num_preemptions,
             "prefill_tokens_computed": self.step_outputs.prefill_tokens_computed,
@@ -389,14 +391,20 @@ class LLMEngine:
 
     # ---- helpers ------------------------------------------------------------------------
     def _host_tier(self, config: EngineConfig) -> HostTier | None:
-        """The host tier of --kv-offload-gb (None when off or too small for one block)."""
+        """The host tier of --kv-offload-gb over the disk tier of --kv-disk-dir (None when off
+        or too small for one block)."""
         if not config.kv_offload_gb or not config.enable_prefix_caching:
             return None
         if config.kind != "torch" or config.tp > 1:
             raise ValueError("kv_offload_gb: needs the torch engine without tensor parallelism")
         from pdserve.engine.host_kv_pool import make_host_tier
 
-        return make_host_tier(self.kv_cache, int(config.kv_offload_gb * 2**30))
+        return make_host_tier(
+            self.kv_cache,
+            int(config.kv_offload_gb * 2**30),
+            config.kv_disk_dir,
+            int(config.kv_disk_gb * 2**30),
+        )
 
     def _fence_host_copies(self) -> None:
         """Device work queued from here on waits for the host tier's copies (host_kv_pool.py)."""

@@ -14,15 +14,29 @@ import time
 
 import torch
 
+from pdserve.engine.disk_block_files import DiskBlockFiles
+from pdserve.engine.disk_tier import DiskTier
 from pdserve.engine.host_tier import HostTier
 
 
-def make_host_tier(kv_cache: torch.Tensor, budget_bytes: int) -> HostTier | None:
-    """A host tier of as many whole blocks of `kv_cache` as `budget_bytes` holds (never more);
-    None when not even one fits."""
+def make_host_tier(
+    kv_cache: torch.Tensor, budget_bytes: int, disk_dir: str | None = None, disk_bytes: int = 0
+) -> HostTier | None:
+    """A host tier of as many whole blocks of `kv_cache` as `budget_bytes` holds (never more),
+    over a disk tier in `disk_dir` of as many block files as `disk_bytes` holds; None when not
+    even one block fits in host memory (no disk tier without a host tier: blocks reach the
+    disk through it)."""
     per_block = kv_cache[:, :, 0].numel() * kv_cache.element_size()
     slots = budget_bytes // per_block
-    return HostTier(HostKVPool(kv_cache, slots), slots) if slots else None
+    if not slots:
+        return None
+    pool = HostKVPool(kv_cache, slots)
+    disk_slots = disk_bytes // DiskBlockFiles.file_bytes(per_block) if disk_dir else 0
+    disk = None
+    if disk_slots:
+        staging = torch.empty(pool.blocks.shape[1:], dtype=kv_cache.dtype, pin_memory=pool.cuda)
+        disk = DiskTier(DiskBlockFiles(disk_dir), disk_slots, staging)
+    return HostTier(pool, slots, disk)
 
 
 class HostKVPool:
@@ -31,7 +45,7 @@ class HostKVPool:
 
     def __init__(self, kv_cache: torch.Tensor, num_slots: int) -> None:
         self.kv_cache = kv_cache
-        cuda = kv_cache.is_cuda
+        self.cuda = cuda = kv_cache.is_cuda
         layers, kv, _, block_size, heads, head_dim = kv_cache.shape
         # [num_slots, num_layers, 2, block_size, kv_heads, head_dim]: slot-major, so one slot
         # is contiguous and a device-to-host copy of it is one transfer into pinned memory.
@@ -62,6 +76,15 @@ class HostKVPool:
         self._stream.wait_stream(torch.cuda.current_stream(self.kv_cache.device))
         with torch.cuda.stream(self._stream):
             self.kv_cache[:, :, block_id].copy_(self.blocks[slot], non_blocking=True)
+
+    def host_block(self, slot: int) -> torch.Tensor:
+        if self._stream is not None:
+            self._stream.synchronize()  # the slot's save may still be in flight
+        return self.blocks[slot]
+
+    def load_from(self, data: torch.Tensor, block_id: int) -> None:
+        # Blocking: `data` is a staging buffer the next read overwrites.
+        self.kv_cache[:, :, block_id].copy_(data)
 
     def _measure_load_bandwidth(self, repeats: int = 3) -> int:
         """Host-to-device bytes per second of copying blocks back, the best of a few copies of

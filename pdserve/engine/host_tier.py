@@ -6,32 +6,55 @@ cache but finds the block here (`restore`); the bytes move through a `BlockCopie
 (host_kv_pool.HostKVPool). A block is in at most one tier: restoring takes it out of the host,
 and a block the device computes again and registers is dropped from here (`discard`).
 
-The union of both tiers stays prefix-closed, as the device cache alone is (block_manager.py):
+With a disk tier (disk_tier.py, --kv-disk-dir) the blocks this tier evicts are written there
+instead of dropped, and a walk that finds a block there reads it back to the device.
+
+The union of the tiers stays prefix-closed, as the device cache alone is (block_manager.py):
 a block enters the host while its parent is still cached on the device (the device evicts
 leaves first), and making room here evicts a block together with every host block that extends
-it, leaves first. So the prefix index may still bisect a worker's holdings.
+it, leaves first. So a host block's parent is always on the device or here, never on the disk,
+and a disk block's descendants are all on the disk: the disk evicting a block with its disk
+descendants leaves no gap either. So the prefix index may still bisect a worker's holdings.
 
 Capacity is a number of slots fixed at start (the budget divided by one block's bytes): the
-tier never holds more, and evicts least recently used blocks to take a new one.
+tier never holds more, and evicts least recently stored blocks to take a new one.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from pdserve.core.block_hash import ROOT_HASH
+from pdserve.core.kv_events import KVTier
+from pdserve.engine.tier_index import TierIndex
+
+if TYPE_CHECKING:
+    import torch
+
+    from pdserve.engine.disk_tier import DiskTier
+    from pdserve.engine.tier_index import TierEvent
 
 
 def host_tier_stats(tier: HostTier | None) -> dict[str, int]:
-    """The engine's stats of its host tier (zeros without one)."""
+    """The engine's stats of its host and disk tiers (zeros without them)."""
     return {
         "num_host_blocks": tier.num_slots if tier else 0,
         "num_host_cached_blocks": len(tier) if tier else 0,
         "host_offloaded_blocks": tier.num_offloaded if tier else 0,
         "host_restored_blocks": tier.num_restored if tier else 0,
         "host_copy_bytes_per_s": tier.copier.bytes_per_s if tier else 0,
+        **disk_tier_stats(tier.disk if tier else None),
+    }
+
+
+def disk_tier_stats(disk: DiskTier | None) -> dict[str, int]:
+    return {
+        "num_disk_blocks": disk.index.num_slots if disk else 0,
+        "num_disk_cached_blocks": len(disk) if disk else 0,
+        "disk_written_blocks": disk.num_written if disk else 0,
+        "disk_restored_blocks": disk.num_restored if disk else 0,
+        "disk_write_failures": disk.files.write_failures if disk else 0,
+        "disk_read_failures": disk.files.read_failures if disk else 0,
+        "disk_read_bytes_per_s": disk.read_bytes_per_s if disk else 0,
     }
 
 
@@ -46,91 +69,91 @@ class BlockCopier(Protocol):
 
     def load(self, slot: int, block_id: int) -> None: ...
 
+    def host_block(self, slot: int) -> torch.Tensor:
+        """A slot's bytes in host memory, once the copies into it have landed."""
+        ...
+
+    def load_from(self, data: torch.Tensor, block_id: int) -> None:
+        """Copies one block's bytes from host memory (shaped as a slot) to the device."""
+        ...
+
     def fence(self) -> None: ...
 
 
-@dataclass
-class _HostBlock:
-    slot: int
-    token_ids: tuple[int, ...]
-    parent: int  # the parent block's hash (ROOT_HASH for a first block)
-
-
 class HostTier:
-    def __init__(self, copier: BlockCopier, num_slots: int) -> None:
-        assert num_slots > 0, "a host tier holds at least one block"
+    def __init__(self, copier: BlockCopier, num_slots: int, disk: DiskTier | None = None) -> None:
         self.copier = copier
-        self.num_slots = num_slots
-        self._blocks: OrderedDict[int, _HostBlock] = OrderedDict()  # hash -> block, LRU first
-        self._children: dict[int, set[int]] = {}  # any hash -> host blocks that extend it
-        self._free_slots = list(range(num_slots))
+        self.index = TierIndex(num_slots)
+        self.disk = disk  # where evicted blocks go instead of being dropped (--kv-disk-dir)
         self.num_offloaded = 0  # blocks copied here since start
         self.num_restored = 0  # blocks copied back to the device since start
 
+    @property
+    def num_slots(self) -> int:
+        return self.index.num_slots
+
     def __len__(self) -> int:
-        return len(self._blocks)
+        return len(self.index)
 
     def holds(self, block_hash: int, token_ids: tuple[int, ...]) -> bool:
-        """Whether this exact block is here: the hash and, against collisions, its tokens."""
-        block = self._blocks.get(block_hash)
-        return block is not None and block.token_ids == token_ids
+        """Whether this exact block is here or on the disk below (hash and tokens)."""
+        return self.index.holds(block_hash, token_ids) or (
+            self.disk is not None and self.disk.index.holds(block_hash, token_ids)
+        )
 
     def offload(
         self, block_id: int, block_hash: int, token_ids: tuple[int, ...], parent: int
-    ) -> list[int]:
-        """Copies device block `block_id` here under its hash; returns the hashes evicted from
-        the host to make room, leaves first (their contents are gone)."""
-        assert block_hash not in self._blocks, "a block is in one tier at a time"
-        evicted: list[int] = []
-        while not self._free_slots:
-            evicted += self._evict(next(iter(self._blocks)))
-        slot = self._free_slots.pop()
+    ) -> list[TierEvent]:
+        """Copies device block `block_id` here under its hash; returns the events: blocks
+        moved to the disk or dropped to make room, then this block stored here."""
+        events: list[TierEvent] = []
+        while not self.index.free_slots:
+            events += self._evict(self.index.oldest())
+        slot = self.index.add(block_hash, token_ids, parent).slot
         self.copier.save(block_id, slot)
-        self._blocks[block_hash] = _HostBlock(slot, token_ids, parent)
-        if parent != ROOT_HASH:
-            self._children.setdefault(parent, set()).add(block_hash)
         self.num_offloaded += 1
-        return evicted
+        return [*events, ("stored", block_hash, "host")]
 
-    def restore(self, block_hash: int, block_id: int) -> None:
-        """Copies the block back into device block `block_id` and takes it out of this tier
-        (its host children stay: their parent is now on the device)."""
-        block = self._forget(block_hash)
-        self.copier.load(block.slot, block_id)
-        self._free_slots.append(block.slot)
-        self.num_restored += 1
+    def restore(self, block_hash: int, block_id: int) -> tuple[KVTier | None, list[TierEvent]]:
+        """Copies the block back into device block `block_id` from this tier or the disk, and
+        takes it out of there (its children stay: their parent is now on the device). Returns
+        the tier it came from, or None when its file failed its checks (the device block is
+        then garbage), and the events of the blocks that left the disk with it."""
+        if block_hash in self.index:
+            self.copier.load(self.index.forget(block_hash).slot, block_id)
+            self.num_restored += 1
+            return "host", []
+        assert self.disk is not None
+        events = self.disk.restore(block_hash, lambda data: self.copier.load_from(data, block_id))
+        return (None if events else "disk"), events
 
     def discard(self, block_hash: int) -> None:
-        """The device computed and registered this block again: its host copy is redundant."""
-        if block_hash in self._blocks:
-            self._free_slots.append(self._forget(block_hash).slot)
+        """The device computed and registered this block again: a copy below is redundant."""
+        if block_hash in self.index:
+            self.index.forget(block_hash)
+        elif self.disk is not None:
+            self.disk.discard(block_hash)
 
-    def _evict(self, block_hash: int) -> list[int]:
-        """Drops a block and every host block that extends it; returns their hashes, leaves
-        first (so the prefix index never shows a gap)."""
-        order, stack = [], [block_hash]
-        while stack:  # every descendant after its parent; not recursive: chains are long
-            h = stack.pop()
-            order.append(h)
-            stack.extend(self._children.get(h, ()))
-        order.reverse()
-        for h in order:
-            self._free_slots.append(self._forget(h).slot)
-        return order
-
-    def _forget(self, block_hash: int) -> _HostBlock:
-        block = self._blocks.pop(block_hash)
-        siblings = self._children.get(block.parent)
-        if siblings is not None:
-            siblings.discard(block_hash)
-            if not siblings:
-                del self._children[block.parent]
-        return block
+    def _evict(self, block_hash: int) -> list[TierEvent]:
+        """Makes room: a block and every host block that extends it go to the disk, parents
+        first, a block only if its parent is still held (on the device, here, or written to the
+        disk); the others are dropped."""
+        gone = self.index.evict_subtree(block_hash)  # leaves first
+        moving = {h for h, _ in gone}
+        events: list[TierEvent] = []
+        for h, block in reversed(gone):
+            parent_held = block.parent not in moving or (
+                self.disk is not None and block.parent in self.disk.index
+            )
+            if self.disk is not None and parent_held:
+                payload = self.copier.host_block(block.slot)
+                events += self.disk.put(h, block.token_ids, block.parent, payload)
+            else:
+                events.append(("removed", h, "host"))
+        return events
 
     def check_invariants(self) -> None:
-        """Asserts slots are owned once and the children map matches (used by tests)."""
-        slots = [b.slot for b in self._blocks.values()] + self._free_slots
-        assert sorted(slots) == list(range(self.num_slots)), "a slot lost or owned twice"
-        for parent, children in self._children.items():
-            assert children <= self._blocks.keys()
-            assert all(self._blocks[c].parent == parent for c in children)
+        """Asserts slots are owned once and the children maps match (used by tests)."""
+        self.index.check_invariants()
+        if self.disk is not None:
+            self.disk.index.check_invariants()

@@ -79,6 +79,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.prefix_hit_tokens = 0  # in any tier
         self.prefix_host_hit_tokens = 0  # of those, brought back from the host tier
+        self.prefix_disk_hit_tokens = 0  # and those read back from the disk tier
         self.prefix_query_tokens = 0
 
     def add(self, seq: Sequence) -> None:
@@ -231,6 +232,7 @@ class Scheduler:
             seq.num_cached_tokens = seq.num_computed_tokens
             self.prefix_hit_tokens += seq.num_cached_tokens
             self.prefix_host_hit_tokens += seq.num_host_hit_tokens
+            self.prefix_disk_hit_tokens += seq.num_disk_hit_tokens
             self.prefix_query_tokens += seq.num_prompt_tokens
         return n
 

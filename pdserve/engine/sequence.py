@@ -47,6 +47,7 @@ class Sequence:
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at first admission
     num_host_hit_tokens: int = 0  # of those, the ones brought back from the host tier
+    num_disk_hit_tokens: int = 0  # and those read back from the disk tier
     admitted: bool = False  # has been scheduled once (later admissions are recomputes)
     # Whether its blocks may enter the prefix cache: not when its KV came from a peer this
     # engine does not trust (the KV of every later token depends on it).

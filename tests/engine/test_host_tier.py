@@ -148,6 +148,6 @@ def test_host_tier_never_exceeds_its_budget_and_stays_prefix_closed(ops, host_bl
         assert tier.copier.nbytes <= budget
         tier.check_invariants()
         bm.check_invariants()
-        for h, block in tier._blocks.items():
+        for h, block in tier.index.items():
             parent = block.parent
-            assert parent == ROOT_HASH or bm.is_cached(parent) or parent in tier._blocks, h
+            assert parent == ROOT_HASH or bm.is_cached(parent) or parent in tier.index, h
