@@ -16,6 +16,7 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
+from pdserve.core.kv_events import KV_TIERS
 from pdserve.tls_files import CertificateFiles
 
 # Latency buckets in seconds: TTFT spans queueing and long prompts; per-token times are ms.
@@ -93,13 +94,13 @@ QUEUE_LENGTH = Gauge(
 KV_BLOCKS = Gauge(
     "pdserve_kv_blocks",
     "KV cache blocks of a worker by state: used, free (device pool), host (prefix-cache blocks "
-    "kept in host memory, --kv-offload-gb).",
+    "kept in host memory, --kv-offload-gb), disk (kept in files, --kv-disk-dir).",
     ["worker", "state"],
 )
 PREFIX_CACHE_HIT_TOKENS = Counter(
     "pdserve_prefix_cache_hit_tokens",
-    "Prompt tokens a worker found in its prefix cache, by tier: device (its KV pool) or host "
-    "(brought back from host memory instead of recomputed).",
+    "Prompt tokens a worker found in its prefix cache, by tier: device (its KV pool), host "
+    "(brought back from host memory instead of recomputed) or disk (read back from a file).",
     ["worker", "tier"],
 )
 WORKER_PEAK_MEMORY = Gauge(
@@ -312,7 +313,9 @@ def observe_worker_stats(stats: Any, previous: Any | None = None) -> None:
     KV_BLOCKS.labels(worker=worker, state="free").set(stats.num_free_blocks)
     if stats.num_host_blocks:
         KV_BLOCKS.labels(worker=worker, state="host").set(stats.num_host_cached_blocks)
-    for tier, amount in zip(("device", "host"), prefix_hit_delta(previous, stats), strict=True):
+    if stats.num_disk_blocks:
+        KV_BLOCKS.labels(worker=worker, state="disk").set(stats.num_disk_cached_blocks)
+    for tier, amount in zip(KV_TIERS, prefix_hit_delta(previous, stats), strict=True):
         if amount:
             PREFIX_CACHE_HIT_TOKENS.labels(worker=worker, tier=tier).inc(amount)
     WORKER_PEAK_MEMORY.labels(worker=worker, kind="rss").set(stats.peak_rss_bytes)
@@ -375,13 +378,16 @@ def speculation_delta(previous: Any | None, stats: Any) -> tuple[int, ...]:
     )
 
 
-def prefix_hit_delta(previous: Any | None, stats: Any) -> tuple[int, int]:
-    """A worker's prefix-cache hit tokens in the device and in the host tier between two
-    snapshots of its `WorkerStats` (all of them after a start or restart)."""
+def prefix_hit_delta(previous: Any | None, stats: Any) -> tuple[int, int, int]:
+    """A worker's prefix-cache hit tokens in the device, the host and the disk tier between
+    two snapshots of its `WorkerStats` (all of them after a start or restart)."""
     fresh = previous is None or previous.epoch != stats.epoch
-    host = stats.prefix_host_hit_tokens - (0 if fresh else previous.prefix_host_hit_tokens)
-    hits = stats.prefix_hit_tokens - (0 if fresh else previous.prefix_hit_tokens)
-    return max(0, hits - host), max(0, host)
+
+    def delta(name: str) -> int:
+        return getattr(stats, name) - (0 if fresh else getattr(previous, name))
+
+    host, disk = delta("prefix_host_hit_tokens"), delta("prefix_disk_hit_tokens")
+    return max(0, delta("prefix_hit_tokens") - host - disk), max(0, host), max(0, disk)
 
 
 # gRPC status names (as KV-transfer errors spell them) -> KV_TRANSFER_FAILURES reason.

@@ -111,6 +111,9 @@ class CostModel:
     host tier to its device (--kv-offload-gb), what a host hit costs (`hit_seconds`). The prior
     is a PCIe 4 x16 link's ~12 GB/s; each worker measures its own at start
     (WorkerStats.host_copy_bytes_per_s) and the latest measurement replaces it.
+    disk_read_bytes_per_s: the same for a worker's disk tier (--kv-disk-dir): file to device,
+    checksum included. The prior is an NVMe drive's ~3 GB/s; workers measure their reads as
+    they go (WorkerStats.disk_read_bytes_per_s) and the latest replaces it.
     """
 
     prefill: LinearFit = field(default_factory=lambda: LinearFit(0.01, 1e-4, x_scale=512))
@@ -118,6 +121,7 @@ class CostModel:
     decode: LinearFit = field(default_factory=lambda: LinearFit(0.01, 2e-4, x_scale=16))
     transfer: LinearFit = field(default_factory=lambda: LinearFit(0.002, 1e-9, x_scale=16 << 20))
     host_copy_bytes_per_s: float = 12e9
+    disk_read_bytes_per_s: float = 3e9
     # Prompt tokens one engine step computes at most (EngineConfig.max_num_batched_tokens).
     step_tokens: int = EngineConfig.max_num_batched_tokens
     _last: dict[str, object] = field(default_factory=dict)  # worker_id -> previous stats
@@ -157,6 +161,8 @@ class CostModel:
         differencing them against the same worker's previous poll. A new epoch restarts it."""
         prev = self._last.get(stats.worker_id)
         self._last[stats.worker_id] = stats
+        if getattr(stats, "disk_read_bytes_per_s", 0) > 0:
+            self.disk_read_bytes_per_s = float(stats.disk_read_bytes_per_s)
         if prev is None or prev.epoch != stats.epoch:
             self._observe_host_copy(stats)
             return
@@ -186,11 +192,13 @@ class CostModel:
 
     def hit_seconds(self, tier: str, num_bytes: int) -> float:
         """What using `num_bytes` of cached KV held in `tier` costs before the prefill can
-        start: nothing on the device, a copy back from host memory."""
+        start: nothing on the device, a copy back from host memory, a read from disk."""
         if tier == "device" or num_bytes <= 0:
             return 0.0
         if tier == "host":
             return num_bytes / self.host_copy_bytes_per_s
+        if tier == "disk":
+            return num_bytes / self.disk_read_bytes_per_s
         raise ValueError(f"unknown KV cache tier {tier!r}")
 
     def prefill_fits(self, local: bool) -> list[LinearFit]:

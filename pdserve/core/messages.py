@@ -93,9 +93,13 @@ ENGINE_COUNT_FIELDS = (
     "prefix_hit_tokens",
     "prefix_query_tokens",
     "prefix_host_hit_tokens",
+    "prefix_disk_hit_tokens",
     "num_host_blocks",
     "num_host_cached_blocks",
     "host_copy_bytes_per_s",
+    "num_disk_blocks",
+    "num_disk_cached_blocks",
+    "disk_read_bytes_per_s",
     "spec_draft_tokens",
     "spec_accepted_tokens",
     "spec_verify_steps",
@@ -133,6 +137,10 @@ class WorkerStats:
     num_host_blocks: int = 0  # the host tier's capacity (--kv-offload-gb), in blocks
     num_host_cached_blocks: int = 0
     host_copy_bytes_per_s: int = 0  # host-to-device copy bandwidth, measured at start
+    prefix_disk_hit_tokens: int = 0  # of prefix_hit_tokens, those read back from the disk tier
+    num_disk_blocks: int = 0  # the disk tier's capacity (--kv-disk-gb), in blocks
+    num_disk_cached_blocks: int = 0
+    disk_read_bytes_per_s: int = 0  # file-to-device bandwidth, mean of the reads so far
     transfer_bytes: int = 0  # KV bytes sent (prefill) or received (decode)
     transfer_seconds: float = 0.0
     transfer_failures: int = 0

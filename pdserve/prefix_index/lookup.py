@@ -200,13 +200,14 @@ class PrefixIndex:
         reply = await self.link.acall(run, "")
         return json.loads(reply) if reply else {}
 
-    def host_blocks(self, worker_id: str, block_hashes: Sequence[int]) -> int:
-        """How many of `block_hashes` (a worker's hit, from `lookup`) it holds in host memory
-        (--kv-offload-gb) rather than in its device pool; 0 when Redis is unreachable. As a
-        device cache is prefix-closed, they are the last ones of the hit."""
+    def tier_blocks(self, worker_id: str, block_hashes: Sequence[int], tier: str) -> int:
+        """How many of `block_hashes` (a worker's hit, from `lookup`) it holds in `tier`,
+        "host" (--kv-offload-gb) or "disk" (--kv-disk-dir), rather than in its device pool; 0
+        when Redis is unreachable. As a device cache is prefix-closed, the host's and disk's
+        are the last ones of the hit."""
         if not block_hashes:
             return 0
-        key = self.keys.worker_host_blocks(worker_id)
+        key = self.keys.worker_tier_blocks(worker_id, tier)
         members = self.link.call(lambda client: client.smismember(key, list(block_hashes)), [])
         return sum(map(int, members))
 

@@ -4,8 +4,8 @@ A worker creates one, calls `register()` once, `publish(events)` for every batch
 (`pdserve.core.kv_events.KVEvent` or anything with `kind` and `block_hashes`), and
 `heartbeat()` every `heartbeat_ttl_s / 3` seconds. None of these raises on a Redis outage; they
 return False instead. The publisher remembers the set of hashes the worker holds (from the
-events themselves) and which of them are in host memory (a "stored" event's `tier`: a block
-that moves between the device and the host is an update, not a removal), so after an outage, a Redis restart or a missed heartbeat it rewrites that
+events themselves) and which of them are in host memory or on disk (a "stored" event's `tier`:
+a block that moves between tiers is an update, not a removal), so after an outage, a Redis restart or a missed heartbeat it rewrites that
 whole set in one transaction (`resync`) without asking the engine. Thread-safe.
 """
 
@@ -22,6 +22,7 @@ from pdserve.prefix_index.schema import (
     DROP_WORKER_LUA,
     EVENTS_MAXLEN,
     HEARTBEAT_LUA,
+    LOWER_TIERS,
     IndexKeys,
     epoch_str,
 )
@@ -32,7 +33,7 @@ log = logging.getLogger(__name__)
 class KVEventLike(Protocol):
     kind: str  # "stored" | "removed"
     block_hashes: list[int]
-    tier: str  # "device" | "host"
+    tier: str  # "device" | "host" | "disk"
 
 
 class PrefixIndexPublisher:
@@ -59,7 +60,7 @@ class PrefixIndexPublisher:
         self._beat = self.link.client.register_script(HEARTBEAT_LUA)
         self._lock = threading.RLock()
         self._held: set[int] = set()
-        self._host: set[int] = set()  # of _held, the blocks in host memory
+        self._tier: dict[int, str] = {}  # of _held, the blocks below the device: their tier
         self._epoch: str | None = None
         self._published = 0  # updates in the event stream since the last reset (schema.py)
         self.needs_resync = True  # nothing is in Redis until the first successful resync
@@ -94,23 +95,25 @@ class PrefixIndexPublisher:
         with self._lock:
             stored: list[int] = []
             removed: list[int] = []
-            was_host: dict[int, bool] = {}  # each touched hash: in host memory before the batch
+            was: dict[int, str] = {}  # each touched hash: its tier before the batch
             for event in events:
                 for h in event.block_hashes:
-                    was_host.setdefault(h, h in self._host)
+                    was.setdefault(h, self._tier.get(h, "device"))
                 if event.kind == "stored":
                     stored += event.block_hashes
                     self._held.update(event.block_hashes)
-                    if event.tier == "host":
-                        self._host.update(event.block_hashes)
-                    else:
-                        self._host.difference_update(event.block_hashes)
+                    for h in event.block_hashes:
+                        if event.tier == "device":
+                            self._tier.pop(h, None)
+                        else:
+                            self._tier[h] = event.tier
                     removed_now = set(event.block_hashes)
                     removed = [h for h in removed if h not in removed_now]
                 elif event.kind == "removed":
                     removed += event.block_hashes
                     self._held.difference_update(event.block_hashes)
-                    self._host.difference_update(event.block_hashes)
+                    for h in event.block_hashes:
+                        self._tier.pop(h, None)
                     removed_now = set(event.block_hashes)
                     stored = [h for h in stored if h not in removed_now]
                 else:
@@ -121,10 +124,9 @@ class PrefixIndexPublisher:
                 return self.resync()
             if not stored and not removed:
                 return True
-            to_host = [h for h, before in was_host.items() if not before and h in self._host]
-            off_host = [h for h, before in was_host.items() if before and h not in self._host]
-            tiers = (to_host, off_host)
-            ok = self.link.call(lambda client: self._apply(client, stored, removed, tiers), False)
+            moves = [(h, b, self._tier.get(h, "device")) for h, b in was.items()]
+            moves = [m for m in moves if m[1] != m[2]]
+            ok = self.link.call(lambda client: self._apply(client, stored, removed, moves), False)
             if not ok:
                 self.needs_resync = True  # these events are lost: rewrite everything later
             return ok
@@ -151,7 +153,7 @@ class PrefixIndexPublisher:
         with self._lock:
             if block_hashes is not None:
                 self._held = set(block_hashes)
-                self._host &= self._held
+                self._tier = {h: t for h, t in self._tier.items() if h in self._held}
             if self._epoch is None or self.fenced:
                 return False
             hashes = sorted(self._held)
@@ -175,7 +177,8 @@ class PrefixIndexPublisher:
                     client=pipe,
                 )
                 pipe.delete(self.keys.heartbeat(self.worker_id))
-                pipe.delete(self.keys.worker_host_blocks(self.worker_id))
+                for tier in LOWER_TIERS:
+                    pipe.delete(self.keys.worker_tier_blocks(self.worker_id, tier))
                 self._event(pipe, op="drop")
                 pipe.execute()
 
@@ -190,15 +193,18 @@ class PrefixIndexPublisher:
         client,
         stored: list[int],
         removed: list[int],
-        tiers: tuple[list[int], list[int]],
+        moves: list[tuple[int, str, str]],
     ) -> bool:
-        """`tiers`: the hashes that moved into host memory and those that left it."""
+        """`moves`: (hash, tier before, tier after) of the blocks that changed tiers (a block
+        not held counts as "device": it is in no tier's list)."""
         pipe = client.pipeline(transaction=False)
-        to_host, off_host = tiers
-        if off_host:
-            pipe.srem(self.keys.worker_host_blocks(self.worker_id), *off_host)
-        if to_host:
-            pipe.sadd(self.keys.worker_host_blocks(self.worker_id), *to_host)
+        for tier in LOWER_TIERS:
+            leaving = [h for h, before, after in moves if before == tier]
+            entering = [h for h, before, after in moves if after == tier]
+            if leaving:
+                pipe.srem(self.keys.worker_tier_blocks(self.worker_id, tier), *leaving)
+            if entering:
+                pipe.sadd(self.keys.worker_tier_blocks(self.worker_id, tier), *entering)
         for block in removed:
             pipe.hdel(self.keys.block(block), self.worker_id)
         for block in stored:
@@ -231,9 +237,12 @@ class PrefixIndexPublisher:
             pipe.hset(self.keys.block(block), self.worker_id, self._epoch)
         if hashes:
             pipe.sadd(self.keys.worker_blocks(self.worker_id), *hashes)
-        pipe.delete(self.keys.worker_host_blocks(self.worker_id))
-        if self._host:
-            pipe.sadd(self.keys.worker_host_blocks(self.worker_id), *sorted(self._host))
+        for tier in LOWER_TIERS:
+            key = self.keys.worker_tier_blocks(self.worker_id, tier)
+            pipe.delete(key)
+            in_tier = sorted(h for h, t in self._tier.items() if t == tier)
+            if in_tier:
+                pipe.sadd(key, *in_tier)
         self._beat(keys=self._beat_keys(), args=self._beat_args(), client=pipe)
         self._event(pipe, op="reset")
         pipe.execute()

@@ -7,7 +7,9 @@ and declares only the first). With namespace "pdserve" and model "m":
   pdserve:{m}:blk:<hash>      HASH  worker_id -> epoch        who holds the block with that hash
   pdserve:{m}:wblk:<worker>   SET   block hashes               what one worker published (cleanup)
   pdserve:{m}:whost:<worker>  SET   block hashes               those of them in its host memory
-                                                               (--kv-offload-gb); the rest are
+                                                               (--kv-offload-gb)
+  pdserve:{m}:wdisk:<worker>  SET   block hashes               those of them in its disk tier
+                                                               (--kv-disk-dir); the rest are
                                                                in its device KV pool
   pdserve:{m}:hb:<worker>     STR   epoch, with a TTL          the worker is alive in that epoch
   pdserve:{m}:workers         HASH  worker_id -> epoch        newest epoch ever registered
@@ -102,6 +104,12 @@ def parse_liveness(reply: str | bytes) -> tuple[dict[str, str], list[str]]:
 EVENTS_MAXLEN = 20_000
 
 
+# The tiers below the device pool that the index lists per worker (core/kv_events.py), and
+# their key names.
+LOWER_TIERS = ("host", "disk")
+_TIER_KEYS = {"host": "whost:", "disk": "wdisk:"}
+
+
 @dataclass(frozen=True)
 class IndexKeys:
     """Key names of one model's index (see the module docstring)."""
@@ -140,9 +148,10 @@ class IndexKeys:
     def worker_blocks(self, worker_id: str) -> str:
         return self.worker_blocks_prefix + worker_id
 
-    def worker_host_blocks(self, worker_id: str) -> str:
-        """The worker's blocks held in host memory (a subset of its block set)."""
-        return self.base + "whost:" + worker_id
+    def worker_tier_blocks(self, worker_id: str, tier: str) -> str:
+        """The worker's blocks held in a tier below its device pool, "host" or "disk" (a
+        subset of its block set; the tiers' sets are disjoint)."""
+        return self.base + _TIER_KEYS[tier] + worker_id
 
     @property
     def workers(self) -> str:

@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pdserve.prefix_index.lookup import PrefixIndex
+from pdserve.prefix_index.schema import LOWER_TIERS
 
 # One step of removing a dead worker. KEYS[1] = its heartbeat key, KEYS[2] = its block set,
 # KEYS[3] = workers hash; ARGV = block key prefix, worker id, how many hashes at most.
@@ -112,8 +113,9 @@ class IndexSweeper:
             count, gone = self._drop_dead(keys=keys, args=args, client=client)
             if count < 0:
                 continue  # it heartbeat again meanwhile
-            if gone:  # which of its blocks were in host memory: nothing to know any more
-                client.delete(self.keys.worker_host_blocks(worker))
+            if gone:  # which of its blocks were in host memory or on disk: nothing to know
+                for tier in LOWER_TIERS:
+                    client.delete(self.keys.worker_tier_blocks(worker, tier))
             removed, budget, forgotten = removed + count, budget - count, forgotten + gone
         return removed, forgotten
 

@@ -44,23 +44,23 @@ def test_moving_to_host_is_an_update_and_coming_back_another(redis_url: str) -> 
     a_hashes = prompt_block_hashes(A_TOKENS, BS)
     b_hashes = prompt_block_hashes(B_TOKENS, BS)
     assert index.lookup(a_hashes) == {"w": 3}  # still held: in host memory
-    assert index.host_blocks("w", a_hashes) == 3
-    assert index.lookup(b_hashes) == {"w": 4} and index.host_blocks("w", b_hashes) == 0
+    assert index.tier_blocks("w", a_hashes, "host") == 3
+    assert index.lookup(b_hashes) == {"w": 4} and index.tier_blocks("w", b_hashes, "host") == 0
 
     assert bm.acquire_prefix(seq(A_TOKENS, 2), 12) == 12  # copied back, evicting 3 of B's
     assert pub.publish(bm.take_events())
-    assert index.lookup(a_hashes) == {"w": 3} and index.host_blocks("w", a_hashes) == 0
+    assert index.lookup(a_hashes) == {"w": 3} and index.tier_blocks("w", a_hashes, "host") == 0
     assert index.lookup(b_hashes) == {"w": 4}
     # B's evicted blocks are its last ones (released tail first): the hit's tail is on the host.
-    assert index.host_blocks("w", b_hashes) == 3
-    assert index.host_blocks("w", b_hashes[:1]) == 0
+    assert index.tier_blocks("w", b_hashes, "host") == 3
+    assert index.tier_blocks("w", b_hashes[:1], "host") == 0
 
 
 def test_a_resync_rewrites_the_host_list(redis_url: str) -> None:
     pub = publisher(redis_url, "w")
     evicted_to_host(pub)
     client = redis.Redis.from_url(redis_url)
-    key = pub.keys.worker_host_blocks("w")
+    key = pub.keys.worker_tier_blocks("w", "host")
     before = client.smembers(key)
     client.delete(key)
     client.srem(key, *before)
@@ -72,17 +72,17 @@ def test_a_dead_workers_host_list_is_swept(redis_url: str) -> None:
     pub = publisher(redis_url, "dead", ttl=0.3)
     evicted_to_host(pub)
     client = redis.Redis.from_url(redis_url)
-    assert client.exists(pub.keys.worker_host_blocks("dead"))
+    assert client.exists(pub.keys.worker_tier_blocks("dead", "host"))
     time.sleep(0.4)
     IndexSweeper(PrefixIndex(redis_url, "m", BS)).sweep()
-    assert not client.exists(pub.keys.worker_host_blocks("dead"))
+    assert not client.exists(pub.keys.worker_tier_blocks("dead", "host"))
 
 
 def test_unregister_drops_the_host_list(redis_url: str) -> None:
     pub = publisher(redis_url, "w")
     evicted_to_host(pub)
     pub.unregister()
-    assert not redis.Redis.from_url(redis_url).exists(pub.keys.worker_host_blocks("w"))
+    assert not redis.Redis.from_url(redis_url).exists(pub.keys.worker_tier_blocks("w", "host"))
 
 
 def test_the_cost_model_prices_a_hit_by_tier_at_the_measured_bandwidth() -> None:
