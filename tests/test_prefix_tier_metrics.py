@@ -44,3 +44,23 @@ def test_workers_without_a_host_tier_have_no_host_series() -> None:
     total = "pdserve_prefix_cache_hit_tokens_total"
     assert sample(total, worker="tier-test-1", tier="host") is None
     assert sample(total, worker="tier-test-1", tier="device") == 8
+
+
+def test_disk_hits_and_blocks_have_their_own_series() -> None:
+    stats = WorkerStats(
+        "tier-test-2",
+        "decode",
+        1,
+        prefix_hit_tokens=40,
+        prefix_host_hit_tokens=8,
+        prefix_disk_hit_tokens=24,
+        num_host_blocks=4,
+        num_disk_blocks=100,
+        num_disk_cached_blocks=30,
+    )
+    metrics.observe_worker_stats(stats, None)
+    total = "pdserve_prefix_cache_hit_tokens_total"
+    assert sample(total, worker="tier-test-2", tier="device") == 8
+    assert sample(total, worker="tier-test-2", tier="host") == 8
+    assert sample(total, worker="tier-test-2", tier="disk") == 24
+    assert sample("pdserve_kv_blocks", worker="tier-test-2", state="disk") == 30

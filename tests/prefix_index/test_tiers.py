@@ -15,6 +15,8 @@ from pdserve.prefix_index.lookup import PrefixIndex
 from pdserve.prefix_index.publisher import PrefixIndexPublisher
 from pdserve.prefix_index.sweeper import IndexSweeper
 from router.cost_model import CostModel
+from tests.engine.test_disk_tier import A_TOKENS as DISK_A
+from tests.engine.test_disk_tier import disk_tiered, pushed_to_disk
 from tests.engine.test_host_tier import BS, compute, seq, tiered
 
 A_TOKENS, B_TOKENS = list(range(13)), list(range(100, 116))
@@ -94,3 +96,32 @@ def test_the_cost_model_prices_a_hit_by_tier_at_the_measured_bandwidth() -> None
     measured = cost.hit_seconds("host", 64 << 20)
     assert measured > prior  # a slower host link than the prior's (12 GB/s)
     assert measured == (64 << 20) / 1e9
+
+
+def test_the_index_lists_disk_blocks_and_the_sweeper_drops_a_dead_workers(
+    redis_url: str, tmp_path
+) -> None:
+    """A's blocks pushed device -> host -> disk by a real block manager with a disk tier: still
+    held (an update each time), listed as on disk, not on the host; read back, they leave the
+    list; when the worker dies the sweeper deletes its disk list with its blocks."""
+    pub = publisher(redis_url, "dead", ttl=0.5)
+    bm, kv = disk_tiered(tmp_path, num_blocks=4, host_blocks=3, disk_blocks=8)
+    pushed_to_disk(bm, kv)
+    assert pub.publish(bm.take_events())
+    index = PrefixIndex(redis_url, "m", BS)
+    a_hashes = prompt_block_hashes(DISK_A, BS)
+    assert index.lookup(a_hashes) == {"dead": 3}
+    assert index.tier_blocks("dead", a_hashes, "disk") == 3
+    assert index.tier_blocks("dead", a_hashes, "host") == 0
+    assert CostModel().hit_seconds("disk", 3 << 20) > CostModel().hit_seconds("host", 3 << 20)
+
+    assert bm.acquire_prefix(seq(DISK_A, 5), 12) == 12
+    assert pub.publish(bm.take_events())
+    assert index.lookup(a_hashes) == {"dead": 3}
+    assert index.tier_blocks("dead", a_hashes, "disk") == 0
+    client = redis.Redis.from_url(redis_url)
+    disk_key = pub.keys.worker_tier_blocks("dead", "disk")
+    assert client.scard(disk_key) > 0  # the other prompts' blocks pushed down meanwhile
+    time.sleep(0.6)
+    IndexSweeper(PrefixIndex(redis_url, "m", BS)).sweep()
+    assert not client.exists(disk_key) and index.lookup(a_hashes) == {}
