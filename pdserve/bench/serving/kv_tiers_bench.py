@@ -1,15 +1,18 @@
 """`pdserve bench kv-tiers`: a multi-turn chat whose working set outgrows the device KV pool,
-served without and with the host tier (--kv-offload-gb), same requests, same run.
+served without tiers, with the host tier (--kv-offload-gb), and with a small host tier over a
+disk tier (--kv-disk-dir, --kv-disk-gb): same requests, same run.
 
-    pdserve bench kv-tiers
+    pdserve bench kv-tiers [--ways without,host,disk] [--preset small --system-prompt-len 1024]
 
 One worker that prefills and decodes (pinned to a core) holds a KV pool sized to 1/4 of the
 chat's distinct prompt blocks (--working-set-ratio), so each conversation's earlier turns are
-evicted before its next turn comes. Without a tier they are recomputed; with one they are
-copied back from host memory. Reported both ways: prompt tokens the worker computed (the
-`WorkerStats.prefill_tokens` delta, = prompt tokens - prefix hit tokens) against the minimum
-a cache that never evicts would reach (minimum_prefill_tokens), the prefix hit
-tokens (and those from the host tier), TTFT p50/p99, and the ratios with / without.
+evicted before its next turn comes. Without a tier they are recomputed; with the host tier they
+are copied back from host memory; in the disk way the host tier holds a quarter of the device
+pool (--disk-host-ratio), so most of them are read back from files. Reported each way: prompt
+tokens the worker computed (the `WorkerStats.prefill_tokens` delta, = prompt tokens - prefix
+hit tokens) against the minimum a cache that never evicts would reach
+(minimum_prefill_tokens), the prefix hit tokens (and those from the host and the disk tier),
+TTFT p50/p99, and each tiered way's ratios over the way without.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import asyncio
 import dataclasses
 import json
 import math
+import tempfile
 import time
 from pathlib import Path
 
@@ -31,7 +35,7 @@ from pdserve.bench.common.local_system import (
     wait_idle,
 )
 
-WAYS = ("without", "with")  # the host tier off, on
+WAYS = ("without", "host", "disk")  # no tier; the host tier; a small host tier over a disk tier
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -48,7 +52,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--kv-offload-gb",
         type=float,
         default=0.05,
-        help="the host tier of the 'with' system (GiB; enough for the whole working set)",
+        help="the host tier of the 'host' way (GiB; enough for the whole working set)",
+    )
+    p.add_argument(
+        "--kv-disk-gb",
+        type=float,
+        default=0.5,
+        help="the disk tier of the 'disk' way (GiB, in a temporary directory; enough for the "
+        "whole working set)",
+    )
+    p.add_argument(
+        "--disk-host-ratio",
+        type=float,
+        default=0.25,
+        help="the host tier of the 'disk' way, in device pools (most evictions reach the disk)",
+    )
+    p.add_argument(
+        "--ways",
+        default=",".join(WAYS),
+        help=f"which systems to serve, comma-separated, of {','.join(WAYS)} (without first)",
     )
     p.add_argument("--max-concurrency", type=int, default=2, help="requests in flight")
     chat = p.add_argument_group("multi-turn chat")
@@ -72,6 +94,7 @@ class TierResult:
     minimum_tokens: int  # the least any cache could compute for this chat
     hit_tokens: int  # prompt tokens found in a prefix cache, any tier
     host_hit_tokens: int  # of hit_tokens, those copied back from the host tier
+    disk_hit_tokens: int  # of hit_tokens, those read back from the disk tier
     ttft_p50_ms: float
     ttft_p99_ms: float
 
@@ -83,6 +106,7 @@ class TierResult:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    ways = _ways(args.ways)
     model_dir, model_config = load_model(args)
     requests = _chat(args, model_config)
     distinct_blocks = _distinct_blocks([r.prompt for r in requests], args.block_size)
@@ -99,24 +123,51 @@ def run(args: argparse.Namespace) -> int:
     if not ray.is_initialized():  # a test's session cluster, else our own
         start_ray(0, 1)
     results: dict[str, TierResult] = {}
-    for way in WAYS:
-        offload_gb = args.kv_offload_gb if way == "with" else 0.0
-        console.print(f"[bold]{way} host tier[/bold] (--kv-offload-gb {offload_gb:g}): starting")
-        started = time.perf_counter()
-        with _serve(model_dir, args, num_kv_blocks, offload_gb) as app:
-            console.print(f"  started in {time.perf_counter() - started:.1f}s; warming up")
-            _warm_up(app, model_config, args)
-            results[way] = _measure(app, requests, args)
-            console.print(f"  {_line(results[way])}")
+    for way in ways:
+        with tempfile.TemporaryDirectory(prefix="pdserve-kv-disk-") as disk_dir:
+            tiers = _tiers(way, args, model_config, num_kv_blocks, disk_dir)
+            flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in tiers.items())
+            console.print(f"[bold]{way}[/bold] ({flags or 'no tier'}): starting")
+            started = time.perf_counter()
+            with _serve(model_dir, args, num_kv_blocks, tiers) as app:
+                console.print(f"  started in {time.perf_counter() - started:.1f}s; warming up")
+                _warm_up(app, model_config, args)
+                results[way] = _measure(app, requests, args)
+                console.print(f"  {_line(results[way])}")
     ratios = _ratios(results)
     console.print(_table(results, ratios))
     if args.json:
         document = {
             way: dataclasses.asdict(r) | {"computed_vs_minimum": r.computed_vs_minimum}
             for way, r in results.items()
-        } | {"with_over_without": ratios}
+        } | {"over_without": ratios}
         Path(args.json).write_text(json.dumps(document, indent=2) + "\n")
     return 1 if any(r.failed for r in results.values()) else 0
+
+
+def _ways(text: str) -> list[str]:
+    ways = [w.strip() for w in text.split(",") if w.strip()]
+    if not ways or ways[0] != "without" or not set(ways) <= set(WAYS) or len(set(ways)) < len(ways):
+        raise SystemExit(f"--ways: 'without' first, then any of {WAYS[1:]}, got {text!r}")
+    return ways
+
+
+def _tiers(
+    way: str, args: argparse.Namespace, model_config: dict, num_kv_blocks: int, disk_dir: str
+) -> dict:
+    """The engine's tier settings of one way."""
+    from pdserve.core.model_limits import kv_bytes_per_block
+
+    if way == "without":
+        return {}
+    if way == "host":
+        return {"kv_offload_gb": args.kv_offload_gb}
+    pool_gb = num_kv_blocks * kv_bytes_per_block(model_config, args.block_size, "float32") / 2**30
+    return {
+        "kv_offload_gb": round(pool_gb * args.disk_host_ratio, 6),
+        "kv_disk_dir": disk_dir,
+        "kv_disk_gb": args.kv_disk_gb,
+    }
 
 
 def _chat(args: argparse.Namespace, model_config: dict) -> list:
@@ -188,12 +239,8 @@ def _pool_blocks(args: argparse.Namespace, requests: list, distinct_blocks: int)
     return pool
 
 
-def _serve(model_dir: Path, args: argparse.Namespace, num_kv_blocks: int, offload_gb: float):
-    engine = {
-        "block_size": args.block_size,
-        "num_kv_blocks": num_kv_blocks,
-        "kv_offload_gb": offload_gb,
-    }
+def _serve(model_dir: Path, args: argparse.Namespace, num_kv_blocks: int, tiers: dict):
+    engine = {"block_size": args.block_size, "num_kv_blocks": num_kv_blocks, **tiers}
     return serve_locally(
         model_dir,
         prefill_workers=0,
@@ -228,7 +275,7 @@ def _measure(app, requests: list, args: argparse.Namespace) -> TierResult:
     )
     wait_idle(app)
     after = _stats(app)
-    computed, hits, host_hits = (b - a for a, b in zip(before, after, strict=True))
+    computed, hits, host_hits, disk_hits = (b - a for a, b in zip(before, after, strict=True))
     summary = summarize(records, run_duration(records) or 1e-9)
     return TierResult(
         completed=summary.completed,
@@ -238,13 +285,15 @@ def _measure(app, requests: list, args: argparse.Namespace) -> TierResult:
         minimum_tokens=minimum_prefill_tokens([r.prompt for r in requests], args.block_size),
         hit_tokens=hits,
         host_hit_tokens=host_hits,
+        disk_hit_tokens=disk_hits,
         ttft_p50_ms=summary.ttft.p50,
         ttft_p99_ms=summary.ttft.p99,
     )
 
 
-def _stats(app) -> tuple[int, int, int]:
-    """Prompt tokens computed, prefix hit tokens, and those from the host tier, all workers."""
+def _stats(app) -> tuple[int, int, int, int]:
+    """Prompt tokens computed, prefix hit tokens, and those from the host and the disk tier,
+    all workers."""
     import ray
 
     workers = app.app.pool.workers.values()
@@ -253,35 +302,43 @@ def _stats(app) -> tuple[int, int, int]:
         sum(s.prefill_tokens for s in stats),
         sum(s.prefix_hit_tokens for s in stats),
         sum(s.prefix_host_hit_tokens for s in stats),
+        sum(s.prefix_disk_hit_tokens for s in stats),
     )
 
 
-def _ratios(results: dict[str, TierResult]) -> dict[str, float | None]:
-    without, with_ = results["without"], results["with"]
+def _ratios(results: dict[str, TierResult]) -> dict[str, dict[str, float | None]]:
+    """Each tiered way's figures over the way without's."""
+    without = results["without"]
     return {
-        name: (getattr(with_, name) / getattr(without, name) if getattr(without, name) else None)
-        for name in ("computed_tokens", "ttft_p50_ms", "ttft_p99_ms")
+        way: {
+            name: (getattr(r, name) / getattr(without, name) if getattr(without, name) else None)
+            for name in ("computed_tokens", "ttft_p50_ms", "ttft_p99_ms")
+        }
+        for way, r in results.items()
+        if way != "without"
     }
 
 
 def _line(r: TierResult) -> str:
     return (
         f"computed {r.computed_tokens} tokens ({r.computed_vs_minimum:.2f}x minimum "
-        f"{r.minimum_tokens}), hits {r.hit_tokens} (host {r.host_hit_tokens}), TTFT p50 "
+        f"{r.minimum_tokens}), hits {r.hit_tokens} (host {r.host_hit_tokens}, disk "
+        f"{r.disk_hit_tokens}), TTFT p50 "
         f"{r.ttft_p50_ms:.1f} ms p99 {r.ttft_p99_ms:.1f} ms, failed {r.failed}"
     )
 
 
-def _table(results: dict[str, TierResult], ratios: dict[str, float | None]):
+def _table(results: dict[str, TierResult], ratios: dict[str, dict[str, float | None]]):
     from rich.table import Table
 
-    table = Table(title="KV host tier: multi-turn chat, working set > device pool (with / without)")
+    table = Table(title="KV tiers: multi-turn chat, working set > device pool (vs without)")
     columns = (
-        "host tier",
+        "tiers",
         "prefill computed",
         "vs minimum",
         "hit tokens",
         "host hit tokens",
+        "disk hit tokens",
         "TTFT p50 ms",
         "TTFT p99 ms",
         "failed",
@@ -295,21 +352,21 @@ def _table(results: dict[str, TierResult], ratios: dict[str, float | None]):
             f"{r.computed_vs_minimum:.2f}x",
             str(r.hit_tokens),
             str(r.host_hit_tokens),
+            str(r.disk_hit_tokens),
             f"{r.ttft_p50_ms:.1f}",
             f"{r.ttft_p99_ms:.1f}",
             str(r.failed),
         )
     table.add_section()
-    table.add_row(
-        "with/without",
-        _ratio_text(ratios["computed_tokens"]),
-        "",
-        "",
-        "",
-        _ratio_text(ratios["ttft_p50_ms"]),
-        _ratio_text(ratios["ttft_p99_ms"]),
-        "",
-    )
+    for way, ratio in ratios.items():
+        table.add_row(
+            f"{way}/without",
+            _ratio_text(ratio["computed_tokens"]),
+            *("", "", "", ""),
+            _ratio_text(ratio["ttft_p50_ms"]),
+            _ratio_text(ratio["ttft_p99_ms"]),
+            "",
+        )
     return table
 
 

@@ -1,5 +1,6 @@
-"""`pdserve bench kv-tiers` at its smallest size: both systems served, the figures computed from
-the worker's stats and the records, the ratios from the figures (not the issue's targets)."""
+"""`pdserve bench kv-tiers` at its smallest size: the three systems served (no tier, host tier,
+host over disk), the figures computed from the worker's stats and the records, the ratios from
+the figures (not the issue's targets)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ SMALLEST = {
 }
 
 
-def test_serves_the_chat_both_ways_and_reports_computed_tokens_and_ratios(
+def test_serves_the_chat_each_way_and_reports_computed_tokens_and_ratios(
     ray_cluster, tmp_path, capsys
 ):
     path = tmp_path / "kv_tiers.json"
@@ -42,13 +43,23 @@ def test_serves_the_chat_both_ways_and_reports_computed_tokens_and_ratios(
         assert r["minimum_tokens"] == minimum_prefill_tokens(prompts, args.block_size)
         assert r["computed_vs_minimum"] == pytest.approx(r["computed_tokens"] / r["minimum_tokens"])
         assert r["ttft_p50_ms"] > 0
-    assert document["without"]["host_hit_tokens"] == 0
-    assert document["with"]["host_hit_tokens"] > 0  # the evicted turns came back from the tier
-    ratios = document["with_over_without"]
-    for name in ("computed_tokens", "ttft_p50_ms", "ttft_p99_ms"):
-        assert ratios[name] == pytest.approx(document["with"][name] / document["without"][name])
+    assert document["without"]["host_hit_tokens"] == document["without"]["disk_hit_tokens"] == 0
+    assert document["host"]["host_hit_tokens"] > 0  # the evicted turns came back from the tier
+    assert document["host"]["disk_hit_tokens"] == 0
+    assert document["disk"]["disk_hit_tokens"] > 0  # most of them, from files in the disk way
+    for way in ("host", "disk"):
+        ratios = document["over_without"][way]
+        for name in ("computed_tokens", "ttft_p50_ms", "ttft_p99_ms"):
+            expected = document[way][name] / document["without"][name]
+            assert ratios[name] == pytest.approx(expected)
     printed = capsys.readouterr().out
-    assert "4.0x" in printed and "with/without" in printed
+    assert "4.0x" in printed and "host/without" in printed and "disk/without" in printed
+
+
+def test_ways_must_start_without_and_name_known_systems():
+    for ways in ("host", "without,ssd", "without,host,host"):
+        with pytest.raises(SystemExit, match="--ways"):
+            kv_tiers_bench.run(bench_args(kv_tiers_bench, ways=ways))
 
 
 def test_a_pool_too_small_for_the_requests_in_flight_is_refused_naming_the_flags():
