@@ -15,10 +15,16 @@ types in `pdserve.core`. This package imports none of ray, grpc or redis.
 - `block_manager.py` — blocks, reference counts, prefix cache (LRU), KV events, forks with
   copy-on-write.
 - `host_tier.py` — `HostTier`: the prefix-cache blocks the device pool evicted, kept in host
-  memory (`--kv-offload-gb`): LRU, prefix-closed with the device cache, a fixed slot budget
-  (no torch).
+  memory (`--kv-offload-gb`): LRU, prefix-closed with the device cache, a fixed slot budget;
+  what it evicts goes to the disk tier below it when there is one (no torch).
 - `host_kv_pool.py` — `HostKVPool`: the host tier's bytes (pinned, side-stream copies on CUDA),
-  `make_host_tier`.
+  `make_host_tier` (with its disk tier).
+- `disk_tier.py` — `DiskTier`: the blocks the host tier evicted, in files (`--kv-disk-dir`,
+  `--kv-disk-gb`): read back to the device through a host staging buffer; a bad file is a miss.
+- `disk_block_files.py` — `DiskBlockFiles`: one file per block, written atomically and
+  checksummed; a directory per run, dead runs' deleted at start.
+- `tier_index.py` — `TierIndex`: which blocks a tier below the device holds, LRU, with subtree
+  eviction (shared by the host and disk tiers).
 - `model_runner.py` — `TorchExecutor` (the torch side of the executor seam) and `ModelRunner`:
   the paged KV cache tensor; batch -> tensors -> logits.
 - `tp_executor.py` — a tensor-parallel worker's executors: rank 0's `LeaderExecutor` broadcasts
