@@ -297,6 +297,10 @@ the router (the Ray driver) places the worker actors here through the pool resou
             {{- with include "pdserve.kvTlsVolumeMount" $root }}
             {{- . | nindent 12 }}
             {{- end }}
+            {{- if $root.Values.kvCache.diskGb }}
+            - name: kv-disk
+              mountPath: {{ include "pdserve.kvDiskDir" $root }}
+            {{- end }}
       volumes:
         - name: shared-mem
           emptyDir:
@@ -308,7 +312,18 @@ the router (the Ray driver) places the worker actors here through the pool resou
         {{- with include "pdserve.kvTlsVolume" $root }}
         {{- . | nindent 8 }}
         {{- end }}
+        {{- if $root.Values.kvCache.diskGb }}
+        # The disk tier of this pod's workers (they share it: a directory per run), no larger
+        # than their budgets together.
+        - name: kv-disk
+          emptyDir:
+            sizeLimit: {{ printf "%vGi" (mulf $spec.workersPerPod $root.Values.kvCache.diskGb) }}
+        {{- end }}
 {{- end }}
+
+{{/* Where worker pods mount their disk tier (kvCache.diskGb): the same path on every pod, as
+the router passes it to the worker actors it creates, wherever Ray places them. */}}
+{{- define "pdserve.kvDiskDir" -}}/var/lib/pdserve/kv-disk{{- end }}
 
 {{/* The KV TLS Secret, at the same path on every worker pod: the router passes the paths
 to the worker actors it creates, wherever Ray places them. Mounted whole (no subPath), so the
@@ -390,6 +405,12 @@ involved. The Redis URL comes from the env (PDSERVE_REDIS_URL), never from argv.
 {{- if $v.kvCache.offloadGb }}
 - --kv-offload-gb
 - {{ $v.kvCache.offloadGb | toString | quote }}
+{{- end }}
+{{- if $v.kvCache.diskGb }}
+- --kv-disk-dir
+- {{ include "pdserve.kvDiskDir" . | quote }}
+- --kv-disk-gb
+- {{ $v.kvCache.diskGb | toString | quote }}
 {{- end }}
 - --ttft-slo-ms
 - {{ $v.router.ttftSloMs | toString | quote }}
