@@ -1,9 +1,9 @@
 """DiskBlockFiles: the disk tier's bytes (disk_tier.py), one file per KV block.
 
-A block is written under a temporary name, flushed to the disk (fsync) and renamed into place,
-so a file under its final name is whole. Its header carries the block hash, the payload's
-length and a CRC-32 of the payload, all checked on every read: a torn, truncated, foreign or
-corrupted file is refused (the caller recomputes the block), never served as KV.
+A block is written under a temporary name and renamed into place, so a file under its final
+name is whole. Its header carries the block hash, the payload's length and a CRC-32 of the
+payload, all checked on every read: a torn, truncated, foreign or corrupted file is refused
+(the caller recomputes the block), never served as KV.
 
 Each run writes into a directory of its own under --kv-disk-dir and holds an exclusive lock on
 it while it lives, so several workers may share one --kv-disk-dir. At start, every run
@@ -11,6 +11,11 @@ directory whose lock nobody holds (its process is gone) is deleted: the files of
 are reclaimed, not re-indexed. That worker's entries left the prefix index when it died (the
 sweeper), its blocks are only valid for the model, dtype and block size it ran with, and a crash
 may have left temporary files; a new run starts cold, as its device pool does.
+
+No fsync: it would only make files survive a power loss for a later run to re-index, and
+runs delete what earlier ones left. Within a run the page cache serves a finished write, and a
+file damaged behind our back fails its checks. Measured on this project's CPU machine (ext4,
+8 KiB blocks): 5.65 ms a block written with fsync, 0.23 ms without, on the engine's thread.
 """
 
 from __future__ import annotations
@@ -64,8 +69,6 @@ class DiskBlockFiles:
             with open(temporary, "wb") as f:
                 f.write(header)
                 f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
             os.replace(temporary, final)
             return True
         except OSError as e:
