@@ -17,15 +17,31 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any, Protocol
 
-import torch
-
-from pdserve.engine.disk_block_files import DiskBlockFiles
 from pdserve.engine.tier_index import TierEvent, TierIndex
+
+# One block's bytes in host memory: a contiguous CPU torch.Tensor shaped as a host slot. Not
+# imported: the offline planner imports the engine, and with it this module, without torch.
+BlockBytes = Any
+
+
+class BlockFiles(Protocol):
+    """Where the blocks' bytes are kept (disk_block_files.DiskBlockFiles): `write` and `read`
+    return False when the file system refused or a file failed its checks."""
+
+    write_failures: int
+    read_failures: int
+
+    def write(self, block_hash: int, payload: BlockBytes) -> bool: ...
+
+    def read(self, block_hash: int, out: BlockBytes) -> bool: ...
+
+    def delete(self, block_hash: int) -> None: ...
 
 
 class DiskTier:
-    def __init__(self, files: DiskBlockFiles, num_slots: int, staging: torch.Tensor) -> None:
+    def __init__(self, files: BlockFiles, num_slots: int, staging: BlockBytes) -> None:
         """`staging`: one block's bytes in host memory (pinned on CUDA), shaped as a host slot."""
         self.files = files
         self.index = TierIndex(num_slots)
@@ -44,7 +60,7 @@ class DiskTier:
         return int(self.read_bytes / self.read_seconds) if self.read_seconds else 0
 
     def put(
-        self, block_hash: int, token_ids: tuple[int, ...], parent: int, payload: torch.Tensor
+        self, block_hash: int, token_ids: tuple[int, ...], parent: int, payload: BlockBytes
     ) -> list[TierEvent]:
         """Writes a block evicted from the host (its parent is held in some tier); returns the
         events: blocks evicted from here to make room, and this one stored unless the write
@@ -58,7 +74,7 @@ class DiskTier:
         self.num_written += 1
         return [*events, ("stored", block_hash, "disk")]
 
-    def restore(self, block_hash: int, load: Callable[[torch.Tensor], None]) -> list[TierEvent]:
+    def restore(self, block_hash: int, load: Callable[[BlockBytes], None]) -> list[TierEvent]:
         """Reads the block and hands its bytes to `load` (which copies them to the device), and
         takes it out of this tier; when the file fails its checks, drops it and its descendants
         here instead and returns their removal events (empty on success)."""

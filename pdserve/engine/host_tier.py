@@ -28,9 +28,7 @@ from pdserve.core.kv_events import KVTier
 from pdserve.engine.tier_index import TierIndex
 
 if TYPE_CHECKING:
-    import torch
-
-    from pdserve.engine.disk_tier import DiskTier
+    from pdserve.engine.disk_tier import BlockBytes, DiskTier
     from pdserve.engine.tier_index import TierEvent
 
 
@@ -69,11 +67,11 @@ class BlockCopier(Protocol):
 
     def load(self, slot: int, block_id: int) -> None: ...
 
-    def host_block(self, slot: int) -> torch.Tensor:
+    def host_block(self, slot: int) -> BlockBytes:
         """A slot's bytes in host memory, once the copies into it have landed."""
         ...
 
-    def load_from(self, data: torch.Tensor, block_id: int) -> None:
+    def load_from(self, data: BlockBytes, block_id: int) -> None:
         """Copies one block's bytes from host memory (shaped as a slot) to the device."""
         ...
 
