@@ -251,7 +251,9 @@ def _serve(model_dir: Path, args: argparse.Namespace, num_kv_blocks: int, tiers:
         prefill_workers=0,
         decode_workers=1,
         engine=engine,
-        router={"disaggregate": "never"},
+        # One worker, nothing to fail over to: a long prefill step of a larger preset on a
+        # loaded machine is not a stall (the router's default gives up after 5 s silent).
+        router={"disaggregate": "never", "progress_timeout_s": 120.0},
     )
 
 
@@ -271,7 +273,10 @@ def _warm_up(app, model_config: dict, args: argparse.Namespace) -> float:
     wait_idle(app)
     again = asyncio.run(run_load(f"127.0.0.1:{app.port}", requests, max_concurrency=1))
     wait_idle(app)
-    return statistics.median(r.ttft * 1000 for r in again if r.ttft is not None)
+    ttfts = [r.ttft * 1000 for r in again if r.ok and r.ttft is not None]
+    if len(ttfts) < len(again):
+        raise SystemExit(f"warm-up: {len(again) - len(ttfts)} of {len(again)} requests failed")
+    return statistics.median(ttfts)
 
 
 def _measure(app, requests: list, args: argparse.Namespace, floor_ms: float) -> TierResult:
