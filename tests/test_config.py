@@ -110,6 +110,11 @@ def test_flags_reach_every_config_with_units_and_negations():
             ["--kv-offload-gb", "4", "--prefill-tp", "2"],
             "--prefill-tp: --kv-offload-gb is not supported yet under TP",
         ),
+        (["--kv-offload-gb", "1", "--kv-disk-gb", "2"], "--kv-disk-gb: needs --kv-disk-dir DIR"),
+        (
+            ["--kv-disk-dir", "/tmp/kv", "--kv-disk-gb", "2"],
+            "--kv-disk-gb: needs --kv-offload-gb (the host tier)",
+        ),
     ],
 )
 def test_bad_values_name_their_flag(argv, message):
