@@ -136,7 +136,9 @@ class HostTier:
         """Makes room: a block and every host block that extends it go to the disk, parents
         first, a block only if its parent is still held (on the device, here, or written to the
         disk); the others are dropped."""
-        gone = self.index.evict_subtree(block_hash)  # leaves first
+        # Leaves first. Their slots are free again but keep their bytes until this returns:
+        # nothing is saved into a slot before then (`offload` saves after making room).
+        gone = self.index.evict_subtree(block_hash)
         moving = {h for h, _ in gone}
         events: list[TierEvent] = []
         for h, block in reversed(gone):
