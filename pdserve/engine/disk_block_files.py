@@ -108,11 +108,6 @@ class DiskBlockFiles:
         """The bytes of every file of this run (temporary ones too), as the disk counts them."""
         return sum(p.stat().st_size for p in self.dir.iterdir() if p.name != _LOCK_NAME)
 
-    def close(self) -> None:
-        """Deletes this run's files (a clean shutdown; a crash leaves them to the next start)."""
-        shutil.rmtree(self.dir, ignore_errors=True)
-        self._lock.close()
-
     def _path(self, block_hash: int, suffix: str = ".kv") -> Path:
         return self.dir / f"{block_hash:016x}{suffix}"
 
