@@ -3,8 +3,10 @@ field), and for `tool_choice` "required" or a named function, the grammar that f
 
 The forced calls' grammar is one JSON schema for every template family: an array of
 `{"name": <a tool's name>, "arguments": <that tool's parameters>}`, at most one item when
-`parallel_tool_calls` is false (vLLM forces calls the same way). The grammar decides the output
-whatever the weights, so the call always parses and its arguments match the tool's schema.
+`parallel_tool_calls` is false, else at most MAX_FORCED_CALLS (vLLM forces calls the same way,
+without the bound). The grammar decides the output whatever the weights, so the call always
+parses and its arguments match the tool's schema; the bound makes it end, too, where a model
+would go on adding calls to the list until it runs out of tokens.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from router.http.schemas import ChatCompletionRequest
 from router.validation import RequestError
 
 MAX_TOOLS = 128  # OpenAI's limit
+MAX_FORCED_CALLS = 8  # calls in one forced answer (more than any real turn makes at once)
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for a function's name
 _NO_PARAMETERS = {"type": "object", "properties": {}}
 
@@ -95,9 +98,8 @@ def tool_grammar(body: ChatCompletionRequest) -> GrammarSpec | None:
         "type": "array",
         "items": items[0] if len(items) == 1 else {"anyOf": items},
         "minItems": 1,
+        "maxItems": 1 if body.parallel_tool_calls is False else MAX_FORCED_CALLS,
     }
-    if body.parallel_tool_calls is False:
-        schema["maxItems"] = 1
     try:
         return GrammarSpec("json_schema", json.dumps(schema))
     except GrammarError as e:
