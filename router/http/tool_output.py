@@ -2,10 +2,10 @@
 streamed, each chunk's delta.
 
 A stream sends content as it comes, up to where a call may begin (the family's marker, or the
-start of one); from there it holds the text back, and the last chunk carries the calls (each
-with its index, id, type, name and arguments, which the SDK's accumulators take) and finish
-reason "tool_calls". Held text that turns out not to be a call is sent then, as content.
-Forced calls (a grammar) send no content at all.
+start of one); from there it holds the text back and sends each call once it is complete (its
+index, id, type, name and arguments in one delta, which the SDK's accumulators take). Held text
+that turns out not to be a call is sent at the end, as content. Forced calls (a grammar) send no
+content. The finish reason is "tool_calls" when the output ended with calls in it.
 """
 
 from __future__ import annotations
@@ -18,17 +18,22 @@ from router.http.tool_parsers import ToolCall, ToolParser, forced_calls
 
 
 @dataclass
+class _Streamed:
+    content: int = 0  # characters of content sent
+    calls: int = 0  # calls sent
+
+
+@dataclass
 class ToolOutput:
     parser: ToolParser
     forced: bool  # tool_choice "required" or a named function: the output is a call list
-    # Per choice index: characters of content its stream has sent.
-    _sent: dict[int, int] = field(default_factory=dict)
+    _streamed: dict[int, _Streamed] = field(default_factory=dict)  # by choice index
 
-    def split(self, text: str) -> tuple[str, list[ToolCall]]:
+    def split(self, text: str, ended: bool = True) -> tuple[str, list[ToolCall]]:
         if self.forced:
             calls = forced_calls(text, self.parser)
             return ("", calls) if calls else (text, [])
-        return self.parser.split(text)
+        return self.parser.split(text, ended)
 
     def message(self, text: str, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
         """The choice's message and finish reason."""
@@ -40,25 +45,32 @@ class ToolOutput:
             "content": content if content.strip() else None,
             "tool_calls": [call.openai() for call in calls],
         }
-        return message, "tool_calls"
+        return message, _finish_reason(finish_reason)
 
     def delta(
         self, index: int, text: str, batch: TokenBatch, first: bool
     ) -> tuple[dict[str, Any], str | None]:
         """The delta of a choice whose text so far is `text` (`batch` taken), and its finish
         reason (None until the last batch)."""
-        sent = self._sent.get(index, 0)
+        streamed = self._streamed.setdefault(index, _Streamed())
         delta: dict[str, Any] = {"role": "assistant"} if first else {}
-        if batch.finished:
-            content, calls = self.split(text)
-            if content[sent:]:
-                delta["content"] = content[sent:]
-            if not calls:
-                return delta, batch.finish_reason
-            delta["tool_calls"] = [{"index": k, **c.openai()} for k, c in enumerate(calls)]
-            return delta, "tool_calls"
-        until = sent if self.forced else max(sent, self.parser.held_from(text))
-        if until > sent:
-            delta["content"] = text[sent:until]
-            self._sent[index] = until
-        return delta, None
+        content, calls = self.split(text, ended=batch.finished)
+        if batch.finished or calls:
+            until = len(content)
+        else:
+            until = 0 if self.forced else self.parser.held_from(text)
+        if until > streamed.content:
+            delta["content"] = text[streamed.content : until]
+            streamed.content = until
+        if len(calls) > streamed.calls:
+            new = enumerate(calls[streamed.calls :], start=streamed.calls)
+            delta["tool_calls"] = [{"index": k, **call.openai()} for k, call in new]
+            streamed.calls = len(calls)
+        if not batch.finished:
+            return delta, None
+        return delta, _finish_reason(batch.finish_reason) if calls else batch.finish_reason
+
+
+def _finish_reason(reason: str | None) -> str | None:
+    """An output that ended with calls in it: "tool_calls" (one cut short keeps "length")."""
+    return "tool_calls" if reason == "stop" else reason

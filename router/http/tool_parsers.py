@@ -2,8 +2,10 @@
 
 A family is recognised from the chat template's text (the markers it teaches the model), not
 from the model's name: a fine-tune keeps its base model's template. `split` returns the text
-before the first call (the message's content) and the calls; output that does not parse as
-calls is all content, as an `auto` answer in words is.
+before the first call (the message's content) and the calls: the complete, well-formed ones,
+up to the first that is not. Calls only ever get added as the output grows, so a stream can
+send each call as soon as it is complete; output with no call in it is all content, as an
+`auto` answer in words is.
 
 The calls a grammar forced (`tool_choice` "required" or a named function) are the same in every
 family: a JSON array of `{"name": ..., "arguments": {...}}` (`forced_calls`).
@@ -15,6 +17,7 @@ import json
 import re
 import secrets
 import string
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,11 +45,13 @@ class ToolParser:
     family = ""
     markers: tuple[str, ...] = ()
 
-    def split(self, text: str) -> tuple[str, list[ToolCall]]:
+    def split(self, text: str, ended: bool = True) -> tuple[str, list[ToolCall]]:
+        """The content and the calls of `text`; `ended`: the output is whole (a call it cuts
+        off is read as far as it goes)."""
         start = self.call_start(text)
         if start is None:
             return text, []
-        calls = self.parse_calls(text[start:])
+        calls = self.calls_in(text[start:], ended)
         return (text[:start], calls) if calls else (text, [])
 
     def call_start(self, text: str) -> int | None:
@@ -64,8 +69,9 @@ class ToolParser:
                 return i
         return len(text)
 
-    def parse_calls(self, text: str) -> list[ToolCall]:
-        raise NotImplementedError
+    def calls_in(self, text: str, ended: bool) -> list[ToolCall]:
+        """The calls of `text`, which starts where the first call does."""
+        return _calls(_objects(text), self.new_id)
 
     def new_id(self) -> str:
         return "call_" + secrets.token_hex(12)
@@ -77,16 +83,12 @@ class HermesParser(ToolParser):
 
     family = "hermes"
     markers = ("<tool_call>",)
-    _BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
+    _BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+    _LAST_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
 
-    def parse_calls(self, text: str) -> list[ToolCall]:
-        calls = []
-        for block in self._BLOCK.findall(text):
-            call = _call(_json(block.strip()), self.new_id())
-            if call is None:
-                return []
-            calls.append(call)
-        return calls
+    def calls_in(self, text: str, ended: bool) -> list[ToolCall]:
+        blocks = (self._LAST_BLOCK if ended else self._BLOCK).findall(text)
+        return _calls([_json(block.strip()) for block in blocks], self.new_id)
 
 
 class MistralParser(ToolParser):
@@ -96,9 +98,8 @@ class MistralParser(ToolParser):
 
     family = "mistral"
     markers = ("[TOOL_CALLS]",)
-    _ID_CHARS = string.ascii_letters + string.digits
-
     _BARE = '[{"name"'
+    _ID_CHARS = string.ascii_letters + string.digits
 
     def call_start(self, text: str) -> int | None:
         start = super().call_start(text)
@@ -112,8 +113,8 @@ class MistralParser(ToolParser):
             return 0
         return super().held_from(text)
 
-    def parse_calls(self, text: str) -> list[ToolCall]:
-        return _call_list(_json(text.removeprefix("[TOOL_CALLS]").strip()), self.new_id)
+    def calls_in(self, text: str, ended: bool) -> list[ToolCall]:
+        return super().calls_in(text.removeprefix("[TOOL_CALLS]"), ended)
 
     def new_id(self) -> str:
         return "".join(secrets.choice(self._ID_CHARS) for _ in range(9))
@@ -141,20 +142,8 @@ class Llama3Parser(ToolParser):
             return 0
         return len(text)
 
-    def parse_calls(self, text: str) -> list[ToolCall]:
-        text = text.strip().removeprefix("<|python_tag|>").strip()
-        calls = []
-        while text:
-            try:
-                value, end = _DECODER.raw_decode(text)
-            except ValueError:
-                return []
-            call = _call(value, self.new_id())
-            if call is None:
-                return []
-            calls.append(call)
-            text = text[end:].strip().removeprefix(";").strip()
-        return calls
+    def calls_in(self, text: str, ended: bool) -> list[ToolCall]:
+        return super().calls_in(text.removeprefix("<|python_tag|>"), ended)
 
 
 PARSERS = {p.family: p for p in (HermesParser(), MistralParser(), Llama3Parser())}
@@ -172,9 +161,9 @@ def parser_for_template(source: str) -> ToolParser:
 
 
 def forced_calls(text: str, parser: ToolParser) -> list[ToolCall]:
-    """The calls of an output a tool grammar forced (a JSON array of calls); [] if it was cut
-    short."""
-    return _call_list(_json(text), parser.new_id)
+    """The calls of an output a tool grammar forced (a JSON array of calls), as far as it
+    goes."""
+    return _calls(_objects(text), parser.new_id)
 
 
 def _json(text: str) -> Any:
@@ -184,11 +173,32 @@ def _json(text: str) -> Any:
         return None
 
 
-def _call_list(value: Any, new_id) -> list[ToolCall]:
-    if not isinstance(value, list):
-        return []
-    calls = [_call(item, new_id()) for item in value]
-    return [] if None in calls else calls  # type: ignore[return-value]
+_SEPARATORS = " \t\r\n[],;"
+
+
+def _objects(text: str) -> list[Any]:
+    """The complete JSON values of `text` in order, between separators (a list's brackets and
+    commas, Llama's `;`, blanks), up to the first that does not parse."""
+    values, at = [], 0
+    while True:
+        while at < len(text) and text[at] in _SEPARATORS:
+            at += 1
+        try:
+            value, at = _DECODER.raw_decode(text, at)
+        except ValueError:
+            return values
+        values.append(value)
+
+
+def _calls(values: list[Any], new_id: Callable[[], str]) -> list[ToolCall]:
+    """`values` as calls, up to the first that is not one."""
+    calls = []
+    for value in values:
+        call = _call(value, new_id())
+        if call is None:
+            break
+        calls.append(call)
+    return calls
 
 
 def _call(value: Any, call_id: str) -> ToolCall | None:

@@ -119,8 +119,8 @@ def test_required_calls_always_parse_and_match_their_schemas(client, model):
     assert calls == 16
 
 
-def test_parallel_calls_are_several_valid_calls(client, model):
-    response = client.chat.completions.create(
+def test_parallel_calls_are_several_valid_calls_each_streamed_when_complete(client, model):
+    asked = dict(
         model=model,
         messages=QUESTION,
         tools=TOOLS,
@@ -130,11 +130,31 @@ def test_parallel_calls_are_several_valid_calls(client, model):
         n=3,
         seed=1,
     )
+    response = client.chat.completions.create(**asked)
     for choice in response.choices:
         assert choice.finish_reason == "tool_calls", choice.message
         _check_calls(choice.message.tool_calls)
         assert len(choice.message.tool_calls) <= MAX_FORCED_CALLS
     assert max(len(c.message.tool_calls) for c in response.choices) > 1
+    # Streamed a token an event, each call comes in its own chunk, as soon as it is complete.
+    chunks_with_calls: dict[int, int] = {}
+    streamed: dict[int, list] = {}
+    stream = client.chat.completions.create(
+        **asked, stream=True, stream_options={"one_token_per_event": True}
+    )
+    for chunk in stream:
+        for choice in chunk.choices:
+            calls = choice.delta.tool_calls or []
+            chunks_with_calls[choice.index] = chunks_with_calls.get(choice.index, 0) + bool(calls)
+            streamed.setdefault(choice.index, []).extend(
+                (c.function.name, json.loads(c.function.arguments)) for c in calls
+            )
+    for choice in response.choices:
+        calls = choice.message.tool_calls
+        assert streamed[choice.index] == [
+            (c.function.name, json.loads(c.function.arguments)) for c in calls
+        ]
+        assert chunks_with_calls[choice.index] == len(calls)
 
 
 def test_a_named_function_is_the_one_called(client, model):

@@ -1,6 +1,7 @@
 """Tools through the three families' chat templates: rendered exactly as transformers'
 `apply_chat_template(..., tools=...)` renders them, the family recognised from the template,
-and each family's own call syntax parsed back into the calls it encodes."""
+each family's own call syntax parsed back into the calls it encodes, and a stream of any
+output, in pieces of any size, adding up to the message the whole output makes."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from pdserve.core.messages import TokenBatch
 from pdserve.models.tokenizer_builder import CHAT_TEMPLATE, write_tokenizer
 from pdserve.models.tool_chat_templates import TEMPLATES, use_chat_template
 from router.http.chat_template import ChatTemplate
 from router.http.tool_messages import with_tool_calls_for_template
+from router.http.tool_output import ToolOutput
 from router.http.tool_parsers import PARSERS, parser_for_template
 from router.validation import RequestError
 
@@ -131,3 +134,51 @@ def test_words_and_broken_calls_are_content(family, output) -> None:
 def test_bad_tool_messages_name_the_field(messages, problem) -> None:
     with pytest.raises(RequestError, match=problem):
         with_tool_calls_for_template(messages)
+
+
+STREAMED = [
+    ("hermes", False, "Let me see.\n<tool_call>\n" + '{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n<tool_call>{"name": "b", "arguments": {}}</tool_call>'),  # noqa: E501
+    ("hermes", False, 'Half a call <tool_call>{"name": "a", "argum'),
+    ("hermes", False, "<tool_call>{\"name\": \"a\"}</tool_call><tool_call>oops</tool_call>"),
+    ("hermes", False, "a < b and <tool_c is not a call"),
+    ("mistral", False, 'Sure. [TOOL_CALLS] [{"name": "a", "arguments": {"x": [1, 2]}}, {"name": "b", "arguments": {"y": "]}"}}]'),  # noqa: E501
+    ("mistral", False, '[{"name": "a", "arguments": {"x": 1}}]'),
+    ("mistral", False, "[1, 2, 3] is a list"),
+    ("llama3", False, '<|python_tag|>{"name": "a", "parameters": {"x": 1}}; {"name": "b", "parameters": {}}'),  # noqa: E501
+    ("llama3", False, "{not json at all"),
+    ("llama3", False, "Words, then {braces}."),
+    ("hermes", True, '[{"name": "a", "arguments": {"x": 1}}, {"name": "b", "arguments": {"s": "}, {"}}]'),  # noqa: E501
+    ("hermes", True, '[{"name": "a", "arguments": {"x": 1}}, {"name": "b", "argu'),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("family, forced, output", STREAMED)
+@pytest.mark.parametrize("piece", [1, 3, 1000])
+@pytest.mark.parametrize("reason", ["stop", "length"])
+def test_a_stream_adds_up_to_the_message(family, forced, output, piece, reason) -> None:
+    expected, expected_reason = ToolOutput(PARSERS[family], forced).message(output, reason)
+    tools = ToolOutput(PARSERS[family], forced)
+    content, calls, reasons, complete_before_the_end = "", [], [], 0
+    for start in range(0, len(output), piece):
+        text = output[: start + piece]
+        last = start + piece >= len(output)
+        batch = TokenBatch(
+            "r", [], [], output[start : start + piece], last, reason if last else None
+        )
+        delta, finish_reason = tools.delta(0, text, batch, first=start == 0)
+        assert ("role" in delta) == (start == 0)
+        content += delta.get("content", "")
+        for call in delta.get("tool_calls", []):
+            assert call["index"] == len(calls)
+            calls.append(call)
+            complete_before_the_end += not last
+        reasons.append(finish_reason)
+    assert content == (expected["content"] or "")
+    expected_calls = [
+        (c["function"]["name"], c["function"]["arguments"]) for c in expected.get("tool_calls", [])
+    ]  # noqa: E501
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == expected_calls
+    assert reasons == [None] * (len(reasons) - 1) + [expected_reason]
+    assert expected_reason == ("tool_calls" if expected_calls and reason == "stop" else reason)
+    if piece == 1 and len(expected_calls) > 1:  # the first call went before the output ended
+        assert complete_before_the_end >= 1
