@@ -30,6 +30,9 @@ _NO_PARAMETERS = {"type": "object", "properties": {}}
 
 def check_tools(body: ChatCompletionRequest) -> None:
     """Refuses malformed tools and a tool_choice they cannot satisfy, by field."""
+    for legacy, current in (("functions", "tools"), ("function_call", "tool_choice")):
+        if getattr(body, legacy) is not None:
+            raise RequestError(f"{legacy}: deprecated by OpenAI and not supported; send {current}")
     if not body.tools:
         if body.tools is not None:
             raise RequestError("tools: empty list; leave it out for no tools")

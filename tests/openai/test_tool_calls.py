@@ -293,6 +293,7 @@ def test_a_round_trip_call_result_answer(client, model):
         (dict(tools=[{"type": "function", "function": {"name": "bad name"}}]), r"tools\[0\].function.name"),  # noqa: E501
         (dict(tools=TOOLS + TOOLS[:1]), r"tools\[2\].function.name: 'get_weather' is declared twice"),  # noqa: E501
         (dict(tool_choice="required"), "tool_choice: requires tools"),
+        (dict(functions=[{"name": "f", "parameters": {}}]), "functions: deprecated by OpenAI and not supported; send tools"),  # noqa: E501
         (dict(tools=TOOLS, tool_choice="sometimes"), "tool_choice: must be"),
         (dict(tools=TOOLS, tool_choice="required", response_format={"type": "json_object"}), "response_format: conflicts with tool_choice"),  # noqa: E501
         (dict(messages=[*QUESTION, {"role": "tool", "tool_call_id": "abc123XYZ", "content": "1"}]), r"messages\[1\].tool_call_id: 'abc123XYZ' answers no tool call"),  # noqa: E501
