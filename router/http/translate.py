@@ -13,7 +13,7 @@ from pdserve.core.grammar_spec import GrammarError, GrammarSpec
 from pdserve.pb import generate_pb2
 from router.http.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from router.http.tool_messages import with_tool_calls_for_template
-from router.http.tool_request import check_tools, tool_grammar
+from router.http.tool_request import check_tools, forces_calls, tool_grammar
 from router.validation import RequestError
 
 MAX_PROMPTS = 64  # prompts of one completions request
@@ -153,7 +153,7 @@ _GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
 
 def grammar_field(body: SamplingFields) -> str:
     """The field the client asked for structured output with."""
-    if isinstance(body, ChatCompletionRequest) and tool_grammar(body) is not None:
+    if isinstance(body, ChatCompletionRequest) and forces_calls(body):
         return "tools"
     return next((name for name in _GUIDED if getattr(body, name) is not None), "response_format")
 
