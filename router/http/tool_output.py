@@ -3,9 +3,11 @@ streamed, each chunk's delta.
 
 A stream sends content as it comes, up to where a call may begin (the family's marker, or the
 start of one); from there it holds the text back and sends each call once it is complete (its
-index, id, type, name and arguments in one delta, which the SDK's accumulators take). Held text
-that turns out not to be a call is sent at the end, as content. Forced calls (a grammar) send no
-content. The finish reason is "tool_calls" when the output ended with calls in it.
+index, id, type, name and arguments in one delta). Forced calls (a grammar) send no content;
+each call's index, id, type and name go as soon as the name is written, then its arguments as
+they grow (deltas by index, which the SDK's accumulators join). Held text that turns out not to
+be a call is sent at the end, as content. The finish reason is "tool_calls" when the output
+ended with calls in it.
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pdserve.core.messages import TokenBatch
-from router.http.tool_parsers import ToolCall, ToolParser, forced_calls
+from router.http.forced_calls import forced_calls
+from router.http.tool_parsers import ToolCall, ToolParser
 
 
 @dataclass
 class _Streamed:
     content: int = 0  # characters of content sent
-    calls: int = 0  # calls sent
+    arguments: list[int] = field(default_factory=list)  # of each call sent: characters sent
 
 
 @dataclass
@@ -31,7 +34,7 @@ class ToolOutput:
 
     def split(self, text: str, ended: bool = True) -> tuple[str, list[ToolCall]]:
         if self.forced:
-            calls = forced_calls(text, self.parser)
+            calls = forced_calls(text, self.parser.new_id)
             return ("", calls) if calls else (text, [])
         return self.parser.split(text, ended)
 
@@ -62,13 +65,25 @@ class ToolOutput:
         if until > streamed.content:
             delta["content"] = text[streamed.content : until]
             streamed.content = until
-        if len(calls) > streamed.calls:
-            new = enumerate(calls[streamed.calls :], start=streamed.calls)
-            delta["tool_calls"] = [{"index": k, **call.openai()} for k, call in new]
-            streamed.calls = len(calls)
+        sent = streamed.arguments
+        deltas = [_call_delta(k, call, sent) for k, call in enumerate(calls)]
+        if any(deltas):
+            delta["tool_calls"] = [d for d in deltas if d]
         if not batch.finished:
             return delta, None
         return delta, _finish_reason(batch.finish_reason) if calls else batch.finish_reason
+
+
+def _call_delta(index: int, call: ToolCall, sent: list[int]) -> dict[str, Any] | None:
+    """What a stream has yet to send of `call` (its arguments only grow); None for nothing."""
+    if index == len(sent):
+        sent.append(len(call.arguments))
+        return {"index": index, **call.openai()}
+    if len(call.arguments) == sent[index]:
+        return None
+    more = call.arguments[sent[index] :]
+    sent[index] = len(call.arguments)
+    return {"index": index, "function": {"arguments": more}}
 
 
 def _finish_reason(reason: str | None) -> str | None:

@@ -8,7 +8,7 @@ send each call as soon as it is complete; output with no call in it is all conte
 `auto` answer in words is.
 
 The calls a grammar forced (`tool_choice` "required" or a named function) are the same in every
-family: a JSON array of `{"name": ..., "arguments": {...}}` (`forced_calls`).
+family, and read by router/http/forced_calls.py.
 """
 
 from __future__ import annotations
@@ -158,12 +158,6 @@ def parser_for_template(source: str) -> ToolParser:
     if "<|python_tag|>" in source or ("ipython" in source and '"parameters"' in source):
         return PARSERS["llama3"]
     return PARSERS["hermes"]
-
-
-def forced_calls(text: str, parser: ToolParser) -> list[ToolCall]:
-    """The calls of an output a tool grammar forced (a JSON array of calls), as far as it
-    goes."""
-    return _calls(_objects(text), parser.new_id)
 
 
 def _json(text: str) -> Any:

@@ -119,7 +119,7 @@ def test_required_calls_always_parse_and_match_their_schemas(client, model):
     assert calls == 16
 
 
-def test_parallel_calls_are_several_valid_calls_each_streamed_when_complete(client, model):
+def test_parallel_calls_are_several_valid_calls_streamed_as_they_grow(client, model):
     asked = dict(
         model=model,
         messages=QUESTION,
@@ -136,25 +136,31 @@ def test_parallel_calls_are_several_valid_calls_each_streamed_when_complete(clie
         _check_calls(choice.message.tool_calls)
         assert len(choice.message.tool_calls) <= MAX_FORCED_CALLS
     assert max(len(c.message.tool_calls) for c in response.choices) > 1
-    # Streamed a token an event, each call comes in its own chunk, as soon as it is complete.
-    chunks_with_calls: dict[int, int] = {}
-    streamed: dict[int, list] = {}
+    # Streamed a token an event: each call's name as soon as it is written, then its
+    # arguments as they grow, over many chunks.
+    streamed: dict[int, dict[int, dict]] = {}
+    chunks_with_arguments: dict[int, int] = {}
     stream = client.chat.completions.create(
         **asked, stream=True, stream_options={"one_token_per_event": True}
     )
     for chunk in stream:
         for choice in chunk.choices:
-            calls = choice.delta.tool_calls or []
-            chunks_with_calls[choice.index] = chunks_with_calls.get(choice.index, 0) + bool(calls)
-            streamed.setdefault(choice.index, []).extend(
-                (c.function.name, json.loads(c.function.arguments)) for c in calls
-            )
+            calls = streamed.setdefault(choice.index, {})
+            for delta in choice.delta.tool_calls or []:
+                if delta.id:
+                    assert delta.index == len(calls) and delta.function.name
+                    calls[delta.index] = {"name": delta.function.name, "arguments": ""}
+                calls[delta.index]["arguments"] += delta.function.arguments or ""
+                more = bool(delta.function.arguments)
+                chunks_with_arguments[choice.index] = (
+                    chunks_with_arguments.get(choice.index, 0) + more
+                )
     for choice in response.choices:
         calls = choice.message.tool_calls
-        assert streamed[choice.index] == [
-            (c.function.name, json.loads(c.function.arguments)) for c in calls
-        ]
-        assert chunks_with_calls[choice.index] == len(calls)
+        assert [
+            (c["name"], json.loads(c["arguments"])) for c in streamed[choice.index].values()
+        ] == [(c.function.name, json.loads(c.function.arguments)) for c in calls]
+        assert chunks_with_arguments[choice.index] > 3 * len(calls)
 
 
 def test_a_named_function_is_the_one_called(client, model):
@@ -205,10 +211,14 @@ def test_streamed_deltas_accumulate_to_the_same_calls(client, model):
     whole = client.chat.completions.create(**asked).choices[0].message
     expected = [(c.function.name, json.loads(c.function.arguments)) for c in whole.tool_calls]
     # The SDK's stream helper accumulates the deltas into the final message.
-    with client.chat.completions.stream(**asked) as stream:
-        for _ in stream:
-            pass
+    # A token an event: batches of several tokens (a loaded machine) would join the pieces.
+    one_per_event = {"one_token_per_event": True}
+    with client.chat.completions.stream(**asked, stream_options=one_per_event) as stream:
+        events = [event.type for event in stream]
         final = stream.get_final_completion().choices[0]
+    # The arguments came in pieces, and each piece was an event of the SDK's.
+    assert events.count("tool_calls.function.arguments.delta") > 1
+    assert events.count("tool_calls.function.arguments.done") == len(expected)
     assert final.finish_reason == "tool_calls"
     got = [(c.function.name, json.loads(c.function.arguments)) for c in final.message.tool_calls]
     assert got == expected

@@ -149,6 +149,8 @@ STREAMED = [
     ("llama3", False, "Words, then {braces}."),
     ("hermes", True, '[{"name": "a", "arguments": {"x": 1}}, {"name": "b", "arguments": {"s": "}, {"}}]'),  # noqa: E501
     ("hermes", True, '[{"name": "a", "arguments": {"x": 1}}, {"name": "b", "argu'),
+    ("mistral", True, '[{"name": "a", "arguments": {"x": 1}}, {"name": "b", "arguments": {"s": "{cut'),
+    ("llama3", True, '[{"name": "a\\"b", "arguments": {"list": [1, {"y": "\\"}"}]}}]'),
 ]  # fmt: skip
 
 
@@ -158,7 +160,7 @@ STREAMED = [
 def test_a_stream_adds_up_to_the_message(family, forced, output, piece, reason) -> None:
     expected, expected_reason = ToolOutput(PARSERS[family], forced).message(output, reason)
     tools = ToolOutput(PARSERS[family], forced)
-    content, calls, reasons, complete_before_the_end = "", [], [], 0
+    content, calls, reasons, sent_before_the_end = "", [], [], 0
     for start in range(0, len(output), piece):
         text = output[: start + piece]
         last = start + piece >= len(output)
@@ -169,16 +171,19 @@ def test_a_stream_adds_up_to_the_message(family, forced, output, piece, reason) 
         assert ("role" in delta) == (start == 0)
         content += delta.get("content", "")
         for call in delta.get("tool_calls", []):
-            assert call["index"] == len(calls)
-            calls.append(call)
-            complete_before_the_end += not last
+            if "id" in call:  # a new call: its index comes next, with its name
+                assert call["index"] == len(calls) and call["function"]["name"]
+                calls.append(call["function"])
+                sent_before_the_end += not last
+            else:  # more of a call's arguments
+                calls[call["index"]]["arguments"] += call["function"]["arguments"]
         reasons.append(finish_reason)
     assert content == (expected["content"] or "")
     expected_calls = [
         (c["function"]["name"], c["function"]["arguments"]) for c in expected.get("tool_calls", [])
     ]  # noqa: E501
-    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == expected_calls
+    assert [(c["name"], c["arguments"]) for c in calls] == expected_calls
     assert reasons == [None] * (len(reasons) - 1) + [expected_reason]
     assert expected_reason == ("tool_calls" if expected_calls and reason == "stop" else reason)
     if piece == 1 and len(expected_calls) > 1:  # the first call went before the output ended
-        assert complete_before_the_end >= 1
+        assert sent_before_the_end >= 1
