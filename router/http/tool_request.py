@@ -145,7 +145,7 @@ def _check_tool(field: str, tool: Any) -> str:
     try:
         Draft202012Validator.check_schema(parameters)
     except SchemaError as e:
-        where = "".join(f"[{p!r}]" for p in e.path)
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e.path)
         raise RequestError(
             f"{field}.function.parameters{where}: not a valid JSON schema: {e.message}"
         ) from None

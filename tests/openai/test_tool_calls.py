@@ -298,7 +298,7 @@ def test_a_round_trip_call_result_answer(client, model):
     "asked, problem",
     [
         (dict(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}}), "tool_choice: no tool named 'nope' in tools"),  # noqa: E501
-        (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "objekt"}}}}}]), r"tools\[0\].function.parameters\['properties'\]\['x'\]\['type'\]: not a valid JSON schema"),  # noqa: E501
+        (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "objekt"}}}}}]), r"tools\[0\].function.parameters.properties.x.type: not a valid JSON schema"),  # noqa: E501
         (dict(tools=[{"type": "function", "function": {"name": "f", "strict": True, "parameters": {"type": "object", "not": {}}}}]), r"tools\[0\].function.parameters: strict schema uses unsupported keyword\(s\) \['not'\]"),  # noqa: E501
         (dict(tools=[{"type": "function", "function": {"name": "bad name"}}]), r"tools\[0\].function.name"),  # noqa: E501
         (dict(tools=TOOLS + TOOLS[:1]), r"tools\[2\].function.name: 'get_weather' is declared twice"),  # noqa: E501
@@ -314,7 +314,9 @@ def test_bad_tools_choices_and_messages_are_400s_naming_the_problem(client, mode
     asked = {"messages": QUESTION, "max_tokens": 5, **asked}
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(model=model, **asked)
-    assert re.search(problem, caught.value.body["message"]), caught.value.body["message"]
+    error = caught.value.body
+    assert re.search(problem, error["message"]), error["message"]
+    assert error["param"] and error["message"].startswith(error["param"] + ": ")  # the field
     # The server keeps serving.
     ok = client.chat.completions.create(
         model=model, messages=QUESTION, max_tokens=5, tools=TOOLS, tool_choice="none"
