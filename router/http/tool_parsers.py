@@ -28,7 +28,7 @@ _DECODER = json.JSONDecoder()
 class ToolCall:
     id: str
     name: str
-    arguments: str  # a JSON object's text, as OpenAI sends it
+    arguments: str  # a JSON object's text as OpenAI sends it (cut short: as far as it got)
 
     def openai(self) -> dict[str, Any]:
         return {
