@@ -6,8 +6,8 @@ start of one); from there it holds the text back and sends each call once it is 
 index, id, type, name and arguments in one delta). Forced calls (a grammar) send no content;
 each call's index, id, type and name go as soon as the name is written, then its arguments as
 they grow (deltas by index, which the SDK's accumulators join). Held text that turns out not to
-be a call is sent at the end, as content. The finish reason is "tool_calls" when the output
-ended with calls in it.
+be a call is sent at the end, as content; blanks wait for what follows them. The finish reason
+is "tool_calls" when the output ended with calls in it.
 """
 
 from __future__ import annotations
@@ -59,9 +59,12 @@ class ToolOutput:
         delta: dict[str, Any] = {"role": "assistant"} if first else {}
         content, calls = self.split(text, ended=batch.finished)
         if batch.finished or calls:
-            until = len(content)
+            until = len(content) if content.strip() or not calls else 0
         else:
-            until = 0 if self.forced else self.parser.held_from(text)
+            # Blanks wait for what follows them: before a call they are no content (the
+            # message's is null), and a stream cannot take back what it sent.
+            held = 0 if self.forced else self.parser.held_from(text)
+            until = len(text[:held].rstrip())
         if until > streamed.content:
             delta["content"] = text[streamed.content : until]
             streamed.content = until

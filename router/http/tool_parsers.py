@@ -102,10 +102,11 @@ class MistralParser(ToolParser):
     _ID_CHARS = string.ascii_letters + string.digits
 
     def call_start(self, text: str) -> int | None:
-        start = super().call_start(text)
-        if start is None and text.lstrip().startswith(self._BARE):
-            return len(text) - len(text.lstrip())
-        return start
+        # A reply of bare calls first: where a call starts must not move as the text grows.
+        stripped = text.lstrip()
+        if stripped.startswith(self._BARE):
+            return len(text) - len(stripped)
+        return super().call_start(text)
 
     def held_from(self, text: str) -> int:
         stripped = text.lstrip()

@@ -9,6 +9,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pdserve.core.messages import TokenBatch
 from pdserve.models.tokenizer_builder import CHAT_TEMPLATE, write_tokenizer
@@ -158,32 +160,65 @@ STREAMED = [
 @pytest.mark.parametrize("piece", [1, 3, 1000])
 @pytest.mark.parametrize("reason", ["stop", "length"])
 def test_a_stream_adds_up_to_the_message(family, forced, output, piece, reason) -> None:
-    expected, expected_reason = ToolOutput(PARSERS[family], forced).message(output, reason)
+    sent_before_the_end = _check_stream(family, forced, output, [piece], reason)
+    calls = _message(family, forced, output, reason)[0].get("tool_calls", [])
+    if piece == 1 and len(calls) > 1:  # the first call went before the output ended
+        assert sent_before_the_end >= 1
+
+
+# Pieces of calls, markers and words, joined at random: well-formed calls, broken ones, and
+# everything between.
+FRAGMENTS = [
+    '<tool_call>{"name": "a", "arguments": {"x": 1}}</tool_call>', '{"name": "b", "parameters": {}}',
+    '[TOOL_CALLS] [{"name": "a", "arguments": {}}]', '[{"name": "a", "arguments": {"x": 1}}',
+    "<tool_call>", "</tool_call>", "[TOOL_CALLS]", "<|python_tag|>", '{"name": "a", "arguments": ',
+    '{"name": "b", "parameters": ', '{"x": [1, "}"]}', "{", "}", "[", "]", ", ", "; ", " ", "\n",
+    "words", '"', "\\", "<", "tool", "_call>",
+]  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    family=st.sampled_from(sorted(PARSERS)),
+    forced=st.booleans(),
+    fragments=st.lists(st.sampled_from(FRAGMENTS), min_size=1, max_size=14),
+    pieces=st.lists(st.integers(1, 7), min_size=1, max_size=5),
+    reason=st.sampled_from(["stop", "length"]),
+)
+def test_any_output_streams_as_its_message(family, forced, fragments, pieces, reason) -> None:
+    _check_stream(family, forced, "".join(fragments), pieces, reason)
+
+
+def _message(family: str, forced: bool, output: str, reason: str) -> tuple[dict, str | None]:
+    return ToolOutput(PARSERS[family], forced).message(output, reason)
+
+
+def _check_stream(family: str, forced: bool, output: str, pieces: list[int], reason: str) -> int:
+    """Streams `output` in pieces of these sizes (in turn) and checks that the deltas add up to
+    its message; returns how many calls were sent before the last piece."""
+    expected, expected_reason = _message(family, forced, output, reason)
     tools = ToolOutput(PARSERS[family], forced)
     content, calls, reasons, sent_before_the_end = "", [], [], 0
-    for start in range(0, len(output), piece):
-        text = output[: start + piece]
-        last = start + piece >= len(output)
-        batch = TokenBatch(
-            "r", [], [], output[start : start + piece], last, reason if last else None
-        )
-        delta, finish_reason = tools.delta(0, text, batch, first=start == 0)
-        assert ("role" in delta) == (start == 0)
+    ends = [0]
+    while ends[-1] < len(output) or len(ends) == 1:  # an empty output is one empty batch
+        ends.append(min(len(output), ends[-1] + pieces[len(ends) % len(pieces)]))
+    for i, (start, end) in enumerate(zip(ends, ends[1:], strict=False)):
+        last = end == len(output)
+        batch = TokenBatch("r", [], [], output[start:end], last, reason if last else None)
+        delta, finish_reason = tools.delta(0, output[:end], batch, first=i == 0)
+        assert ("role" in delta) == (i == 0)
         content += delta.get("content", "")
         for call in delta.get("tool_calls", []):
             if "id" in call:  # a new call: its index comes next, with its name
                 assert call["index"] == len(calls) and call["function"]["name"]
-                calls.append(call["function"])
+                calls.append(dict(call["function"]))
                 sent_before_the_end += not last
             else:  # more of a call's arguments
                 calls[call["index"]]["arguments"] += call["function"]["arguments"]
         reasons.append(finish_reason)
     assert content == (expected["content"] or "")
-    expected_calls = [
-        (c["function"]["name"], c["function"]["arguments"]) for c in expected.get("tool_calls", [])
-    ]  # noqa: E501
-    assert [(c["name"], c["arguments"]) for c in calls] == expected_calls
+    expected_calls = expected.get("tool_calls", [])
+    assert calls == [c["function"] for c in expected_calls]
     assert reasons == [None] * (len(reasons) - 1) + [expected_reason]
     assert expected_reason == ("tool_calls" if expected_calls and reason == "stop" else reason)
-    if piece == 1 and len(expected_calls) > 1:  # the first call went before the output ended
-        assert sent_before_the_end >= 1
+    return sent_before_the_end
