@@ -8,7 +8,10 @@ profile on a GPU: `--device cuda` draws them there, `--dtype` sets their type). 
 `--draft-of TARGET`, DIR gets a self-speculative draft of TARGET instead (its first layers,
 embedding, final norm and LM head: pdserve/models/draft_of.py); `--residual-scale` writes a
 target whose first layers predict its output, so that draft agrees with it (models/builtin.py
-`random_weights`). No torch import at module level: `pdserve --help` stays fast.
+`random_weights`). `--chat-template llama3|hermes|mistral` writes a tool-calling family's chat
+template instead of the plain one (pdserve/models/tool_chat_templates.py), so the OpenAI API's
+`tools` can be tried on a random-weight model. No torch import at module level: `pdserve
+--help` stays fast.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pathlib import Path
 from pdserve.commands import CommandError
 from pdserve.commands.arg_types import bounded
 from pdserve.models.presets import WEIGHT_PRESETS
+from pdserve.models.tool_chat_templates import TEMPLATES, use_chat_template
 from pdserve.sim.shapes import SHAPES
 
 SHAPE_PRESETS = tuple(SHAPES)
@@ -68,6 +72,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "~0.7 of a 2-layer draft's tokens (docs/decoding.md)",
     )
     parser.add_argument(
+        "--chat-template",
+        choices=("plain", *TEMPLATES),
+        default="plain",
+        help="the tokenizer's chat template: plain ('role: content' lines), or a tool-calling "
+        "family's (Llama 3.x JSON calls, Hermes/Qwen <tool_call>, Mistral [TOOL_CALLS]) "
+        "(default: plain)",
+    )
+    parser.add_argument(
         "--draft-of",
         metavar="TARGET_DIR",
         help="write a self-speculative draft of this model instead: its embedding, first "
@@ -93,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
             raise CommandError(
                 "--config-only writes no weights: drop --with-weights, --dtype and --residual-scale"
             )
-        return _write_config_only(Path(args.directory), preset)
+        return _write_config_only(Path(args.directory), preset, args.chat_template)
     if preset in SHAPE_PRESETS and not args.with_weights:
         raise CommandError(
             f"--preset {preset} has no weights: add --config-only, or --with-weights for "
@@ -108,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
         out = write_model(args.directory, config, seed, dtype, args.device, scale)
     except (RuntimeError, ValueError) as e:  # e.g. --device cuda on a machine without one
         raise CommandError(f"--device {args.device}: {str(e).splitlines()[0]}") from e
+    _chat_template(out, args.chat_template)
     note = f"{dtype} weights, seed {seed}, drawn on {args.device}"
     if scale != 1.0:
         note += f", residual scale {scale:g}"
@@ -116,11 +129,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _write_draft(args: argparse.Namespace) -> int:
-    copied = args.residual_scale is not None or args.seed is not None
+    copied = (
+        args.residual_scale is not None or args.seed is not None or args.chat_template != "plain"
+    )
     if args.config_only or args.with_weights or args.dtype or args.preset or copied:
         raise CommandError(
-            "--draft-of copies its target's weights: drop --preset, --seed, --dtype, "
-            "--residual-scale, --with-weights and --config-only"
+            "--draft-of copies its target's weights and tokenizer: drop --preset, --seed, "
+            "--dtype, --residual-scale, --chat-template, --with-weights and --config-only"
         )
     from pdserve.models.draft_of import write_draft_of
     from pdserve.models.hf_config import ModelLoadError
@@ -135,7 +150,12 @@ def _write_draft(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_config_only(directory: Path, preset: str) -> int:
+def _chat_template(directory: Path | str, family: str) -> None:
+    if family != "plain":
+        use_chat_template(directory, family)
+
+
+def _write_config_only(directory: Path, preset: str, chat_template: str) -> int:
     from pdserve.models.tokenizer_builder import write_tokenizer
 
     config = _preset_config(preset)
@@ -145,6 +165,7 @@ def _write_config_only(directory: Path, preset: str) -> int:
         write_tokenizer(directory, config["vocab_size"])
     except OSError as e:
         raise CommandError(f"{directory}: {e.strerror or e}") from e
+    _chat_template(directory, chat_template)
     _report(preset, directory, config, "(config only, no weights)")
     return 0
 

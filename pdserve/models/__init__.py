@@ -30,4 +30,6 @@
 - `draft_of.py` — `write_draft_of(target, out, layers)`: a self-speculative draft (the target's
   first layers, embedding, final norm and LM head).
 - `tokenizer_builder.py` — `write_tokenizer(dir, vocab_size)`: the offline BPE tokenizer.
+- `tool_chat_templates.py` — chat templates of the tool-calling families (Llama 3, Hermes,
+  Mistral), `use_chat_template(dir, family)`.
 """

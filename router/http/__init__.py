@@ -7,6 +7,11 @@
 - `choices.py` — response and stream-chunk JSON, usage, logprobs.
 - `errors.py` — exceptions → OpenAI error JSON and HTTP status.
 - `chat_template.py` — chat templates rendered as transformers renders them.
+- `tool_request.py` — `tools`, `tool_choice`, `parallel_tool_calls` checked; forced calls' grammar.
+- `tool_messages.py` — a conversation's tool calls and results, checked, as templates read them.
+- `tool_parsers.py` — tool calls in a model's output, one parser per chat-template family.
+- `forced_calls.py` — the output of forced tool calls, read as it grows.
+- `tool_output.py` — the message with `tool_calls`, and a stream's deltas.
 - `body_limit.py` — the request body cap (413), before a body is read.
 - `request_body.py` — the caps of one request, strict decoding off the event loop.
 - `connections.py` — per-connection deadlines and the connection cap, accept errors' log.

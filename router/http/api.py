@@ -174,6 +174,7 @@ async def _respond(
         tokenizer=service.tokenizer.tokenizer,
         logprobs=wants_logprobs(body),
         return_token_ids=body.return_token_ids,
+        tools=service.tool_output(body),
     )
     try:
         if not body.stream:

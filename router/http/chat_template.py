@@ -138,9 +138,11 @@ class ChatTemplate:
         self,
         messages: Sequence[Mapping[str, Any]],
         add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
         **variables: Any,
     ) -> str:
-        """The conversation as prompt text; ChatTemplateError with the template's message when
+        """The conversation as prompt text (with the tools the model may call, as
+        transformers' `tools=` passes them); ChatTemplateError with the template's message when
         it refuses the conversation."""
         chat = [
             _alias_reasoning(self._content_as_template_takes_it(message)) for message in messages
@@ -148,7 +150,7 @@ class ChatTemplate:
         try:
             return self._template.render(
                 messages=chat,
-                tools=None,
+                tools=tools,
                 documents=None,
                 add_generation_prompt=add_generation_prompt,
                 **{**self.special_tokens, **variables},

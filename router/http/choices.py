@@ -15,6 +15,7 @@ from typing import Any
 
 from pdserve.core.messages import TokenBatch
 from pdserve.tokenizer import Tokenizer
+from router.http.tool_output import ToolOutput
 from router.types import Progress
 
 COMPLETION = "text_completion"
@@ -56,6 +57,7 @@ class ResponseShape:
     tokenizer: Tokenizer
     logprobs: bool = False
     return_token_ids: bool = False
+    tools: ToolOutput | None = None  # chat read for tool calls
     created: int = field(default_factory=lambda: int(time.time()))
 
     def response(self, choices: list[Choice]) -> dict[str, Any]:
@@ -85,6 +87,10 @@ class ResponseShape:
             logprobs = to_json(self._logprobs(batch.token_ids, batch.logprobs, text_before))
         finished = batch.finished and batch.finish_reason is not None
         finish_reason = encode_basestring(batch.finish_reason) if finished else "null"
+        if self.chat and self.tools is not None:
+            delta, reason = self.tools.delta(choice.index, choice.text, batch, first)
+            body = f'"delta":{to_json(delta)}'
+            finish_reason = encode_basestring(reason) if finished and reason else finish_reason
         ids = ""
         if self.return_token_ids:
             ids = f',"token_ids":[{_ints(batch.token_ids)}]'
@@ -117,13 +123,17 @@ class ResponseShape:
 
     def _full_choice(self, choice: Choice) -> dict[str, Any]:
         out: dict[str, Any] = {"index": choice.index}
-        if self.chat:
+        finish_reason = choice.finish_reason
+        if self.chat and self.tools is not None:
+            out["message"], finish_reason = self.tools.message(choice.text, finish_reason)
+        elif self.chat:
             out["message"] = {"role": "assistant", "content": choice.text}
         else:
             out["text"] = choice.text
         out["logprobs"] = self._logprobs(choice.token_ids, choice.logprobs, 0)
-        # The router's reasons are OpenAI's ("stop", "length"), plus "abort".
-        out["finish_reason"] = choice.finish_reason
+        # The router's reasons are OpenAI's ("stop", "length"), plus "abort"; "tool_calls"
+        # when the answer is calls.
+        out["finish_reason"] = finish_reason
         if self.return_token_ids:
             out["token_ids"] = choice.token_ids
             out["prompt_token_ids"] = choice.prompt_ids

@@ -104,7 +104,11 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None  # unset: "auto" with tools
+    parallel_tool_calls: bool | None = None  # unset: true (several calls in one answer)
+    # OpenAI's deprecated forms of tools and tool_choice: refused by name (use tools).
+    functions: list[Any] | None = None
+    function_call: str | dict[str, Any] | None = None
     # vLLM extensions: the template's generation prompt, and extra template variables.
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None

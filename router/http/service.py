@@ -21,6 +21,9 @@ from router.http.choices import Choice
 from router.http.errors import UnknownModel
 from router.http.request_body import request_text_bytes
 from router.http.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from router.http.tool_output import ToolOutput
+from router.http.tool_parsers import parser_for_template
+from router.http.tool_request import calls_wanted, forces_calls, template_tools
 from router.http.translate import (
     chat_messages,
     check_supported,
@@ -112,12 +115,22 @@ class OpenAIService:
         reserved = sorted(_TEMPLATE_INPUTS & variables.keys())
         if reserved:
             raise RequestError(f"chat_template_kwargs: {reserved[0]!r} is set by the server")
+        tools = template_tools(body)
+        if tools and "tools" not in self.chat_template.source:
+            raise RequestError("tools: this model's chat template does not render tools")
         try:
             return self.chat_template.render(
-                chat_messages(body), body.add_generation_prompt, **variables
+                chat_messages(body), body.add_generation_prompt, tools, **variables
             )
         except ChatTemplateError as e:
             raise RequestError(f"messages: the model's chat template refused them: {e}") from None
+
+    def tool_output(self, body: SamplingFields) -> ToolOutput | None:
+        """How the output is read for tool calls; None when it is not (prepare has passed)."""
+        if not isinstance(body, ChatCompletionRequest) or not calls_wanted(body):
+            return None
+        assert self.chat_template is not None
+        return ToolOutput(parser_for_template(self.chat_template.source), forces_calls(body))
 
     def choices(self, valid: list[ValidRequest]) -> list[Choice]:
         """n choices per prompt, in OpenAI's order; a prompt's choices share its Progress."""

@@ -12,6 +12,8 @@ from typing import Any
 from pdserve.core.grammar_spec import GrammarError, GrammarSpec
 from pdserve.pb import generate_pb2
 from router.http.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from router.http.tool_messages import with_tool_calls_for_template
+from router.http.tool_request import check_tools, forces_calls, tool_grammar
 from router.validation import RequestError
 
 MAX_PROMPTS = 64  # prompts of one completions request
@@ -59,10 +61,7 @@ def _check_chat(body: ChatCompletionRequest) -> None:
             "top_logprobs: only 0 is supported (logprobs=true gives the sampled tokens' "
             "log-probabilities, without alternatives)"
         )
-    if body.tools:
-        raise RequestError("tools: tool calling is not supported")
-    if body.tool_choice not in (None, "none"):
-        raise RequestError("tool_choice: tool calling is not supported")
+    check_tools(body)
 
 
 def completion_prompts(prompt: str | list[str] | list[int] | list[list[int]]) -> list[Prompt]:
@@ -91,7 +90,7 @@ def chat_messages(body: ChatCompletionRequest) -> list[dict[str, Any]]:
                     f"got type {part.type!r}"
                 )
         messages.append(fields)
-    return messages
+    return with_tool_calls_for_template(messages)
 
 
 def max_tokens_field(body: SamplingFields) -> str:
@@ -154,6 +153,8 @@ _GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
 
 def grammar_field(body: SamplingFields) -> str:
     """The field the client asked for structured output with."""
+    if isinstance(body, ChatCompletionRequest) and forces_calls(body):
+        return "tools"
     return next((name for name in _GUIDED if getattr(body, name) is not None), "response_format")
 
 
@@ -167,6 +168,11 @@ def grammar_spec(body: SamplingFields) -> GrammarSpec | None:
         asked.insert(0, "response_format")
     if len(asked) > 1:
         raise RequestError(f"{asked[1]}: conflicts with {asked[0]}; ask for one grammar")
+    tools = tool_grammar(body) if isinstance(body, ChatCompletionRequest) else None
+    if tools is not None:
+        if asked:
+            raise RequestError(f"{asked[0]}: conflicts with tool_choice, which forces tool calls")
+        return tools
     if not asked:
         return None
     field = asked[0]

@@ -64,3 +64,15 @@ def test_default_model_is_created_once_even_by_racing_processes(tmp_path, monkey
     assert str(default_model_dir()) == dirs[0]
     models = tmp_path / "models"
     assert [p.name for p in models.iterdir()] == [default_model_dir().name]  # no temp leftovers
+
+
+@pytest.mark.parametrize("extra", [[], ["--config-only"]], ids=["weights", "config-only"])
+def test_make_model_writes_a_tool_calling_chat_template(tmp_path, extra):
+    from pdserve.models.tool_chat_templates import TEMPLATES
+
+    assert main([str(tmp_path / "m"), "--chat-template", "mistral", *extra]) == 0
+    config = json.loads((tmp_path / "m" / "tokenizer_config.json").read_text())
+    assert config["chat_template"] == TEMPLATES["mistral"]
+    assert main([str(tmp_path / "p"), *extra]) == 0
+    config = json.loads((tmp_path / "p" / "tokenizer_config.json").read_text())
+    assert "[TOOL_CALLS]" not in config["chat_template"]

@@ -116,7 +116,21 @@ def error_of(response) -> dict:
             "max_completion_tokens",
             "context",
         ),
-        ("/v1/chat/completions", chat(tools=[{"type": "function"}]), "tools", "not supported"),
+        ("/v1/chat/completions", chat(tools=[{"type": "function"}]), "tools[0].function", "name"),
+        (
+            "/v1/chat/completions",
+            chat(tools=[{"type": "function", "function": {"name": "f"}}]),
+            "tools",
+            "chat template does not render tools",
+        ),
+        (
+            "/v1/chat/completions",
+            chat(
+                tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": 3}}}]
+            ),
+            "tools[0].function.parameters.type",
+            "not a valid JSON schema",
+        ),
         ("/v1/chat/completions", chat(messages=[]), "messages", "at least 1"),
         ("/v1/chat/completions", chat(messages=[{"content": "x"}]), "messages[0].role", "required"),
         (
