@@ -173,6 +173,7 @@ class ServingApp:
             progress_timeout_s=config.router.progress_timeout_s,
             on_prefill_done=self.routing.on_prefill_done,
             on_prompt_computed=self.routing.on_prompt_computed,
+            on_output_computed=self.routing.on_output_computed,
             block_size=config.engine.block_size,
         )
         # Stopped after both servers drain, before the workers: what still runs is ended.

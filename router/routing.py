@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from pdserve.core.block_hash import ROOT_HASH, block_hash
 from pdserve.core.messages import PrefillResult, TokenBatch, WorkerStats
 from pdserve.core.prompt_tokens import block_hashes_of
 from router.approximate_prefixes import ApproximatePrefixes
@@ -225,6 +226,20 @@ class Routing:
         if routed is not None and route.routed is not None:
             routed.computed(route.routed, stays=route.prefill_worker is None)
             self._load(self.pool.workers[worker_id])
+
+    def on_output_computed(self, route: Route, computed_ids: Sequence[int]) -> None:
+        """A request finished: its decode worker cached the KV of `computed_ids` (its prompt
+        and all but the last output token), which the index shows only once that worker's
+        events arrive. A conversation's next turn, sent at once, starts with them: remembered
+        here, it finds that worker meanwhile."""
+        if route.prefill_worker and not self.decode_caches_received_kv:
+            return  # the prompt's blocks are not cached there, so neither are the output's
+        hashes, size = list(route.block_hashes), self.block_size
+        for i in range(len(hashes), len(computed_ids) // size):
+            parent = hashes[-1] if hashes else ROOT_HASH
+            hashes.append(block_hash(parent, computed_ids[i * size : (i + 1) * size]))
+        if len(hashes) > len(route.block_hashes):
+            self.recent.add(route.decode_worker, hashes)
 
     def _remember(
         self, decision: RoutingDecision, request: RoutingRequest, hashes: Sequence[int]

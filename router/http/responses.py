@@ -53,6 +53,7 @@ STATUSES = {
     429: "overloaded: admission control or a full CPU pool; retry later",
     503: "no worker can take it now, or the response store (Redis) does not answer",
 }
+_WORKER_GRAMMAR = "sampling.grammar: "
 # Options pdserve does not implement, refused unless unset (or the neutral value given).
 _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "background": (False,),
@@ -117,6 +118,9 @@ def _error(exc: Exception, request: Request) -> Response:
         return JSONResponse(error_body(404, message, "response_not_found"), status_code=404)
     if isinstance(exc, StoreUnavailable):
         return JSONResponse(error_body(503, str(exc)), status_code=503)
+    if isinstance(exc, RequestError) and str(exc).startswith(_WORKER_GRAMMAR):
+        # A grammar the worker could not compile (router/request_flow.py), as the body names it.
+        exc = RequestError("text.format: " + str(exc).removeprefix(_WORKER_GRAMMAR))
     response = error_response(exc)
     level = logging.WARNING if response.status_code >= 500 else logging.DEBUG
     log.log(level, "%s failed: %s", request.url.path, exc)
@@ -248,7 +252,9 @@ async def _validate(service: OpenAIService, body: ResponsesRequest, ids: list[in
     try:
         return await validate(generate_request(chat, ids), service.limits, service.tokenizer.encode)
     except RequestError as e:
+        # Chat's names, which generate_request uses, as this body spells them.
         message = str(e).replace("response_format", "text.format", 1)
+        message = message.replace("max_completion_tokens", "max_output_tokens")
         raise openai_names(
             RequestError(message), "input", "max_output_tokens", "text.format"
         ) from None
