@@ -38,7 +38,6 @@ class TextConfig(BaseModel):
 
     # {"type": "text" | "json_object" | "json_schema", "name", "schema", "strict"}
     format: dict[str, Any] | None = None
-    verbosity: str | None = None
 
 
 class ResponsesRequest(BaseModel):
