@@ -158,7 +158,9 @@ class EventStream:
     def failed(self, error: dict[str, Any]) -> bytes:
         """The stream's end when generation failed after it began: `error` is the OpenAI error
         body's inner object."""
-        failure = {"code": error.get("type") or "server_error", "message": error["message"]}
+        overloaded = error.get("type") == "rate_limit_error"
+        code = "rate_limit_exceeded" if overloaded else "server_error"  # OpenAI's codes
+        failure = {"code": code, "message": error["message"]}
         return self._event("response.failed", response=self.shape.response("failed", error=failure))
 
     def _event(self, kind: str, **fields: Any) -> bytes:

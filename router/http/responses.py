@@ -134,9 +134,10 @@ async def _create(
     previous = await _previous(store, body.previous_response_id)
     conversation = (previous.conversation if previous else []) + input_messages(body)
     record = await _prompt(service, body, conversation, previous)
-    if body.store and store.size(record) > store.max_bytes:
+    size = store.size(record) if body.store else 0
+    if size > store.max_bytes:
         raise RequestError(
-            f"input: the conversation would be stored as {store.size(record)} bytes, over the "
+            f"input: the conversation would be stored as {size} bytes, over the "
             f"bound of {store.max_bytes} bytes a stored response may hold "
             "(--response-max-bytes); start a new conversation or send it with store=false"
         )
