@@ -128,10 +128,14 @@ def test_streamed_events_accumulate_to_the_same_text(client, served):
 
 def test_a_three_turn_conversation_reports_its_previous_turns_cached(client):
     """Each turn's prompt starts with the previous turn's prompt and output tokens: the worker
-    that ran it holds their KV (all but the last output token's, and whole blocks only)."""
+    that ran it holds their KV (all but the last output token's, and whole blocks only), and
+    the router sends the next turn there. Each conversation opens with a document of its own
+    (hundreds of tokens, as a real history is): on the tiny model a few dozen cached tokens
+    weigh less than the load a just-finished request still shows until the next stats poll."""
     for topic in ("the sea", "mountains"):
+        document = f"Notes on {topic}: " + " ".join(f"{topic} {i}" for i in range(40))
         previous, held = None, 0
-        for turn, question in enumerate((f"Tell me about {topic}.", "Why?", "And then?")):
+        for turn, question in enumerate((f"{document}\nSummarize.", "Why?", "And then?")):
             response = client.responses.create(
                 input=question,
                 instructions="Answer in a few words.",
