@@ -62,7 +62,7 @@ class ResponseShape:
             "metadata": body.metadata or {},
         }
         if choice is not None and status != "in_progress":
-            out["output"] = [self.message(choice, "completed" if status == "completed" else status)]
+            out["output"] = [self.message(choice, status)]
             out["usage"] = response_usage(choice)
             if choice.finish_reason == "length":
                 out["incomplete_details"] = {"reason": "max_output_tokens"}
