@@ -17,7 +17,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from pdserve.core.block_hash import ROOT_HASH, block_hash
 from pdserve.core.messages import PrefillResult, TokenBatch, WorkerStats
 from pdserve.core.prompt_tokens import block_hashes_of
 from router.approximate_prefixes import ApproximatePrefixes
@@ -234,12 +233,10 @@ class Routing:
         here, it finds that worker meanwhile."""
         if route.prefill_worker and not self.decode_caches_received_kv:
             return  # the prompt's blocks are not cached there, so neither are the output's
-        hashes, size = list(route.block_hashes), self.block_size
-        for i in range(len(hashes), len(computed_ids) // size):
-            parent = hashes[-1] if hashes else ROOT_HASH
-            hashes.append(block_hash(parent, computed_ids[i * size : (i + 1) * size]))
-        if len(hashes) > len(route.block_hashes):
-            self.recent.add(route.decode_worker, hashes)
+        hashes = block_hashes_of(computed_ids, self.block_size)
+        self.recent.add(route.decode_worker, hashes)
+        if self._approximates():
+            self._predict_held(route.decode_worker, hashes)
 
     def _remember(
         self, decision: RoutingDecision, request: RoutingRequest, hashes: Sequence[int]
