@@ -39,6 +39,8 @@ class Continuation:
 def input_messages(body: ResponsesRequest) -> list[dict[str, Any]]:
     """The request's input as chat messages; RequestError naming the item that is not a text
     message."""
+    if body.input is None:
+        return []
     if isinstance(body.input, str):
         return [{"role": "user", "content": body.input}]
     if not body.input:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 
 class InputPart(BaseModel):
@@ -44,7 +44,8 @@ class ResponsesRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = None  # unset = the served model
-    input: str | list[InputItem] = Field(default="")
+    # Unset: only with previous_response_id (the conversation continues with no new message).
+    input: str | list[InputItem] | None = None
     instructions: str | None = None
     max_output_tokens: int | None = None
     temperature: float | None = None

@@ -133,6 +133,8 @@ async def _create(
     _check_supported(body, service)
     previous = await _previous(store, body.previous_response_id)
     conversation = (previous.conversation if previous else []) + input_messages(body)
+    if not conversation:
+        raise RequestError("input: required (a string or a list of messages)")
     record = await _prompt(service, body, conversation, previous)
     size = store.size(record) if body.store else 0
     if size > store.max_bytes:

@@ -166,6 +166,15 @@ def test_turns_given_as_input_items_continue_a_conversation(client):
     assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
 
 
+def test_a_continuation_without_input_answers_again_and_none_at_all_is_refused(client):
+    first = client.responses.create(input="Hi!", max_output_tokens=4, temperature=0)
+    again = client.responses.create(previous_response_id=first.id, max_output_tokens=4)
+    assert again.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens - 1
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(max_output_tokens=4)
+    assert refused.value.body["param"] == "input"
+
+
 def test_json_schema_text_format_outputs_are_all_valid(client):
     text_format = {"type": "json_schema", "name": "status", "schema": SCHEMA, "strict": True}
 
