@@ -306,13 +306,15 @@ class ServingApp:
             chat_template,
             router.stream_one_token_per_event,
         )
-        responses = ResponseStore(redis_url, router.response_ttl_s, router.response_max_bytes)
-        self._stack.append(("response store", responses.aclose))
+        response_store = ResponseStore(redis_url, router.response_ttl_s, router.response_max_bytes)
+        self._stack.append(("response store", response_store.aclose))
         for queue in (service.tokenizer.pool, service.cpu):  # admission control counts them
             self.routing.count(queue)
         metrics.track_router_pending(self.routing.pending_stages())
         http = HttpServer(
-            create_app(service, self.server.auth, self._is_ready, self._unready_reason, responses),
+            create_app(
+                service, self.server.auth, self._is_ready, self._unready_reason, response_store
+            ),
             router.http_host,
             router.http_port,
             tls_cert=router.tls_cert,

@@ -65,7 +65,7 @@ def create_app(
     auth: ApiKeyInterceptor,
     ready: Callable[[], bool] = lambda: True,
     unready_reason: Callable[[], str] = lambda: "no decode worker is up",
-    responses: ResponseStore | None = None,
+    response_store: ResponseStore | None = None,
 ) -> FastAPI:
     app = FastAPI(title="pdserve", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes(service.limits))
@@ -132,8 +132,8 @@ def create_app(
     async def chat_completions(request: Request) -> Response:
         return await _generate(service, ChatCompletionRequest, request, chat=True)
 
-    if responses is not None:  # `/v1/responses` keeps its state in the prefix index's Redis
-        add_response_routes(app, service, responses, authorized)
+    if response_store is not None:  # `/v1/responses` keeps its state in the index's Redis
+        add_response_routes(app, service, response_store, authorized)
     return app
 
 
