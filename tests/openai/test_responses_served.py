@@ -270,3 +270,18 @@ def test_bad_requests_are_400s_naming_the_field(client, asked, field):
         client.responses.create(**asked)
     assert refused.value.body["param"] == field, refused.value.body
     assert client.responses.create(input="Still serving?", max_output_tokens=2).output
+
+
+def test_every_responses_route_needs_the_api_key(client, served):
+    stored = client.responses.create(input="Mine.", max_output_tokens=2)
+    stranger = openai.OpenAI(
+        base_url=f"http://127.0.0.1:{served.http_port}/v1", api_key="sk-wrong", max_retries=0
+    )
+    for call in (
+        lambda: stranger.responses.create(input="x", max_output_tokens=2),
+        lambda: stranger.responses.retrieve(stored.id),
+        lambda: stranger.responses.delete(stored.id),
+    ):
+        with pytest.raises(openai.AuthenticationError):
+            call()
+    assert client.responses.retrieve(stored.id).id == stored.id
