@@ -173,6 +173,7 @@ class ServingApp:
             progress_timeout_s=config.router.progress_timeout_s,
             on_prefill_done=self.routing.on_prefill_done,
             on_prompt_computed=self.routing.on_prompt_computed,
+            on_output_computed=self.routing.on_output_computed,
             block_size=config.engine.block_size,
         )
         # Stopped after both servers drain, before the workers: what still runs is ended.
@@ -210,7 +211,7 @@ class ServingApp:
         self._stack.insert(0, ("tracing", _async(telemetry.flush_tracing)))
         self.port = self.server.port
         self.pool.health_listeners.append(self._track_readiness)
-        await self._start_http(flow, tokenizer, limits, chat_template)
+        await self._start_http(flow, tokenizer, limits, chat_template, redis_url)
 
     def _check_dtypes(self) -> str:
         """Tries each pool's dtype on its device (pdserve.dtype_probe) when the workers run on
@@ -287,9 +288,12 @@ class ServingApp:
         tokenizer: Tokenizer,
         limits: ModelLimits,
         chat_template: ChatTemplate | None,
+        redis_url: str,
     ) -> None:
-        """The OpenAI-compatible HTTP API beside gRPC: the same flow, limits and API keys."""
+        """The OpenAI-compatible HTTP API beside gRPC: the same flow, limits and API keys; the
+        Responses API's stored responses in the prefix index's Redis."""
         from router.http.api import create_app
+        from router.http.response_store import ResponseStore
         from router.http.server import HttpServer
         from router.http.service import OpenAIService
 
@@ -302,11 +306,15 @@ class ServingApp:
             chat_template,
             router.stream_one_token_per_event,
         )
+        response_store = ResponseStore(redis_url, router.response_ttl_s, router.response_max_bytes)
+        self._stack.append(("response store", response_store.aclose))
         for queue in (service.tokenizer.pool, service.cpu):  # admission control counts them
             self.routing.count(queue)
         metrics.track_router_pending(self.routing.pending_stages())
         http = HttpServer(
-            create_app(service, self.server.auth, self._is_ready, self._unready_reason),
+            create_app(
+                service, self.server.auth, self._is_ready, self._unready_reason, response_store
+            ),
             router.http_host,
             router.http_port,
             tls_cert=router.tls_cert,

@@ -132,6 +132,21 @@ class RouterConfig:
         "HTTP streams send every token as its own server-sent event, though a decode worker "
         "sent several at once (what clients timing inter-token latency per event expect)",
     )
+    # /v1/responses keeps each stored response in the prefix index's Redis this long, up to
+    # this size (router/http/response_store.py).
+    response_ttl_s: int = setting(
+        3600,
+        "a stored /v1/responses response (what previous_response_id continues) expires after "
+        "this many seconds",
+        flag="--response-ttl",
+        minimum=1,
+    )
+    response_max_bytes: int = setting(
+        4 << 20,
+        "largest stored /v1/responses conversation in bytes; a request whose conversation "
+        "would be stored larger is refused (400)",
+        minimum=1,
+    )
     policy: str = setting("cost", "", choices=ROUTING_POLICIES)
     disaggregate: str = setting(
         "auto",

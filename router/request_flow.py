@@ -69,11 +69,14 @@ class RequestFlow:
         room_wait_s: float = 2.0,
         on_prefill_done: Callable[[Route, PrefillResult | TokenBatch], None] | None = None,
         on_prompt_computed: Callable[[Route], None] | None = None,
+        on_output_computed: Callable[[Route, list[int]], None] | None = None,
         block_size: int = 0,  # only to report cached blocks as tokens in traces
     ) -> None:
         """`on_prefill_done(route, result)`: the prefill is over (a remote one pushed and
         committed). `on_prompt_computed(route)`: a remote prefill's first answer, before the
-        push (a local one's is `on_prefill_done`)."""
+        push (a local one's is `on_prefill_done`). `on_output_computed(route, token_ids)`: a
+        request of one choice finished there, its decode worker having computed the KV of
+        `token_ids` (prompt and output but the last token)."""
         self._pool = pool
         self._choose_route = choose_route
         self._tokenizer = tokenizer
@@ -82,6 +85,7 @@ class RequestFlow:
         self._room_wait_s = room_wait_s
         self._on_prefill_done = on_prefill_done
         self._on_prompt_computed = on_prompt_computed
+        self._on_output_computed = on_output_computed
         self._block_size = block_size
         # Requests between attempts, waiting for room (admission control counts them).
         self.waiting_for_room = WaitingRequests("waiting for room")
@@ -179,6 +183,8 @@ class RequestFlow:
                 outcome = "ok"
                 units.pop(0)
                 if not units:
+                    if self._on_output_computed and sampling.n == 1:
+                        self._on_output_computed(route, prompt_ids + choices.emitted[0][:-1])
                     return
             except (_NoRoom, AtCapacity) as exc:  # full workers, not broken ones: wait for room
                 outcome, error = "no_room", exc

@@ -226,6 +226,18 @@ class Routing:
             routed.computed(route.routed, stays=route.prefill_worker is None)
             self._load(self.pool.workers[worker_id])
 
+    def on_output_computed(self, route: Route, computed_ids: Sequence[int]) -> None:
+        """A request finished: its decode worker cached the KV of `computed_ids` (its prompt
+        and all but the last output token), which the index shows only once that worker's
+        events arrive. A conversation's next turn, sent at once, starts with them: remembered
+        here, it finds that worker meanwhile."""
+        if route.prefill_worker and not self.decode_caches_received_kv:
+            return  # the prompt's blocks are not cached there, so neither are the output's
+        hashes = block_hashes_of(computed_ids, self.block_size)
+        self.recent.add(route.decode_worker, hashes)
+        if self._approximates():
+            self._predict_held(route.decode_worker, hashes)
+
     def _remember(
         self, decision: RoutingDecision, request: RoutingRequest, hashes: Sequence[int]
     ) -> tuple[float, int]:

@@ -16,4 +16,10 @@
 - `request_body.py` — the caps of one request, strict decoding off the event loop.
 - `connections.py` — per-connection deadlines and the connection cap, accept errors' log.
 - `server.py` — uvicorn on the router's event loop.
+- `disconnects.py` — a request's work cancelled when its client disconnects.
+- `responses.py` — `/v1/responses` (create, retrieve, delete): a Responses body → one chat run.
+- `response_schemas.py` — the Responses request body (pydantic).
+- `response_prompt.py` — input items → chat messages; a continuation's prompt tokens.
+- `response_events.py` — the Response object and the stream's events.
+- `response_store.py` — stored responses in Redis (TTL, size bound).
 """

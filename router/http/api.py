@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP API: FastAPI routes over OpenAIService.
 
-`/v1/completions`, `/v1/chat/completions` (JSON or server-sent events), `/v1/models`; and for
+`/v1/completions`, `/v1/chat/completions` (JSON or server-sent events), `/v1/models`,
+`/v1/responses` (router/http/responses.py) when given the response store; and for
 probes and scrapers `/health` (the process is up), `/ready` (a decode worker can take requests)
 and `/metrics` (the router's Prometheus registry, as on the metrics port). With API keys
 configured the `/v1` routes need `Authorization: Bearer <key>` (the gRPC API's keys); the
@@ -13,12 +14,11 @@ server to it); the document is not served.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
-from typing import Any, TypeVar
+from typing import Any
 
 import prometheus_client
 from fastapi import Depends, FastAPI, Request
@@ -30,15 +30,17 @@ from starlette.requests import ClientDisconnect
 from router.auth import ApiKeyInterceptor
 from router.http.body_limit import BodyLimit
 from router.http.choices import Choice, ResponseShape, to_json, usage
+from router.http.disconnects import ClientGone, until_disconnect
 from router.http.errors import error_body, error_response, status_and_body
 from router.http.request_body import INLINE_BYTES, decode, max_body_bytes, validation_message
+from router.http.response_store import ResponseStore
+from router.http.responses import add_response_routes
 from router.http.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from router.http.service import OpenAIService
 from router.http.translate import wants_logprobs
 from router.request_run import Step
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 _TRACE_HEADERS = ("traceparent", "tracestate")
 _REFUSAL = "missing or invalid API key (header 'Authorization: Bearer <key>')"
 # Every status a generation route answers (router/http/errors.py, body_limit.py, connections.py).
@@ -58,15 +60,12 @@ GENERATION_STATUSES = {
 _CLOSING = {401, 413}
 
 
-class ClientGone(Exception):
-    """The client disconnected before its response was ready."""
-
-
 def create_app(
     service: OpenAIService,
     auth: ApiKeyInterceptor,
     ready: Callable[[], bool] = lambda: True,
     unready_reason: Callable[[], str] = lambda: "no decode worker is up",
+    response_store: ResponseStore | None = None,
 ) -> FastAPI:
     app = FastAPI(title="pdserve", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes(service.limits))
@@ -133,6 +132,8 @@ def create_app(
     async def chat_completions(request: Request) -> Response:
         return await _generate(service, ChatCompletionRequest, request, chat=True)
 
+    if response_store is not None:  # `/v1/responses` keeps its state in the index's Redis
+        add_response_routes(app, service, response_store, authorized)
     return app
 
 
@@ -178,14 +179,14 @@ async def _respond(
     )
     try:
         if not body.stream:
-            await _until_disconnect(request, service.collect(valid, choices, metadata))
+            await until_disconnect(request, service.collect(valid, choices, metadata))
             return JSONResponse(shape.response(choices))
         per_token = bool(body.stream_options and body.stream_options.one_token_per_event)
         steps = service.stream(valid, choices, metadata, per_token)
         try:
             # The first step decides the status: a request refused before its first token
             # (overloaded, no worker) gets its HTTP error, not a 200 with an error event.
-            first = await _until_disconnect(request, anext(steps))
+            first = await until_disconnect(request, anext(steps))
         except BaseException:
             await steps.aclose()
             raise
@@ -234,27 +235,6 @@ async def _events(
 def _sse(data_json: str) -> bytes:
     """One server-sent event carrying `data_json`."""
     return f"data: {data_json}\n\n".encode()
-
-
-async def _until_disconnect(request: Request, work: Awaitable[T]) -> T:
-    """`work`'s result, or ClientGone (with `work` cancelled) if the client disconnects first."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        if not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-        watcher.cancel()
-    if task.cancelled():
-        raise ClientGone()
-    return task.result()
-
-
-async def _disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 def _documented(model: type[SamplingFields]) -> dict:

@@ -1,6 +1,7 @@
 """The README's table of request fields names exactly the fields the HTTP API accepts
-(router/http/schemas.py): a field added to the API without a line in the README, or a README
-line for a field the API does not take, fails here."""
+(router/http/schemas.py; the Responses API's, router/http/response_schemas.py, in a table of
+its own): a field added to the API without a line in the README, or a README line for a field
+the API does not take, fails here."""
 
 from __future__ import annotations
 
@@ -9,16 +10,17 @@ from pathlib import Path
 from types import UnionType
 from typing import Union, get_args, get_origin
 
+from router.http.response_schemas import ResponsesRequest
 from router.http.schemas import ChatCompletionRequest, CompletionRequest
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
-def readme_fields() -> set[str]:
-    """The backquoted names in the first column of the README's `| field | what |` table."""
+def readme_fields(header: str = "field") -> set[str]:
+    """The backquoted names in the first column of the README's `| <header> | what |` table."""
     text = README.read_text()
-    table = re.search(r"^\| field \| what \|\n\|---\|---\|\n((?:\|.*\n)+)", text, re.M)
-    assert table, "README.md has no `| field | what |` table"
+    table = re.search(rf"^\| {header} \| what \|\n\|---\|---\|\n((?:\|.*\n)+)", text, re.M)
+    assert table, f"README.md has no `| {header} | what |` table"
     names = set()
     for row in table.group(1).splitlines():
         first_column = row.split("|")[1]
@@ -59,3 +61,7 @@ def test_the_readme_lists_every_field_the_http_api_accepts() -> None:
 def test_the_readme_lists_no_field_the_http_api_does_not_accept() -> None:
     unknown = readme_fields() - accepted_fields()
     assert not unknown, f"in the README's table but not accepted: {sorted(unknown)}"
+
+
+def test_the_readme_lists_exactly_the_responses_fields() -> None:
+    assert readme_fields("Responses field") == schema_fields(ResponsesRequest)

@@ -86,6 +86,7 @@ async def cluster(
     max_retries: int = 2,
     max_pending_requests: int = 256,
     on_prompt_computed=None,
+    on_output_computed=None,
 ) -> Cluster:
     model = ToyModel(script, VOCAB)
     decoders = {
@@ -114,6 +115,7 @@ async def cluster(
         room_wait_s=room_wait_s,
         on_prefill_done=routing.on_prefill_done,
         on_prompt_computed=on_prompt_computed or routing.on_prompt_computed,
+        on_output_computed=on_output_computed or routing.on_output_computed,
         block_size=BLOCK_SIZE,
     )
     routing.count(flow.waiting_for_room)
@@ -177,6 +179,25 @@ def test_a_retry_continues_after_the_tokens_already_sent(tokenizer, disaggregate
     assert progress.attempts == 2 and progress.decode_worker == "decode-1"
     assert c.decode["decode-1"].aborted == ["req#1"]
     assert c.leaked_blocks() == {}
+
+
+def test_a_finished_request_names_the_tokens_its_last_decode_worker_computed(tokenizer) -> None:
+    # The prompt and the output but its last token (never fed back), on the worker the retry
+    # finished on: what a conversation's next turn finds cached there.
+    computed = []
+
+    async def scenario():
+        c = await cluster(
+            tokenizer,
+            script_after_prompt(LETTERS),
+            on_output_computed=lambda route, ids: computed.append((route.decode_worker, ids)),
+        )
+        c.decode["decode-0"].die_after_tokens = 3
+        await c.generate(greedy(8))
+        await c.pool.stop()
+
+    run(scenario)
+    assert computed == [("decode-1", PROMPT + LETTERS[:-1])]
 
 
 def test_text_held_back_when_the_worker_died_is_sent_after_the_retry(tokenizer) -> None:

@@ -72,6 +72,28 @@ def test_a_local_prefill_credits_its_decode_worker_at_once() -> None:
     assert r.choose(SYSTEM + [2000], 8, set()).cached_blocks == {"decode-0": 16}
 
 
+def test_a_finished_requests_output_blocks_are_credited_to_its_decode_worker() -> None:
+    # A conversation's next turn starts with the previous prompt and output: sent at once, it
+    # must find the worker that computed them before that worker's KV events reach the index.
+    r = routing()
+    prompt = SYSTEM + [1000, 1001, 1002]
+    route = r.choose(prompt, 40, set())
+    r.on_prefill_done(route, done(route, prompt))
+    output = list(range(5000, 5033))  # 33 tokens: the last one's KV is never computed
+    r.on_output_computed(route, prompt + output[:-1])
+    next_turn = prompt + output + [7000] * 20
+    # (259 + 32) // 16 = 18 full blocks computed there; the prefill worker has the prompt's 16.
+    assert r.choose(next_turn, 8, set()).cached_blocks == {"prefill-0": 16, "decode-0": 18}
+
+
+def test_a_decode_worker_that_keeps_no_received_kv_is_not_credited_with_its_output() -> None:
+    r = routing(decode_caches_received_kv=False)
+    prompt = SYSTEM + [1000]
+    route = r.choose(prompt, 40, set())
+    r.on_output_computed(route, prompt + list(range(5000, 5040)))
+    assert r.choose(prompt + list(range(5000, 5041)), 8, set()).cached_blocks == {"prefill-0": 16}
+
+
 def test_only_a_prefill_that_had_its_worker_to_itself_is_a_cost_sample() -> None:
     # Two prompts admitted together share engine steps: each one's prefill_s includes the
     # other's work (its queue_s stays 0), which the cost model would learn as compute.
