@@ -100,6 +100,14 @@ def test_a_tp_that_cannot_work_is_one_line_naming_the_flag(flags, nodes, message
     assert str(error.value).startswith(message)
 
 
+def test_expert_parallel_on_a_model_without_experts_is_refused_naming_the_flag():
+    config = ServeConfig(engine=EngineConfig(num_threads=1), decode_tp=2, expert_parallel=True)
+    with pytest.raises(StartupError) as error:
+        check_tensor_parallel(config, builtin_model_dir(), [_node("decode_pool", 2)])
+    assert str(error.value).startswith("--expert-parallel: ")
+    assert "declares no experts (neither num_experts nor num_local_experts)" in str(error.value)
+
+
 def test_a_tp_that_fits_passes_and_tp_1_is_not_checked():
     config = ServeConfig(engine=EngineConfig(num_threads=1), prefill_tp=2, decode_tp=2)
     check_tensor_parallel(
