@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pdserve.bench.common.spawned_ranks import run_on_ranks
 from pdserve.models.moe import MoeConfig, SparseMoeBlock
 from pdserve.models.tensor_parallel import TensorParallel
-from tests.models.tp_ranks import run_on_ranks
 
 HIDDEN, EXPERTS, UNCHOSEN = 16, 7, 2  # the last UNCHOSEN experts get no token
 TOKEN_COUNTS = (1, 3, 5, 13, 2)

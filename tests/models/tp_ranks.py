@@ -1,28 +1,18 @@
 """Runs the engine as every rank of a tensor-parallel group, one spawned process per rank over
-Gloo on 127.0.0.1 (what a TP worker's rank actors do, without Ray): each rank serves the same
-requests on its shard; each writes what it sampled and its logits to a file."""
+Gloo on 127.0.0.1 (what a TP worker's rank actors do, without Ray; spawned_ranks.py): each rank
+serves the same requests on its shard; each writes what it sampled and its logits to a file."""
 
 from __future__ import annotations
 
-import socket
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from pdserve.bench.common.spawned_ranks import free_port, run_on_ranks  # noqa: F401 (free_port: tp_leader_ranks)
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.engine.engine import LLMEngine
 from pdserve.engine_config import EngineConfig
 from pdserve.models.tensor_parallel import TensorParallel
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def serve(
@@ -48,36 +38,6 @@ def serve(
     engine.runner.run = recording
     outputs = engine.generate(prompts, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
     return outputs, seen
-
-
-def _in_group(rank: int, size: int, port: int, work: Callable, args: tuple) -> None:
-    torch.set_num_threads(1)  # N processes share the machine's cores
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size
-    )
-    try:
-        work(rank, size, *args)
-    finally:
-        dist.destroy_process_group()
-
-
-def run_on_ranks(size: int, work: Callable, args: tuple, timeout_s: float = 300) -> None:
-    """work(rank, size, *args) in one spawned process per rank, all in one Gloo group (`work`
-    importable by module path); raises when a rank raised. Ranks that disagree on a collective
-    would wait forever: past `timeout_s` they are killed."""
-    context = mp.start_processes(
-        _in_group,
-        args=(size, free_port(), work, args),
-        nprocs=size,
-        start_method="spawn",
-        join=False,
-    )
-    deadline = time.monotonic() + timeout_s
-    while not context.join(timeout=1):  # raises when a rank failed
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            raise TimeoutError(f"{size} tensor-parallel ranks still running after {timeout_s} s")
 
 
 def _serve_rank(
