@@ -52,15 +52,25 @@ def test_expert_parallel_ranks_match_transformers(models, size, dispatch, tmp_pa
             assert by_rank[rank][2 * i + 1][0] == batch_run[0]
 
 
-def test_ranks_hold_disjoint_experts_that_make_up_the_whole(models):
+@pytest.mark.parametrize("expert_parallel", [False, True])
+def test_ranks_hold_disjoint_experts_that_make_up_the_whole(models, expert_parallel):
+    """The shared expert on rank 0 (added once by the all-reduce), or under --expert-parallel
+    whole on every rank (each runs it on its own share of the tokens)."""
     directory = models["qwen2-moe-shared"][0]
     whole = load_model(directory)[0].layers[0].mlp
     held = []
     for rank in range(2):
-        mlp = load_model(directory, tp=TensorParallel(rank, 2))[0].layers[0].mlp
+        tp = TensorParallel(rank, 2, expert_parallel=expert_parallel)
+        mlp = load_model(directory, tp=tp)[0].layers[0].mlp
         first = mlp.first_expert
         count = mlp.experts.gate_up_proj.shape[0]
-        assert (mlp.shared_expert is not None) == (rank == 0)
+        assert (mlp.shared_expert is not None) == (rank == 0 or expert_parallel)
+        if mlp.shared_expert is not None:
+            for mine, reference in zip(
+                mlp.shared_expert.parameters(), whole.shared_expert.parameters(), strict=True
+            ):
+                assert mine.equal(reference)
+            assert mlp.shared_expert_gate.weight.equal(whole.shared_expert_gate.weight)
         assert mlp.experts.gate_up_proj.equal(whole.experts.gate_up_proj[first : first + count])
         assert mlp.experts.down_proj.equal(whole.experts.down_proj[first : first + count])
         held += range(first, first + count)
