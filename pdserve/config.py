@@ -308,7 +308,7 @@ class ServeConfig:
     # parallelism"): each takes --gpus-per-worker / --cpus-per-worker of its own.
     prefill_tp: int = setting(1, "tensor-parallel ranks of each prefill worker", minimum=1)
     decode_tp: int = setting(1, "tensor-parallel ranks of each decode worker", minimum=1)
-    # docs/design.md, "Engine: expert parallelism": without it a TP worker's MoE layers run
+    # docs/design.md, "Engine: mixture of experts": without it a TP worker's MoE layers run
     # each rank's experts on every token and all-reduce.
     expert_parallel: bool = setting(
         False,

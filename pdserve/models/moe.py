@@ -132,7 +132,8 @@ def _grouped_linear(x: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor) -
 class SparseMoeBlock(nn.Module):
     """The MoE MLP of one decoder layer. `shared_expert`: Qwen2-MoE's dense MLP every token
     also goes through (with its sigmoid gate); None for Qwen3-MoE and Mixtral, and on ranks
-    other than 0 unless expert-parallel (where every rank runs it on its share of the tokens). `tp`: this rank holds the experts [first_expert, end_expert) only."""
+    other than 0 unless expert-parallel (every rank then runs it on its share of the tokens).
+    `tp`: this rank holds the experts [first_expert, end_expert) only."""
 
     def __init__(
         self,
