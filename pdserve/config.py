@@ -323,11 +323,25 @@ class ServeConfig:
     # parallelism"): each takes --gpus-per-worker / --cpus-per-worker of its own.
     prefill_tp: int = setting(1, "tensor-parallel ranks of each prefill worker", minimum=1)
     decode_tp: int = setting(1, "tensor-parallel ranks of each decode worker", minimum=1)
+    # docs/design.md, "Engine: mixture of experts": without it a TP worker's MoE layers run
+    # each rank's experts on every token and all-reduce.
+    expert_parallel: bool = setting(
+        False,
+        "MoE models on TP workers (--prefill-tp/--decode-tp > 1): each rank routes 1/N of a "
+        "step's tokens and sends them to their experts' ranks with all_to_all",
+    )
 
     def __post_init__(self) -> None:
         check_fields(self)
         if self.metrics_tls and not self.router.tls_cert:
             raise ConfigError("ServeConfig", "metrics_tls", "needs --tls-cert and --tls-key")
+        if self.expert_parallel and self.prefill_tp == self.decode_tp == 1:
+            raise ConfigError(
+                "ServeConfig",
+                "expert_parallel",
+                "needs --prefill-tp or --decode-tp above 1 (both are 1): it spreads a "
+                "worker's experts over its tensor-parallel ranks",
+            )
         for role in ("prefill", "decode"):
             if self.engine_for(role).kind == "sim" and self.kv.transport != "grpc":
                 name = f"{role}_engine" if getattr(self, f"{role}_engine") else "engine"
@@ -364,6 +378,8 @@ class ServeConfig:
         """The engine config of the workers of `role` ("prefill" or "decode")."""
         kind = getattr(self, f"{role}_engine") or self.engine.kind
         tp = getattr(self, f"{role}_tp")
-        if (kind, tp) == (self.engine.kind, self.engine.tp):
-            return self.engine
-        return dataclasses.replace(self.engine, kind=kind, tp=tp)
+        expert_parallel = self.expert_parallel and tp > 1
+        engine = self.engine
+        if (kind, tp, expert_parallel) == (engine.kind, engine.tp, engine.expert_parallel):
+            return engine
+        return dataclasses.replace(engine, kind=kind, tp=tp, expert_parallel=expert_parallel)

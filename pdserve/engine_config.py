@@ -195,6 +195,11 @@ class EngineConfig:
     # --prefill-tp / --decode-tp); each rank holds 1/tp of the layers and a KV pool of its own
     # heads, sized per rank (model_limits.kv_bytes_per_block).
     tp: int = setting(1, "tensor-parallel ranks of one worker", minimum=1, cli=False)
+    # pdserve serve's --expert-parallel: the MoE layers of a TP worker dispatch tokens to their
+    # experts' ranks with all_to_all (pdserve/models/expert_dispatch.py).
+    expert_parallel: bool = setting(
+        False, "dispatch MoE tokens to experts' ranks with all_to_all", cli=False
+    )
     kind: str = setting(
         "torch",
         "what runs the model: torch, or sim (a timing model, no torch; docs/simulation.md)",

@@ -137,6 +137,18 @@ def test_tp_flags_give_each_pool_its_engine_tp():
         parse("--kv-transport", "nixl", "--decode-tp", "2")
 
 
+def test_expert_parallel_reaches_the_tp_pools_only_and_needs_one():
+    config = parse("--expert-parallel", "--decode-tp", "2")
+    assert config.engine_for("decode").expert_parallel
+    assert not config.engine_for("prefill").expert_parallel  # TP 1: nothing to spread
+    assert not parse("--decode-tp", "2").engine_for("decode").expert_parallel  # the default
+    with pytest.raises(CommandError) as error:
+        parse("--expert-parallel")
+    assert str(error.value).startswith(
+        "--expert-parallel: needs --prefill-tp or --decode-tp above 1 (both are 1)"
+    )
+
+
 def test_the_dataclasses_check_values_set_in_code():
     with pytest.raises(ConfigError, match=r"^EngineConfig\.block_size: must be at least 1"):
         EngineConfig(block_size=0)

@@ -18,6 +18,10 @@ GROUPS: dict[str, dict[str, tuple[str, str]]] = {
             "pdserve.bench.engine.mixed_engine_bench",
             "requests/s on mixed lengths: continuous batching vs transformers' static batches",
         ),
+        "moe-tp": (
+            "pdserve.bench.engine.expert_parallel_bench",
+            "an MoE model on TP ranks: experts all-reduced vs --expert-parallel's all_to_all",
+        ),
     },
     "decoding": {
         "spec": (

@@ -4,6 +4,8 @@
   Qwen2-MoE, Qwen3-MoE, Mixtral).
 - `moe.py` — the mixture-of-experts MLP: softmax top-k routing, experts run grouped by expert
   (sorted pairs, one grouped GEMM), Qwen2-MoE's gated shared expert.
+- `expert_dispatch.py` — `--expert-parallel`: an MoE layer's tokens sent to their experts' ranks
+  and back with all_to_all, combined on their home rank, all-gathered.
 - `tp_layout.py` — which slice of each weight a tensor-parallel rank holds (Megatron's layout).
 - `tensor_parallel.py` — `TensorParallel` (a rank of a torch.distributed group) and the layers
   that communicate: row-parallel linear (all-reduce), vocab-parallel embedding and LM head.

@@ -196,7 +196,9 @@ def _mlp(config: LlamaConfig, index: int, tp: TensorParallel | None) -> nn.Modul
     act = ACTIVATIONS[config.hidden_act]
     shared = None
     # The shared expert whole on rank 0 only: the all-reduce of the experts' sum adds it once.
-    if moe.shared_expert_intermediate_size and (tp is None or tp.rank == 0):
+    # Expert-parallel ranks each run it on their own share of the tokens: every rank holds it.
+    holds_shared = tp is None or tp.rank == 0 or tp.expert_parallel
+    if moe.shared_expert_intermediate_size and holds_shared:
         shared = MLP(replace(config, intermediate_size=moe.shared_expert_intermediate_size))
     return SparseMoeBlock(config.hidden_size, moe, act, shared, tp)
 

@@ -152,9 +152,12 @@ def _state_dict(
     missing: list[str] = []
     unused = {n for n in checkpoint.names() if not n.endswith(_DERIVED_SUFFIXES)}
     if model.tp is not None and model.tp.rank > 0:
-        # Row-parallel biases and the shared expert live on rank 0 (tensor_parallel.py,
-        # tp_layout.py); rank 0 checks them.
-        unused = {n for n in unused if not n.endswith(_RANK_0_ONLY) and _SHARED not in n}
+        # Row-parallel biases and the shared expert (but for expert parallelism) live on rank 0
+        # (tensor_parallel.py, tp_layout.py); rank 0 checks them.
+        shared_here = model.tp.expert_parallel
+        unused = {
+            n for n in unused if not n.endswith(_RANK_0_ONLY) and (shared_here or _SHARED not in n)
+        }
     if model.tp is not None:  # other ranks' experts: they check them
         first, end = checkpoint.layout.experts
         unused = {n for n in unused if not _expert_outside(n, first, end)}

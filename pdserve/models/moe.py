@@ -11,10 +11,12 @@ once (torch._grouped_mm on CPU: one call for all experts; elsewhere one matmul p
 some token chose). Experts no token chose cost nothing. The weighted outputs are scatter-added
 back to their tokens.
 
-Under tensor parallelism the layer is expert-parallel (tp_layout.py): every rank holds the
-router and routes every token alike, runs only the pairs of its own experts, and the all-reduce
-sums the ranks' partial outputs (the tokens are already on every rank, so this all-reduce is the
-combine, and no dispatch is needed).
+Under tensor parallelism each rank holds disjoint experts (tp_layout.py) and the router, and by
+default every rank routes every token alike, runs only the pairs of its own experts, and the
+all-reduce sums the ranks' partial outputs (the tokens are already on every rank, so this
+all-reduce is the combine, and no dispatch is needed). With --expert-parallel
+(TensorParallel.expert_parallel) each rank instead routes its share of the tokens and sends the
+pairs to their experts' ranks with all_to_all (expert_dispatch.py).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from torch import nn
 
 from pdserve.models import linear_kernels
 from pdserve.models.cpu_features import cpu_features
+from pdserve.models.expert_dispatch import dispatched_forward
 from pdserve.models.linear import Linear
 from pdserve.models.linear_kernels import ONEDNN, pack
 from pdserve.models.tensor_parallel import TensorParallel
@@ -129,7 +132,8 @@ def _grouped_linear(x: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor) -
 class SparseMoeBlock(nn.Module):
     """The MoE MLP of one decoder layer. `shared_expert`: Qwen2-MoE's dense MLP every token
     also goes through (with its sigmoid gate); None for Qwen3-MoE and Mixtral, and on ranks
-    other than 0. `tp`: this rank holds the experts [first_expert, end_expert) only."""
+    other than 0 unless expert-parallel (every rank then runs it on its share of the tokens).
+    `tp`: this rank holds the experts [first_expert, end_expert) only."""
 
     def __init__(
         self,
@@ -166,6 +170,8 @@ class SparseMoeBlock(nn.Module):
         return experts, weights.to(x.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
+        if self.tp is not None and self.tp.expert_parallel:
+            return dispatched_forward(self, x)
         experts, weights = self.route(x)
         pairs, weights = experts.flatten(), weights.flatten()  # [T * k], token-major
         self.routed_tokens += torch.bincount(pairs, minlength=self.gate.out_features)

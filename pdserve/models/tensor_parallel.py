@@ -33,6 +33,10 @@ class TensorParallel:
     # device is "cuda" of its own view, and the placement group, not this process's device
     # count, guarantees a device per rank.
     own_device: bool = False
+    # Mixture-of-experts layers dispatch each rank's share of the tokens to the experts' ranks
+    # with all_to_all (--expert-parallel; expert_dispatch.py) instead of every rank running its
+    # experts on every token and all-reducing.
+    expert_parallel: bool = False
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """The sum over ranks, in place (x: contiguous)."""
@@ -45,6 +49,23 @@ class TensorParallel:
         parts = [torch.empty_like(x) for _ in range(self.size)]
         dist.all_gather(parts, x, group=self.group)
         return torch.cat(parts, dim=-1)
+
+    def all_gather_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """The ranks' x (each the same shape) stacked along the first dimension, in rank
+        order: [size * rows, ...]."""
+        x = x.contiguous()
+        whole = x.new_empty(self.size * x.shape[0], *x.shape[1:])
+        dist.all_gather(list(whole.tensor_split(self.size)), x, group=self.group)
+        return whole
+
+    def all_to_all_rows(
+        self, x: torch.Tensor, send_rows: list[int], receive_rows: list[int]
+    ) -> torch.Tensor:
+        """Rows send_rows[r] of x (consecutive, in rank order) go to rank r; returns the rows
+        received, receive_rows[r] from rank r, in rank order."""
+        out = x.new_empty(sum(receive_rows), *x.shape[1:])
+        dist.all_to_all_single(out, x.contiguous(), receive_rows, send_rows, group=self.group)
+        return out
 
 
 class RowParallelLinear(Linear):

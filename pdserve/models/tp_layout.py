@@ -12,7 +12,8 @@
 - Mixture-of-experts layers are expert-parallel: rank r holds the routed experts
   [r * E // N, (r + 1) * E // N) whole (contiguous, sizes differing by one at most) and the
   router replicated; each rank runs its experts' (token, expert) pairs and the all-reduce sums
-  the ranks' outputs. Qwen2-MoE's shared expert lives on rank 0 only (added once by the sum).
+  the ranks' outputs. Qwen2-MoE's shared expert lives on rank 0 only (added once by the sum);
+  under --expert-parallel (expert_dispatch.py) every rank holds it, for its share of tokens.
 
 Pure arithmetic on head and row counts, free of torch; which degrees it can split is
 `pdserve.core.model_limits.tensor_parallel_error`, the rule the configuration checks share.

@@ -44,7 +44,9 @@ def _join(spec: WorkerSpec, store: dist.Store, rank: int) -> TensorParallel:
     backend = "nccl" if spec.engine.device.startswith("cuda") else "gloo"
     dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=IDLE_FOREVER)
     # On CUDA each rank actor sees only the GPU(s) Ray gave it (--gpus-per-worker per rank).
-    return TensorParallel(rank, size, own_device=backend == "nccl")
+    return TensorParallel(
+        rank, size, own_device=backend == "nccl", expert_parallel=spec.engine.expert_parallel
+    )
 
 
 def _executor(spec: WorkerSpec, tp: TensorParallel) -> TorchExecutor:

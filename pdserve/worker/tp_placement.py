@@ -1,6 +1,6 @@
 """Checks, before any actor starts, that each pool's tensor-parallel degree can work: the model
-splits that way, and some node can hold a whole worker (its ranks share one node: STRICT_PACK).
-Each failure is one line naming the flag and the numbers (a placement group that no node can
+splits that way (and has experts, under --expert-parallel), and some node can hold a whole
+worker (its ranks share one node: STRICT_PACK). Each failure is one line naming the flag and the numbers (a placement group that no node can
 hold would otherwise wait forever). No torch: the router process runs these."""
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from pdserve.config import ServeConfig
 from pdserve.core import model_limits
 from pdserve.startup_checks import StartupError
 
+_EXPERT_COUNTS = ("num_experts", "num_local_experts")  # config.json keys of MoE models
+
 
 def check_tensor_parallel(
     config: ServeConfig, model_dir: Path, nodes: list[dict[str, Any]]
@@ -20,6 +22,11 @@ def check_tensor_parallel(
     """StartupError naming the flag when a pool's TP cannot split the model of `model_dir` or
     no alive node of `nodes` (ray.nodes()) can hold one of its workers."""
     hf_config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    if config.expert_parallel and not any(k in hf_config for k in _EXPERT_COUNTS):
+        raise StartupError(
+            f"--expert-parallel: {model_dir / 'config.json'} declares no experts (neither "
+            "num_experts nor num_local_experts): expert parallelism is for MoE models"
+        )
     for role in ("prefill", "decode"):
         tp = config.engine_for(role).tp
         workers = config.prefill_workers if role == "prefill" else config.decode_workers

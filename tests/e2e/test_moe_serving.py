@@ -64,3 +64,31 @@ def test_qwen3_moe_served_prefill_to_decode_gives_transformers_tokens(
             for e in range(5)
         ]
         assert sum(exported) > 0, worker
+
+
+@pytest.mark.parametrize("expert_parallel", [False, True], ids=["all-reduce", "all_to_all"])
+def test_qwen3_moe_on_tp2_workers_gives_transformers_tokens(
+    ray_cluster, qwen3_moe, expert_parallel
+):
+    """Prefill and decode workers of TP 2 each (P->D over gRPC), with each rank's experts run
+    on every token and all-reduced (the default) or --expert-parallel's all_to_all dispatch.
+    Each worker counts every computed token's routings once, not once per rank."""
+    import ray
+
+    from pdserve.app import BackgroundApp
+
+    directory, hf = qwen3_moe
+    config = serve_config("grpc", prefill_workers=1, decode_workers=1, prefill_tp=2, decode_tp=2)
+    config.engine = dataclasses.replace(config.engine, model=str(directory))
+    config.expert_parallel = expert_parallel
+    prompts = [[40, 41, 42, 43, 44], [(5 * i) % (VOCAB - 10) + 5 for i in range(13)], [9]]
+    expected = hf_greedy(hf, prompts, 6)
+    with BackgroundApp(config) as served, grpc.insecure_channel(f"127.0.0.1:{served.port}") as ch:
+        stub = generate_pb2_grpc.GenerationStub(ch)
+        answers = [collect(stub, request(prompt, 6)) for prompt in prompts]
+        stats = [ray.get(w.actor.stats.remote()) for w in served.app.pool.workers.values()]
+    assert [tokens for tokens, _ in answers] == expected
+    assert all(responses[-1].timings.disaggregated for _, responses in answers)
+    for s in stats:  # 2 sparse layers x top-2 per token the worker computed
+        computed = s.prefill_tokens + s.decode_tokens
+        assert computed > 0 and sum(s.expert_tokens) == 4 * computed, s.worker_id

@@ -17,6 +17,7 @@ from tests.helm.chart_views import (
     merged,
     raycluster,
     rendered,
+    router_argv,
     serve_argv,
 )
 from tests.helm.render import (
@@ -117,6 +118,13 @@ def test_gpu_pools_example_requests_gpus_on_gpu_nodes():
     assert "--prefill-tp" not in argv  # TP 1: the default, no flag
     assert flag(argv, "--kv-transport") == "collective"
     assert flag(argv, "--model") == "/models/Llama-3.1-8B-Instruct"
+
+
+def test_expert_parallel_value_passes_the_flag_and_is_off_by_default():
+    argv = router_argv(render({"model": {"expertParallel": True}, "decode": {"tp": 2}}))
+    assert "--expert-parallel" in argv
+    assert flag(argv, "--decode-tp") == "2"
+    assert "--expert-parallel" not in router_argv(render({}))
 
 
 @pytest.mark.parametrize("case", CASES)

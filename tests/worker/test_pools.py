@@ -12,7 +12,7 @@ from pdserve.config import KVTransferConfig, ServeConfig, WorkerConfig
 from pdserve.engine_config import EngineConfig
 from pdserve.models.builtin import builtin_model_dir
 from pdserve.startup_checks import StartupError
-from pdserve.worker.pools import create_workers, forwarded_env
+from pdserve.worker.pools import create_workers, forwarded_env, worker_spec
 from pdserve.worker.tp_placement import check_tensor_parallel
 
 
@@ -98,6 +98,21 @@ def test_a_tp_that_cannot_work_is_one_line_naming_the_flag(flags, nodes, message
     with pytest.raises(StartupError) as error:
         check_tensor_parallel(config, builtin_model_dir(), nodes)
     assert str(error.value).startswith(message)
+
+
+def test_expert_parallel_on_a_model_without_experts_is_refused_naming_the_flag():
+    config = ServeConfig(engine=EngineConfig(num_threads=1), decode_tp=2, expert_parallel=True)
+    with pytest.raises(StartupError) as error:
+        check_tensor_parallel(config, builtin_model_dir(), [_node("decode_pool", 2)])
+    assert str(error.value).startswith("--expert-parallel: ")
+    assert "declares no experts (neither num_experts nor num_local_experts)" in str(error.value)
+
+
+def test_expert_parallel_reaches_the_specs_of_the_tp_pools():
+    """What each worker (and its rank actors: rank_group.py) is started with."""
+    config = ServeConfig(prefill_tp=2, expert_parallel=True)
+    assert worker_spec(config, None, 0, "prefill").engine.expert_parallel
+    assert not worker_spec(config, None, 1, "decode").engine.expert_parallel  # TP 1
 
 
 def test_a_tp_that_fits_passes_and_tp_1_is_not_checked():

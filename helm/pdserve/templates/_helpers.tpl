@@ -378,6 +378,9 @@ involved. The Redis URL comes from the env (PDSERVE_REDIS_URL), never from argv.
 - --decode-tp
 - {{ $v.decode.tp | toString | quote }}
 {{- end }}
+{{- if $v.model.expertParallel }}
+- --expert-parallel
+{{- end }}
 - --kv-transport
 - {{ $v.kvTransfer.transport }}
 {{- with $v.kvTransfer.nixlUcxTls }}

@@ -4,6 +4,8 @@
   sim timing profile.
 - `mixed_engine_bench.py` — `bench engine-mixed`: requests/s on ShareGPT-like mixed lengths,
   continuous batching vs transformers' `generate` in static batches.
+- `expert_parallel_bench.py` — `bench moe-tp`: an MoE model on TP ranks, its experts run on
+  every token and all-reduced vs `--expert-parallel`'s all_to_all dispatch.
 - `op_profile.py` — torch.profiler self time per op as shares of a step's wall time, and the
   share outside weight matmuls (`bench engine --op-profile`).
 - `step_phases.py` — a decode step's wall time by the engine's phases (`bench engine
