@@ -4,6 +4,7 @@ brought back costs its step exactly what its modelled link says (pdserve/sim/kv_
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -97,3 +98,26 @@ def test_a_tier_hit_costs_its_step_the_transfer_on_its_link(tiered) -> None:
     # What the worker reports and the router prices a hit at: the links' bandwidths.
     assert stats["host_copy_bytes_per_s"] == 50 * GB
     assert stats["disk_read_bytes_per_s"] == int(per_block / disk_block)
+
+
+def test_bench_sim_kv_tiers_brings_evicted_turns_back_instead_of_recomputing(tmp_path) -> None:
+    from pdserve.bench.planner_validation import kv_tiers_offline
+    from tests.bench.cli_args import bench_args
+
+    out = tmp_path / "tiers.json"
+    args = bench_args(
+        kv_tiers_offline, workers=2, rates_per_worker="2", conversations_per_worker=12,
+        turns=3, system_prompt_len=256, user_len=128, output_len=16, json=out,
+    )  # fmt: skip
+    assert kv_tiers_offline.run(args) == 0
+    document = json.loads(out.read_text())
+    ways = {p["way"]: p for p in document["points"]}
+    without, host, disk = ways["without"], ways["host"], ways["disk"]
+    assert without["host_restored_blocks"] == without["disk_restored_blocks"] == 0
+    # Without a tier, each later turn recomputes its conversation; with one, it is brought back.
+    assert without["computed_vs_minimum"] > 1.5
+    assert host["computed_vs_minimum"] < 1.2 and host["host_restored_blocks"] > 0
+    assert disk["computed_vs_minimum"] < 1.2 and disk["disk_restored_blocks"] > 0
+    # A block over PCIe costs less than computing it again, so turns start sooner.
+    assert host["ttft_p50_ms"] < without["ttft_p50_ms"]
+    assert len(document["ratios"]) == 2 and set(document["goodput_req_s"]) == set(ways)
