@@ -39,6 +39,7 @@ WAYS = ("without", "host", "disk")
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="llama-3.1-8b", help="a shape (pdserve/sim/shapes.py)")
     p.add_argument("--gpu", default="h100", help="the virtual GPU (analytical profile)")
+    p.add_argument("--tp", type=int, default=1, help="GPUs per worker (tensor parallel)")
     p.add_argument("--workers", type=int, default=16)
     p.add_argument("--rates-per-worker", default="1,2,3,4", help="simulated req/s, swept")
     p.add_argument("--ways", default=",".join(WAYS), help="of without,host,disk (without first)")
@@ -47,9 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host-pools", type=float, default=4.0, help="host way: its host tier")
     p.add_argument("--disk-host-pools", type=float, default=0.5, help="disk way: its host tier")
     p.add_argument("--disk-pools", type=float, default=8.0, help="disk way: its disk tier")
-    p.add_argument("--host-link-gbs", type=float, default=50.0, help="PCIe 5 x16, pinned H2D")
+    p.add_argument("--host-link-gbs", type=float, default=50.0, help="per GPU: PCIe 5 x16, H2D")
     p.add_argument("--host-link-latency-us", type=float, default=10.0, help="per block copied")
-    p.add_argument("--disk-read-gbs", type=float, default=6.0, help="one NVMe drive")
+    p.add_argument("--disk-read-gbs", type=float, default=6.0, help="per GPU: one NVMe drive")
     p.add_argument("--disk-read-latency-us", type=float, default=100.0, help="per block read")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-num-seqs", type=int, default=256)
@@ -107,9 +108,9 @@ def run(args: argparse.Namespace) -> int:
         return bench_error(f"a device pool of {pool} blocks is under 2 of the longest request's "
                            f"{longest}: raise --conversations-per-worker", 2)  # fmt: skip
     console.print(
-        f"[bold]{args.workers} sim {args.gpu.upper()} workers, {args.model}[/bold]: "
+        f"[bold]{args.workers} sim {args.gpu.upper()} workers (TP {args.tp}), {args.model}[/bold]: "
         f"{len(requests)} requests, device pool {pool} blocks each (working set "
-        f"{args.working_set_ratio:g}x); host link {args.host_link_gbs:g} GB/s + "
+        f"{args.working_set_ratio:g}x); per GPU: host link {args.host_link_gbs:g} GB/s + "
         f"{args.host_link_latency_us:g} us a block, disk {args.disk_read_gbs:g} GB/s + "
         f"{args.disk_read_latency_us:g} us a block"
     )
@@ -149,7 +150,7 @@ def chat_requests(args: argparse.Namespace):
     from pdserve.planner.deployment import Deployment
     from pdserve.workloads.datasets import DatasetConfig, generate_requests
 
-    model = Deployment(args.model, gpu=args.gpu, num_kv_blocks=1)
+    model = Deployment(args.model, gpu=args.gpu, tp=args.tp, num_kv_blocks=1)
     config = DatasetConfig(
         name="multi-turn",
         mt_conversations=args.conversations_per_worker * args.workers,
@@ -180,6 +181,7 @@ def tiered_deployment(args: argparse.Namespace, pool: int, way: str):
     plain = Deployment(
         args.model,
         gpu=args.gpu,
+        tp=args.tp,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         block_size=args.block_size,
@@ -190,11 +192,13 @@ def tiered_deployment(args: argparse.Namespace, pool: int, way: str):
     host_pools, disk_pools = (args.host_pools, 0.0) if way == "host" else (
         args.disk_host_pools, args.disk_pools)  # fmt: skip
     pool_gib = pool * plain.new_engine()[0].bytes_per_block / 2**30
+    # The links are per GPU: each rank of a TP worker moves its own heads' slice over its own
+    # PCIe link and reads it from its own drive (a DGX H100 has one NVMe drive per GPU).
     sim = dataclasses.replace(
         plain.engine_config.sim,
-        host_link_gbs=args.host_link_gbs,
+        host_link_gbs=args.host_link_gbs * args.tp,
         host_link_latency_us=args.host_link_latency_us,
-        disk_read_gbs=args.disk_read_gbs,
+        disk_read_gbs=args.disk_read_gbs * args.tp,
         disk_read_latency_us=args.disk_read_latency_us,
     )
     return plain.with_engine(
