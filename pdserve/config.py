@@ -346,13 +346,6 @@ class ServeConfig:
             if self.engine_for(role).kind == "sim" and self.kv.transport != "grpc":
                 name = f"{role}_engine" if getattr(self, f"{role}_engine") else "engine"
                 raise ConfigError("ServeConfig", name, "simulated workers need --kv-transport grpc")
-            if self.engine_for(role).kind == "sim" and self.engine.kv_offload_gb:
-                name = f"{role}_engine" if getattr(self, f"{role}_engine") else "engine"
-                raise ConfigError(
-                    "ServeConfig",
-                    name,
-                    "simulated workers hold no KV bytes: --kv-offload-gb needs the torch engine",
-                )
             if self.engine.kv_offload_gb and getattr(self, f"{role}_tp") > 1:
                 # Rank 0 alone would copy its heads' blocks: the other ranks' caches would not.
                 raise ConfigError(

@@ -42,6 +42,23 @@ class SimConfig:
         flag="--sim-link-gbps",
         above=0,
     )
+    # The links of the sim host and disk tiers (--kv-offload-gb, --kv-disk-gb; the defaults'
+    # sources: pdserve/sim/kv_tiers.py).
+    host_link_gbs: float = setting(
+        50.0, "host-to-device bandwidth of the modelled host tier, GB/s", flag="--sim-host-link-gbs",
+        above=0,
+    )  # fmt: skip
+    host_link_latency_us: float = setting(
+        10.0, "cost of each block copied back from the modelled host tier, microseconds",
+        flag="--sim-host-link-latency-us", minimum=0,
+    )  # fmt: skip
+    disk_read_gbs: float = setting(
+        6.0, "read bandwidth of the modelled disk tier, GB/s", flag="--sim-disk-read-gbs", above=0
+    )
+    disk_read_latency_us: float = setting(
+        100.0, "cost of each block read from the modelled disk tier, microseconds",
+        flag="--sim-disk-read-latency-us", minimum=0,
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -142,7 +159,8 @@ class EngineConfig:
     kv_offload_gb: float = setting(
         0.0,
         "host memory (GiB) that keeps the prefix-cache blocks evicted from the KV pool, to be "
-        "copied back instead of recomputed (pinned on CUDA); 0 = off (torch engine only)",
+        "copied back instead of recomputed (pinned on CUDA); 0 = off (torch engine without "
+        "tensor parallelism, or sim: a modelled tier, --sim-host-link-gbs)",
         minimum=0,
     )
     kv_disk_dir: str | None = setting(
@@ -215,7 +233,7 @@ class EngineConfig:
             raise ConfigError(
                 "EngineConfig", "device", f"must be cpu, cuda or cuda:N, got {self.device!r}"
             )
-        if self.kv_disk_gb and not self.kv_disk_dir:
+        if self.kv_disk_gb and not self.kv_disk_dir and self.kind != "sim":  # sim: no files
             raise ConfigError("EngineConfig", "kv_disk_gb", "needs --kv-disk-dir DIR")
         if self.kv_disk_gb and not self.kv_offload_gb:
             # Blocks reach the disk through the host tier (engine/host_tier.py).

@@ -103,10 +103,6 @@ def test_flags_reach_every_config_with_units_and_negations():
         (["--max-retries", "-1"], "--max-retries: must be at least 0, got -1"),
         (["--kv-offload-gb", "-1"], "--kv-offload-gb: must be at least 0, got -1.0"),
         (
-            ["--kv-offload-gb", "4", "--decode-engine", "sim"],
-            "--decode-engine: simulated workers hold no KV bytes",
-        ),
-        (
             ["--kv-offload-gb", "4", "--prefill-tp", "2"],
             "--prefill-tp: --kv-offload-gb is not supported yet under TP",
         ),
@@ -187,3 +183,12 @@ def test_unusable_secret_inputs_are_one_line_errors(argv, message, tmp_path):
     (tmp_path / "empty").write_text("\n")
     with pytest.raises(CommandError, match=message):
         parse(*(a.format(tmp=tmp_path) for a in argv))
+
+
+def test_sim_workers_take_kv_tiers_without_a_directory():
+    # A sim worker's tiers hold no bytes (pdserve/sim/kv_tiers.py): the disk tier writes no files.
+    config = parse("--engine", "sim", "--kv-offload-gb", "4", "--kv-disk-gb", "8")
+    assert (config.engine.kv_offload_gb, config.engine.kv_disk_gb) == (4.0, 8.0)
+    assert config.engine.kv_disk_dir is None
+    with pytest.raises(CommandError, match="--kv-disk-gb: needs --kv-disk-dir DIR"):
+        parse("--kv-offload-gb", "4", "--kv-disk-gb", "8")  # the torch engine's does

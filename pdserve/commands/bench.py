@@ -85,6 +85,10 @@ GROUPS: dict[str, dict[str, tuple[str, str]]] = {
             "pdserve.bench.planner_validation.routing_offline",
             "the same on the planner's virtual cluster: no Ray, any size in seconds",
         ),
+        "sim-kv-tiers": (
+            "pdserve.bench.planner_validation.kv_tiers_offline",
+            "kv-tiers' chat on 16 virtual H100s: host (PCIe 5) and disk (NVMe) tiers vs none",
+        ),
         "plan-validate": (
             "pdserve.bench.planner_validation.plan_validate_bench",
             "planner vs live sim cluster",

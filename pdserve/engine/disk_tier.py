@@ -41,9 +41,17 @@ class BlockFiles(Protocol):
 
 
 class DiskTier:
-    def __init__(self, files: BlockFiles, num_slots: int, staging: BlockBytes) -> None:
-        """`staging`: one block's bytes in host memory (pinned on CUDA), shaped as a host slot."""
+    def __init__(
+        self,
+        files: BlockFiles,
+        num_slots: int,
+        staging: BlockBytes,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        """`staging`: one block's bytes in host memory (pinned on CUDA), shaped as a host slot.
+        `clock`: what reads are timed by (a sim worker's modelled transfer time)."""
         self.files = files
+        self._clock = clock
         self.index = TierIndex(num_slots)
         self._staging = staging
         self.num_written = 0  # blocks stored here since start
@@ -78,11 +86,11 @@ class DiskTier:
         """Reads the block and hands its bytes to `load` (which copies them to the device), and
         takes it out of this tier; when the file fails its checks, drops it and its descendants
         here instead and returns their removal events (empty on success)."""
-        started = time.perf_counter()
+        started = self._clock()
         if not self.files.read(block_hash, self._staging):
             return self._drop_subtree(block_hash)
         load(self._staging)
-        self.read_seconds += time.perf_counter() - started
+        self.read_seconds += self._clock() - started
         self.read_bytes += self._staging.numel() * self._staging.element_size()
         self.index.forget(block_hash)
         self.files.delete(block_hash)

@@ -395,6 +395,10 @@ class LLMEngine:
         or too small for one block)."""
         if not config.kv_offload_gb or not config.enable_prefix_caching:
             return None
+        if config.kind == "sim":
+            from pdserve.engine.sim_host_tier import make_sim_host_tier
+
+            return make_sim_host_tier(self.executor, config)
         if config.kind != "torch" or config.tp > 1:
             raise ValueError("kv_offload_gb: needs the torch engine without tensor parallelism")
         from pdserve.engine.host_kv_pool import make_host_tier

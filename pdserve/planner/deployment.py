@@ -10,6 +10,7 @@ the step time instead (`StepMeter` reads it off the timing model as the executor
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from pathlib import Path
 
@@ -113,6 +114,15 @@ class Deployment:
         both.prefill_pool = prefill
         return both
 
+    def with_engine(self, **changes) -> Deployment:
+        """This deployment with engine settings changed (the KV tiers of `bench sim-kv-tiers`);
+        ConfigError names a bad one."""
+        changed = copy.copy(self)
+        changed.engine_config = dataclasses.replace(self.engine_config, **changes)
+        if self.prefill_pool is self:
+            changed.prefill_pool = changed
+        return changed
+
     def for_role(self, role: str) -> Deployment:
         """What the workers of `role` run."""
         return self.prefill_pool if role == "prefill" else self
@@ -132,11 +142,12 @@ class Deployment:
             link_gbps=config.sim.link_gbps,
             sleep=_no_sleep,
         )
-        meter = StepMeter(executor.timing)
-        executor.timing = meter
         engine = LLMEngine(
             config, kv_event_sink, executor=executor, emit_text=False, tokenizer=tokenizer
         )
+        # After the engine: its KV tiers (--kv-offload-gb) add their transfers to the timing.
+        meter = StepMeter(executor.timing)
+        executor.timing = meter
         return engine, meter
 
 

@@ -12,5 +12,6 @@ and a sim worker process stays free of torch.
 - `tokens.py` — `sim_token`: the deterministic next token of a context.
 - `fit.py` — `fit_linear`: a linear profile fitted to measured engine steps.
 - `kv.py` — `SimKVCache` and `SimulatedKV`: the KV cache's shape without its bytes.
+- `kv_tiers.py` — the host and disk tiers' links: transfers charged to steps, no bytes.
 - `executor.py` — `SimExecutor`: the engine's executor seam, timed by a profile.
 """

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from pdserve.sim.kv import SimKVCache, SimulatedKV
+from pdserve.sim.kv_tiers import TierChargedTiming, TierCharges
 from pdserve.sim.model_shape import DTYPE_BYTES, ModelShape
 from pdserve.sim.profiles import parse_profile, timing_model
 from pdserve.sim.timing import Chunk, LinearTiming, StepWork
@@ -174,6 +175,13 @@ class SimExecutor:
             modelled + (paced_from - step_started) / self.time_scale
         )
         self._stats["sim_measured_seconds"] += (ended - step_started) / self.time_scale
+
+    def charge_tier_transfers(self) -> TierCharges:
+        """What the host and disk tiers (kv_tiers.py) charge their transfers to: each step
+        lasts its model's time plus the transfers owed when it runs."""
+        charges = TierCharges()
+        self.timing = TierChargedTiming(self.timing, charges)
+        return charges
 
     def read_kv(self, block_ids: list[int], layer_start: int, layer_end: int) -> SimulatedKV:
         _, _, _, block_size, heads, head_dim = self.kv_cache.shape

@@ -10,5 +10,7 @@ without an import cycle.
 - `rates.py` — the swept rates, extended until the offline sweep brackets the goodput.
 - `ttft_parts.py` — where each request's TTFT went, offline and live, compared by index.
 - `routing_offline.py` — `bench sim-routing`'s policies and workloads on the virtual cluster.
+- `kv_tiers_offline.py` — `bench sim-kv-tiers`: `bench kv-tiers`' chat on 16 virtual H100s,
+  without tiers vs host (PCIe 5) and disk (NVMe) tiers, rates swept.
 - `routing_tenants.py` — the multi-tenant workload: six policies per rate on the virtual cluster.
 """
