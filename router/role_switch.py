@@ -1,0 +1,159 @@
+"""RoleSwitcher (`pdserve serve --role-switching`): moves a worker between prefill and decode,
+without a restart, when the online planner's split is worth it (router/role_hysteresis.py).
+
+Every worker of such a deployment can serve both roles on one engine
+(pdserve/worker/switchable_worker.py); its role is what the router routes to it. A switch:
+  1. drain: the pool marks the worker draining and routing rebuilds its rows, so no new work
+     of the old role reaches it;
+  2. wait until the requests the router runs on it finish (a decode worker's sequences run to
+     their end, a prefill worker's queue and pushes complete), at most `drain_timeout_s`:
+     what still runs then finishes on the same engine beside the new role's work;
+  3. set_role on the worker, then the pool lists it under its new role and routing rebuilds.
+Its prefix cache and its prefix-index entries (by worker id) stay valid throughout: the first
+request of the new role that shares a prefix finds it there.
+
+Each switch is logged and exported: pdserve_role_switches_total{worker,to_role},
+pdserve_role_switch_seconds (drain and set_role), pdserve_role_switch_blocks_kept{worker}.
+`switch()` is also the admin call (tests and drills call it directly); one runs at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pdserve import metrics
+from router.role_hysteresis import RoleHysteresis
+from router.worker_pool import WorkerPool
+
+log = logging.getLogger(__name__)
+
+_DRAIN_CHECK_S = 0.02  # how often a drain looks at the worker's in-flight count
+
+
+@dataclass(frozen=True)
+class RoleSwitch:
+    """One switch as it happened."""
+
+    worker_id: str
+    from_role: str
+    to_role: str
+    drain_s: float  # from the drain's start until no request of the old role ran, or timeout
+    seconds: float  # the whole switch, set_role included
+    blocks_kept: int  # blocks of the worker's prefix cache at the switch: none were dropped
+    still_running: int  # requests of the old role still running when it took the new one
+
+
+class RoleSwitcher:
+    def __init__(
+        self,
+        pool: WorkerPool,
+        roles_changed: Callable[[], None],  # Routing.roles_changed
+        hysteresis: RoleHysteresis,
+        drain_timeout_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.pool = pool
+        self.roles_changed = roles_changed
+        self.hysteresis = hysteresis
+        self.drain_timeout_s = drain_timeout_s
+        self.clock = clock
+        self.switches: list[RoleSwitch] = []
+        self._lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task] = set()
+
+    def on_plan(self, plan: dict[str, Any]) -> None:
+        """An online plan (router/online_plan.py's listener): starts a switch when the
+        hysteresis says so and none is running."""
+        if self._lock.locked():
+            return
+        prefill = len(self.pool.of_role("prefill"))
+        decode = len(self.pool.of_role("decode"))
+        to_role = self.hysteresis.target(plan, prefill, decode, self.clock())
+        if to_role is None:
+            log.info(
+                "role switching: staying at %dP:%dD (%s)",
+                prefill,
+                decode,
+                self.hysteresis.held_because,
+            )
+            return
+        worker_id = self.pick(to_role)
+        if worker_id is None:
+            return
+        self.hysteresis.switched(self.clock())
+        task = asyncio.get_running_loop().create_task(self._switch_logged(worker_id, to_role))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def pick(self, to_role: str) -> str | None:
+        """The worker of the other role cheapest to drain: the fewest requests in flight."""
+        from_role = "decode" if to_role == "prefill" else "prefill"
+        candidates = [w for w in self.pool.of_role(from_role) if w.routable]
+        if to_role == "prefill" and len(candidates) <= 1:
+            return None  # the last decode worker stays: nothing else can serve
+        return min(candidates, key=lambda w: w.inflight).worker_id if candidates else None
+
+    async def _switch_logged(self, worker_id: str, to_role: str) -> None:
+        try:
+            await self.switch(worker_id, to_role)
+        except Exception:  # a failed switch leaves the worker in its old role, serving
+            log.exception("role switch of %s to %s failed", worker_id, to_role)
+
+    async def switch(self, worker_id: str, to_role: str) -> RoleSwitch:
+        """Drains `worker_id` of its role and has it serve `to_role` (ValueError: it already
+        does, or it is the last decode worker)."""
+        async with self._lock:
+            worker = self.pool.workers[worker_id]
+            from_role = worker.role
+            if from_role == to_role:
+                raise ValueError(f"{worker_id} serves {to_role} already")
+            if from_role == "decode" and len(self.pool.of_role("decode")) <= 1:
+                raise ValueError(f"{worker_id} is the last decode worker")
+            started = time.perf_counter()
+            self.pool.drain(worker_id)
+            self.roles_changed()
+            try:
+                deadline = started + self.drain_timeout_s
+                while worker.inflight and time.perf_counter() < deadline:
+                    await asyncio.sleep(_DRAIN_CHECK_S)
+                drain_s = time.perf_counter() - started
+                kept = await worker.handle.set_role(to_role)
+            except BaseException:
+                self.pool.drain(worker_id, False)  # back to serving its old role
+                self.roles_changed()
+                raise
+            self.pool.assign_role(worker_id, to_role)
+            self.roles_changed()
+            switch = RoleSwitch(
+                worker_id,
+                from_role,
+                to_role,
+                drain_s,
+                time.perf_counter() - started,
+                kept["blocks_kept"],
+                worker.inflight,
+            )
+        self.switches.append(switch)
+        metrics.observe_role_switch(switch)
+        log.warning(
+            "role switch: %s %s -> %s in %.2f s (drain %.2f s), %d cached blocks kept, "
+            "%d requests of the old role still running",
+            worker_id,
+            from_role,
+            to_role,
+            switch.seconds,
+            switch.drain_s,
+            switch.blocks_kept,
+            switch.still_running,
+        )
+        return switch
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
