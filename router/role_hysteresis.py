@@ -1,8 +1,8 @@
 """RoleHysteresis: whether an online plan is worth a worker changing role, and to which role.
 
 The same decision for the live router (router/role_switch.py) and the simulated cluster
-(pdserve/planner/switching_cluster.py). It moves one worker at a time towards the planned
-split, and only when
+(pdserve/planner/role_switching.py). It moves the workers the planned split needs, in one
+switch (their drains run together), and only when
   - at least `dwell_s` passed since the last switch began (a role, once taken, is kept that
     long: an oscillating plan cannot make a worker flap faster than that), and
   - the plan's goodput for its split beats the current split's, as the same plan priced it, by
@@ -29,12 +29,16 @@ class RoleHysteresis:
     # Why the last plan led to no switch (for the log and the tests); "" after a switch.
     held_because: str = ""
 
-    def target(self, plan: dict[str, Any], prefill: int, decode: int, now: float) -> str | None:
-        """The role one worker should move to ("prefill" or "decode"), or None to stay."""
+    def target(
+        self, plan: dict[str, Any], prefill: int, decode: int, now: float
+    ) -> tuple[str, int] | None:
+        """The role workers should move to ("prefill" or "decode") and how many, or None to
+        stay."""
         self.held_because = self._why_not(plan, prefill, decode, now)
         if self.held_because:
             return None
-        return "prefill" if plan["prefill_workers"] > prefill else "decode"
+        wanted = plan["prefill_workers"]
+        return ("prefill" if wanted > prefill else "decode"), abs(wanted - prefill)
 
     def switched(self, now: float) -> None:
         """A switch began at `now`."""

@@ -1,9 +1,10 @@
-"""RoleSwitcher (`pdserve serve --role-switching`): moves a worker between prefill and decode,
+"""RoleSwitcher (`pdserve serve --role-switching`): moves workers between prefill and decode,
 without a restart, when the online planner's split is worth it (router/role_hysteresis.py).
 
 Every worker of such a deployment can serve both roles on one engine
-(pdserve/worker/switchable_worker.py); its role is what the router routes to it. A switch:
-  1. drain: the pool marks the worker draining and routing rebuilds its rows, so no new work
+(pdserve/worker/switchable_worker.py); its role is what the router routes to it. A switch of
+one or more workers (the plan's whole move, drained together):
+  1. drain: the pool marks each worker draining and routing rebuilds its rows, so no new work
      of the old role reaches it;
   2. wait until the requests the router runs on it finish (a decode worker's sequences run to
      their end, a prefill worker's queue and pushes complete), at most `drain_timeout_s`:
@@ -28,11 +29,25 @@ from typing import Any
 
 from pdserve import metrics
 from router.role_hysteresis import RoleHysteresis
-from router.worker_pool import WorkerPool
+from router.worker_pool import Worker, WorkerPool
 
 log = logging.getLogger(__name__)
 
 _DRAIN_CHECK_S = 0.02  # how often a drain looks at the worker's in-flight count
+
+
+def pick_workers(pool: WorkerPool, to_role: str, count: int) -> list[str]:
+    """Up to `count` workers to move to `to_role`: of the other role, those cheapest to drain
+    (the fewest requests in flight); the last decode worker stays."""
+    from_role = "decode" if to_role == "prefill" else "prefill"
+    candidates = sorted((w for w in pool.of_role(from_role) if w.routable), key=_inflight)
+    if to_role == "prefill":
+        count = min(count, len(candidates) - 1)
+    return [w.worker_id for w in candidates[: max(count, 0)]]
+
+
+def _inflight(worker: Worker) -> int:
+    return worker.inflight
 
 
 @dataclass(frozen=True)
@@ -73,8 +88,8 @@ class RoleSwitcher:
             return
         prefill = len(self.pool.of_role("prefill"))
         decode = len(self.pool.of_role("decode"))
-        to_role = self.hysteresis.target(plan, prefill, decode, self.clock())
-        if to_role is None:
+        target = self.hysteresis.target(plan, prefill, decode, self.clock())
+        if target is None:
             log.info(
                 "role switching: staying at %dP:%dD (%s)",
                 prefill,
@@ -82,62 +97,64 @@ class RoleSwitcher:
                 self.hysteresis.held_because,
             )
             return
-        worker_id = self.pick(to_role)
-        if worker_id is None:
+        to_role, count = target
+        worker_ids = pick_workers(self.pool, to_role, count)
+        if not worker_ids:
             return
         self.hysteresis.switched(self.clock())
-        task = asyncio.get_running_loop().create_task(self._switch_logged(worker_id, to_role))
+        task = asyncio.get_running_loop().create_task(self._switch_logged(worker_ids, to_role))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def pick(self, to_role: str) -> str | None:
-        """The worker of the other role cheapest to drain: the fewest requests in flight."""
-        from_role = "decode" if to_role == "prefill" else "prefill"
-        candidates = [w for w in self.pool.of_role(from_role) if w.routable]
-        if to_role == "prefill" and len(candidates) <= 1:
-            return None  # the last decode worker stays: nothing else can serve
-        return min(candidates, key=lambda w: w.inflight).worker_id if candidates else None
-
-    async def _switch_logged(self, worker_id: str, to_role: str) -> None:
+    async def _switch_logged(self, worker_ids: list[str], to_role: str) -> None:
         try:
-            await self.switch(worker_id, to_role)
-        except Exception:  # a failed switch leaves the worker in its old role, serving
-            log.exception("role switch of %s to %s failed", worker_id, to_role)
+            await self.switch(to_role, *worker_ids)
+        except Exception:  # a failed switch leaves its workers in their old role, serving
+            log.exception("role switch of %s to %s failed", ", ".join(worker_ids), to_role)
 
-    async def switch(self, worker_id: str, to_role: str) -> RoleSwitch:
-        """Drains `worker_id` of its role and has it serve `to_role` (ValueError: it already
-        does, or it is the last decode worker)."""
+    async def switch(self, to_role: str, *worker_ids: str) -> list[RoleSwitch]:
+        """Drains the workers of their role, together, and has each serve `to_role` once its
+        drain is done (ValueError: one serves it already, or no decode worker would be left)."""
         async with self._lock:
-            worker = self.pool.workers[worker_id]
-            from_role = worker.role
-            if from_role == to_role:
-                raise ValueError(f"{worker_id} serves {to_role} already")
-            if from_role == "decode" and len(self.pool.of_role("decode")) <= 1:
-                raise ValueError(f"{worker_id} is the last decode worker")
+            for worker_id in worker_ids:
+                if self.pool.workers[worker_id].role == to_role:
+                    raise ValueError(f"{worker_id} serves {to_role} already")
+            decode = {w.worker_id for w in self.pool.of_role("decode")}
+            if to_role == "prefill" and not decode - set(worker_ids):
+                raise ValueError("no decode worker would be left")
             started = time.perf_counter()
-            self.pool.drain(worker_id)
+            for worker_id in worker_ids:
+                self.pool.drain(worker_id)
             self.roles_changed()
-            try:
-                deadline = started + self.drain_timeout_s
-                while worker.inflight and time.perf_counter() < deadline:
-                    await asyncio.sleep(_DRAIN_CHECK_S)
-                drain_s = time.perf_counter() - started
-                kept = await worker.handle.set_role(to_role)
-            except BaseException:
-                self.pool.drain(worker_id, False)  # back to serving its old role
-                self.roles_changed()
-                raise
-            self.pool.assign_role(worker_id, to_role)
-            self.roles_changed()
-            switch = RoleSwitch(
-                worker_id,
-                from_role,
-                to_role,
-                drain_s,
-                time.perf_counter() - started,
-                kept["blocks_kept"],
-                worker.inflight,
+            switches = await asyncio.gather(
+                *(self._switch_one(w, to_role, started) for w in worker_ids)
             )
+        return list(switches)
+
+    async def _switch_one(self, worker_id: str, to_role: str, started: float) -> RoleSwitch:
+        worker = self.pool.workers[worker_id]
+        from_role = worker.role
+        try:
+            deadline = started + self.drain_timeout_s
+            while worker.inflight and time.perf_counter() < deadline:
+                await asyncio.sleep(_DRAIN_CHECK_S)
+            drain_s = time.perf_counter() - started
+            kept = await worker.handle.set_role(to_role)
+        except BaseException:
+            self.pool.drain(worker_id, False)  # back to serving its old role
+            self.roles_changed()
+            raise
+        self.pool.assign_role(worker_id, to_role)
+        self.roles_changed()
+        switch = RoleSwitch(
+            worker_id,
+            from_role,
+            to_role,
+            drain_s,
+            time.perf_counter() - started,
+            kept["blocks_kept"],
+            worker.inflight,
+        )
         self.switches.append(switch)
         metrics.observe_role_switch(switch)
         log.warning(

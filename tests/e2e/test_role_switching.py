@@ -63,7 +63,7 @@ def switch_under_load(served, stub, prompts, max_tokens, worker_id, to_role):
         while served.app.pool.workers[worker_id].inflight == 0 and time.monotonic() < deadline:
             time.sleep(0.005)
         assert served.app.pool.workers[worker_id].inflight > 0, "no load on the worker to drain"
-        switch = served.run(switcher.switch(worker_id, to_role), timeout=120)
+        (switch,) = served.run(switcher.switch(to_role, worker_id), timeout=120)
         answers = [f.result() for f in futures]
     return switch, answers
 

@@ -23,16 +23,17 @@ def plan(prefill: int, decode: int, goodputs: dict[str, float]) -> dict:
     }
 
 
-def run(hysteresis: RoleHysteresis, plans: list[dict], every_s: float) -> list[str]:
+def run(hysteresis: RoleHysteresis, plans: list[dict], every_s: float) -> list[tuple[str, int]]:
     """Feeds one plan every `every_s` seconds to a 4-worker cluster starting at 1P:3D, moving
-    a worker as told (switches complete at once); returns the roles moved to."""
+    workers as told (switches complete at once); returns the moves (role, workers)."""
     prefill, moves = 1, []
     for i, answer in enumerate(plans):
-        to_role = hysteresis.target(answer, prefill, 4 - prefill, now=i * every_s)
-        if to_role is not None:
+        target = hysteresis.target(answer, prefill, 4 - prefill, now=i * every_s)
+        if target is not None:
             hysteresis.switched(i * every_s)
-            prefill += 1 if to_role == "prefill" else -1
-            moves.append(to_role)
+            to_role, count = target
+            prefill += count if to_role == "prefill" else -count
+            moves.append(target)
     return moves
 
 
@@ -49,9 +50,9 @@ def test_an_oscillating_plan_moves_a_worker_at_most_once_per_dwell():
     assert len(run(RoleHysteresis(dwell_s=0.0, margin=0.1), flapping, every_s=10.0)) >= 40
 
 
-def test_a_steady_plan_is_reached_one_worker_per_dwell():
+def test_a_steady_plan_is_reached_in_one_switch_then_kept():
     moves = run(RoleHysteresis(dwell_s=30.0, margin=0.1), [TO_3P] * 10, every_s=10.0)
-    assert moves == ["prefill", "prefill"]  # 1P:3D -> 2P:2D -> 3P:1D, then it stays
+    assert moves == [("prefill", 2)]  # 1P:3D -> 3P:1D, both workers drained together
 
 
 def test_a_gain_within_the_margin_moves_nothing():
