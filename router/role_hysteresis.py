@@ -2,7 +2,8 @@
 
 The same decision for the live router (router/role_switch.py) and the simulated cluster
 (pdserve/planner/role_switching.py). It moves the workers the planned split needs, in one
-switch (their drains run together), and only when
+switch (their drains run together; `pick_workers`: those with the fewest requests in flight),
+and only when
   - at least `dwell_s` passed since the last switch began (a role, once taken, is kept that
     long: an oscillating plan cannot make a worker flap faster than that), and
   - the plan's goodput for its split beats the current split's, as the same plan priced it, by
@@ -13,7 +14,10 @@ A plan made for another worker count than the one routed now (a worker down) is 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from router.worker_pool import Worker, WorkerPool
 
 
 def split_name(prefill: int, decode: int) -> str:
@@ -62,3 +66,17 @@ class RoleHysteresis:
                 f"{split_name(prefill, decode)} ({current:.2f} req/s) by {self.margin:.0%}"
             )
         return ""
+
+
+def pick_workers(pool: WorkerPool, to_role: str, count: int) -> list[str]:
+    """Up to `count` workers to move to `to_role`: of the other role, those cheapest to drain
+    (the fewest requests in flight); the last decode worker stays."""
+    from_role = "decode" if to_role == "prefill" else "prefill"
+    candidates = sorted((w for w in pool.of_role(from_role) if w.routable), key=_inflight)
+    if to_role == "prefill":
+        count = min(count, len(candidates) - 1)
+    return [w.worker_id for w in candidates[: max(count, 0)]]
+
+
+def _inflight(worker: Worker) -> int:
+    return worker.inflight

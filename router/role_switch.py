@@ -28,26 +28,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from pdserve import metrics
-from router.role_hysteresis import RoleHysteresis
-from router.worker_pool import Worker, WorkerPool
+from router.role_hysteresis import RoleHysteresis, pick_workers
+from router.worker_pool import WorkerPool
 
 log = logging.getLogger(__name__)
 
 _DRAIN_CHECK_S = 0.02  # how often a drain looks at the worker's in-flight count
-
-
-def pick_workers(pool: WorkerPool, to_role: str, count: int) -> list[str]:
-    """Up to `count` workers to move to `to_role`: of the other role, those cheapest to drain
-    (the fewest requests in flight); the last decode worker stays."""
-    from_role = "decode" if to_role == "prefill" else "prefill"
-    candidates = sorted((w for w in pool.of_role(from_role) if w.routable), key=_inflight)
-    if to_role == "prefill":
-        count = min(count, len(candidates) - 1)
-    return [w.worker_id for w in candidates[: max(count, 0)]]
-
-
-def _inflight(worker: Worker) -> int:
-    return worker.inflight
 
 
 @dataclass(frozen=True)

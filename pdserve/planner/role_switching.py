@@ -17,8 +17,7 @@ from typing import Any
 
 from pdserve.planner.cluster import VirtualCluster
 from pdserve.planner.workload import ProbeRequest
-from router.role_hysteresis import RoleHysteresis
-from router.role_switch import pick_workers
+from router.role_hysteresis import RoleHysteresis, pick_workers
 
 # The requests that arrived in the last interval -> the plan for them.
 PlanSource = Callable[[list[ProbeRequest]], dict[str, Any]]
