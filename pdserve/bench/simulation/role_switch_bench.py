@@ -20,6 +20,7 @@ old role still running when a drain timed out.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import time
@@ -64,6 +65,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dwell-s", type=float, default=20.0, help="--role-switch-dwell-s")
     p.add_argument("--margin", type=float, default=0.1, help="--role-switch-margin")
     p.add_argument("--drain-s", type=float, default=10.0, help="--role-switch-drain-s")
+    p.add_argument(
+        "--phase-rates",
+        default="",
+        help="KIND=X,...: that phase's requests arrive X times as fast as the rate probed "
+        "(e.g. rag=0.25: a RAG phase at a quarter of the others' rate)",
+    )
     p.add_argument("--quick", action="store_true", help="a smaller trace and coarser goodputs")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="", help="write the results as JSON here")
@@ -85,13 +92,14 @@ def run(args: argparse.Namespace) -> int:
     ttft, tpot = SLOS[args.slo]
     slo = SLO(ttft, tpot)
     deployment = _deployment(setup.model, setup.tp, Setting(args.chunk, args.batch))
-    trace = suite_sample("phases", args.requests, args.seed)
+    trace = shaped(suite_sample("phases", args.requests, args.seed), args.phase_rates)
     workers = setup.workers
     started = time.perf_counter()
     print(
         f"{setup.model} on {setup.gpus} H100s (TP {setup.tp}, {workers} workers), SLO "
         f"{args.slo} (TTFT {ttft:g} ms, TPOT {tpot:g} ms), phases trace of {len(trace)} "
-        f"requests, chunk {args.chunk} batch {args.batch}",
+        f"requests{' (' + args.phase_rates + ')' if args.phase_rates else ''}, chunk "
+        f"{args.chunk} batch {args.batch}",
         flush=True,
     )
     plans = phase_plans(deployment, setup.tp, workers, slo, args)
@@ -107,6 +115,26 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         Path(args.out).write_text(json.dumps(_json(results, plans, args), indent=2) + "\n")
     return 0
+
+
+def shaped(trace: list[ProbeRequest], phase_rates: str) -> list[ProbeRequest]:
+    """The trace with each phase's gaps between arrivals divided by its rate multiplier."""
+    rates = {}
+    for item in filter(None, (x.strip() for x in phase_rates.split(","))):
+        kind, _, value = item.partition("=")
+        if kind not in KINDS or not value or float(value) <= 0:
+            raise ValueError(
+                f"--phase-rates {item!r}: KIND=X, KIND one of {', '.join(KINDS)}, X > 0"
+            )
+        rates[kind] = float(value)
+    if not rates:
+        return trace
+    arrival, previous, out = 0.0, 0.0, []
+    for r in trace:
+        arrival += (r.unit_arrival - previous) / rates.get(_kind(r.tag), 1.0)
+        previous = r.unit_arrival
+        out.append(dataclasses.replace(r, unit_arrival=arrival))
+    return out
 
 
 def phase_plans(
