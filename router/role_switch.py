@@ -29,7 +29,7 @@ from typing import Any
 
 from pdserve import metrics
 from router.role_hysteresis import RoleHysteresis, pick_workers
-from router.worker_pool import WorkerPool
+from router.worker_pool import Worker, WorkerPool
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,22 @@ class RoleSwitcher:
         self.switches: list[RoleSwitch] = []
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()
+        pool.stats_listeners.append(self._restore_role)
+
+    def _restore_role(self, worker: Worker, previous: Any, stats: Any) -> None:
+        """A restarted actor comes back in the role it was created with: it is told the one
+        the router routes to it (its stats' role decides how the cost model reads them)."""
+        restarted = previous is None or previous.epoch != stats.epoch
+        if stats.role == worker.role or worker.draining or not restarted:
+            return  # (a switch under way tells it itself)
+        log.warning("worker %s came back as %s; it serves %s", worker.worker_id, stats.role,
+                    worker.role)  # fmt: skip
+        self._spawn(worker.handle.set_role(worker.role))
+
+    def _spawn(self, coroutine) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def on_plan(self, plan: dict[str, Any]) -> None:
         """An online plan (router/online_plan.py's listener): starts a switch when the
@@ -88,9 +104,7 @@ class RoleSwitcher:
         if not worker_ids:
             return
         self.hysteresis.switched(self.clock())
-        task = asyncio.get_running_loop().create_task(self._switch_logged(worker_ids, to_role))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._spawn(self._switch_logged(worker_ids, to_role))
 
     async def _switch_logged(self, worker_ids: list[str], to_role: str) -> None:
         try:

@@ -171,3 +171,20 @@ def test_a_small_gain_is_no_reason_to_switch(served):
     served.run(_call(lambda: switcher.on_plan(plan(decode, prefill, 1.05))))
     assert not switcher._tasks and len(switcher.switches) == done_before
     assert "does not beat" in switcher.hysteresis.held_because
+
+
+def test_a_switched_worker_that_restarts_is_told_its_role_again(served, stub):
+    pool = served.app.pool
+    moved = next(w for w in pool.workers.values() if not w.worker_id.startswith(w.role))
+    old_epoch = moved.epoch
+
+    ray.kill(moved.actor, no_restart=False)  # Ray restarts it in the role it was created with
+
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and not (moved.healthy and moved.epoch != old_epoch):
+        time.sleep(0.2)
+    assert moved.epoch != old_epoch
+    while time.monotonic() < deadline and moved.stats.role != moved.role:
+        time.sleep(0.2)
+    assert moved.stats.role == moved.role  # the router's role, not its pool's
+    run_batch(stub, *prompts_of(4, 8))
