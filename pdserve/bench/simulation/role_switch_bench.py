@@ -302,7 +302,7 @@ def _start_split(value: str, workers: int) -> tuple[int, int]:
 
 def _json(results: list[LayoutGoodput], plans: dict, args: argparse.Namespace) -> dict:
     return {
-        "args": {k: v for k, v in vars(args).items() if not callable(v)},
+        "args": {k: v for k, v in vars(args).items() if isinstance(v, str | int | float | bool)},
         "plans": plans,
         "layouts": [asdict(r) for r in results],
     }
