@@ -56,6 +56,7 @@ class ServingApp:
     http_port: int = 0  # the bound port of the OpenAI-compatible HTTP API
     advertise_redis_url: bool = False  # write the private Redis URL for `pdserve stats`
     planner: object | None = None  # router.online_plan.OnlinePlanner with --plan-interval
+    role_switcher: object | None = None  # router.role_switch.RoleSwitcher, --role-switching
     # Start-up's lines (`pdserve serve` prints them; embedded apps stay quiet), and whether
     # Ray's own INFO lines show too (--log-level INFO or DEBUG).
     progress: StartupProgress = field(default_factory=StartupProgress.silent)
@@ -165,6 +166,7 @@ class ServingApp:
             index,
             decode_caches_received_kv=config.kv.caches_received_kv,
         )
+        self._start_role_switching()
         flow = RequestFlow(
             self.pool,
             self.routing.choose_async,
@@ -281,6 +283,23 @@ class ServingApp:
             publish=lambda plan: index.in_background(index.publish_plan, plan),  # off the loop
         ).start()
         self._stack.append(("online planner", self.planner.stop))
+
+    def _start_role_switching(self) -> None:
+        """--role-switching: workers move between roles towards the online planner's split."""
+        router = self.config.router
+        if not router.role_switching:
+            return
+        from router.role_hysteresis import RoleHysteresis
+        from router.role_switch import RoleSwitcher
+
+        self.role_switcher = RoleSwitcher(
+            self.pool,
+            self.routing.roles_changed,
+            RoleHysteresis(router.role_switch_dwell_s, router.role_switch_margin),
+            router.role_switch_drain_s,
+        )
+        self.planner.listeners.append(self.role_switcher.on_plan)
+        self._stack.append(("role switching", self.role_switcher.stop))
 
     async def _start_http(
         self,

@@ -207,6 +207,27 @@ class RouterConfig:
         flag="--plan-interval",
         minimum=0,
     )
+    # Acting on the online plan (router/role_switch.py, docs/design.md "Role switching").
+    role_switching: bool = setting(
+        False,
+        "move workers between prefill and decode, without a restart, towards the online "
+        "planner's split (needs --plan-interval)",
+    )
+    role_switch_dwell_s: float = setting(
+        60.0, "role switching: at least this many seconds between two switches", minimum=0
+    )
+    role_switch_margin: float = setting(
+        0.1,
+        "role switching: switch only when the planned split's goodput beats the current "
+        "split's by this fraction",
+        minimum=0,
+    )
+    role_switch_drain_s: float = setting(
+        30.0,
+        "role switching: how long a worker's requests of its old role may take to finish "
+        "before it serves the new one anyway (they finish on the same engine)",
+        minimum=0,
+    )
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -218,6 +239,8 @@ class RouterConfig:
             raise ConfigError("RouterConfig", "tls_key", "--tls-cert and --tls-key go together")
         if self.tls_client_ca and not self.tls_cert:
             raise ConfigError("RouterConfig", "tls_client_ca", "needs --tls-cert and --tls-key")
+        if self.role_switching and not self.plan_interval_s:
+            raise ConfigError("RouterConfig", "role_switching", "needs --plan-interval")
 
 
 @dataclass
@@ -366,6 +389,27 @@ class ServeConfig:
                     "simulated workers model tensor parallelism in --sim-profile "
                     "(analytical:GPU:tpN), not with rank actors",
                 )
+
+        if self.router.role_switching:
+            self._check_role_switching()
+
+    def _check_role_switching(self) -> None:
+        """A worker that changes role keeps its engine: both pools must run the same one."""
+        same = (self.prefill_engine or self.engine.kind) == (self.decode_engine or self.engine.kind)
+        if not same or self.prefill_tp != self.decode_tp:
+            raise ConfigError(
+                "RouterConfig",
+                "role_switching",
+                "needs the same engine and TP in both pools (--prefill-engine/--decode-engine, "
+                "--prefill-tp/--decode-tp)",
+            )
+        if self.kv.transport != "grpc":
+            raise ConfigError("RouterConfig", "role_switching", "needs --kv-transport grpc")
+        if self.engine.speculative.enabled:
+            # A prefill worker loads no draft model, a decode worker does (pools.py).
+            raise ConfigError(
+                "RouterConfig", "role_switching", "is not supported with speculative decoding"
+            )
 
     def engine_for(self, role: str) -> EngineConfig:
         """The engine config of the workers of `role` ("prefill" or "decode")."""

@@ -481,3 +481,28 @@ def track_router_pending(stages: Mapping[str, Callable[[], int]]) -> None:
     """`pdserve_router_pending` read from the router's live counts at each scrape."""
     for stage, count in stages.items():
         ROUTER_PENDING.labels(stage=stage).set_function(count)
+
+
+# --- role switching (router, --role-switching; router/role_switch.py) -------------------------
+ROLE_SWITCHES = Counter(
+    "pdserve_role_switches",
+    "Workers that changed role without a restart (worker; to_role: prefill, decode).",
+    ["worker", "to_role"],
+)
+ROLE_SWITCH_SECONDS = Histogram(
+    "pdserve_role_switch_seconds",
+    "How long a role switch took, its drain included.",
+    buckets=_TRANSFER_BUCKETS,
+)
+ROLE_SWITCH_BLOCKS_KEPT = Gauge(
+    "pdserve_role_switch_blocks_kept",
+    "Blocks of the worker's prefix cache kept through its last role switch.",
+    ["worker"],
+)
+
+
+def observe_role_switch(switch: Any) -> None:
+    """Exports one router.role_switch.RoleSwitch."""
+    ROLE_SWITCHES.labels(worker=switch.worker_id, to_role=switch.to_role).inc()
+    ROLE_SWITCH_SECONDS.observe(switch.seconds)
+    ROLE_SWITCH_BLOCKS_KEPT.labels(worker=switch.worker_id).set(switch.blocks_kept)

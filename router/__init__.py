@@ -36,4 +36,8 @@ contracts in pyproject.toml); it knows workers only through `router/types.py` an
 - `observability.py` — the request's spans and latency metrics.
 - `traffic_window.py` — the requests served lately, for the online planner.
 - `online_plan.py` — `OnlinePlanner` (`--plan-interval`): the planner's split for that traffic.
+- `role_hysteresis.py` — `RoleHysteresis`: whether a plan is worth workers changing role (dwell,
+  margin), and which workers; shared with the simulated cluster.
+- `role_switch.py` — `RoleSwitcher` (`--role-switching`): drains a worker of its role, then it
+  serves the other one on the same engine.
 """

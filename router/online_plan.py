@@ -12,7 +12,8 @@ for one, and the next window is planned an interval after the last plan ended.
 The result is the signal an autoscaler would act on: `pdserve_planner_workers{role}` (the
 split for the live worker count), `pdserve_planner_goodput_rps` against
 `pdserve_planner_observed_rps`, and `pdserve_planner_workers_needed` (the worker count the
-observed rate needs if goodput scales with workers). Acting on it (resizing pools) is not done.
+observed rate needs if goodput scales with workers). With --role-switching the router acts on
+the split itself (router/role_switch.py, a listener of every plan); resizing pools is not done.
 """
 
 from __future__ import annotations
@@ -65,6 +66,8 @@ class OnlinePlanner:
         self.traffic = traffic
         self.publish = publish
         self.latest: dict[str, Any] | None = None  # the last plan made (or its error)
+        # Called with every plan made (or its error), e.g. RoleSwitcher.on_plan.
+        self.listeners: list[Callable[[dict[str, Any]], None]] = []
         self._task: asyncio.Task | None = None
 
     def start(self) -> OnlinePlanner:
@@ -137,6 +140,8 @@ class OnlinePlanner:
             metrics.observe_plan(answer)
         if self.publish is not None:
             self.publish(answer)
+        for listener in self.listeners:
+            listener(answer)
         return answer
 
 

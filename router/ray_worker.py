@@ -52,6 +52,9 @@ class RayWorkerHandle:
     async def abort(self, request_id: str) -> None:
         await self.actor.abort.remote(request_id)
 
+    async def set_role(self, role: str) -> dict:
+        return await self.actor.set_role.remote(role)
+
 
 def ray_handles(actors: dict[str, Any]) -> dict[str, RayWorkerHandle]:
     """worker_id -> handle, for WorkerPool."""

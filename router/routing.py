@@ -72,10 +72,16 @@ class Routing:
         # Each role's loads in pool order, a worker's row replaced as its load changes (a poll's
         # answer, a routed or computed prompt, a change of health: `_load`'s callers), so a
         # decision reads every worker without touching each one.
+        self.roles_changed()
+
+    def roles_changed(self) -> None:
+        """Makes each role's rows again from the pool: after a worker started draining or
+        changed role (router/role_switch.py)."""
         self._rows = {
             role: LoadRows(w.worker_id for w in self.pool.of_role(role, healthy_only=False))
             for role in ("prefill", "decode")
         }
+        self._load_inputs.clear()
         for worker in self.pool.workers.values():
             self._load(worker)
 
@@ -269,7 +275,8 @@ class Routing:
 
     def _load(self, worker: Worker) -> WorkerLoad:
         """The worker's WorkerLoad now; made anew, and set as its row, when its inputs changed."""
-        stats, healthy, rows = worker.stats, worker.healthy, self._rows[worker.role]
+        # A draining worker (role switching) is routable to nothing, as an unhealthy one.
+        stats, healthy, rows = worker.stats, worker.routable, self._rows[worker.role]
         if stats is None:  # never polled: its row is still the unhealthy placeholder
             return rows.of(worker.worker_id)
         routed = self._routed_since_poll.get(worker.worker_id)

@@ -66,6 +66,11 @@ class WorkerHandle(Protocol):
         """Ends the request in whatever state it is and frees its blocks; idempotent."""
         ...
 
+    async def set_role(self, role: str) -> dict:
+        """A switchable worker serves `role` from now on; says what it kept (`blocks_kept`).
+        Only --role-switching deployments call it (router/role_switch.py)."""
+        ...
+
 
 @dataclass(frozen=True)
 class Route:

@@ -6,6 +6,9 @@ fails or times out is marked unhealthy until a poll succeeds again; Ray restarts
 which come back with a new epoch. `last_seen` tells RequestFlow whether a worker that sends
 nothing is busy (it still answers polls) or frozen.
 
+With --role-switching a worker's role changes (router/role_switch.py): `drain` takes it out of
+routing while it stays in its role's list, `assign_role` moves it to the other list.
+
 A stats poll waits for the worker's current engine step, which may rightly last seconds; a
 heartbeat, several a second, does not: it is answered by the actor's event loop with the age
 of the engine's current step. A process that answers no heartbeat for `heartbeat_timeout_s`
@@ -54,6 +57,12 @@ class Worker:
     heartbeat_at: float | None = None  # time.monotonic() of the last answered heartbeat
     step_age_s: float = 0.0  # the engine's current step's age, as of that heartbeat
     poll_sent_at: float | None = None  # when the poll behind `stats` was sent (None: unknown)
+    # Leaving its role (role switching): healthy, but routing sends it no new work.
+    draining: bool = False
+
+    @property
+    def routable(self) -> bool:
+        return self.healthy and not self.draining
 
     @property
     def actor(self) -> Any:
@@ -74,12 +83,9 @@ class WorkerPool:
         for role, handles in (("prefill", prefill), ("decode", decode)):
             for worker_id, handle in handles.items():
                 self.workers[worker_id] = Worker(worker_id, role, handle)
-        # The pool's workers never change: each role's list is made once (routing reads it
-        # at every decision).
-        self._of_role = {
-            role: [w for w in self.workers.values() if w.role == role]
-            for role in ("prefill", "decode")
-        }
+        # Each role's list, made again only when a worker changes role (routing reads it at
+        # every decision).
+        self._list_roles()
         self._poll_interval_s = poll_interval_s
         self._call_timeout_s = call_timeout_s
         self.heartbeat_timeout_s = heartbeat_timeout_s
@@ -132,6 +138,24 @@ class WorkerPool:
     async def stop(self) -> None:
         for poller in self._pollers:
             poller.cancel()
+
+    def _list_roles(self) -> None:
+        self._of_role = {
+            role: [w for w in self.workers.values() if w.role == role]
+            for role in ("prefill", "decode")
+        }
+
+    def drain(self, worker_id: str, draining: bool = True) -> None:
+        """The worker takes no new work (draining) or takes it again; its role is unchanged.
+        Routing must be told (Routing.roles_changed)."""
+        self.workers[worker_id].draining = draining
+
+    def assign_role(self, worker_id: str, role: str) -> None:
+        """The worker serves `role` from now on, and takes work again. Routing must be told
+        (Routing.roles_changed)."""
+        worker = self.workers[worker_id]
+        worker.role, worker.draining = role, False
+        self._list_roles()
 
     def of_role(self, role: str, healthy_only: bool = True) -> list[Worker]:
         workers = self._of_role.get(role, [])
@@ -193,16 +217,17 @@ class WorkerPool:
     @contextmanager
     def occupied(self, worker_ids: list[str]) -> Iterator[None]:
         """Counts a request as in flight on these workers while the block runs."""
-        workers = [self.workers[w] for w in worker_ids]
-        for worker in workers:
+        # Each worker's role as the request found it: a worker may change role meanwhile.
+        taken = [(self.workers[w], self.workers[w].role) for w in worker_ids]
+        for worker, role in taken:
             worker.inflight += 1
-            self._inflight[worker.role] += 1
+            self._inflight[role] += 1
         try:
             yield
         finally:
-            for worker in workers:
+            for worker, role in taken:
                 worker.inflight -= 1
-                self._inflight[worker.role] -= 1
+                self._inflight[role] -= 1
 
     async def poll_once(self) -> None:
         await asyncio.gather(*(self._poll(w) for w in self.workers.values()))

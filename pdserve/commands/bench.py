@@ -75,6 +75,10 @@ GROUPS: dict[str, dict[str, tuple[str, str]]] = {
             "pdserve.bench.simulation.sim_disagg_bench",
             "every P:D split vs colocated on 8 sim H100s",
         ),
+        "sim-role-switching": (
+            "pdserve.bench.simulation.role_switch_bench",
+            "--role-switching on the phase-shifting trace vs every static layout (offline)",
+        ),
         "sim-routing": (
             "pdserve.bench.simulation.sim_routing_bench",
             "routing policies on 16 and 64 sim workers",

@@ -10,6 +10,7 @@ and router on a virtual clock (no Ray, no sleeping).
 - `cluster.py` — `VirtualCluster`: the workers behind the router's own `Routing`.
 - `probe.py` — `run_probe`: one split at one rate, and whether enough requests met the SLOs.
 - `virtual_index.py` — the router's copy of the prefix index on the virtual clock, KV events applied after a lag.
+- `role_switching.py` — `VirtualRoleSwitcher`: `--role-switching`'s decision and drain on the virtual clock.
 - `search.py` — `Search`: goodput of every split by bisection over the rate.
 - `ceiling.py` — `compute_ceiling`: the requests/s a sample's FLOPs allow on every GPU.
 - `report.py` — the plan as a table and as JSON.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import gc
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -183,9 +183,12 @@ def run_probe(
     stop_when_certain: bool = True,
     keep_tokens: bool = False,
     index_lag_s: float | None = None,
+    attach: Callable[[VirtualCluster], Callable[[ProbeRequest], None]] | None = None,
 ) -> tuple[ProbeResult, list[VirtualRequest]]:
     """Offers `requests` at `rate` requests/s (arrival k at unit_arrival / rate);
-    `index_lag_s`: VirtualCluster's (the router's copy of the index; None: none)."""
+    `index_lag_s`: VirtualCluster's (the router's copy of the index; None: none). `attach`
+    is called with the cluster once made; what it returns hears each request as it arrives
+    (role switching's planner: pdserve/planner/role_switching.py)."""
     # The cluster and the requests too are made with fewer collections: each request brings
     # several containers, and making 8000 took 104 passes, 0.03-0.08 s (of 0.08-0.12 s).
     with _young_collections_every(YOUNG_COLLECTION_ALLOCATIONS):
@@ -195,9 +198,12 @@ def run_probe(
         )  # fmt: skip
         verdict = _Verdict(cluster, slo, len(requests))
         runs = [VirtualRequest(cluster, r, verdict) for r in requests]
+        heard = attach(cluster) if attach is not None else None
 
         def arrive(run: VirtualRequest) -> None:
             verdict.arrived(run)
+            if heard is not None:
+                heard(run.probe)
             run.start()
 
         start = min(r.unit_arrival for r in requests) / rate

@@ -55,6 +55,10 @@ class VirtualWorker:
             bytes_per_block=engine.bytes_per_block,
         )
 
+    def set_role(self, role: str) -> None:
+        """Serves `role` from now on, with the same engine (pdserve/planner/role_switching.py)."""
+        self.role = self._stats.role = role
+
     def call(self, fn: Callable[[], Any], then: Callable[[Any], None] | None = None) -> None:
         """Runs `fn()` on the engine between steps (now if idle); `then(result)` after it."""
         if self._stepping:

@@ -5,6 +5,8 @@ decode_service/).
 - `worker_runtime.py` — `WorkerRuntime`: engine + loop, step costs, stats, KV events to the index.
 - `engine_loop.py` — `EngineLoop`: the engine on its own thread, outputs to asyncio queues.
 - `aborted_requests.py` — `AbortedRequests`: aborts remembered for calls Ray runs after them.
+- `switchable_worker.py` — `SwitchableWorker`: both roles on one engine, `set_role` moves it
+  between them (`--role-switching`).
 - `memory_usage.py` — peak RSS and peak CUDA memory of the worker process (WorkerStats).
 - `worker_spec.py` — `WorkerSpec`: everything an actor is started with (no secrets in env).
 - `worker_spec.py` — `WorkerSpec`: all one actor is started with (its constructor argument).

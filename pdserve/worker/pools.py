@@ -15,6 +15,7 @@ from decode_service.worker import DecodeWorker
 from pdserve.config import ServeConfig
 from pdserve.engine_config import EngineConfig, SpeculativeConfig
 from pdserve.models.builtin import default_model_dir
+from pdserve.worker.switchable_worker import SwitchableWorker
 from pdserve.worker.tp_placement import check_tensor_parallel
 from pdserve.worker.worker_spec import WorkerSpec
 from prefill_service.worker import PrefillWorker
@@ -32,6 +33,8 @@ def create_workers(
     A worker of TP N (--prefill-tp / --decode-tp) is N rank actors in a STRICT_PACK placement
     group (one node): the handle is rank 0's, which starts the other ranks itself
     (rank_group.py); each rank takes 1/N of the pool unit and its own CPUs and GPUs.
+    With --role-switching every actor is a SwitchableWorker started in its pool's role (it
+    stays on that pool's node whatever role it serves later).
     """
     model_dir = Path(config.engine.model or default_model_dir())
     check_tensor_parallel(config, model_dir, ray.nodes())
@@ -41,8 +44,10 @@ def create_workers(
     )
     created: list[dict[str, Any]] = []
     position = 0  # the worker's index over both pools, for CPU pinning
+    switchable = config.router.role_switching
     for role, cls, count, resource in pools:
-        actor_cls = ray.remote(cls)
+        actor_cls = ray.remote(SwitchableWorker if switchable else cls)
+        role_args = (role,) if switchable else ()
         handles = {}
         tp = config.engine_for(role).tp
         for index in range(count):
@@ -64,7 +69,7 @@ def create_workers(
                 max_task_retries=0,
                 max_concurrency=1000,
                 runtime_env={"env_vars": forwarded_env()},
-            ).remote(worker_id, spec)
+            ).remote(worker_id, spec, *role_args)
             position += 1
         created.append(handles)
     return created[0], created[1]

@@ -82,6 +82,11 @@ class WorkerRuntime:
     def bytes_per_block(self) -> int:
         return self._stats.bytes_per_block
 
+    def set_role(self, role: str) -> None:
+        """A switchable worker's new role (pdserve/worker/switchable_worker.py): its stats say
+        it, so the router's cost model reads its next prefill as local or remote rightly."""
+        self.role = self._stats.role = role
+
     def track_queue(self, request_id: str) -> None:
         """Call on the engine thread right after add_request: queue_wait() will tell how long
         the request waited for its first step."""

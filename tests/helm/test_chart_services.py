@@ -216,3 +216,18 @@ def test_the_online_planner_is_off_by_default_and_its_interval_reaches_the_route
     assert flag(argv, "--plan-interval") == "60"
     with helm.Chart.load(CHART_DIR) as chart, pytest.raises(helm.HelmValuesError):
         chart.validate_schema({"router": {"planIntervalSeconds": -1}})
+
+
+def test_role_switching_is_off_by_default_and_its_settings_reach_the_router():
+    assert "--role-switching" not in router_argv(render())
+    values = {
+        "planIntervalSeconds": 30,
+        "roleSwitching": {"enabled": True, "dwellSeconds": 120, "margin": 0.2},
+    }
+    argv = router_argv(render({"router": values}))
+    assert "--role-switching" in argv
+    assert flag(argv, "--role-switch-dwell-s") == "120"
+    assert flag(argv, "--role-switch-margin") == "0.2"
+    assert flag(argv, "--role-switch-drain-s") == "30"
+    with helm.Chart.load(CHART_DIR) as chart, pytest.raises(helm.HelmValuesError):
+        chart.validate_schema({"router": {"roleSwitching": {"dwellSeconds": -1}}})

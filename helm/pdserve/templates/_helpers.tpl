@@ -423,6 +423,18 @@ involved. The Redis URL comes from the env (PDSERVE_REDIS_URL), never from argv.
 - --plan-interval
 - {{ $v.router.planIntervalSeconds | toString | quote }}
 {{- end }}
+{{- if $v.router.roleSwitching.enabled }}
+{{- if not $v.router.planIntervalSeconds }}
+{{- fail "router.roleSwitching.enabled needs router.planIntervalSeconds (the plan it acts on)" }}
+{{- end }}
+- --role-switching
+- --role-switch-dwell-s
+- {{ $v.router.roleSwitching.dwellSeconds | toString | quote }}
+- --role-switch-margin
+- {{ $v.router.roleSwitching.margin | toString | quote }}
+- --role-switch-drain-s
+- {{ $v.router.roleSwitching.drainSeconds | toString | quote }}
+{{- end }}
 - --log-format
 - {{ $v.router.logFormat }}
 - --log-level

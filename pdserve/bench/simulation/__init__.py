@@ -15,6 +15,8 @@
 - `fidelity_calibration.py` — records the steps and KV pushes of serving workers.
 - `disagg_suite/` — `bench sim-disagg --suite`: every layout, `auto` and the field's rules
   over workloads, models and SLOs on the planner's virtual cluster.
+- `role_switch_bench.py` — `bench sim-role-switching`: `--role-switching` on the
+  phase-shifting trace vs every static layout, on the planner's virtual cluster.
 - `child_system.py` — serves a second system from a child process on the same Ray cluster,
   so two can be measured interleaved.
 """
