@@ -230,12 +230,17 @@ class DecodeWorker(WorkerActor):
 
     # ---- KVSink: called by the receiver on its own threads ---------------------------------
     def write_kv(
-        self, transfer_id: str, block_ids: list[int], layer_start: int, data: torch.Tensor
+        self,
+        transfer_id: str,
+        block_ids: list[int],
+        layer_start: int,
+        data: torch.Tensor,
+        head_start: int,
     ) -> None:
         handoff = self._handoffs.of_transfer(transfer_id)
         if handoff is not None and handoff.first_chunk_ns is None:
             handoff.first_chunk_ns = time.time_ns()
-        self._runtime.engine.write_kv(block_ids, layer_start, data)
+        self._runtime.engine.write_kv(block_ids, layer_start, data, head_start)
 
     def on_commit(self, transfer_id: str, commit: CommitInfo) -> None:
         handoff = self._handoffs.of_transfer(transfer_id)
