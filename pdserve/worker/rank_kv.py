@@ -18,8 +18,8 @@ from pdserve.config import KVTransferConfig
 from pdserve.models.llama import shard_layout
 from pdserve.models.tensor_parallel import TensorParallel
 
-# What rank 0 may call on this rank's receiver (tp_handoff.FollowerCalls).
-RECEIVER_CALLS = ("open", "seal", "abort")
+# What rank 0 may call on this rank's receiver (tp_handoff.FollowerCalls; open_transfer_ids: stats).
+RECEIVER_CALLS = ("open", "seal", "abort", "open_transfer_ids")
 
 
 class _RankSink:
