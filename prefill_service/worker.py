@@ -201,9 +201,10 @@ class PrefillWorker(WorkerActor):
                     "pdserve.kv.bytes": sent.bytes,
                     "pdserve.kv.chunks": sent.chunks,
                     "pdserve.kv.seconds": sent.seconds,
-                    "pdserve.kv.rank_bytes": list(sent.rank_bytes),
                 }
             )
+            if sent.rank_bytes:  # a tensor-parallel handoff: what each prefill rank sent
+                span.set_attribute("pdserve.kv.rank_bytes", list(sent.rank_bytes))
         result.transfer_s, result.transfer_bytes = sent.seconds, sent.bytes
         result.transfer_chunks = sent.chunks
 
