@@ -54,6 +54,9 @@ class TransferRejected(Exception):
         super().__init__(message)
         self.reason = reason
 
+    def __reduce__(self):  # picklable: a decode rank's refusal reaches rank 0 through Ray
+        return TransferRejected, (self.reason, str(self))
+
 
 @dataclass(frozen=True)
 class ChunkSpec:

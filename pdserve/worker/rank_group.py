@@ -135,9 +135,15 @@ class RankGroup:
 
     def call_followers(self, method: str, *args: Any) -> list[Any]:
         """`method` of ranks 1..N-1's receivers (tp_handoff.FollowerCalls); raises the first
-        error (e.g. a seal that found a part missing)."""
+        error as RuntimeError naming the rank (e.g. a seal that found a part missing)."""
         calls = [f.kv_call.remote(method, *args) for f in self.followers]
-        return ray.get(calls, timeout=self._kv_timeout_s)
+        answers = []
+        for rank, call in enumerate(calls, 1):
+            try:
+                answers.append(ray.get(call, timeout=self._kv_timeout_s))
+            except Exception as exc:
+                raise RuntimeError(f"rank {rank}: {_reason(exc)}") from None
+        return answers
 
     def start_pushes(self, send: SlicedSend) -> Callable[[], list[TransferResult]]:
         """Starts ranks 1..N-1's pushes of their heads; returns what waits for them (raising
@@ -145,11 +151,13 @@ class RankGroup:
         pushes = [f.push_heads.remote(send) for f in self.followers]
 
         def wait() -> list[TransferResult]:
-            try:
-                return ray.get(pushes, timeout=self._kv_timeout_s)
-            except Exception as exc:  # the rank's KVTransferError, as Ray wraps it
-                lines = str(exc).strip().splitlines() or [type(exc).__name__]
-                raise KVTransferError(f"a prefill rank's push failed: {lines[-1]}") from None
+            results = []
+            for rank, push in enumerate(pushes, 1):
+                try:
+                    results.append(ray.get(push, timeout=self._kv_timeout_s))
+                except Exception as exc:
+                    raise KVTransferError(f"prefill rank {rank}: {_reason(exc)}") from None
+            return results
 
         return wait
 
@@ -174,3 +182,11 @@ class RankGroup:
         dist.destroy_process_group()
         for follower in self.followers:
             ray.kill(follower)
+
+
+def _reason(exc: Exception) -> str:
+    """One line of why a rank's call failed: the rank's own exception, not Ray's wrapping and
+    remote traceback."""
+    cause = getattr(exc, "cause", None) or exc  # RayTaskError.cause: what the rank raised
+    lines = str(cause).strip().splitlines()
+    return f"{type(cause).__name__}: {lines[-1] if lines else ''}"
