@@ -58,21 +58,24 @@ def test_tp_workers_serve_what_transformers_generates(ray_cluster, model, layout
             assert completion.choices[0].token_ids == tokens, prompt
 
 
-def open_parts_on_other_ranks(worker_id: str) -> list[str]:
-    """The transfer parts still open on the decode worker's ranks > 0 (their own endpoints)."""
+def open_parts_on_other_ranks(app, worker_id: str) -> list[str]:
+    """The transfer parts still open on the decode worker's ranks > 0 (their own endpoints).
+    Its rank actors are named after rank 0's process (rank_group.py): earlier apps' are not
+    counted."""
     import ray
 
-    names = [
-        actor["name"]
+    from pdserve.bench.common.system_probe import worker_pids
+
+    prefix = f"pdserve-{worker_id}-rank"
+    suffix = f"-{worker_pids(app)[worker_id]}"
+    ranks = [
+        ray.get_actor(actor["name"], namespace=actor["namespace"])
         for actor in ray.util.list_named_actors(all_namespaces=True)
-        if actor["name"].startswith(f"pdserve-{worker_id}-rank")
+        if actor["name"].startswith(prefix) and actor["name"].endswith(suffix)
     ]
-    assert names, f"no rank actors of {worker_id}"
-    return [
-        tid
-        for name in names
-        for tid in ray.get(ray.get_actor(name).kv_call.remote("open_transfer_ids"))
-    ]
+    assert ranks, f"no rank actors of {worker_id}"
+    calls = [rank.kv_call.remote("open_transfer_ids") for rank in ranks]
+    return [tid for open_ids in ray.get(calls) for tid in open_ids]
 
 
 def test_failed_and_expired_tp_handoffs_leave_nothing_on_any_rank(ray_cluster, model):
@@ -102,6 +105,6 @@ def test_failed_and_expired_tp_handoffs_leave_nothing_on_any_rank(ray_cluster, m
         work = WorkRequest("expiring", list(range(200, 220)), SamplingParams(max_tokens=4))
         reservation = ray.get(decode.reserve.remote(work, reservation_timeout_s=0.5))
         assert reservation is not None and len(reservation.rank_endpoints) == 2
-        assert open_parts_on_other_ranks("decode-0") == [reservation.transfer_id]
+        assert open_parts_on_other_ranks(app.app, "decode-0") == [reservation.transfer_id]
         assert all_workers_idle(app) == {"prefill-0": 0, "decode-0": 0}
-        assert open_parts_on_other_ranks("decode-0") == []
+        assert open_parts_on_other_ranks(app.app, "decode-0") == []
