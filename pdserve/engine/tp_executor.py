@@ -1,15 +1,14 @@
 """A tensor-parallel worker's executors: rank 0's `LeaderExecutor` (the engine's executor: the
 one engine of the worker, with its scheduler, block manager and prefix cache, runs on rank 0)
 and the other ranks' `follow` loop, which replays on its shard what rank 0 does to the model
-and the KV cache.
+and the KV cache's blocks.
 
-Every call that touches the model or the KV cache is one command broadcast from rank 0 over
-the worker's torch.distributed group (Gloo on CPU, NCCL on CUDA), then the same work on every
-rank: a step's forward (whose row-parallel all-reduces and LM-head all-gather need every rank)
-and block copies. KV handoffs are not commands: each rank reads and writes its own heads'
-slice of a handoff over its own KV sender or endpoint (kv_transfer/tp_handoff.py), so rank 0's
-`read_kv` / `write_kv` are its own cache's, as any rank's. A step
-sends what `ModelRunner.run` reads of each sequence, not the sequences: the tokens of the
+A step's forward (whose row-parallel all-reduces and LM-head all-gather need every rank) and
+a block copy are each one command broadcast from rank 0 over the worker's torch.distributed
+group (Gloo on CPU, NCCL on CUDA), then the same work on every rank. KV handoffs are not
+commands: each rank reads and writes its own heads' slice of a handoff over its own KV sender
+or endpoint (kv_transfer/tp_handoff.py), so rank 0's `read_kv` / `write_kv` are its own
+cache's, as any rank's. A step sends what `ModelRunner.run` reads of each sequence, not the sequences: the tokens of the
 chunk, positions, block table, sampling parameters (DoLa/SLED exits) and draft count.
 Sampling, beams and draft verification stay on rank 0 (every rank has the whole logits, only
 rank 0 uses them).
@@ -80,10 +79,10 @@ def _broadcast(command: tuple | None) -> tuple:
 
 
 class LeaderExecutor:
-    """Rank 0's executor: a TorchExecutor on rank 0's shard whose every model and KV call is
+    """Rank 0's executor: a TorchExecutor on rank 0's shard whose steps and block copies are
     first broadcast to the other ranks. Steps run one at a time (no overlapped launch/collect:
-    the next step's tokens would have to reach the other ranks before they are known).
-    One command and its collectives at a time."""
+    the next step's tokens would have to reach the other ranks before they are known). One
+    command and its collectives at a time: `stop` comes from the shutting-down actor's thread."""
 
     overlaps_steps = False
     offers_beam_candidates = True
