@@ -6,12 +6,14 @@ transfer on the KV receiver; the prefill worker pushes the missing blocks and co
 first token (KVSink.on_commit, on a receiver thread); the engine then decodes and stream()
 hands the tokens to the router. A reservation that is not committed by its deadline is freed
 by the receiver's reaper (on_expired). generate() is the local path: this worker prefills too.
+On a tensor-parallel worker every rank receives its own heads on its own KV endpoint; this
+actor (rank 0) opens, seals and aborts the other ranks' parts with its own
+(kv_transfer/tp_handoff.py), over Ray calls that run off the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -49,6 +51,8 @@ class DecodeWorker(WorkerActor):
         super().__init__(worker_id, spec)
         self._receiver = None
         self._endpoint = ""
+        self._rank_endpoints: list[str] = []
+        self._ranked = False  # a tensor-parallel worker: the receiver reaches its other ranks
         self._cache_received_kv = False
         self._handoffs = HandoffTable()
         # Aborts that may arrive before the reserve() or generate() they abort; read by the
@@ -61,14 +65,21 @@ class DecodeWorker(WorkerActor):
     def _start_transport(self, runtime: WorkerRuntime) -> None:
         from kv_transfer.base import KVLayout
         from kv_transfer.factory import make_receiver
+        from kv_transfer.tp_handoff import RankedReceiver
 
         self._aloop = asyncio.get_running_loop()
         kv_cache = runtime.engine.kv_cache
-        layout = KVLayout.of(kv_cache)
-        if runtime.rank_group:  # TP: rank 0 writes every head, scattering them to the ranks
-            layout = dataclasses.replace(layout, num_kv_heads=runtime.engine.executor.kv_heads)
-        self._receiver = make_receiver(self._kv_config, self, layout, kv_cache)
+        layout = KVLayout.of(kv_cache)  # on a TP worker: rank 0's heads, the model's first
+        group = runtime.rank_group
+        if group:
+            sink = RankedReceiver.sealing(self, group.call_followers)
+            own = make_receiver(self._kv_config, sink, layout, kv_cache)
+            self._receiver = RankedReceiver(own, group.call_followers, group.kv_endpoints())
+            self._ranked = True
+        else:
+            self._receiver = make_receiver(self._kv_config, self, layout, kv_cache)
         self._endpoint = self._receiver.start()
+        self._rank_endpoints = self._receiver.endpoints if group else [self._endpoint]
         self._cache_received_kv = self._kv_config.caches_received_kv
 
     def _ready_info(self) -> dict:
@@ -121,7 +132,13 @@ class DecodeWorker(WorkerActor):
             self._streams[rid] = runtime.loop.open_stream(rid)
             dest_blocks = [reservation.block_ids[i] for i in reservation.missing_block_indices]
             timeout = reservation_timeout_s or self._kv_config.reservation_timeout_s
-            transfer_id = self._receiver.open(dest_blocks, timeout, inject_context())
+            transfer_id = await self._on_receiver(
+                self._receiver.open, dest_blocks, timeout, inject_context()
+            )
+            if handoff.cancelled:  # abort() ran while the ranks opened: it found no transfer
+                await self._on_receiver(self._receiver.abort, transfer_id)
+                span.set_attribute("pdserve.outcome", "aborted")
+                return None
             handoff.reserve_span = span.get_span_context()
             self._handoffs.attach(handoff, transfer_id, len(dest_blocks))
             span.set_attributes(
@@ -139,7 +156,15 @@ class DecodeWorker(WorkerActor):
             num_cached_tokens=reservation.num_cached_tokens,
             deadline=time.time() + timeout,
             transport=self._kv_config.transport,
+            rank_endpoints=self._rank_endpoints,
         )
+
+    async def _on_receiver(self, call, *args):
+        """A receiver call; on a tensor-parallel worker off the event loop, as it waits for
+        Ray calls to the other ranks."""
+        if self._ranked:
+            return await asyncio.to_thread(call, *args)
+        return call(*args)
 
     async def generate(self, request: WorkRequest) -> None:
         """Local path: prefill and decode here. Tokens come out of stream()."""
@@ -213,7 +238,7 @@ class DecodeWorker(WorkerActor):
         runtime = await self._started()
         handoff = self._handoffs.cancel(request_id)
         if handoff is not None and handoff.transfer_id:
-            self._receiver.abort(handoff.transfer_id)
+            await self._on_receiver(self._receiver.abort, handoff.transfer_id)
         self._streams.pop(request_id, None)
         await runtime.abort(request_id)
 
@@ -230,12 +255,17 @@ class DecodeWorker(WorkerActor):
 
     # ---- KVSink: called by the receiver on its own threads ---------------------------------
     def write_kv(
-        self, transfer_id: str, block_ids: list[int], layer_start: int, data: torch.Tensor
+        self,
+        transfer_id: str,
+        block_ids: list[int],
+        layer_start: int,
+        data: torch.Tensor,
+        head_start: int,
     ) -> None:
         handoff = self._handoffs.of_transfer(transfer_id)
         if handoff is not None and handoff.first_chunk_ns is None:
             handoff.first_chunk_ns = time.time_ns()
-        self._runtime.engine.write_kv(block_ids, layer_start, data)
+        self._runtime.engine.write_kv(block_ids, layer_start, data, head_start)
 
     def on_commit(self, transfer_id: str, commit: CommitInfo) -> None:
         handoff = self._handoffs.of_transfer(transfer_id)

@@ -14,6 +14,9 @@
 - `nixl_receiver.py` / `nixl_sender.py` — the nixl transport: the decode worker READs the
   missing blocks straight from the prefill worker's KV cache into the reserved blocks (NIXL
   over UCX).
+- `head_slices.py` / `tp_handoff.py` — handoffs between tensor-parallel workers: which heads
+  each prefill rank sends to which decode rank; rank 0's receiver that opens, seals and aborts
+  every decode rank's part; every prefill rank's push and rank 0's commit.
 - `tls.py` — TLS / mutual TLS credentials of the KV endpoint and of the senders' channels.
 - `factory.py` — `make_receiver(config, sink, layout, kv_cache)`,
   `make_sender(config, kv_cache)`.

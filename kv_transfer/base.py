@@ -36,13 +36,17 @@ class KVLayout:
     head_dim: int
     dtype: str  # torch dtype name: "float32", "bfloat16", "float16"
     device: str = "cpu"  # where the cache lives; "cuda..." selects NCCL in the collective transport
+    # The model's index of the cache's first KV head: a tensor-parallel rank's cache holds
+    # heads [first_kv_head, first_kv_head + num_kv_heads) of the model (0 on one device).
+    first_kv_head: int = 0
 
     @classmethod
-    def of(cls, kv_cache: torch.Tensor) -> KVLayout:
+    def of(cls, kv_cache: torch.Tensor, first_kv_head: int = 0) -> KVLayout:
         """Layout of an engine cache `[num_layers, 2, num_blocks, block_size, heads, head_dim]`."""
         num_layers, _, _, block_size, heads, head_dim = kv_cache.shape
         dtype = str(kv_cache.dtype).removeprefix("torch.")
-        return cls(num_layers, block_size, heads, head_dim, dtype, str(kv_cache.device))
+        device = str(kv_cache.device)
+        return cls(num_layers, block_size, heads, head_dim, dtype, device, first_kv_head)
 
 
 @dataclass(frozen=True)
@@ -65,9 +69,11 @@ class TransferRequest:
     src_block_ids: list[int]  # prefill-side blocks, in the order of the reservation's blocks
     num_layers: int
     read_kv: ReadKV  # e.g. LLMEngine.read_kv
-    commit: CommitInfo
+    # None: push only. A tensor-parallel handoff pushes each rank's heads, then commits once.
+    commit: CommitInfo | None
     trace_context: dict[str, str] = field(default_factory=dict)  # sent in every chunk header
     timeout_s: float | None = None  # bound on the whole send; None = config reservation timeout
+    kv_head_start: int = 0  # the model's index of the first KV head read_kv returns
 
 
 @dataclass(frozen=True)
@@ -77,6 +83,8 @@ class TransferResult:
     bytes: int
     chunks: int
     seconds: float
+    # A tensor-parallel handoff: the payload bytes each prefill rank sent, in rank order.
+    rank_bytes: tuple[int, ...] = ()
 
 
 class KVSink(Protocol):
@@ -90,10 +98,17 @@ class KVSink(Protocol):
     """
 
     def write_kv(
-        self, transfer_id: str, block_ids: list[int], layer_start: int, data: torch.Tensor
+        self,
+        transfer_id: str,
+        block_ids: list[int],
+        layer_start: int,
+        data: torch.Tensor,
+        head_start: int,
     ) -> None:
-        """Copies `data` ([l1-l0, 2, n, ...]) of transfer `transfer_id` (the id every chunk
-        carries) into `kv_cache[l0:l1, :, block_ids]`."""
+        """Copies `data` ([l1-l0, 2, n, block_size, h, head_dim]) of transfer `transfer_id`
+        (the id every chunk carries) into `kv_cache[l0:l1, :, block_ids]`'s heads
+        [head_start, head_start + h) (the cache's own indices; h = all of them but on a
+        tensor-parallel handoff)."""
 
     def on_commit(self, transfer_id: str, commit: CommitInfo) -> None:
         """Every block arrived; start decoding. Raise to fail the commit (the sender sees it):
@@ -124,9 +139,11 @@ class KVReceiver(abc.ABC):
         dest_block_ids: list[int],
         deadline_s: float | None = None,
         trace_context: dict[str, str] | None = None,
+        transfer_id: str | None = None,
     ) -> str:
         """Reserves a transfer into `dest_block_ids` that expires `deadline_s` seconds from now
-        (None = config.reservation_timeout_s); returns its unguessable transfer id."""
+        (None = config.reservation_timeout_s); returns its unguessable transfer id, or
+        `transfer_id` when given (the id rank 0 of a tensor-parallel decode worker issued)."""
 
     @abc.abstractmethod
     def abort(self, transfer_id: str) -> bool:
@@ -144,8 +161,9 @@ class KVSender(abc.ABC):
 
     @abc.abstractmethod
     def send(self, request: TransferRequest) -> TransferResult:
-        """Pushes every layer of every block, then commits. Raises KVTransferError on any failure;
-        the caller aborts the transfer (both sides) and retries elsewhere."""
+        """Pushes every layer of every block, then commits (unless `request.commit` is None).
+        Raises KVTransferError on any failure; the caller aborts the transfer (both sides) and
+        retries elsewhere."""
 
     @abc.abstractmethod
     def abort(self, endpoint: str, transfer_id: str) -> None:

@@ -181,12 +181,20 @@ class CollectiveKVReceiver(GrpcKVReceiver):
             pass  # recorded on the transfer: its commit fails with this message
 
     def _commit(self, request: pb.CommitRequest, context: grpc.ServicerContext) -> Any:
-        with self._lock:
-            waiting = list(self._pending.get(request.transfer_id, ()))
-        deadline = self._table.deadline(request.transfer_id)
-        if waiting and deadline is not None:  # chunks still in flight: commit after them
-            futures.wait(waiting, timeout=max(0.0, deadline - time.monotonic()))
+        self._wait_for_chunks(request.transfer_id)
         return super()._commit(request, context)
+
+    def seal(self, transfer_id: str) -> None:
+        self._wait_for_chunks(transfer_id)
+        super().seal(transfer_id)
+
+    def _wait_for_chunks(self, transfer_id: str) -> None:
+        """Chunks still in flight: commit (or seal) after them, by the deadline."""
+        with self._lock:
+            waiting = list(self._pending.get(transfer_id, ()))
+        deadline = self._table.deadline(transfer_id)
+        if waiting and deadline is not None:
+            futures.wait(waiting, timeout=max(0.0, deadline - time.monotonic()))
 
     def _forget(self, transfer_id: str, done: futures.Future[None]) -> None:
         with self._lock:

@@ -52,6 +52,7 @@ def spec_of(header: pb.ChunkHeader) -> ChunkSpec:
         header.dtype,
         tuple(header.shape),
         header.seq,
+        header.kv_head_start,
     )
 
 
@@ -100,8 +101,14 @@ class GrpcKVReceiver(KVReceiver):
         dest_block_ids: list[int],
         deadline_s: float | None = None,
         trace_context: dict[str, str] | None = None,
+        transfer_id: str | None = None,
     ) -> str:
-        return self._table.open(dest_block_ids, deadline_s, trace_context or {})
+        return self._table.open(dest_block_ids, deadline_s, trace_context or {}, transfer_id)
+
+    def seal(self, transfer_id: str) -> None:
+        """Ends this rank's part of a tensor-parallel handoff as committed once every layer of
+        its heads arrived (no more writes into its blocks); raises TransferRejected if not."""
+        self._table.seal(transfer_id)
 
     def abort(self, transfer_id: str) -> bool:
         return self._table.abort(transfer_id, notify_sink=False)

@@ -113,7 +113,10 @@ class ControlClient:
             return self._stubs[endpoint]
 
     def commit(self, stub: ControlStub, request: TransferRequest, deadline: float) -> None:
-        """Tells the receiver the transfer is complete, within what is left of `deadline`."""
+        """Tells the receiver the transfer is complete, within what is left of `deadline`;
+        nothing for a push-only request (one rank's part of a tensor-parallel handoff)."""
+        if request.commit is None:
+            return
         stub.commit(
             commit_request(request),
             timeout=max(0.001, deadline - time.perf_counter()),

@@ -242,11 +242,13 @@ class _DirectSink:
     def __init__(self, sink: KVSink) -> None:
         self.sink = sink
 
-    def write_kv(self, transfer_id: str, block_ids: list[int], layer_start: int, data: Any) -> None:
+    def write_kv(
+        self, transfer_id: str, block_ids: list[int], layer_start: int, data: Any, head_start: int
+    ) -> None:
         if isinstance(data, _Pull):
             data.run(block_ids)
         else:
-            self.sink.write_kv(transfer_id, block_ids, layer_start, data)
+            self.sink.write_kv(transfer_id, block_ids, layer_start, data, head_start)
 
     def on_commit(self, transfer_id: str, commit: CommitInfo) -> None:
         self.sink.on_commit(transfer_id, commit)

@@ -1,7 +1,9 @@
 """The decode side's table of open transfers, shared by every transport.
 
 Owns each transfer's lifecycle: OPEN -> COMMITTED | ABORTED | EXPIRED | FAILED, changed only
-here. Invariants: only an OPEN transfer's blocks are written; a state change away from OPEN
+here. A chunk may carry a part of the cache's KV heads (a tensor-parallel handoff: each prefill
+rank sends the heads it holds), so arrival is tracked per (layer, head), and chunk order per
+stream of one first head. Invariants: only an OPEN transfer's blocks are written; a state change away from OPEN
 happens under the transfer's lock, which every write also holds, so once `abort` returns or
 `on_expired` is called no write into its blocks is in flight (fencing); every transfer that
 does not commit ends in `sink.on_expired` (or in its owner's own `abort`), so no blocks leak.
@@ -52,6 +54,9 @@ class TransferRejected(Exception):
         super().__init__(message)
         self.reason = reason
 
+    def __reduce__(self):  # picklable: a decode rank's refusal reaches rank 0 through Ray
+        return TransferRejected, (self.reason, str(self))
+
 
 @dataclass(frozen=True)
 class ChunkSpec:
@@ -62,7 +67,8 @@ class ChunkSpec:
     num_layers: int
     dtype: str
     shape: tuple[int, ...]  # [l1-l0, 2, n, block_size, num_kv_heads, head_dim]
-    seq: int = 0  # position of the chunk in its transfer
+    seq: int = 0  # position of the chunk in its stream (the chunks of one kv_head_start)
+    kv_head_start: int = 0  # the model's index of the chunk's first KV head
 
 
 @dataclass
@@ -71,13 +77,26 @@ class _Transfer:
     dest_block_ids: list[int]
     deadline: float  # time.monotonic()
     trace_context: dict[str, str]
-    # (num_layers, dtype, block shape) every chunk must match; from the layout or first chunk.
+    # (num_layers, dtype, (block_size, head_dim)) every chunk must match, and (first, count)
+    # of the model's KV heads the cache holds; from the layout, else from the first chunk.
     expect: tuple[int, str, tuple[int, ...]] | None
-    arrived: bytearray | None = None  # one flag per layer
-    next_seq: int = 0  # the seq the next chunk must carry
+    heads: tuple[int, int] | None
+    arrived: bytearray | None = None  # one flag per (layer, head), layer-major
+    next_seq: dict[int, int] = field(default_factory=dict)  # by kv_head_start: next chunk's seq
     state: TransferState = TransferState.OPEN
     error: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _cells(transfer: _Transfer, spec: ChunkSpec) -> list[slice]:
+    """The chunk's (layer, head) flags in `transfer.arrived`: one run of heads per layer."""
+    assert transfer.heads is not None
+    first, count = transfer.heads
+    start = spec.kv_head_start - first
+    return [
+        slice(layer * count + start, layer * count + start + spec.shape[4])
+        for layer in range(spec.layer_start, spec.layer_end)
+    ]
 
 
 class ReservationTable:
@@ -99,20 +118,28 @@ class ReservationTable:
         self._reaper.start()
 
     def open(
-        self, dest_block_ids: list[int], deadline_s: float | None, trace_context: dict[str, str]
+        self,
+        dest_block_ids: list[int],
+        deadline_s: float | None,
+        trace_context: dict[str, str],
+        transfer_id: str | None = None,
     ) -> str:
+        """A new transfer's id; `transfer_id` (another rank of this decode worker issued it)
+        opens this rank's part of a tensor-parallel handoff under the same id."""
         timeout = self._default_timeout_s if deadline_s is None else deadline_s
-        expect = None
+        expect = heads = None
         if self._layout is not None:
             lay = self._layout
-            expect = (lay.num_layers, lay.dtype, (lay.block_size, lay.num_kv_heads, lay.head_dim))
-        transfer_id = secrets.token_urlsafe(24)  # 192 bits: the id is a capability
+            expect = (lay.num_layers, lay.dtype, (lay.block_size, lay.head_dim))
+            heads = (lay.first_kv_head, lay.num_kv_heads)
+        transfer_id = transfer_id or secrets.token_urlsafe(24)  # 192 bits: a capability
         transfer = _Transfer(
             transfer_id,
             list(dest_block_ids),
             time.monotonic() + timeout,
             dict(trace_context),
             expect,
+            heads,
         )
         with self._lock:
             self._open[transfer_id] = transfer
@@ -126,12 +153,13 @@ class ReservationTable:
         with transfer.lock:
             self._check_open(transfer)
             problem = self._check_spec(transfer, spec)
-            if not problem and spec.seq != transfer.next_seq:
+            expected = transfer.next_seq.get(spec.kv_head_start, 0)
+            if not problem and spec.seq != expected:
                 problem = (
                     f"transfer {transfer_id}: chunk seq {spec.seq} out of order, "
-                    f"expected {transfer.next_seq}"
+                    f"expected {expected}"
                 )
-            transfer.next_seq += 1
+            transfer.next_seq[spec.kv_head_start] = expected + 1
         if problem:
             self.fail(transfer_id, problem, RejectReason.INVALID)
 
@@ -142,11 +170,13 @@ class ReservationTable:
             self._check_open(transfer)
             problem = self._check_spec(transfer, spec)
             if not problem:
-                self._sink.write_kv(transfer_id, transfer.dest_block_ids, spec.layer_start, data)
-                assert transfer.arrived is not None
-                transfer.arrived[spec.layer_start : spec.layer_end] = b"\x01" * (
-                    spec.layer_end - spec.layer_start
+                assert transfer.heads is not None and transfer.arrived is not None
+                own_head = spec.kv_head_start - transfer.heads[0]  # the cache's index
+                self._sink.write_kv(
+                    transfer_id, transfer.dest_block_ids, spec.layer_start, data, own_head
                 )
+                for cells in _cells(transfer, spec):
+                    transfer.arrived[cells] = b"\x01" * (cells.stop - cells.start)
                 return
         self.fail(transfer_id, problem, RejectReason.INVALID)
 
@@ -156,12 +186,7 @@ class ReservationTable:
             self._check_open(transfer)
             # A reservation with no blocks (the decode worker holds the whole prompt) needs
             # no chunks: only the commit.
-            incomplete = transfer.arrived is None or not all(transfer.arrived)
-            if transfer.dest_block_ids and incomplete:
-                missing = "all" if transfer.arrived is None else transfer.arrived.count(0)
-                raise TransferRejected(
-                    RejectReason.INCOMPLETE, f"transfer {transfer_id}: {missing} layers missing"
-                )
+            self._check_complete(transfer)
             try:
                 self._sink.on_commit(transfer_id, info)
             except Exception as exc:
@@ -176,6 +201,16 @@ class ReservationTable:
                 self._end(transfer, TransferState.COMMITTED)
                 return
         self.fail(transfer_id, error, reason)
+
+    def seal(self, transfer_id: str) -> None:
+        """Ends a complete transfer as COMMITTED without the sink's on_commit: this rank's part
+        of a tensor-parallel handoff, whose commit (the first token, decoding) is rank 0's.
+        Raises TransferRejected (INCOMPLETE, NOT_OPEN...) otherwise, changing nothing."""
+        transfer = self._get_open(transfer_id)
+        with transfer.lock:
+            self._check_open(transfer)
+            self._check_complete(transfer)
+            self._end(transfer, TransferState.COMMITTED)
 
     def abort(self, transfer_id: str, notify_sink: bool) -> bool:
         """Fences the transfer; True if it was open. `notify_sink` calls on_expired (remote
@@ -263,16 +298,43 @@ class ReservationTable:
             )
 
     @staticmethod
+    def _check_complete(transfer: _Transfer) -> None:
+        """Raises INCOMPLETE unless every (layer, head) arrived. A reservation with no blocks
+        (the decode worker holds the whole prompt) needs no chunks."""
+        if not transfer.dest_block_ids:
+            return
+        if transfer.arrived is None or not all(transfer.arrived):
+            tid = transfer.transfer_id
+            if transfer.arrived is None:
+                missing = "all layers missing"
+            else:
+                heads = transfer.heads[1] if transfer.heads else 1
+                cells = [i for i, flag in enumerate(transfer.arrived) if not flag]
+                layers = len({i // heads for i in cells})
+                missing = f"{layers} layers missing ({len(cells)} (layer, KV head) parts)"
+            raise TransferRejected(RejectReason.INCOMPLETE, f"transfer {tid}: {missing}")
+
+    @staticmethod
     def _check_spec(transfer: _Transfer, spec: ChunkSpec) -> str:
-        """'' if the chunk fits the reservation, else what is wrong. Sets `expect` and
-        `arrived` from the first chunk when the receiver has no layout."""
+        """'' if the chunk fits the reservation, else what is wrong. Sets `expect`, `heads`
+        and `arrived` from the first chunk when the receiver has no layout."""
         tid, n = transfer.transfer_id, len(transfer.dest_block_ids)
         if len(spec.shape) != 6:
             return f"transfer {tid}: chunk shape {list(spec.shape)} is not 6-dimensional"
-        claimed = (spec.num_layers, spec.dtype, tuple(spec.shape[3:]))
+        claimed = (spec.num_layers, spec.dtype, (spec.shape[3], spec.shape[5]))
         expect = transfer.expect or claimed
         if claimed != expect:
-            return f"transfer {tid}: chunk (layers, dtype, block shape) {claimed} != {expect}"
+            return (
+                f"transfer {tid}: chunk (layers, dtype, (block size, head dim)) {claimed} "
+                f"!= {expect}"
+            )
+        first, count = transfer.heads or (spec.kv_head_start, spec.shape[4])
+        start, end = spec.kv_head_start, spec.kv_head_start + spec.shape[4]
+        if not first <= start < end <= first + count:
+            return (
+                f"transfer {tid}: chunk KV heads [{start}, {end}) are not within this cache's "
+                f"heads [{first}, {first + count})"
+            )
         if not 0 <= spec.layer_start < spec.layer_end <= expect[0]:
             return f"transfer {tid}: layer range [{spec.layer_start}, {spec.layer_end}) invalid"
         want = (spec.layer_end - spec.layer_start, 2, n)
@@ -280,11 +342,14 @@ class ReservationTable:
             return (
                 f"transfer {tid}: chunk shape {list(spec.shape)} does not start with {list(want)}"
             )
-        transfer.expect = expect
+        transfer.expect, transfer.heads = expect, (first, count)
         if transfer.arrived is None:
-            transfer.arrived = bytearray(expect[0])
-        if any(transfer.arrived[spec.layer_start : spec.layer_end]):
-            return f"transfer {tid}: layers [{spec.layer_start}, {spec.layer_end}) sent twice"
+            transfer.arrived = bytearray(expect[0] * count)
+        if any(any(transfer.arrived[cells]) for cells in _cells(transfer, spec)):
+            return (
+                f"transfer {tid}: layers [{spec.layer_start}, {spec.layer_end}) of KV heads "
+                f"[{start}, {end}) sent twice"
+            )
         return ""
 
     def _end(self, transfer: _Transfer, state: TransferState) -> None:

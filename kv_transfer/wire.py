@@ -155,5 +155,6 @@ def chunk_header(
         shape=list(data.shape),
         checksum=checksum_value,
         trace_context=request.trace_context,
+        kv_head_start=request.kv_head_start,
         **extra,
     )

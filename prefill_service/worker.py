@@ -7,7 +7,9 @@ return the first token from the prefill instance); it then pushes the blocks the
 lacks through the configured transport, commits with the first token, and releases the blocks —
 to this worker's prefix cache, where a later request with the same prefix finds them. P never
 holds blocks on D's behalf once its push is done, whatever the outcome, nor once the caller
-stops listening.
+stops listening. When either worker is tensor-parallel, every prefill rank pushes its own KV
+heads to the decode ranks holding them, and this actor (rank 0) commits once all of them did
+(kv_transfer/tp_handoff.py).
 
 An abort may run before the prefill() it aborts has started, or between its stream opening and
 its request reaching the engine (pdserve/worker/aborted_requests.py): prefill() checks the
@@ -20,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
 from opentelemetry import trace
@@ -36,6 +38,7 @@ from pdserve.worker.worker_actor import WorkerActor
 from pdserve.worker.worker_spec import WorkerSpec
 
 if TYPE_CHECKING:  # torch; imported on the worker only, so the router can import this module
+    from kv_transfer.base import CommitInfo, TransferResult
     from pdserve.worker.worker_runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
@@ -162,7 +165,7 @@ class PrefillWorker(WorkerActor):
         """Pushes the held blocks the decode worker lacks and commits, in `pdserve.kv_transfer`;
         its context rides in every chunk header and the commit, so the decode side continues
         this trace."""
-        from kv_transfer.base import CommitInfo, TransferRequest
+        from kv_transfer.base import CommitInfo
 
         attributes = {
             "pdserve.kv.transport": self._kv_config.transport,
@@ -175,24 +178,17 @@ class PrefillWorker(WorkerActor):
             "pdserve.kv_transfer", kind=SpanKind.CLIENT, attributes=attributes
         ) as span:
             carrier = inject_context()
-            transfer = TransferRequest(
-                endpoint=reservation.endpoint,
-                transfer_id=reservation.transfer_id,
-                src_block_ids=src_blocks,
-                num_layers=runtime.engine.num_layers,
-                read_kv=runtime.engine.read_kv,
-                commit=CommitInfo(
-                    first_token_id=result.first_token_id,
-                    first_logprob=result.first_logprob,
-                    num_prompt_tokens=result.num_prompt_tokens,
-                    trace_context=carrier,
-                ),
+            commit = CommitInfo(
+                first_token_id=result.first_token_id,
+                first_logprob=result.first_logprob,
+                num_prompt_tokens=result.num_prompt_tokens,
                 trace_context=carrier,
             )
+            push = self._handoff(runtime, reservation, src_blocks, commit, carrier)
             try:
                 # Off the event loop: the push is blocking I/O; held blocks are safe to read.
                 # to_thread copies the context, so the transport's own spans nest in this one.
-                sent = await asyncio.to_thread(self._sender.send, transfer)
+                sent = await asyncio.to_thread(push)
             except Exception as exc:
                 reason = metrics.transfer_failure_reason(exc)
                 runtime.record_transfer(0, 0.0, failed=True, reason=reason)
@@ -207,8 +203,53 @@ class PrefillWorker(WorkerActor):
                     "pdserve.kv.seconds": sent.seconds,
                 }
             )
+            if sent.rank_bytes:  # a tensor-parallel handoff: what each prefill rank sent
+                span.set_attribute("pdserve.kv.rank_bytes", list(sent.rank_bytes))
         result.transfer_s, result.transfer_bytes = sent.seconds, sent.bytes
         result.transfer_chunks = sent.chunks
+
+    def _handoff(
+        self,
+        runtime: WorkerRuntime,
+        reservation: KVReservation,
+        src_blocks: list[int],
+        commit: CommitInfo,
+        carrier: dict[str, str],
+    ) -> Callable[[], TransferResult]:
+        """The blocking push and commit: one request on one device each side, else every
+        prefill rank's heads to the decode ranks holding them, rank 0 committing."""
+        from kv_transfer.base import TransferRequest
+        from kv_transfer.tp_handoff import SlicedSend, send_sliced
+
+        engine, group = runtime.engine, runtime.rank_group
+        endpoints = reservation.rank_endpoints or [reservation.endpoint]
+        if group is None and len(endpoints) == 1:
+            request = TransferRequest(
+                endpoint=reservation.endpoint,
+                transfer_id=reservation.transfer_id,
+                src_block_ids=src_blocks,
+                num_layers=engine.num_layers,
+                read_kv=engine.read_kv,
+                commit=commit,
+                trace_context=carrier,
+            )
+            return lambda: self._sender.send(request)
+        send = SlicedSend(
+            endpoints=tuple(endpoints),
+            transfer_id=reservation.transfer_id,
+            src_block_ids=src_blocks,
+            num_layers=engine.num_layers,
+            total_kv_heads=group.executor.kv_heads if group else engine.kv_cache.shape[-2],
+            prefill_tp=group.tp.size if group else 1,
+            trace_context=carrier,
+        )
+
+        def start_followers() -> Callable[[], list[TransferResult]]:
+            if group is None:  # one prefill rank (the decode worker is tensor-parallel)
+                return list  # no other rank's push to wait for: []
+            return group.start_pushes(send)
+
+        return lambda: send_sliced(self._sender, send, engine.kv_cache, commit, start_followers)
 
     async def inject_fault(self, kind: str) -> None:
         """Fault injection for tests and drills, enabled by WorkerConfig.fault_injection

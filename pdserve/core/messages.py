@@ -31,6 +31,9 @@ class KVReservation:
     num_cached_tokens: int  # prompt tokens the decode worker already holds
     deadline: float  # unix time after which the reservation is freed
     transport: str = "grpc"
+    # Every decode rank's KV endpoint, in rank order ([endpoint] on one device): a
+    # tensor-parallel handoff sends each rank its heads there (kv_transfer/tp_handoff.py).
+    rank_endpoints: list[str] = field(default_factory=list)
 
 
 @dataclass

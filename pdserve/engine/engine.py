@@ -301,13 +301,17 @@ class LLMEngine:
         missing = list(range(cached // self.block_size, len(seq.block_table)))
         return Reservation(cached, list(seq.block_table), missing)
 
-    def write_kv(self, block_ids: list[int], layer_start: int, data: Any) -> None:
-        """data: [l1 - l0, 2, n, block_size, kv_heads, head_dim] -> kv_cache[l0:l1, :, ids].
+    def write_kv(
+        self, block_ids: list[int], layer_start: int, data: Any, head_start: int = 0
+    ) -> None:
+        """data: [l1 - l0, 2, n, block_size, h, head_dim] -> kv_cache[l0:l1, :, ids]'s heads
+        [head_start, head_start + h) (on a tensor-parallel worker: rank 0's own cache).
         Thread-safe against step(): reserved blocks are never read or written by a step."""
-        self.executor.write_kv(block_ids, layer_start, data)
+        self.executor.write_kv(block_ids, layer_start, data, head_start)
 
     def read_kv(self, block_ids: list[int], layer_start: int, layer_end: int) -> Any:
-        """A contiguous copy of kv_cache[l0:l1, :, block_ids] (sim: its shape, no bytes)."""
+        """A contiguous copy of kv_cache[l0:l1, :, block_ids] (sim: its shape, no bytes; on a
+        tensor-parallel worker: rank 0's own heads)."""
         return self.executor.read_kv(block_ids, layer_start, layer_end)
 
     def commit(

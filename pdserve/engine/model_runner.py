@@ -209,11 +209,16 @@ class TorchExecutor:
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         copy_kv_blocks(self.kv_cache, copies)
 
-    def write_kv(self, block_ids: list[int], layer_start: int, data: torch.Tensor) -> None:
+    def write_kv(
+        self, block_ids: list[int], layer_start: int, data: torch.Tensor, head_start: int = 0
+    ) -> None:
+        """data [l1 - l0, 2, n, block_size, h, head_dim] into kv_cache[l0:l1, :, block_ids]'s
+        heads [head_start, head_start + h) (a tensor-parallel handoff's part: fewer heads)."""
         index = torch.tensor(block_ids, dtype=torch.int64, device=self.kv_cache.device)
-        layer_end = layer_start + data.shape[0]
+        layers = slice(layer_start, layer_start + data.shape[0])
+        heads = slice(head_start, head_start + data.shape[4])
         data = data.to(device=self.kv_cache.device, dtype=self.kv_cache.dtype)
-        self.kv_cache[layer_start:layer_end].index_copy_(2, index, data)
+        self.kv_cache[layers, :, :, :, heads].index_copy_(2, index, data)
 
     def read_kv(self, block_ids: list[int], layer_start: int, layer_end: int) -> torch.Tensor:
         index = torch.tensor(block_ids, dtype=torch.int64, device=self.kv_cache.device)

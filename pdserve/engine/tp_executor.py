@@ -1,14 +1,14 @@
 """A tensor-parallel worker's executors: rank 0's `LeaderExecutor` (the engine's executor: the
 one engine of the worker, with its scheduler, block manager and prefix cache, runs on rank 0)
 and the other ranks' `follow` loop, which replays on its shard what rank 0 does to the model
-and the KV cache.
+and the KV cache's blocks.
 
-Every call that touches the model or the KV cache is one command broadcast from rank 0 over
-the worker's torch.distributed group (Gloo on CPU, NCCL on CUDA), then the same work on every
-rank: a step's forward (whose row-parallel all-reduces and LM-head all-gather need every rank),
-block copies, and KV reads and writes of a handoff (rank 0 gathers every rank's heads for a
-read and scatters them for a write, so the KV transports see one whole-model cache). A step
-sends what `ModelRunner.run` reads of each sequence, not the sequences: the tokens of the
+A step's forward (whose row-parallel all-reduces and LM-head all-gather need every rank) and
+a block copy are each one command broadcast from rank 0 over the worker's torch.distributed
+group (Gloo on CPU, NCCL on CUDA), then the same work on every rank. KV handoffs are not
+commands: each rank reads and writes its own heads' slice of a handoff over its own KV sender
+or endpoint (kv_transfer/tp_handoff.py), so rank 0's `read_kv` / `write_kv` are its own
+cache's, as any rank's. A step sends what `ModelRunner.run` reads of each sequence, not the sequences: the tokens of the
 chunk, positions, block table, sampling parameters (DoLa/SLED exits) and draft count.
 Sampling, beams and draft verification stay on rank 0 (every rank has the whole logits, only
 rank 0 uses them).
@@ -20,7 +20,6 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from pdserve.core.sampling_params import SamplingParams
@@ -79,33 +78,11 @@ def _broadcast(command: tuple | None) -> tuple:
     return box[0]
 
 
-class _HeadSlices:
-    """Which of the model's KV heads each rank's cache holds (tp_layout.py)."""
-
-    def __init__(self, model: Any, size: int) -> None:
-        layouts = [shard_layout(model.config, TensorParallel(r, size)) for r in range(size)]
-        self.total = layouts[0].total_kv_heads
-        self.ranges = [(x.first_kv_head, x.first_kv_head + x.num_kv_heads) for x in layouts]
-
-    def join(self, parts: list[torch.Tensor]) -> torch.Tensor:
-        """The ranks' [..., heads of the rank, D] parts as [..., every head, D] (a head two
-        ranks hold is the same on both)."""
-        shape = (*parts[0].shape[:-2], self.total, parts[0].shape[-1])
-        whole = parts[0].new_empty(shape)
-        for (first, end), part in zip(self.ranges, parts, strict=True):
-            whole[..., first:end, :] = part
-        return whole
-
-    def split(self, whole: torch.Tensor) -> list[torch.Tensor]:
-        return [whole[..., first:end, :].contiguous() for first, end in self.ranges]
-
-
 class LeaderExecutor:
-    """Rank 0's executor: a TorchExecutor on rank 0's shard whose every model and KV call is
+    """Rank 0's executor: a TorchExecutor on rank 0's shard whose steps and block copies are
     first broadcast to the other ranks. Steps run one at a time (no overlapped launch/collect:
-    the next step's tokens would have to reach the other ranks before they are known).
-    Thread-safe for the KV receiver's writes and the sender's reads beside the engine thread:
-    one command and its collectives at a time."""
+    the next step's tokens would have to reach the other ranks before they are known). One
+    command and its collectives at a time: `stop` comes from the shutting-down actor's thread."""
 
     overlaps_steps = False
     offers_beam_candidates = True
@@ -113,22 +90,22 @@ class LeaderExecutor:
     def __init__(self, inner: Any, tp: TensorParallel) -> None:
         self._inner = inner
         self._tp = tp
-        self._heads = _HeadSlices(inner.model, tp.size)
         self._lock = threading.Lock()
 
-    def __getattr__(self, name: str) -> Any:  # model_config, kv_cache, model, runner, stats...
+    # model_config, kv_cache, model, runner, stats, and read_kv / write_kv of its own heads
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
     @property
     def kv_heads(self) -> int:
-        """The whole model's KV heads: what a handoff carries (read_kv, write_kv)."""
-        return self._heads.total
+        """The whole model's KV heads (each rank's cache holds its share)."""
+        return shard_layout(self._inner.model.config, self._tp).total_kv_heads
 
     @property
     def bytes_per_block(self) -> int:
         """KV bytes of one block over every head (what a transfer moves per block)."""
         local = self._inner.kv_cache.shape[-2]
-        return self._inner.bytes_per_block // local * self._heads.total
+        return self._inner.bytes_per_block // local * self.kv_heads
 
     def execute(self, batch: ScheduledBatch, step_started: float):
         with self._lock:
@@ -139,23 +116,6 @@ class LeaderExecutor:
         with self._lock:
             _broadcast(("copy", copies))
             self._inner.copy_blocks(copies)
-
-    def read_kv(self, block_ids: list[int], layer_start: int, layer_end: int) -> torch.Tensor:
-        with self._lock:
-            _broadcast(("read", block_ids, layer_start, layer_end))
-            own = self._inner.read_kv(block_ids, layer_start, layer_end)
-            parts = [torch.empty_like(own) for _ in range(self._tp.size)]
-            dist.gather(own, parts, dst=0)
-            return self._heads.join(parts)
-
-    def write_kv(self, block_ids: list[int], layer_start: int, data: torch.Tensor) -> None:
-        with self._lock:
-            _broadcast(("write", block_ids, layer_start, data.shape[0]))
-            data = data.to(self._inner.kv_cache.dtype)
-            parts = self._heads.split(data.to(self._inner.kv_cache.device))
-            own = torch.empty_like(parts[0])
-            dist.scatter(own, parts, src=0)
-            self._inner.write_kv(block_ids, layer_start, own)
 
     def stop(self) -> None:
         """Ends the other ranks' follow loops."""
@@ -175,12 +135,3 @@ def follow(executor: Any, tp: TensorParallel) -> None:
             executor.runner.run(command[1])
         elif op == "copy":
             executor.copy_blocks(command[1])
-        elif op == "read":
-            dist.gather(executor.read_kv(*command[1:]), dst=0)
-        elif op == "write":
-            block_ids, layer_start, num_layers = command[1:]
-            kv = executor.kv_cache
-            shape = (num_layers, 2, len(block_ids), *kv.shape[3:])
-            own = torch.empty(shape, dtype=kv.dtype, device=kv.device)
-            dist.scatter(own, src=0)
-            executor.write_kv(block_ids, layer_start, own)

@@ -94,9 +94,7 @@ class ShardLayout:
     def first_kv_head(self) -> int:
         """This rank's first KV head; with fewer KV heads than ranks, the one its query heads
         use (size / total_kv_heads consecutive ranks share it)."""
-        if self.total_kv_heads >= self.size:
-            return self.rank * self.num_kv_heads
-        return self.rank // (self.size // self.total_kv_heads)
+        return kv_head_range(self.total_kv_heads, self.rank, self.size)[0]
 
     @property
     def vocab_rows(self) -> tuple[int, int]:
@@ -129,3 +127,15 @@ class ShardLayout:
                 return 1, self.first_head * d, (self.first_head + self.num_heads) * d
             return 1, self.rank * self.intermediate, (self.rank + 1) * self.intermediate
         return None
+
+
+def kv_head_range(total_kv_heads: int, rank: int, size: int) -> tuple[int, int]:
+    """[first, end) of the model's KV heads that rank `rank` of `size` holds: an even split,
+    or (fewer heads than ranks) the one head its query heads use, size / total_kv_heads
+    consecutive ranks sharing it. What each rank's KV cache holds, and so what a handoff
+    between tensor-parallel workers moves rank to rank (kv_transfer/head_slices.py)."""
+    if total_kv_heads >= size:
+        per_rank = total_kv_heads // size
+        return rank * per_rank, (rank + 1) * per_rank
+    first = rank // (size // total_kv_heads)
+    return first, first + 1

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ChunkHeader(_message.Message):
-    __slots__ = ("transfer_id", "seq", "layer_start", "layer_end", "num_layers", "dtype", "shape", "checksum", "trace_context", "pair_id")
+    __slots__ = ("transfer_id", "seq", "layer_start", "layer_end", "num_layers", "dtype", "shape", "checksum", "trace_context", "pair_id", "kv_head_start")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -26,6 +26,7 @@ class ChunkHeader(_message.Message):
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     PAIR_ID_FIELD_NUMBER: _ClassVar[int]
+    KV_HEAD_START_FIELD_NUMBER: _ClassVar[int]
     transfer_id: str
     seq: int
     layer_start: int
@@ -36,7 +37,8 @@ class ChunkHeader(_message.Message):
     checksum: int
     trace_context: _containers.ScalarMap[str, str]
     pair_id: str
-    def __init__(self, transfer_id: _Optional[str] = ..., seq: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., num_layers: _Optional[int] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., checksum: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., pair_id: _Optional[str] = ...) -> None: ...
+    kv_head_start: int
+    def __init__(self, transfer_id: _Optional[str] = ..., seq: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., num_layers: _Optional[int] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., checksum: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., pair_id: _Optional[str] = ..., kv_head_start: _Optional[int] = ...) -> None: ...
 
 class KVChunk(_message.Message):
     __slots__ = ("header", "payload")

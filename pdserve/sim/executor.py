@@ -190,7 +190,9 @@ class SimExecutor:
             shape, self.kv_cache.dtype, self.kv_cache.itemsize, self._link_seconds_per_byte
         )
 
-    def write_kv(self, block_ids: list[int], layer_start: int, data: Any) -> None:
+    def write_kv(
+        self, block_ids: list[int], layer_start: int, data: Any, head_start: int = 0
+    ) -> None:
         """Received KV has nowhere to go: the simulated model never reads it."""
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:

@@ -16,4 +16,5 @@ decode_service/).
   holds a whole worker.
 - `rank_group.py` — `RankGroup`, `RankActor`: a tensor-parallel worker's rank actors, their
   torch.distributed group, and the watch that takes the worker down as a unit.
+- `rank_kv.py` — `RankKV`: rank r > 0's own KV transport, for its heads of each handoff.
 """

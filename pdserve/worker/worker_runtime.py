@@ -57,7 +57,7 @@ class WorkerRuntime:
         if engine_config.tp > 1:  # rank 0 of a tensor-parallel worker
             from pdserve.worker.rank_group import RankGroup
 
-            self.rank_group = RankGroup(worker_id, spec)
+            self.rank_group = RankGroup(worker_id, role, spec)
         executor = self.rank_group.executor if self.rank_group else None
         # The router decodes the client's text over every attempt (router/output_text.py).
         self.engine = LLMEngine(

@@ -1,7 +1,6 @@
 """Rank processes of one tensor-parallel worker as the server runs it, without Ray: rank 0 runs
 the engine on a LeaderExecutor, the other ranks `follow` it (pdserve/engine/tp_executor.py).
-Rank 0 writes what it generated and the KV it read back to a file, each other rank the KV its
-own cache holds."""
+Rank 0 writes what it generated to a file."""
 
 from __future__ import annotations
 
@@ -19,9 +18,13 @@ from pdserve.models.tensor_parallel import TensorParallel
 from tests.models.tp_ranks import free_port  # noqa: F401  (re-exported for the test)
 
 
-def engine_config(model_dir: str, tp: int) -> EngineConfig:
-    """Speculative (ngram, never paused): verify steps carry draft rows to every rank."""
-    speculative = SpeculativeConfig(method="ngram", min_acceptance=0)
+def engine_config(model_dir: str, tp: int, draft_dir: str | None = None) -> EngineConfig:
+    """Speculative, never paused (verify steps carry draft rows to every rank): ngram, or
+    draft-model speculation with the draft in `draft_dir` (it runs whole on rank 0)."""
+    if draft_dir is None:
+        speculative = SpeculativeConfig(method="ngram", min_acceptance=0)
+    else:
+        speculative = SpeculativeConfig(method="draft", draft_model=draft_dir, min_acceptance=0)
     return EngineConfig(
         model=model_dir, block_size=8, num_kv_blocks=96, tp=tp, speculative=speculative
     )
@@ -56,28 +59,22 @@ def run_requests(engine: LLMEngine) -> dict[str, list]:
     return out
 
 
-def rank_main(rank: int, size: int, port: int, model_dir: str, kv: torch.Tensor, out: str):
+def rank_main(rank: int, size: int, port: int, model_dir: str, draft_dir: str | None, out: str):
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size
     )
     try:
         tp = TensorParallel(rank, size)
-        config = engine_config(model_dir, size)
+        config = engine_config(model_dir, size, draft_dir)
         executor = TorchExecutor(config, Path(model_dir), tp)
-        blocks = [3, 9, 2]
         if rank:
             follow(executor, tp)
-            # What this rank's own cache holds of the blocks rank 0 wrote: its heads' slice.
-            torch.save(executor.read_kv(blocks, 0, kv.shape[0]), Path(f"{out}.rank{rank}"))
             return
         leader = LeaderExecutor(executor, tp)
         engine = LLMEngine(config, executor=leader)
         generated = run_requests(engine)
-        engine.write_kv(blocks, 0, kv)
-        whole = engine.read_kv(blocks, 0, kv.shape[0])
-        top = engine.read_kv(blocks[1:], 1, kv.shape[0])
         leader.stop()
-        torch.save((generated, whole, top, leader.bytes_per_block), Path(out))
+        torch.save((generated, leader.bytes_per_block), Path(out))
     finally:
         dist.destroy_process_group()

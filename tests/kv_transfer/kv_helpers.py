@@ -44,10 +44,17 @@ class TensorSink:
         self.changed = threading.Event()
 
     def write_kv(
-        self, transfer_id: str, block_ids: list[int], layer_start: int, data: torch.Tensor
+        self,
+        transfer_id: str,
+        block_ids: list[int],
+        layer_start: int,
+        data: torch.Tensor,
+        head_start: int,
     ) -> None:
         self.written_by.add(transfer_id)
-        self.cache[layer_start : layer_start + data.shape[0], :, block_ids] = data
+        layers = slice(layer_start, layer_start + data.shape[0])
+        heads = slice(head_start, head_start + data.shape[4])
+        self.cache[layers, :, block_ids, :, heads] = data
         self.writes += 1
 
     def on_commit(self, transfer_id: str, commit: CommitInfo) -> None:

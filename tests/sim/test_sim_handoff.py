@@ -93,7 +93,7 @@ class RecordingSink:
         self.commits: list = []
         self.expired: list = []
 
-    def write_kv(self, transfer_id, block_ids, layer_start, data) -> None:
+    def write_kv(self, transfer_id, block_ids, layer_start, data, head_start) -> None:
         self.writes.append(data)
 
     def on_commit(self, transfer_id, commit) -> None:

@@ -74,7 +74,9 @@ class _CacheSink:
     def __init__(self, cache: Any) -> None:
         self.cache = cache
 
-    def write_kv(self, transfer_id: str, block_ids: list[int], layer_start: int, data: Any) -> None:
+    def write_kv(
+        self, transfer_id: str, block_ids: list[int], layer_start: int, data: Any, head_start: int
+    ) -> None:  # the bench sends every head: head_start is 0
         self.cache[layer_start : layer_start + data.shape[0], :, block_ids] = data
 
     def on_commit(self, transfer_id: str, commit: Any) -> None:
