@@ -86,13 +86,13 @@ class _CacheSink:
         pass
 
 
-def _receiver_main(conn: Any, args: argparse.Namespace, config: Any) -> None:
+def _receiver_main(conn: Any, mb: float, config: Any) -> None:
     """Child process: KV endpoint + raw TCP sink; answers `open` requests over `conn`."""
     import torch
 
     from kv_transfer import KVLayout, make_receiver
 
-    blocks = _num_blocks(args.mb)
+    blocks = _num_blocks(mb)
     cache = torch.zeros(LAYERS, 2, blocks, BLOCK_SIZE, HEADS, HEAD_DIM, dtype=torch.float16)
     receiver = make_receiver(config, _CacheSink(cache), KVLayout.of(cache), cache)
     endpoint = receiver.start()
@@ -173,7 +173,8 @@ def _measure(
     block_ids = list(range(src.shape[2]))
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_receiver_main, args=(child, args, config), daemon=True)
+    # Only the size crosses: the parsed arguments hold the CLI parser's own (unpicklable) objects.
+    proc = ctx.Process(target=_receiver_main, args=(child, args.mb, config), daemon=True)
     proc.start()
     endpoint, tcp_port = _reply(parent, proc)
     tcp = socket.create_connection(("127.0.0.1", tcp_port))
