@@ -97,7 +97,7 @@ def tenants_plan(workers: int = 32) -> IndexPlan:
             prompt_tokens=768,
             min_history_tokens=32,
             layout="tenants",
-        )  # fmt: skip
+        )
     )
 
 
