@@ -97,14 +97,16 @@ class VirtualCluster:
         }
         # The pool only holds snapshots here: it is never started, its handles never called.
         self.pool = WorkerPool(by_role["prefill"], by_role["decode"])
-        self.routers = [self._router(router_config, timing) for _ in range(router_replicas)]
+        self.routers = [self._router(router_config, timing, r) for r in range(router_replicas)]
         self.routing = self.routers[0]
         for worker in self.workers.values():
             self._poll(worker)
 
-    def _router(self, router_config: RouterConfig, timing: RouterTiming) -> Routing:
+    def _router(self, router_config: RouterConfig, timing: RouterTiming, replica: int) -> Routing:
         policy = RoutingPolicy(
-            router_config, cost=CostModel.with_priors_scaled(timing.cost_prior_scale)
+            router_config,
+            cost=CostModel.with_priors_scaled(timing.cost_prior_scale),
+            seed=replica,  # the replicas' `random` picks are independent
         )
         policy.cost.step_tokens = self.deployment.engine_config.max_num_batched_tokens
         return Routing(
