@@ -145,6 +145,10 @@ def _serve(policy: str, model_dir: Path, args: argparse.Namespace):
         "disaggregate": "never",
         "ttft_slo_ms": args.ttft_slo_ms,
         "tpot_slo_ms": args.tpot_slo_ms,
+        # On a shared 2-core machine a worker can wait seconds for a core: that is not a dead
+        # worker, and failing over from it would measure the machine, not the policy.
+        "heartbeat_timeout_s": 30.0,
+        "progress_timeout_s": 30.0,
     }
     return serve_locally(
         model_dir, prefill_workers=0, decode_workers=args.workers, engine=engine, router=router
