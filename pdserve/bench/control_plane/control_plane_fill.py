@@ -1,6 +1,7 @@
 """Fills the prefix index for `bench control-plane`, by the workers' events or in bulk.
 
-`fill_index` goes through the workers' real publishing path step by step: each synthetic worker is a sim engine (pdserve's scheduler, block manager and prefix cache;
+`fill_index` goes through the workers' real publishing path step by step: each synthetic
+worker is a sim engine (pdserve's scheduler, block manager and prefix cache;
 `pdserve/sim` in place of the model) that computes the prompts it should cache; the KV events
 its block manager emits go to a `PrefixIndexPublisher` registered under the worker's id, one
 `publish` per engine step (the call the worker's `IndexFeeder` thread makes). Engines run one
@@ -133,6 +134,7 @@ def bulk_fill_index(
         )
         ok = publisher.register() and publisher.resync(hashes)
         publisher.close()  # no unregister: the entries stay live until the heartbeat expires
+        # No engine ran: no steps, and a pool of exactly what it holds (nothing reads its size).
         fills.append(WorkerFill(w, len(hashes), 0, int(ok), int(not ok), 0, len(hashes), 0))
     return fills
 
