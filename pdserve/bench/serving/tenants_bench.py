@@ -32,6 +32,8 @@ from pdserve.bench.common.local_system import (
 )
 from pdserve.bench.planner_validation.routing_tenants import TENANT_POLICIES
 
+SETTING_TYPES = (str, int, float, bool, type(None))  # the flags' values (the CLI adds objects)
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p, preset="small")
@@ -130,7 +132,8 @@ def run(args: argparse.Namespace) -> int:
     console.print("ranking by TTFT p90: " + " < ".join(r.policy for r in ranking))
     if args.json:
         document = {
-            "settings": vars(args) | {"tenants": tenants, "requests": len(requests)},
+            "settings": {k: v for k, v in vars(args).items() if isinstance(v, SETTING_TYPES)}
+            | {"tenants": tenants, "requests": len(requests)},
             "results": [dataclasses.asdict(r) | {"hit_rate": r.hit_rate} for r in results],
             "ranking": [r.policy for r in ranking],
         }
