@@ -98,7 +98,6 @@ class VirtualCluster:
         # The pool only holds snapshots here: it is never started, its handles never called.
         self.pool = WorkerPool(by_role["prefill"], by_role["decode"])
         self.routers = [self._router(router_config, timing, r) for r in range(router_replicas)]
-        self.routing = self.routers[0]
         for worker in self.workers.values():
             self._poll(worker)
 
