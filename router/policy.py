@@ -88,9 +88,11 @@ class RoutingPolicy:
         weights: Weights | None = None,
         tie_tolerance: float = 0.005,
         vectorised: bool = True,
+        seed: int = 0,
     ) -> None:
         """`vectorised`: the cost policy decides on router/option_matrix.py's arrays, O(P + D)
-        Python; False enumerates every option as an Estimate (the reference it is tested against)."""
+        Python; False enumerates every option as an Estimate (the reference it is tested against).
+        `seed`: the `random` policy's (routers side by side need different ones)."""
         if config.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {config.policy!r}")
         try:
@@ -112,7 +114,7 @@ class RoutingPolicy:
         )
         self._turn = itertools.count()  # rotation among ties, and of decode workers
         self._prefill_turn = itertools.count()  # rotation of prefill workers (round_robin)
-        self._random = random.Random(0)  # `random`: seeded, so a run can be repeated
+        self._random = random.Random(seed)  # `random`: seeded, so a run can be repeated
 
     @property
     def mode(self) -> DisaggregateMode:

@@ -42,6 +42,10 @@ GROUPS: dict[str, dict[str, tuple[str, str]]] = {
             "disaggregated vs colocated under mixed load",
         ),
         "router": ("pdserve.bench.serving.router_bench", "routing policy vs round-robin"),
+        "router-tenants": (
+            "pdserve.bench.serving.tenants_bench",
+            "the six routing policies on issue 50's tenants workload, scaled to this machine",
+        ),
         "kv-tiers": (
             "pdserve.bench.serving.kv_tiers_bench",
             "multi-turn chat over 4x the KV pool: the host tier on vs off",

@@ -8,6 +8,12 @@ takes part unless `index_lag_s` is given: then the router's copy of the index is
 VirtualIndex fed by the workers' KV events `index_lag_s` after each step; without it the
 router knows cached prefixes only from what it routed itself. P = 0 is colocated serving:
 every request is prefilled on its decode worker.
+
+`router_replicas` > 1 runs that many routers side by side, as a service runs several for
+availability behind a load balancer that spreads requests over them (request k goes to
+replica k mod R): each has its own policy, cost model, in-flight counts and memory of its own
+routes (recent prefixes; the `approximate` policy's whole cache view), and all read the same
+workers' polls and the same index.
 """
 
 from __future__ import annotations
@@ -63,7 +69,10 @@ class VirtualCluster:
         timing: RouterTiming = RouterTiming(),
         keep_tokens: bool = False,
         index_lag_s: float | None = None,
+        router_replicas: int = 1,
     ) -> None:
+        if router_replicas < 1:
+            raise ValueError(f"router_replicas must be >= 1, got {router_replicas}")
         self.deployment = deployment
         self.timing = timing
         self.keep_tokens = keep_tokens
@@ -88,21 +97,30 @@ class VirtualCluster:
         }
         # The pool only holds snapshots here: it is never started, its handles never called.
         self.pool = WorkerPool(by_role["prefill"], by_role["decode"])
+        self.routers = [self._router(router_config, timing, r) for r in range(router_replicas)]
+        for worker in self.workers.values():
+            self._poll(worker)
+
+    def _router(self, router_config: RouterConfig, timing: RouterTiming, replica: int) -> Routing:
         policy = RoutingPolicy(
-            router_config, cost=CostModel.with_priors_scaled(timing.cost_prior_scale)
+            router_config,
+            cost=CostModel.with_priors_scaled(timing.cost_prior_scale),
+            seed=replica,  # the replicas' `random` picks are independent
         )
-        policy.cost.step_tokens = deployment.engine_config.max_num_batched_tokens
-        self.routing = Routing(
+        policy.cost.step_tokens = self.deployment.engine_config.max_num_batched_tokens
+        return Routing(
             self.pool,
             policy,
-            deployment.engine_config.block_size,
+            self.deployment.engine_config.block_size,
             index=self.index,
             clock=lambda: self.loop.now,
             # Its memory of recent routes expires on the virtual clock too, not the wall's.
             recent=RecentPrefixes(clock=lambda: self.loop.now),
         )
-        for worker in self.workers.values():
-            self._poll(worker)
+
+    def router_of(self, request_index: int) -> Routing:
+        """The replica that routes request `request_index` (the load balancer's rotation)."""
+        return self.routers[request_index % len(self.routers)]
 
     def listen(self, worker: VirtualWorker, request_id: str, listener: Listener) -> None:
         """`listener(worker, output)` gets the request's outputs on `worker` until it finishes."""

@@ -183,18 +183,20 @@ def run_probe(
     stop_when_certain: bool = True,
     keep_tokens: bool = False,
     index_lag_s: float | None = None,
+    router_replicas: int = 1,
     attach: Callable[[VirtualCluster], Callable[[ProbeRequest], None]] | None = None,
 ) -> tuple[ProbeResult, list[VirtualRequest]]:
     """Offers `requests` at `rate` requests/s (arrival k at unit_arrival / rate);
-    `index_lag_s`: VirtualCluster's (the router's copy of the index; None: none). `attach`
-    is called with the cluster once made; what it returns hears each request as it arrives
-    (role switching's planner: pdserve/planner/role_switching.py)."""
+    `index_lag_s`, `router_replicas`: VirtualCluster's (the router's copy of the index, None:
+    none; routers side by side). `attach` is called with the cluster once made; what it
+    returns hears each request as it arrives (role switching's planner:
+    pdserve/planner/role_switching.py)."""
     # The cluster and the requests too are made with fewer collections: each request brings
     # several containers, and making 8000 took 104 passes, 0.03-0.08 s (of 0.08-0.12 s).
     with _young_collections_every(YOUNG_COLLECTION_ALLOCATIONS):
         cluster = VirtualCluster(
             deployment, split.prefill, split.decode, router_config, timing, keep_tokens,
-            index_lag_s,
+            index_lag_s, router_replicas,
         )  # fmt: skip
         verdict = _Verdict(cluster, slo, len(requests))
         runs = [VirtualRequest(cluster, r, verdict) for r in requests]

@@ -75,7 +75,8 @@ class VirtualRoleSwitcher:
                 self._draining = len(worker_ids)
                 for worker_id in worker_ids:
                     pool.drain(worker_id)
-                self.cluster.routing.roles_changed()
+                for routing in self.cluster.routers:
+                    routing.roles_changed()
                 for worker_id in worker_ids:
                     self._drain(worker_id, target[0])
         loop.after(self.interval_s, self._plan)
@@ -92,7 +93,8 @@ class VirtualRoleSwitcher:
             worker = cluster.workers[worker_id]
             worker.set_role(to_role)
             cluster.pool.assign_role(worker_id, to_role)
-            cluster.routing.roles_changed()
+            for routing in cluster.routers:  # every router side by side sees the new roles
+                routing.roles_changed()
             kept = worker.engine.block_manager.num_cached_blocks
             self.switches.append(
                 VirtualSwitch(worker_id, to_role, started, waited, kept, pooled.inflight)

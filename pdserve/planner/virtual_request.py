@@ -40,6 +40,7 @@ class VirtualRequest:
         self, cluster: VirtualCluster, probe: ProbeRequest, observer: RequestObserver
     ) -> None:
         self.cluster = cluster
+        self.routing = cluster.router_of(probe.index)  # every attempt's and answer's router
         self.probe = probe
         self.observer = observer
         self.record = RequestRecord(
@@ -73,7 +74,7 @@ class VirtualRequest:
         self._attempts += 1
         prompt = self.probe.prompt
         try:
-            self.route = route = self.cluster.routing.choose(prompt, self.probe.output_len, set())
+            self.route = route = self.routing.choose(prompt, self.probe.output_len, set())
         except AtCapacity as exc:
             self._wait_for_room(str(exc))
             return
@@ -149,11 +150,11 @@ class VirtualRequest:
         decode = self.cluster.workers[self.route.decode_worker]
         if result.finished:  # the first token ended it: the reservation is not needed
             decode.call(lambda: decode.engine.abort(rid))
-            self.cluster.routing.on_prefill_done(self.route, result)
+            self.routing.on_prefill_done(self.route, result)
             self._token(out.new_token_ids)
             self._end(ok=True)
             return
-        self.cluster.routing.on_prompt_computed(self.route)
+        self.routing.on_prompt_computed(self.route)
         self._token(out.new_token_ids)  # the first answer: streamed before the push
         blocks = [out.block_ids[i] for i in self.reservation.missing_block_indices]
         num_bytes = len(blocks) * worker.engine.bytes_per_block
@@ -181,7 +182,7 @@ class VirtualRequest:
             prefill.call(lambda: prefill.engine.release(rid), released)
 
         def released(_: None) -> None:
-            self.cluster.routing.on_prefill_done(self.route, result)
+            self.routing.on_prefill_done(self.route, result)
             held, self._held = self._held, None
             for out in held:  # the router now streams the decode worker: these come at once
                 self._on_decode_output(decode, out)

@@ -91,7 +91,7 @@ def test_workers_switch_both_ways_under_load_and_every_request_completes(
     for role in ("prefill", "decode"):
         listed = {w.worker_id for w in cluster.pool.of_role(role, healthy_only=False)}
         assert listed == {w.worker_id for w in cluster.workers.values() if w.role == role}
-        assert listed == {load.worker_id for load in cluster.routing._rows[role]}
+        assert listed == {load.worker_id for load in cluster.router_of(0)._rows[role]}
     # Requests ran on a moved worker in its new role.
     switched = {s.worker_id for s in switcher.switches if s.to_role == "prefill"}
     assert {run.route.prefill_worker for run in runs} & switched

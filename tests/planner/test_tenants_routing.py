@@ -62,3 +62,38 @@ def test_the_tenants_sweep_runs_six_policies_and_prefix_routing_hits(tmp_path, c
     # 22 tenants' prefixes on 4 workers: spreading them at random misses most of them.
     assert results["cost"]["hit_rate"] > results["random"]["hit_rate"] + 0.2
     assert results["prefix"]["hit_rate"] > results["random"]["hit_rate"] + 0.2
+
+
+def test_router_replicas_each_route_their_share_on_the_same_workers_and_index(tmp_path) -> None:
+    from pdserve.bench.planner_validation.routing_tenants import tenant_requests
+    from pdserve.config import RouterConfig
+    from pdserve.planner.deployment import Deployment
+    from pdserve.planner.probe import SLO, Split, run_probe
+    from pdserve.planner.workload import ProbeRequest
+
+    args = bench_args(
+        routing_offline, workload="tenants", tenant_prefix_len=1024, users_per_tenant=2,
+        tenant_turns=2, router_replicas=3,
+    )  # fmt: skip
+    deployment = Deployment("llama-3.1-8b", gpu="h100", tp=1, num_kv_blocks=512)
+    requests = tenant_requests(deployment, 6, args, seed=0)
+    probes = [
+        ProbeRequest(k, list(r.prompt), r.output_len, k * 0.1) for k, r in enumerate(requests)
+    ]
+    router = RouterConfig(policy="approximate", disaggregate="never")
+    _, runs = run_probe(
+        deployment, Split(0, 4), probes, 10.0, SLO(400, 40), router, stop_when_certain=False,
+        index_lag_s=0.001, router_replicas=3,
+    )  # fmt: skip
+    cluster = runs[0].cluster
+    assert len(cluster.routers) == 3 and len({id(r) for r in cluster.routers}) == 3
+    for run in runs:
+        assert run.routing is cluster.routers[run.probe.index % 3]
+        assert run.record.ok
+    for replica, routing in enumerate(cluster.routers):
+        # One pool and one index for all; each replica routed (and remembers) only its share.
+        assert routing.pool is cluster.pool and routing.index is cluster.index
+        share = sum(1 for run in runs if run.probe.index % 3 == replica)
+        assert sum(routing._prefills_routed.values()) == share
+    held = [sum(r.approximate.held_blocks(w) for w in cluster.workers) for r in cluster.routers]
+    assert all(held) and sum(held) > max(held)  # three partial views, none of them the whole

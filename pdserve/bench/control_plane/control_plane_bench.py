@@ -2,10 +2,13 @@
 
     pdserve bench control-plane                      # 256 workers, >= 1M indexed blocks
 
+    pdserve bench control-plane --workload tenants --workers 64   # issue 50's tenants
+
 A private redis-server is filled with the index of `--workers` workers through the workers' own
-publishing path (sim engines' KV events -> PrefixIndexPublisher; control_plane_fill.py), with
-system prompts cached on many workers and conversation histories on one to three
-(control_plane_workload.py). Then the router's routing decision (`Routing.choose`: hashing,
+publisher (`--fill bulk`: each worker's block set in one resync, ~35 s per 1M blocks; `--fill
+events`: sim engines' KV events step by step, ~430 s; control_plane_fill.py), with system
+prompts cached on many workers and conversation histories on one to three, or tenants' prefixes
+on their 1-3 home workers with their users' conversations (control_plane_workload.py). Then the router's routing decision (`Routing.choose`: hashing,
 the lookup, the policy over every worker's load) is timed for `--prompt-tokens` prompts, one at
 a time, with KV events flowing (control_plane_churn.py) and with concurrent requests on one
 event loop (control_plane_routing.py), for each `--lookup`: the Redis script, or the router's
@@ -31,6 +34,14 @@ from pdserve.bench.control_plane.control_plane_workload import PlanSettings
 from pdserve.config import ROUTING_POLICIES
 
 P99_TARGET_MS = 1.0
+# Each workload's shape where a flag does not set it: (prompt tokens, system prompts, system
+# tokens, a conversation's own tokens at least). tenants: 4096-token prefixes (issue 50's), a
+# history of 1-27 turns of 64-token questions and answers; at 1M blocks ~2,000 tenants with
+# ~12 conversations each.
+WORKLOAD_DEFAULTS = {
+    "conversations": (4096, 64, 1024, 512),
+    "tenants": (4096 + 512, 2048, 4096, 128),
+}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -38,9 +49,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill-workers", type=int, default=64, help="of --workers; the rest decode")
     p.add_argument("--blocks", type=int, default=1_000_000, help="distinct blocks to index")
     p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--prompt-tokens", type=int, default=4096, help="length of routed prompts")
-    p.add_argument("--system-prompts", type=int, default=64)
-    p.add_argument("--system-tokens", type=int, default=1024)
+    p.add_argument(
+        "--workload",
+        choices=tuple(WORKLOAD_DEFAULTS),
+        default="conversations",
+        help="what the index holds and the prompts routed (control_plane_workload.py): "
+        "conversations on a few shared system prompts, or issue 50's tenants (long prefixes, "
+        "each with a few users' short conversations on its home workers)",
+    )
+    p.add_argument("--prompt-tokens", type=int, help="length of routed prompts")
+    p.add_argument("--system-prompts", type=int, help="system prompts, or tenants' prefixes")
+    p.add_argument("--system-tokens", type=int, help="tokens of each system prompt or prefix")
+    p.add_argument("--min-history-tokens", type=int, help="a conversation's own tokens, at least")
+    p.add_argument(
+        "--fill",
+        choices=("bulk", "events"),
+        default="bulk",
+        help="bulk: each worker's block set written in one resync (seconds per 1M blocks); "
+        "events: sim engines compute the prompts and publish their KV events step by step",
+    )
     p.add_argument("--decisions", type=int, default=1000, help="timed decisions, mode never")
     p.add_argument(
         "--pair-decisions",
@@ -93,15 +120,18 @@ def run(args: argparse.Namespace) -> int:
     if not set(args.lookup.split(",")) <= {"redis", "mirror"}:
         raise SystemExit(f"--lookup: expected redis or mirror, got {args.lookup!r}")
     try:
+        prompt, systems, system_tokens, history = WORKLOAD_DEFAULTS[args.workload]
         settings = PlanSettings(
             workers=args.workers,
             prefill_workers=args.prefill_workers,
             target_blocks=args.blocks,
             block_size=args.block_size,
-            prompt_tokens=args.prompt_tokens,
-            system_prompts=args.system_prompts,
-            system_tokens=args.system_tokens,
+            prompt_tokens=args.prompt_tokens or prompt,
+            system_prompts=args.system_prompts or systems,
+            system_tokens=args.system_tokens or system_tokens,
+            min_history_tokens=args.min_history_tokens or history,
             seed=args.seed,
+            layout=args.workload,
         )
     except ValueError as e:
         raise SystemExit(str(e)) from None
@@ -116,7 +146,11 @@ def measure(settings: PlanSettings, args: argparse.Namespace) -> dict[str, Any]:
     """Runs every phase against one private redis-server; returns the report (a plain dict)."""
     import redis
 
-    from pdserve.bench.control_plane.control_plane_fill import MODEL_NAME, fill_index
+    from pdserve.bench.control_plane.control_plane_fill import (
+        MODEL_NAME,
+        bulk_fill_index,
+        fill_index,
+    )
     from pdserve.bench.control_plane.control_plane_workload import IndexPlan
     from pdserve.prefix_index.redis_server import RedisServer
 
@@ -125,13 +159,16 @@ def measure(settings: PlanSettings, args: argparse.Namespace) -> dict[str, Any]:
         client = redis.Redis.from_url(server.url)
         before = _redis_counters(client)
         start = time.perf_counter()
-        fills, fill_rss = fill_index(settings, server.url, processes=args.fill_processes)
+        if args.fill == "bulk":
+            fills, fill_rss = bulk_fill_index(plan, server.url), 0
+        else:
+            fills, fill_rss = fill_index(settings, server.url, processes=args.fill_processes)
         fill_s = time.perf_counter() - start
         after = _redis_counters(client)
         report: dict[str, Any] = {
             "settings": dataclasses.asdict(settings),
             "index": index_report(client, MODEL_NAME, plan, fills, before, after),
-            "fill": {"seconds": fill_s, "process_peak_rss_mb": fill_rss / 1e6},
+            "fill": {"how": args.fill, "seconds": fill_s, "process_peak_rss_mb": fill_rss / 1e6},
         }
         report["routing"] = [
             routing_report(plan, server.url, args, mode, lookup)

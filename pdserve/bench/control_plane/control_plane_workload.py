@@ -1,10 +1,15 @@
 """What the synthetic workers of `bench control-plane` hold, and the prompts the router routes.
 
-A pure function of its settings and seed. Realistic sharing: a few system prompts, each the
-start of many conversations and so cached on many workers; conversation histories (a system
-prompt followed by the conversation's own turns) cached on their worker and, for some, on one
-or two more (a conversation that moved). Conversations are added until the index would hold
-`target_blocks` distinct blocks. Every token list is regenerated from (seed, name) wherever it
+A pure function of its settings and seed. Two layouts:
+  conversations  a few system prompts, each the start of many conversations and so cached on
+                 many workers; conversation histories (a system prompt followed by the
+                 conversation's own turns) cached on their worker and, for some, on one or two
+                 more (a conversation that moved);
+  tenants        issue 50's multi-tenant workload as prefix-aware routing leaves it: many
+                 tenants, each a long shared prefix with a few users' short conversations
+                 behind it, every tenant's conversations kept on the tenant's 1-3 home workers
+                 (routing follows the prefix), so a prefix is held where its users are.
+Conversations are added until the index would hold `target_blocks` distinct blocks. Every token list is regenerated from (seed, name) wherever it
 is needed, so the plan itself stays small enough to hand to the fill processes.
 """
 
@@ -15,6 +20,7 @@ from array import array
 from dataclasses import dataclass, field
 
 FIRST_TOKEN = 3  # below: BOS, EOS, PAD of pdserve's built-in tokenizer
+LAYOUTS = ("conversations", "tenants")
 
 
 @dataclass(frozen=True)
@@ -30,6 +36,7 @@ class PlanSettings:
     extra_holders: tuple[float, float] = (0.5, 0.1)  # P(on a 2nd worker), P(on a 3rd worker)
     vocab_size: int = 4096
     seed: int = 0
+    layout: str = "conversations"  # or "tenants" (the module docstring)
 
     def __post_init__(self) -> None:
         if not 0 <= self.prefill_workers < self.workers:
@@ -38,6 +45,8 @@ class PlanSettings:
             raise ValueError("system_tokens and min_history_tokens must be whole blocks")
         if self.system_tokens + self.min_history_tokens >= self.prompt_tokens:
             raise ValueError("prompt_tokens must exceed system_tokens + min_history_tokens")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
 
 
 @dataclass(frozen=True)
@@ -62,18 +71,20 @@ class IndexPlan:
         # minus a new turn of at least one block.
         longest = (s.prompt_tokens - s.system_tokens) // s.block_size - 1
         shortest = s.min_history_tokens // s.block_size
-        used_systems: set[int] = set()
+        workers = list(range(s.workers))
+        homes: dict[int, list[int]] = {}  # tenants: system prompt -> its home workers
         blocks = 0
         while blocks < s.target_blocks:
             system = rng.randrange(s.system_prompts)
-            if system not in used_systems:
-                used_systems.add(system)
+            if system not in homes:
+                tenant = s.layout == "tenants"
+                homes[system] = _holders(rng, workers, s.extra_holders) if tenant else []
                 blocks += s.system_tokens // s.block_size
             history = rng.randint(shortest, longest)
-            holders = [rng.randrange(s.workers)]
-            for p in s.extra_holders:
-                if rng.random() < p:
-                    holders.append(rng.choice([w for w in range(s.workers) if w not in holders]))
+            if s.layout == "tenants":  # on one of its tenant's homes, some on two
+                holders = _holders(rng, homes[system], (s.extra_holders[0],))
+            else:
+                holders = _holders(rng, workers, s.extra_holders)
             conv = Conversation(len(plan.conversations), system, history * s.block_size,
                                 tuple(holders))  # fmt: skip
             plan.conversations.append(conv)
@@ -118,6 +129,15 @@ class IndexPlan:
         raw = array("H", random.Random(f"{self.settings.seed}:{name}").randbytes(2 * n))
         span = self.settings.vocab_size - FIRST_TOKEN
         return [FIRST_TOKEN + t % span for t in raw]
+
+
+def _holders(rng: random.Random, among: list[int], extra: tuple[float, ...]) -> list[int]:
+    """One worker of `among`, then one more with each probability of `extra` (while any is left)."""
+    holders = [rng.choice(among)]
+    for p in extra:
+        if rng.random() < p and len(holders) < len(among):
+            holders.append(rng.choice([w for w in among if w not in holders]))
+    return holders
 
 
 @dataclass(frozen=True)

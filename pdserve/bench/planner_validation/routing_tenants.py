@@ -51,6 +51,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="tenants: all prefixes' KV over the cluster's")  # fmt: skip
     p.add_argument("--tenant-kv-blocks", type=int, default=2048,
                    help="tenants: each worker's KV pool in blocks (scaled down from a GPU's)")  # fmt: skip
+    p.add_argument("--router-replicas", type=int, default=1,
+                   help="tenants: routers side by side, requests spread over them in turn; each "
+                   "remembers only its own routes, all read the same index")  # fmt: skip
     p.add_argument("--index-lag-ms", type=float, default=1.0,
                    help="tenants: the router's copy of the index this far behind each step")  # fmt: skip
 
@@ -77,6 +80,7 @@ class TenantResult:
     index_events_per_worker_s: float
     index_blocks_per_worker_s: float
     index_peak_entries: int
+    router_replicas: int = 1  # routers side by side, each remembering only its own routes
 
 
 def run(args: argparse.Namespace) -> int:
@@ -123,7 +127,8 @@ def measure(shape: str, tp: int, size: int, policies, args, console) -> list[Ten
         f"[bold]{model}, {size} workers[/bold]: {tenants} tenants x {args.users_per_tenant} users"
         f" x {args.tenant_turns} turns; prefixes {tenants * prefix_blocks} blocks = "
         f"{tenants * prefix_blocks / (size * pool):.2f}x the cluster's KV, "
-        f"{tenants * prefix_blocks / pool:.1f}x one worker's ({pool} blocks each)"
+        f"{tenants * prefix_blocks / pool:.1f}x one worker's ({pool} blocks each); "
+        f"{args.router_replicas} router(s)"
     )
     results = []
     for per_worker in (float(r) for r in args.rates_per_worker.split(",")):
@@ -175,7 +180,7 @@ def run_policy(deployment, model, size, rate, policy, tenants, requests, args) -
     slo = SLO(args.ttft_slo_ms, args.tpot_slo_ms)
     _, runs = run_probe(
         deployment, Split(0, size), probes, rate, slo, router, stop_when_certain=False,
-        index_lag_s=args.index_lag_ms / 1e3,
+        index_lag_s=args.index_lag_ms / 1e3, router_replicas=args.router_replicas,
     )  # fmt: skip
     records = [r.record for r in runs]
     summary = summarize(records, run_duration(records))
@@ -208,6 +213,7 @@ def run_policy(deployment, model, size, rate, policy, tenants, requests, args) -
         index_events_per_worker_s=index.events / duration / size,
         index_blocks_per_worker_s=index.blocks / duration / size,
         index_peak_entries=index.peak_entries,
+        router_replicas=args.router_replicas,
     )
 
 

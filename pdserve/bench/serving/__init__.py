@@ -6,6 +6,8 @@
 - `api_bench.py` — `bench api`: OpenAI HTTP vs gRPC streaming TTFT and ITL, one system.
 - `compare_bench.py` — `bench compare`: disaggregated vs colocated on the same cores.
 - `router_bench.py` — `bench router`: the cost policy vs round-robin.
+- `tenants_bench.py` — `bench router-tenants`: issue 50's tenants workload, the six policies
+  ranked on the real CPU system.
 - `kv_tiers_bench.py` — `bench kv-tiers`: a chat over 4x the KV pool, host tier on vs off.
 - `tracing_bench.py`, `span_receiver.py` — `bench tracing`: latency with tracing on vs off.
 - `soak_bench.py` — `bench soak`: does memory or anything held grow under sustained load?

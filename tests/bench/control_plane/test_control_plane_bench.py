@@ -64,8 +64,11 @@ def test_small_index_report_is_consistent(tmp_path, capsys) -> None:
     assert "Control plane: 16 workers" in capsys.readouterr().out
 
 
-def test_probes_expect_the_longest_prefix_on_the_conversations_holders() -> None:
-    plan = IndexPlan.build(PlanSettings(workers=8, prefill_workers=2, target_blocks=3000))
+@pytest.mark.parametrize("layout", ["conversations", "tenants"])
+def test_probes_expect_the_longest_prefix_on_the_conversations_holders(layout) -> None:
+    plan = IndexPlan.build(
+        PlanSettings(workers=8, prefill_workers=2, target_blocks=3000, layout=layout)
+    )
     assert plan.distinct_blocks >= 3000
     conversations = {tuple(plan.conversation_tokens(c)): c for c in plan.conversations}
     checked = 0
@@ -81,6 +84,65 @@ def test_probes_expect_the_longest_prefix_on_the_conversations_holders() -> None
         }
         checked += 1
     assert checked > 20
+
+
+def tenants_plan(workers: int = 32) -> IndexPlan:
+    return IndexPlan.build(
+        PlanSettings(
+            workers=workers,
+            prefill_workers=4,
+            target_blocks=6000,
+            system_prompts=40,
+            system_tokens=512,
+            prompt_tokens=768,
+            min_history_tokens=32,
+            layout="tenants",
+        )
+    )
+
+
+def test_a_tenants_conversations_stay_on_its_few_home_workers() -> None:
+    plan = tenants_plan()
+    homes: dict[int, set[int]] = {}
+    users: dict[int, int] = {}
+    for conv in plan.conversations:
+        homes.setdefault(conv.system, set()).update(conv.holders)
+        users[conv.system] = users.get(conv.system, 0) + 1
+    assert max(map(len, homes.values())) <= 3  # a prefix is where its users are, not everywhere
+    assert sum(users.values()) / len(users) > 2  # several users per tenant
+    # So the index holds each block on ~1.5 workers, not on every worker with one of its users.
+    entries = sum(plan.held_blocks(w) for w in range(plan.settings.workers))
+    assert plan.distinct_blocks <= entries < 2 * plan.distinct_blocks
+
+
+def test_bulk_fill_leaves_the_index_the_engines_events_leave() -> None:
+    import redis
+
+    from pdserve.bench.control_plane.control_plane_fill import (
+        MODEL_NAME,
+        bulk_fill_index,
+        fill_index,
+    )
+    from pdserve.prefix_index.redis_server import RedisServer
+    from pdserve.prefix_index.schema import IndexKeys
+
+    plan = tenants_plan(workers=6)
+    keys = IndexKeys(MODEL_NAME)
+    held = []
+    for bulk in (True, False):
+        with RedisServer() as server:
+            if bulk:
+                fills = bulk_fill_index(plan, server.url)
+            else:
+                fills, _ = fill_index(plan.settings, server.url, processes=1)
+            assert sum(f.failed_publishes for f in fills) == 0
+            client = redis.Redis.from_url(server.url, decode_responses=True)
+            held.append([client.smembers(keys.worker_blocks(plan.worker_id(w))) for w in range(6)])
+            assert client.exists(keys.heartbeat(plan.worker_id(5)))  # live, for the router
+            client.close()
+    by_bulk, by_events = held
+    assert by_bulk == by_events
+    assert [len(h) for h in by_bulk] == [plan.held_blocks(w) for w in range(6)]
 
 
 def test_impossible_split_is_a_one_line_error(tmp_path) -> None:
