@@ -59,6 +59,7 @@ def served(ray_cluster, tmp_path_factory):
     config.router.api_keys = [KEY]
     config.router.disaggregate = "never"
     with BackgroundApp(config) as app:
+        app.model_dir = model_dir
         yield app
 
 
@@ -67,6 +68,11 @@ def client(served) -> openai.OpenAI:
     return openai.OpenAI(
         base_url=f"http://127.0.0.1:{served.http_port}/v1", api_key=KEY, max_retries=0
     )
+
+
+@pytest.fixture(scope="module")
+def model(served) -> str:
+    return served.model_dir.name
 
 
 def _calls(response) -> list:
@@ -108,16 +114,22 @@ def test_required_and_named_calls_are_function_call_items_matching_their_schemas
         input=QUESTION,
         tools=TOOLS,
         tool_choice={"type": "function", "name": "calculate"},
-        max_output_tokens=300,
+        parallel_tool_calls=False,
+        max_output_tokens=200,
         temperature=1.0,
         extra_body={"seed": 1},
     )
     assert {call.name for call in _calls(named)} == {"calculate"}
 
 
-def test_streamed_events_accumulate_to_the_same_items(client):
+def test_streamed_events_accumulate_to_the_same_items(client, model):
     asked = dict(
-        input=QUESTION, **ONE_CALL, max_output_tokens=200, temperature=1.0, extra_body={"seed": 9}
+        model=model,
+        input=QUESTION,
+        **ONE_CALL,
+        max_output_tokens=200,
+        temperature=1.0,
+        extra_body={"seed": 9},
     )
     whole = client.responses.create(**asked)
     expected = _items(whole)
@@ -167,10 +179,17 @@ def test_a_round_trip_continued_with_previous_response_id(client):
     # The call and its output are in the second prompt, which starts with the first's tokens.
     assert second.usage.input_tokens > first.usage.input_tokens + 10
     assert second.usage.input_tokens_details.cached_tokens > 0
+    # Tools are this turn's, as instructions are (OpenAI carries neither over).
     third = client.responses.create(
-        input="Thanks.", previous_response_id=second.id, max_output_tokens=4, temperature=0
+        input="Thanks.",
+        previous_response_id=second.id,
+        tools=TOOLS,
+        tool_choice="none",
+        max_output_tokens=4,
+        temperature=0,
     )
     assert third.usage.input_tokens > second.usage.input_tokens
+    assert third.usage.input_tokens_details.cached_tokens > second.usage.input_tokens // 2
     # The same conversation given back as input items, without the store, is the same prompt.
     again = client.responses.create(
         input=[
