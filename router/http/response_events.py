@@ -81,10 +81,10 @@ class ResponseShape:
 
     def output(self, choice: Choice, status: str) -> list[dict[str, Any]]:
         text, calls = self.parts(choice)
-        items = [] if text is None else [self.message(text, status)]
-        assert self.tools is not None or not calls
-        for k, call in enumerate(calls):
-            items.append(function_call_item(self.tools.item_ids[k], call, status))  # type: ignore[union-attr]
+        # Words before calls are a finished message whatever cut the output later.
+        items = [] if text is None else [self.message(text, "completed" if calls else status)]
+        if self.tools is not None:
+            items += [self.tools.item(k, call, status) for k, call in enumerate(calls)]
         return items
 
     def parts(self, choice: Choice) -> tuple[str | None, list[ToolCall]]:
@@ -139,6 +139,7 @@ class EventStream:
         self._message_done = False
         self._text = ""  # of the message, sent
         self._calls_at: list[int] = []  # each call's output index
+        self._call_items: list[str] = []  # ...and item id
         self._arguments: list[str] = []  # each call's arguments, sent
 
     def opening(self) -> bytes:
@@ -183,7 +184,7 @@ class EventStream:
                 events.append(self._add_call(call))
             if call.arguments.startswith(self._arguments[k]):
                 events.append(self._arguments_delta(k, call.arguments[len(self._arguments[k]) :]))
-            ids = {"item_id": shape.tools.item_ids[k], "output_index": self._calls_at[k]}  # type: ignore[union-attr]
+            ids = {"item_id": self._call_items[k], "output_index": self._calls_at[k]}
             events += [
                 self._event(
                     "response.function_call_arguments.done",
@@ -194,7 +195,7 @@ class EventStream:
                 self._event(
                     "response.output_item.done",
                     output_index=self._calls_at[k],
-                    item=function_call_item(ids["item_id"], call, status),
+                    item=function_call_item(self._call_items[k], call, status),
                 ),
             ]
         events.append(self._event(f"response.{status}", response=shape.response(status, choice)))
@@ -261,11 +262,10 @@ class EventStream:
         if self._message_at is not None:
             done = self._close_message(self._text, "completed")
         self._calls_at.append(self._items)
+        self._call_items.append(tools.item_ids[k])
         self._arguments.append("")
         self._items += 1
-        item = function_call_item(
-            tools.item_ids[k], ToolCall(tools.call_ids[k], call.name, ""), "in_progress"
-        )
+        item = tools.item(k, ToolCall(tools.call_ids[k], call.name, ""), "in_progress")
         return done + self._event(
             "response.output_item.added", output_index=self._calls_at[k], item=item
         )
@@ -276,7 +276,7 @@ class EventStream:
         self._arguments[k] += more
         return self._event(
             "response.function_call_arguments.delta",
-            item_id=self.shape.tools.item_ids[k],  # type: ignore[union-attr]
+            item_id=self._call_items[k],
             output_index=self._calls_at[k],
             delta=more,
         )

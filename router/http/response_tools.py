@@ -91,6 +91,10 @@ class ResponseTools:
             self.item_ids.append("fc_" + secrets.token_hex(12))
         return ToolCall(self.call_ids[index], call.name, call.arguments)
 
+    def item(self, index: int, call: ToolCall, status: str) -> dict[str, Any]:
+        """The function_call item of the call at `index` (read: `stable` has named it)."""
+        return function_call_item(self.item_ids[index], call, status)
+
     def assistant_message(self, text: str) -> dict[str, Any]:
         """The output as the chat message a continuation renders (calls as `tool_calls`)."""
         content, calls = self.split(text)
