@@ -122,6 +122,30 @@ def test_required_and_named_calls_are_function_call_items_matching_their_schemas
     assert {call.name for call in _calls(named)} == {"calculate"}
 
 
+def test_parallel_calls_are_several_items_streamed_as_the_same(client, model):
+    counts = []
+    for seed in range(1, 4):
+        asked = dict(
+            model=model,
+            input=QUESTION,
+            tools=TOOLS,
+            tool_choice="required",
+            max_output_tokens=700,
+            temperature=1.0,
+            extra_body={"seed": seed},
+        )
+        response = client.responses.create(**asked)
+        assert response.status == "completed"
+        calls = _calls(response)
+        assert len({c.call_id for c in calls}) == len({c.id for c in calls}) == len(calls)
+        counts.append(len(calls))
+        with client.responses.stream(**asked) as stream:
+            added = [e.output_index for e in stream if e.type == "response.output_item.added"]
+            assert _items(stream.get_final_response()) == _items(response)
+        assert added == list(range(len(calls)))
+    assert max(counts) > 1
+
+
 def test_streamed_events_accumulate_to_the_same_items(client, model):
     asked = dict(
         model=model,
