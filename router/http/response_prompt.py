@@ -9,10 +9,10 @@ them back (the model's output tokens need not be how the tokenizer splits their 
 merges can cross the boundary). So when the rendered conversation starts with the previous
 turn's prompt text followed by its output text (and the stop token the template writes after
 it), the prompt is the previous prompt's tokens + the output's tokens + the tokens of the rest;
-when the previous output was function calls (which the template writes as tool_calls in its own
-words), the previous prompt's tokens + the tokens of the rest; when it does not (a template that
-rewrites earlier turns, different instructions), the whole text is tokenized and only the
-prefix that still matches is found cached.
+after function calls (which the template writes in its own syntax, not as the model's tokens),
+the previous prompt's tokens + the tokens of the rest; when the text does not start so (a
+template that rewrites earlier turns, different instructions), the whole text is tokenized and
+only the prefix that still matches is found cached.
 
 Input items are messages, `function_call`s (an assistant message's tool_calls, several in a row
 making one message) and `function_call_output`s (a tool message, answering a call made earlier

@@ -6,10 +6,10 @@ A request becomes one chat generation: its input items (after the stored convers
 chat template (router/http/response_prompt.py), and its options as the chat completion's
 (`max_output_tokens`, `temperature`, `top_p`, `text.format` as `response_format`, so the
 grammar path is the same; function `tools`, `tool_choice` and `parallel_tool_calls` as chat's,
-router/http/response_tools.py, so a forced call is constrained and read as on chat). Then it runs as every OpenAI request does (router/http/service.py),
-and with `store` (the default) its conversation is kept in Redis (router/http/response_store.py)
-for the next turn, whose prompt starts with this turn's tokens: the prefix index routes it to
-the worker holding their KV.
+router/http/response_tools.py, so a forced call is constrained and read as on chat). Then it
+runs as every OpenAI request does (router/http/service.py), and with `store` (the default) its
+conversation is kept in Redis (router/http/response_store.py) for the next turn, whose prompt
+starts with this turn's tokens: the prefix index routes it to the worker holding their KV.
 """
 
 from __future__ import annotations
