@@ -46,7 +46,7 @@ from router.http.response_tools import (
 from router.http.schemas import ChatCompletionRequest, ChatMessage
 from router.http.service import OpenAIService
 from router.http.tool_messages import with_tool_calls_for_template
-from router.http.tool_request import check_tools, template_tools
+from router.http.tool_request import check_tools, forces_calls, template_tools
 from router.http.translate import generate_request, openai_names
 from router.request_run import Step
 from router.validation import RequestError, ValidRequest, validate
@@ -127,8 +127,10 @@ def _error(exc: Exception, request: Request) -> Response:
     if isinstance(exc, StoreUnavailable):
         return JSONResponse(error_body(503, str(exc)), status_code=503)
     if isinstance(exc, RequestError) and str(exc).startswith(_WORKER_GRAMMAR):
-        # A grammar the worker could not compile (router/request_flow.py), as the body names it.
-        exc = RequestError("text.format: " + str(exc).removeprefix(_WORKER_GRAMMAR))
+        # A grammar the worker could not compile (router/request_flow.py), as the body names it:
+        # forced calls' (_create notes it) or text.format's.
+        field = getattr(request.state, "grammar_field", "text.format")
+        exc = RequestError(f"{field}: " + str(exc).removeprefix(_WORKER_GRAMMAR))
     response = error_response(exc)
     level = logging.WARNING if response.status_code >= 500 else logging.DEBUG
     log.log(level, "%s failed: %s", request.url.path, exc)
@@ -139,6 +141,8 @@ async def _create(
     service: OpenAIService, store: ResponseStore, body: ResponsesRequest, request: Request
 ) -> Response:
     chat = _check_supported(body, service)
+    if forces_calls(chat):
+        request.state.grammar_field = "tools"
     previous = await _previous(store, body.previous_response_id)
     earlier = previous.conversation if previous else []
     conversation = earlier + input_messages(body, earlier)

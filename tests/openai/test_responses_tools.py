@@ -240,6 +240,8 @@ def test_a_round_trip_continued_with_previous_response_id(client):
         (dict(tool_choice="required"), "tool_choice: requires tools"),
         (dict(tools=[{"type": "function", "name": "bad name"}]), r"tools\[0\]\.name: 1 to 64"),
         (dict(tools=[{"type": "function", "name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "objekt"}}}}]), r"tools\[0\]\.parameters\.properties\.x\.type: not a valid JSON schema"),  # noqa: E501
+        (dict(tools=[{"type": "function", "name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "string", "pattern": "(("}}}}]), r"tools\[0\]\.parameters\.properties\.x\.pattern: not a valid JSON schema"),  # noqa: E501
+        (dict(tools=[{"type": "function", "name": "f", "parameters": {"type": "object", "properties": {"x": {"$ref": "#/$defs/missing"}}}}], tool_choice="required"), r"^tools: "),  # noqa: E501
         (dict(tools=[*TOOLS, TOOLS[0]]), r"tools\[2\]\.name: 'get_weather' is declared twice"),
         (dict(**ONE_CALL, text={"format": {"type": "json_object"}}), "text.format: conflicts with tool_choice"),  # noqa: E501
         (dict(input=[{"role": "user", "content": "Hi"}, {"type": "function_call_output", "call_id": "call_x", "output": "1"}]), r"input\[1\]\.call_id: 'call_x' answers no earlier function_call"),  # noqa: E501
