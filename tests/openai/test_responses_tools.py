@@ -182,6 +182,15 @@ def test_streamed_events_accumulate_to_the_same_items(client, model):
             assert _items(event.response) == expected
             ids = [item.id for item in event.response.output]
     assert arguments == done and list(done) == ids
+    # The streamed response was stored with the calls it streamed: their outputs continue it.
+    outputs = [
+        {"type": "function_call_output", "call_id": item.call_id, "output": "1"}
+        for item in final.output
+    ]
+    after = client.responses.create(
+        input=outputs, previous_response_id=final.id, max_output_tokens=2, tools=TOOLS
+    )
+    assert after.usage.input_tokens > final.usage.input_tokens
 
 
 def test_a_round_trip_continued_with_previous_response_id(client):
@@ -218,7 +227,7 @@ def test_a_round_trip_continued_with_previous_response_id(client):
     again = client.responses.create(
         input=[
             {"role": "user", "content": QUESTION},
-            call.model_dump(exclude_none=True),
+            *first.output,  # the output items given back as they came (the SDK way)
             output,
         ],
         tools=TOOLS,
