@@ -9,17 +9,24 @@ them back (the model's output tokens need not be how the tokenizer splits their 
 merges can cross the boundary). So when the rendered conversation starts with the previous
 turn's prompt text followed by its output text (and the stop token the template writes after
 it), the prompt is the previous prompt's tokens + the output's tokens + the tokens of the rest;
-when it does not (a template that rewrites earlier turns, different instructions), the whole
-text is tokenized and only the prefix that still matches is found cached.
+after function calls (which the template writes in its own syntax, not as the model's tokens),
+the previous prompt's tokens + the tokens of the rest; when the text does not start so (a
+template that rewrites earlier turns, different instructions), the whole text is tokenized and
+only the prefix that still matches is found cached.
+
+Input items are messages, `function_call`s (an assistant message's tool_calls, several in a row
+making one message) and `function_call_output`s (a tool message, answering a call made earlier
+in the input or in the stored conversation).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
 from pdserve.tokenizer import Tokenizer
-from router.http.response_schemas import ResponsesRequest
+from router.http.response_schemas import InputItem, ResponsesRequest
 from router.http.response_store import StoredResponse
 from router.http.schemas import MAX_MESSAGES
 from router.validation import RequestError
@@ -36,9 +43,10 @@ class Continuation:
     rest: str
 
 
-def input_messages(body: ResponsesRequest) -> list[dict[str, Any]]:
-    """The request's input as chat messages; RequestError naming the item that is not a text
-    message."""
+def input_messages(body: ResponsesRequest, earlier: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The request's input as chat messages (after the `earlier` conversation, whose calls its
+    function_call_output items may answer); RequestError naming the item that is neither a
+    message, a function call nor a call's output."""
     if body.input is None:
         return []
     if isinstance(body.input, str):
@@ -47,12 +55,25 @@ def input_messages(body: ResponsesRequest) -> list[dict[str, Any]]:
         raise RequestError("input: empty list; give a string or at least one message")
     if len(body.input) > MAX_MESSAGES:
         raise RequestError(f"input: {len(body.input)} items; at most {MAX_MESSAGES}")
-    messages = []
+    call_ids = {c["id"] for m in earlier for c in m.get("tool_calls", ())}
+    messages: list[dict[str, Any]] = []
     for i, item in enumerate(body.input):
+        if item.type == "function_call":
+            call = _function_call(item, i)
+            call_ids.add(call["id"])
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant" and "tool_calls" in last:
+                last["tool_calls"].append(call)  # parallel calls: one assistant message
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            continue
+        if item.type == "function_call_output":
+            messages.append(_call_output(item, i, call_ids))
+            continue
         if item.type != "message" or item.role is None:
             raise RequestError(
-                f"input[{i}].type: only messages are supported (role and content), got "
-                f"{item.type!r}"
+                f"input[{i}].type: must be 'message', 'function_call' or "
+                f"'function_call_output', got {item.type!r}"
             )
         role = _ROLES.get(item.role)
         if role is None:
@@ -62,6 +83,41 @@ def input_messages(body: ResponsesRequest) -> list[dict[str, Any]]:
             )
         messages.append({"role": role, "content": _content(item.content, i)})
     return messages
+
+
+def _function_call(item: InputItem, i: int) -> dict[str, Any]:
+    """A function_call item as chat's tool call (its arguments stay JSON text)."""
+    fields = item.model_extra or {}
+    for name in ("call_id", "name", "arguments"):
+        if not isinstance(fields.get(name), str):
+            raise RequestError(f"input[{i}].{name}: a string is required in a function_call")
+    try:
+        arguments = json.loads(fields["arguments"])
+    except ValueError as e:
+        raise RequestError(f"input[{i}].arguments: not valid JSON: {e}") from None
+    if not isinstance(arguments, dict):
+        raise RequestError(f"input[{i}].arguments: must be a JSON object")
+    function = {"name": fields["name"], "arguments": fields["arguments"]}
+    return {"id": fields["call_id"], "type": "function", "function": function}
+
+
+def _call_output(item: InputItem, i: int, call_ids: set[str]) -> dict[str, Any]:
+    """A function_call_output item as chat's tool message; it must answer an earlier call."""
+    fields = item.model_extra or {}
+    call_id = fields.get("call_id")
+    if not isinstance(call_id, str):
+        raise RequestError(f"input[{i}].call_id: a string is required in a function_call_output")
+    if call_id not in call_ids:
+        raise RequestError(
+            f"input[{i}].call_id: {call_id!r} answers no earlier function_call (of this input "
+            "or of the stored conversation previous_response_id continues)"
+        )
+    output = fields.get("output")
+    if isinstance(output, list):  # content parts: their text
+        output = "".join(p.get("text", "") for p in output if isinstance(p, dict))
+    if not isinstance(output, str):
+        raise RequestError(f"input[{i}].output: a string is required in a function_call_output")
+    return {"role": "tool", "tool_call_id": call_id, "content": output}
 
 
 def _content(content: Any, i: int) -> str | list[dict[str, str]]:
@@ -91,7 +147,13 @@ def continuation(
 ) -> Continuation | None:
     """How `rendered` continues the previous turn token for token; None when it does not start
     with the previous turn's prompt and output text."""
-    output = previous.conversation[-1]["content"]
+    last = previous.conversation[-1]
+    if last.get("tool_calls"):
+        # The template writes calls its own way, not as the model's tokens: the prompt's carry.
+        if not rendered.startswith(previous.prompt_text):
+            return None
+        return Continuation(list(previous.prompt_ids), rendered[len(previous.prompt_text) :])
+    output = last["content"]
     before = previous.prompt_text + output
     if not rendered.startswith(before):
         return None

@@ -23,8 +23,9 @@ class InputPart(BaseModel):
 
 
 class InputItem(BaseModel):
-    """An input item: a message (`{"role", "content"}`, `type` "message" or unset). Other item
-    types (function calls and their outputs, reasoning, references) carry no role."""
+    """An input item: a message (`{"role", "content"}`, `type` "message" or unset), or a
+    `function_call` / `function_call_output`, whose fields (`call_id`, `name`, `arguments`,
+    `output`) are extras, read by router/http/response_prompt.py."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -58,10 +59,12 @@ class ResponsesRequest(BaseModel):
     user: str | None = None
     # pdserve's (as on chat): the seed of sampling.
     seed: int | None = None
-    # Not implemented: refused unless neutral.
+    # Function tools, flat (router/http/response_tools.py); a named choice is
+    # {"type": "function", "name": ...}. Unset parallel_tool_calls: true.
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
+    # Not implemented: refused unless neutral.
     background: bool = False
     conversation: str | dict[str, Any] | None = None
     prompt: dict[str, Any] | None = None

@@ -5,10 +5,11 @@ A request becomes one chat generation: its input items (after the stored convers
 `previous_response_id` names, with this request's `instructions` first) rendered through the
 chat template (router/http/response_prompt.py), and its options as the chat completion's
 (`max_output_tokens`, `temperature`, `top_p`, `text.format` as `response_format`, so the
-grammar path is the same). Then it runs as every OpenAI request does (router/http/service.py),
-and with `store` (the default) its conversation is kept in Redis (router/http/response_store.py)
-for the next turn, whose prompt starts with this turn's tokens: the prefix index routes it to
-the worker holding their KV.
+grammar path is the same; function `tools`, `tool_choice` and `parallel_tool_calls` as chat's,
+router/http/response_tools.py, so a forced call is constrained and read as on chat). Then it
+runs as every OpenAI request does (router/http/service.py), and with `store` (the default) its
+conversation is kept in Redis (router/http/response_store.py) for the next turn, whose prompt
+starts with this turn's tokens: the prefix index routes it to the worker holding their KV.
 """
 
 from __future__ import annotations
@@ -36,8 +37,16 @@ from router.http.response_store import (
     StoredResponse,
     StoreUnavailable,
 )
+from router.http.response_tools import (
+    ResponseTools,
+    chat_tool_choice,
+    chat_tools,
+    responses_names,
+)
 from router.http.schemas import ChatCompletionRequest, ChatMessage
 from router.http.service import OpenAIService
+from router.http.tool_messages import with_tool_calls_for_template
+from router.http.tool_request import check_tools, forces_calls, template_tools
 from router.http.translate import generate_request, openai_names
 from router.request_run import Step
 from router.validation import RequestError, ValidRequest, validate
@@ -63,7 +72,6 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "truncation": (None, "disabled"),
     "top_logprobs": (None, 0),
     "include": (None, []),
-    "tool_choice": (None, "none", "auto"),
 }
 
 
@@ -119,8 +127,10 @@ def _error(exc: Exception, request: Request) -> Response:
     if isinstance(exc, StoreUnavailable):
         return JSONResponse(error_body(503, str(exc)), status_code=503)
     if isinstance(exc, RequestError) and str(exc).startswith(_WORKER_GRAMMAR):
-        # A grammar the worker could not compile (router/request_flow.py), as the body names it.
-        exc = RequestError("text.format: " + str(exc).removeprefix(_WORKER_GRAMMAR))
+        # A grammar the worker could not compile (router/request_flow.py), as the body names it:
+        # forced calls' (_create notes it) or text.format's.
+        field = getattr(request.state, "grammar_field", "text.format")
+        exc = RequestError(f"{field}: " + str(exc).removeprefix(_WORKER_GRAMMAR))
     response = error_response(exc)
     level = logging.WARNING if response.status_code >= 500 else logging.DEBUG
     log.log(level, "%s failed: %s", request.url.path, exc)
@@ -130,12 +140,15 @@ def _error(exc: Exception, request: Request) -> Response:
 async def _create(
     service: OpenAIService, store: ResponseStore, body: ResponsesRequest, request: Request
 ) -> Response:
-    _check_supported(body, service)
+    chat = _check_supported(body, service)
+    if forces_calls(chat):
+        request.state.grammar_field = "tools"
     previous = await _previous(store, body.previous_response_id)
-    conversation = (previous.conversation if previous else []) + input_messages(body)
+    earlier = previous.conversation if previous else []
+    conversation = earlier + input_messages(body, earlier)
     if not conversation:
         raise RequestError("input: required (a string or a list of messages)")
-    record = await _prompt(service, body, conversation, previous)
+    record = await _prompt(service, body, chat, conversation, previous)
     size = store.size(record) if body.store else 0
     if size > store.max_bytes:
         raise RequestError(
@@ -143,21 +156,23 @@ async def _create(
             f"bound of {store.max_bytes} bytes a stored response may hold "
             "(--response-max-bytes); start a new conversation or send it with store=false"
         )
-    valid = await _validate(service, body, record.prompt_ids)
+    valid = await _validate(service, chat, record.prompt_ids)
     choice = service.choices([valid])[0]
+    tool_output = service.tool_output(chat)
     shape = ResponseShape(
         id="resp_" + valid.work_id,
         message_id="msg_" + valid.work_id,
         model=service.limits.name,
         body=body,
         text_format=_text_format(body),
+        tools=None if tool_output is None else ResponseTools(tool_output),
     )
     metadata = {k: request.headers[k] for k in _TRACE_HEADERS if k in request.headers}
     try:
         if not body.stream:
             await until_disconnect(request, service.collect([valid], [choice], metadata))
             response = shape.response(final_status(choice), choice)
-            await _keep(store, body, record, choice, response)
+            await _keep(store, body, record, shape, choice, response)
             return JSONResponse(response)
         steps = service.stream([valid], [choice], metadata)
         try:
@@ -186,13 +201,12 @@ async def _events(
     async with aclosing(steps):
         try:
             yield stream.opening()
-            if first[1].batch.text:
-                yield stream.delta(first[1].batch.text)
+            yield stream.step(choice, first[1].batch, True)
             async for _, step in steps:
-                if step.batch.text:
-                    yield stream.delta(step.batch.text)
+                yield stream.step(choice, step.batch, False)
             status = final_status(choice)
-            await _keep(store, body, record, choice, stream.shape.response(status, choice))
+            response = stream.shape.response(status, choice)
+            await _keep(store, body, record, stream.shape, choice, response)
             yield stream.closing(choice)
         except Exception as exc:
             yield stream.failed(status_and_body(exc)[1]["error"])
@@ -213,6 +227,7 @@ async def _previous(store: ResponseStore, response_id: str | None) -> StoredResp
 async def _prompt(
     service: OpenAIService,
     body: ResponsesRequest,
+    chat: ChatCompletionRequest,
     conversation: list[dict[str, Any]],
     previous: StoredResponse | None,
 ) -> StoredResponse:
@@ -224,9 +239,12 @@ async def _prompt(
             "input: this model has no chat template (no chat_template in its "
             "tokenizer_config.json); send a prompt to /v1/completions instead"
         )
-    messages = with_instructions(body.instructions, conversation)
+    messages = with_tool_calls_for_template(with_instructions(body.instructions, conversation))
+    tools = template_tools(chat)
+    if tools and "tools" not in template.source:
+        raise RequestError("tools: this model's chat template does not render tools")
     try:
-        rendered = await service.cpu.run(template.render, messages, True)
+        rendered = await service.cpu.run(template.render, messages, True, tools)
     except ChatTemplateError as e:
         raise RequestError(f"input: the model's chat template refused it: {e}") from None
     tokenizer = service.tokenizer
@@ -242,39 +260,52 @@ async def _prompt(
     )
 
 
-async def _validate(service: OpenAIService, body: ResponsesRequest, ids: list[int]) -> ValidRequest:
-    """The request's sampling as a chat completion's, checked as every request is."""
-    chat = ChatCompletionRequest(
+def _chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
+    """The request's sampling and tools as a chat completion's (its prompt is made apart)."""
+    return ChatCompletionRequest(
         messages=[ChatMessage(role="user", content="")],
         max_completion_tokens=body.max_output_tokens,
         temperature=body.temperature,
         top_p=body.top_p,
         seed=body.seed,
         response_format=_response_format(body),
+        tools=chat_tools(body.tools),
+        tool_choice=chat_tool_choice(body.tool_choice),
+        parallel_tool_calls=body.parallel_tool_calls,
     )
+
+
+async def _validate(
+    service: OpenAIService, chat: ChatCompletionRequest, ids: list[int]
+) -> ValidRequest:
+    """The request checked as every request is."""
     try:
         return await validate(generate_request(chat, ids), service.limits, service.tokenizer.encode)
     except RequestError as e:
         # Chat's names, which generate_request uses, as this body spells them.
         message = str(e).replace("response_format", "text.format", 1)
-        message = message.replace("max_completion_tokens", "max_output_tokens")
+        message = responses_names(message.replace("max_completion_tokens", "max_output_tokens"))
         raise openai_names(
             RequestError(message), "input", "max_output_tokens", "text.format"
         ) from None
 
 
-def _check_supported(body: ResponsesRequest, service: OpenAIService) -> None:
+def _check_supported(body: ResponsesRequest, service: OpenAIService) -> ChatCompletionRequest:
+    """The request as a chat completion's, once what it asks is known to be supported."""
     if body.model is not None and body.model != service.limits.name:
         raise UnknownModel(
             f"model: the model {body.model!r} does not exist; this server serves "
             f"{service.limits.name!r}"
         )
-    if body.tools:
-        raise RequestError("tools: tool calling is not supported on /v1/responses yet")
     for name, neutral in _NEUTRAL.items():
         if getattr(body, name) not in neutral:
             raise RequestError(f"{name}: not supported; leave it unset")
-    _response_format(body)
+    chat = _chat_request(body)
+    try:
+        check_tools(chat)
+    except RequestError as e:
+        raise RequestError(responses_names(str(e))) from None
+    return chat
 
 
 def _text_format(body: ResponsesRequest) -> dict[str, Any]:
@@ -303,13 +334,18 @@ async def _keep(
     store: ResponseStore,
     body: ResponsesRequest,
     record: StoredResponse,
+    shape: ResponseShape,
     choice: Choice,
     response: dict[str, Any],
 ) -> None:
-    """Stores the finished turn, with `store`: its output ends the conversation."""
+    """Stores the finished turn, with `store`: its output (words, or function calls as
+    tool_calls) ends the conversation."""
     if not body.store:
         return
     record.response = response
-    record.conversation = [*record.conversation, {"role": "assistant", "content": choice.text}]
+    output = {"role": "assistant", "content": choice.text}
+    if shape.tools is not None:
+        output = shape.tools.assistant_message(choice.text)
+    record.conversation = [*record.conversation, output]
     record.output_ids = list(choice.token_ids)
     await store.put(record)

@@ -87,19 +87,67 @@ def test_input_items_become_chat_messages(model):
             ]
         }
     )  # fmt: skip
-    assert input_messages(body) == [
+    assert input_messages(body, []) == [
         {"role": "system", "content": "Rules."},
         {"role": "user", "content": [{"type": "text", "text": "Hi"}]},
         {"role": "assistant", "content": [{"type": "text", "text": "Yo"}]},
     ]
-    assert input_messages(ResponsesRequest(input="Hi")) == [{"role": "user", "content": "Hi"}]
+    assert input_messages(ResponsesRequest(input="Hi"), []) == [{"role": "user", "content": "Hi"}]
+
+
+def _call(call_id: str, name: str = "f", arguments: str = '{"x": 1}') -> dict:
+    return {"type": "function_call", "call_id": call_id, "name": name, "arguments": arguments}
+
+
+def _tool_call(call_id: str, name: str = "f", arguments: str = '{"x": 1}') -> dict:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def test_calls_in_a_row_are_one_assistant_message_and_outputs_are_tool_messages():
+    items = [
+        {"role": "user", "content": "Go."},
+        _call("call_a"),
+        _call("call_b", "g", "{}"),
+        {"type": "function_call_output", "call_id": "call_b", "output": "2"},
+        {"type": "function_call_output", "call_id": "call_a", "output": [{"type": "input_text", "text": "1"}]},  # noqa: E501
+    ]  # fmt: skip
+    body = ResponsesRequest.model_validate({"input": items})
+    assert input_messages(body, []) == [
+        {"role": "user", "content": "Go."},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [_tool_call("call_a"), _tool_call("call_b", "g", "{}")],
+        },
+        {"role": "tool", "tool_call_id": "call_b", "content": "2"},
+        {"role": "tool", "tool_call_id": "call_a", "content": "1"},
+    ]
+
+
+def test_an_output_may_answer_a_call_of_the_stored_conversation():
+    earlier = [
+        {"role": "user", "content": "Go."},
+        {"role": "assistant", "content": None, "tool_calls": [_tool_call("call_s")]},
+    ]
+    output = {"type": "function_call_output", "call_id": "call_s", "output": "ok"}
+    body = ResponsesRequest.model_validate({"input": [output]})
+    assert input_messages(body, earlier) == [
+        {"role": "tool", "tool_call_id": "call_s", "content": "ok"}
+    ]
+    with pytest.raises(RequestError, match=r"^input\[0\]\.call_id: 'call_s' answers no earlier"):
+        input_messages(body, [])
 
 
 @pytest.mark.parametrize(
     "items, field",
     [
         ([], "input"),
-        ([{"type": "function_call_output", "call_id": "c", "output": "1"}], "input[0].type"),
+        ([{"type": "function_call_output", "call_id": "c", "output": "1"}], "input[0].call_id"),
+        ([{"type": "reasoning", "summary": []}], "input[0].type"),
+        ([_call("c", arguments="{")], "input[0].arguments"),
+        ([_call("c", arguments="[1]")], "input[0].arguments"),
+        ([{"type": "function_call", "call_id": "c", "arguments": "{}"}], "input[0].name"),
+        ([_call("c"), {"type": "function_call_output", "call_id": "c"}], "input[1].output"),
         ([{"role": "tool", "content": "x"}], "input[0].role"),
         ([{"role": "user"}], "input[0].content"),
         ([{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}], "input[0].content[0]"),  # noqa: E501
@@ -107,5 +155,5 @@ def test_input_items_become_chat_messages(model):
 )  # fmt: skip
 def test_items_that_are_not_text_messages_are_refused_by_name(items, field):
     with pytest.raises(RequestError) as refused:
-        input_messages(ResponsesRequest.model_validate({"input": items}))
+        input_messages(ResponsesRequest.model_validate({"input": items}), [])
     assert str(refused.value).startswith(f"{field}: ")

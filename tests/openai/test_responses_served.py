@@ -251,7 +251,8 @@ def test_a_conversation_over_the_size_bound_is_refused_not_cut(client):
 @pytest.mark.parametrize(
     "asked, field",
     [
-        ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools"),
+        ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools"),  # the template has none
+        ({"tools": [{"type": "file_search"}]}, "tools[0].type"),
         ({"text": {"format": {"type": "yaml"}}}, "text.format.type"),
         ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema"),
         ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "objekt"}}}}, "text.format"),  # noqa: E501
@@ -259,7 +260,8 @@ def test_a_conversation_over_the_size_bound_is_refused_not_cut(client):
         ({"temperature": -1}, "temperature"),
         ({"background": True}, "background"),
         ({"input": []}, "input"),
-        ({"input": [{"type": "function_call_output", "call_id": "c", "output": "1"}]}, "input[0].type"),  # noqa: E501
+        ({"input": [{"type": "function_call_output", "call_id": "c", "output": "1"}]}, "input[0].call_id"),  # noqa: E501
+        ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type"),
         ({"model": "gpt-nothing"}, "model"),
     ],
 )  # fmt: skip
