@@ -22,4 +22,5 @@
 - `response_prompt.py` — input items → chat messages; a continuation's prompt tokens.
 - `response_events.py` — the Response object and the stream's events.
 - `response_store.py` — stored responses in Redis (TTL, size bound).
+- `response_tools.py` — function tools on Responses: the flat tools and choice in chat's shape, errors in Responses field names, stable call ids.
 """
