@@ -30,7 +30,7 @@ import torch
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = [CSRC / "paged_decode_attention.cpp", CSRC / "fused_ops.cpp"]
+SOURCES = [CSRC / "paged_decode_attention.cpp", CSRC / "fused_ops.cpp", CSRC / "seeded_draw.cpp"]
 HEADERS = [CSRC / "float_io.h"]  # included by the sources: part of what a build depends on
 # -fopenmp: at::parallel_for's OpenMP loop (the build links torch's own libgomp); -ffast-math
 # lets the dot products and exp vectorize (a rounding-level difference from SDPA's order).
