@@ -5,11 +5,12 @@ The torch path hashes the noise of every kept token into an [M, K] tensor (about
 passes and two logs over it): at a 128k vocabulary without top-k that is the whole row, several
 times the cost of an unseeded row's draw. The fused kernel hashes each token once, looks its
 noise up in `seeded_noise.noise_table()` (the torch path's own noise of each of the 2^23
-uniforms, so the noise is the same float32 bit for bit), and keeps the running argmax, skipping
-tokens too far below the best to win: the tokens are those of the torch path
-(tests/engine/decoding/test_seeded_draw.py). It runs where the host draws (CPU float32) once the
-pdserve_native library is built; elsewhere, or with PDSERVE_NATIVE_ATTENTION=0, the torch path
-runs.
+uniforms, so the noise is the same float32 bit for bit: the C library's logf differs on 15% of
+them) and keeps the running argmax; a token that cannot win (its logit plus the largest noise
+of its bucket of uniforms, `bucket_maxima`, below the best score) is not looked up. The tokens
+are those of the torch path (tests/engine/decoding/test_seeded_draw.py). It runs where the host
+draws (CPU float32) once the pdserve_native library is built; elsewhere, or with
+PDSERVE_NATIVE_ATTENTION=0, the torch path runs.
 """
 
 from __future__ import annotations
@@ -72,12 +73,17 @@ def gumbel_max_fused(
         keys.cpu(),
         token_hashes(vocab, scaled.device),
         table,
-        _largest_noise(),
+        bucket_maxima(),
     )
 
 
+# Buckets of the uniform's 2^23 values the kernel bounds the noise by (csrc/seeded_draw.cpp).
+BUCKET_BITS = 12
+
+
 @functools.cache
-def _largest_noise() -> float:
-    """The largest value of the noise table (about 16.6): a token more than this below the best
-    score cannot win."""
-    return noise_table().max().item()
+def bucket_maxima() -> torch.Tensor:
+    """[2^12] float32: the largest noise of each bucket of 2^11 consecutive uniforms (16 KiB):
+    a token whose logit plus its bucket's largest noise is below the best score cannot win,
+    and the kernel skips its lookup."""
+    return noise_table().view(1 << BUCKET_BITS, -1).amax(dim=1)

@@ -8,10 +8,12 @@
 // add, as torch's), and the running argmax, the lowest column on ties as torch.argmax. The
 // [M, vocab] noise is never written: the torch path makes ~10 passes over it.
 //
-// A token whose scaled logit lies more than the largest noise (plus a margin of 1) below the
-// best score so far cannot win, and is not hashed: compared in double, where the bound is exact
-// to far below the margin at any float32 magnitude, and with it any reordering -ffast-math may
-// do to the comparison, so the pruned token's float32 score could not have exceeded the best.
+// Most tokens need no lookup: the noise grows with the uniform, so each of 4096 buckets of the
+// uniform's values has a largest noise (a 16 KiB table that stays in L1); a token whose scaled
+// logit plus its bucket's largest noise is below the best score so far cannot win. That sum is
+// taken in double, where it is exact to far below a float32 step: when it is below the best, the
+// float32 score (rounded the same way or lower) is at most the best, and ties keep the earlier
+// column; -ffast-math's freedom to reorder a double sum cannot move it by a float32 step.
 #include <torch/library.h>
 #include <torch/torch.h>
 
@@ -25,6 +27,7 @@ namespace {
 constexpr uint32_t kM1 = 0x7FEB352Du;
 constexpr uint32_t kM2 = 0x846CA68Bu;
 constexpr int kUniformBits = 23;
+constexpr int kBucketBits = 12;
 
 inline uint32_t mix(uint32_t token_hash, uint32_t key) {
   uint32_t x = token_hash ^ key;
@@ -39,7 +42,7 @@ inline uint32_t mix(uint32_t token_hash, uint32_t key) {
 at::Tensor seeded_gumbel_max(const at::Tensor& scaled, const at::Tensor& probs,
                              const c10::optional<at::Tensor>& ids, const at::Tensor& keys,
                              const at::Tensor& token_hashes, const at::Tensor& noise_table,
-                             double max_noise) {
+                             const at::Tensor& bucket_max) {
   TORCH_CHECK(scaled.dim() == 2 && scaled.scalar_type() == at::kFloat && scaled.is_contiguous(),
               "scaled: a contiguous [M, vocab] float32 tensor");
   TORCH_CHECK(probs.dim() == 2 && probs.scalar_type() == at::kFloat && probs.is_contiguous(),
@@ -51,6 +54,9 @@ at::Tensor seeded_gumbel_max(const at::Tensor& scaled, const at::Tensor& probs,
   TORCH_CHECK(noise_table.scalar_type() == at::kFloat && noise_table.is_contiguous() &&
                   noise_table.numel() == (int64_t{1} << kUniformBits),
               "noise_table: [2^23] float32");
+  TORCH_CHECK(bucket_max.scalar_type() == at::kFloat && bucket_max.is_contiguous() &&
+                  bucket_max.numel() == (int64_t{1} << kBucketBits),
+              "bucket_max: [2^12] float32");
   const int64_t rows = scaled.size(0), vocab = scaled.size(1), kept = probs.size(1);
   const bool whole = !ids.has_value();
   TORCH_CHECK(probs.size(0) == rows && (!whole || kept == vocab), "probs: [M, vocab] without ids");
@@ -67,7 +73,7 @@ at::Tensor seeded_gumbel_max(const at::Tensor& scaled, const at::Tensor& probs,
   const int64_t* key_ptr = key_data.data_ptr<int64_t>();
   const int64_t* hash_data = token_hashes.data_ptr<int64_t>();
   const float* noise = noise_table.data_ptr<float>();
-  const double beyond_reach = max_noise + 1.0;
+  const float* bucket_noise = bucket_max.data_ptr<float>();
   at::Tensor tokens = at::empty({rows}, keys.options());
   int64_t* token_data = tokens.data_ptr<int64_t>();
 
@@ -84,9 +90,10 @@ at::Tensor seeded_gumbel_max(const at::Tensor& scaled, const at::Tensor& probs,
         if (row_probs[k] <= 0.f) continue;  // dropped by the filters
         const int64_t id = whole ? k : row_ids[k];
         const float logit = row_scaled[id];
-        if (found && static_cast<double>(logit) < static_cast<double>(best) - beyond_reach) continue;
-        const uint32_t hash = mix(static_cast<uint32_t>(hash_data[id]), key);
-        const float score = logit + noise[hash >> (32 - kUniformBits)];
+        const uint32_t uniform = mix(static_cast<uint32_t>(hash_data[id]), key) >> (32 - kUniformBits);
+        const double reach = bucket_noise[uniform >> (kUniformBits - kBucketBits)];
+        if (found && static_cast<double>(logit) + reach < static_cast<double>(best)) continue;
+        const float score = logit + noise[uniform];
         if (!found || score > best) {
           found = true;
           best = score;
@@ -103,7 +110,7 @@ at::Tensor seeded_gumbel_max(const at::Tensor& scaled, const at::Tensor& probs,
 
 TORCH_LIBRARY_FRAGMENT(pdserve_native, m) {
   m.def("seeded_gumbel_max(Tensor scaled, Tensor probs, Tensor? ids, Tensor keys, "
-        "Tensor token_hashes, Tensor noise_table, float max_noise) -> Tensor");
+        "Tensor token_hashes, Tensor noise_table, Tensor bucket_max) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(pdserve_native, CPU, m) { m.impl("seeded_gumbel_max", &seeded_gumbel_max); }
