@@ -7,6 +7,8 @@ the same tokens. The sampler draws seeded rows through it."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -133,3 +135,34 @@ def test_bad_input_is_refused():
         seeded_draw.gumbel_max_fused(
             torch.zeros(1, 8, dtype=torch.float64), torch.ones(1, 8), torch.arange(8)[None], keys
         )
+
+
+def test_every_uniform_has_the_tables_noise_whichever_loop_torch_takes():
+    """Exhaustively: the two logs of all 2^23 uniforms taken on a strided view (torch's
+    element-by-element loop, as for a row's tail, not its vectorized one) give the table's
+    noise bit for bit."""
+    uniforms = torch.arange(1 << 23, dtype=torch.float32).mul_(2.0**-23).add_(2.0**-24)
+    buffer = torch.zeros(1 << 23, 2)
+    strided = buffer[:, 0]  # every other float of the buffer
+    assert not strided.is_contiguous()
+    strided.copy_(uniforms)
+    strided.log_().neg_().log_().neg_()
+    assert torch.equal(strided, noise_table())
+
+
+def test_switched_off_the_sampler_draws_in_torch():
+    """PDSERVE_NATIVE_ATTENTION=0: no fused draw, and seeded rows are still drawn."""
+    code = (
+        "import torch\n"
+        "from pdserve.core.sampling_params import SamplingParams\n"
+        "from pdserve.engine.decoding import sampler, seeded_draw\n"
+        "logits = torch.randn(2, 500)\n"
+        "params = [SamplingParams(seed=3), SamplingParams(seed=4)]\n"
+        "tokens = sampler.draw(logits, params, [sampler.noise_key(p, 0) for p in params])\n"
+        "print(seeded_draw.fused_applies(logits, logits), tokens.shape[0])\n"
+    )
+    env = {**os.environ, native_attention.DISABLE_ENV: "0"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "False 2"
