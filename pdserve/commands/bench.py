@@ -28,6 +28,10 @@ GROUPS: dict[str, dict[str, tuple[str, str]]] = {
             "pdserve.bench.decoding.spec_bench",
             "decode tok/s with speculative decoding (ngram, draft)",
         ),
+        "sampler": (
+            "pdserve.bench.decoding.sampler_bench",
+            "the host's sampling step at a 128k vocabulary: seeded vs unseeded, fused vs torch",
+        ),
     },
     "transfer": {
         "transfer": (

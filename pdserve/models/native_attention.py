@@ -1,6 +1,7 @@
 """The CPU decode-attention kernel that reads the paged KV cache in place (csrc/
 paged_decode_attention.cpp), and the build of the `pdserve_native` library it lives in, with
-the fused small ops of native_ops.py (csrc/fused_ops.cpp).
+the fused small ops of native_ops.py (csrc/fused_ops.cpp) and the seeded draw of
+engine/decoding/seeded_draw.py (csrc/seeded_draw.cpp).
 
 Plain torch has no op that attends over a block table: `attention.paged_attention` gathers every
 sequence's whole context out of the pool each layer, and SDPA copies it once more. This kernel
@@ -14,7 +15,7 @@ of the sources, flags, torch version and CPU capability (the build targets the C
 -march=native); concurrent first builds wait on the loader's lock, and later processes load
 the library directly. When it cannot be built (no compiler, no ninja) or
 `PDSERVE_NATIVE_ATTENTION=0`, the torch path runs, after one warning: that switch turns off the
-kernel and the fused ops together.
+kernel, the fused ops and the fused seeded draw together.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import torch
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = [CSRC / "paged_decode_attention.cpp", CSRC / "fused_ops.cpp"]
+SOURCES = [CSRC / "paged_decode_attention.cpp", CSRC / "fused_ops.cpp", CSRC / "seeded_draw.cpp"]
 HEADERS = [CSRC / "float_io.h"]  # included by the sources: part of what a build depends on
 # -fopenmp: at::parallel_for's OpenMP loop (the build links torch's own libgomp); -ffast-math
 # lets the dot products and exp vectorize (a rounding-level difference from SDPA's order).

@@ -4,6 +4,8 @@ themselves.
 - `sampler.py` — `Sampler`: repetition penalty, the min_tokens mask; greedy / temperature /
   top-k / top-p / min-p / seeded sampling (the seed contract), logprobs (torch).
 - `seeded_noise.py` — the Gumbel noise of seeded draws, hashed from (seed, n, token id).
+- `seeded_draw.py` — a seeded row's Gumbel-max draw: torch, or the fused CPU kernel
+  (models/csrc/seeded_draw.cpp) drawing the same tokens.
 - `grammar.py` — `Grammars`: structured output with xgrammar (compiled grammars cached per
   spec, a matcher per sequence, the token mask applied before sampling).
 - `beam_search.py` — `BeamSearch`: one beam-search request's state, transformers' rule;

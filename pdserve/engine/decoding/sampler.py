@@ -46,7 +46,8 @@ from collections.abc import Sequence
 import torch
 
 from pdserve.core.sampling_params import SamplingParams
-from pdserve.engine.decoding.seeded_noise import gumbel_noise, token_key
+from pdserve.engine.decoding.seeded_draw import gumbel_max
+from pdserve.engine.decoding.seeded_noise import token_key
 
 # What a row's token is drawn with: a seeded request's noise key at that position (an int,
 # `noise_key`), or an unseeded one's generator.
@@ -142,24 +143,6 @@ def draw(
         uniform = uniforms([sources[i] for i in unseeded])
         tokens[rows] = ids[rows].gather(1, inverse_cdf(probs[rows], uniform)[:, None]).squeeze(1)
     return tokens
-
-
-def gumbel_max(
-    scaled: torch.Tensor,  # [M, vocab] logits / temperature
-    probs: torch.Tensor,  # [M, K] kept_tokens' probabilities (0: dropped)
-    ids: torch.Tensor,  # [M, K] their token ids (the vocabulary in id order when K == vocab)
-    keys: torch.Tensor,  # [M] int64 noise keys
-) -> torch.Tensor:
-    """[M] token ids: the kept token with the largest scaled logit + Gumbel noise of (key, id).
-    A token's score is its own, so the winner does not depend on the layout of the kept
-    tokens; the scores are compared on the scaled logits, not on probabilities whose
-    normaliser may round differently per layout."""
-    vocab = scaled.shape[-1]
-    whole = ids.shape[-1] == vocab
-    noise = gumbel_noise(keys, None if whole else ids, vocab)
-    score = noise.add_(scaled if whole else scaled.gather(1, ids))
-    score = score.masked_fill_(probs <= 0, float("-inf"))
-    return ids.gather(1, score.argmax(dim=-1, keepdim=True)).squeeze(1)
 
 
 def inverse_cdf(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:

@@ -19,6 +19,7 @@ of a token 17 nats below the best, far below what any test can see.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import struct
 
@@ -43,7 +44,12 @@ def token_key(seed: int, n: int) -> int:
 def gumbel_noise(keys: torch.Tensor, ids: torch.Tensor | None, vocab: int) -> torch.Tensor:
     """[M] int64 keys -> [M, K] float32 Gumbel noise of the tokens `ids` ([M, K] int64), or of
     the whole vocabulary in id order (ids None, K = vocab), on the device of `keys`."""
-    table = _token_hashes(vocab, keys.device)
+    return _noise_of_uniform_bits(uniform_bits(keys, ids, vocab))
+
+
+def uniform_bits(keys: torch.Tensor, ids: torch.Tensor | None, vocab: int) -> torch.Tensor:
+    """gumbel_noise's [M, K] int64 hashes' top 23 bits: the uniform each noise is made of."""
+    table = token_hashes(vocab, keys.device)
     hashes = table[None, :] if ids is None else table[ids]
     # In place where possible: at 32 rows of a 128k vocabulary each pass is ~30 MB.
     x = hashes ^ (keys[:, None] & _MASK32)
@@ -52,19 +58,27 @@ def gumbel_noise(keys: torch.Tensor, ids: torch.Tensor | None, vocab: int) -> to
     x ^= x >> 15
     x.mul_(_M2).bitwise_and_(_MASK32)
     x ^= x >> 16
-    u = (
-        (x >> (32 - _UNIFORM_BITS))
-        .float()
-        .mul_(2.0**-_UNIFORM_BITS)
-        .add_(2.0 ** -(_UNIFORM_BITS + 1))
-    )
+    return x >> (32 - _UNIFORM_BITS)
+
+
+def _noise_of_uniform_bits(v: torch.Tensor) -> torch.Tensor:
+    """int64 values in [0, 2^23) -> the float32 Gumbel noise of the uniform (v + 0.5) / 2^23."""
+    u = v.float().mul_(2.0**-_UNIFORM_BITS).add_(2.0 ** -(_UNIFORM_BITS + 1))
     return u.log_().neg_().log_().neg_()
+
+
+@functools.cache
+def noise_table() -> torch.Tensor:
+    """[2^23] float32 (32 MiB, on the host): the noise of each of the uniform's values, computed
+    by the same torch ops as gumbel_noise, so a lookup of a hash's top 23 bits is its noise
+    bit for bit (the fused draw, seeded_draw.py)."""
+    return _noise_of_uniform_bits(torch.arange(1 << _UNIFORM_BITS, dtype=torch.int64))
 
 
 _TABLES: dict[tuple[int, str], torch.Tensor] = {}
 
 
-def _token_hashes(vocab: int, device: torch.device) -> torch.Tensor:
+def token_hashes(vocab: int, device: torch.device) -> torch.Tensor:
     """[vocab] int64: each token id's own 32-bit hash (computed once per vocabulary and device),
     which the row's key is mixed into."""
     table = _TABLES.get((vocab, str(device)))
