@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 import torch
 
 from pdserve.engine.decoding.factuality import contrast_layers, plan_exits
-from pdserve.engine.decoding.grammar import mask_logits
+from pdserve.engine.decoding.grammar_masks import GrammarMasks, MaskRows
 from pdserve.engine.decoding.sampler import (
     Sampler,
     apply_repetition_penalty,
@@ -96,6 +96,7 @@ class TorchExecutor:
                 in_place=self.runner.reads_kv_in_place,
             )
         self.sampler = Sampler()
+        self.grammar_masks = GrammarMasks(self.vocab_size)
 
     @property
     def bytes_per_block(self) -> int:
@@ -104,14 +105,14 @@ class TorchExecutor:
     def execute(
         self, batch: ScheduledBatch, step_started: float
     ) -> tuple[list[int], list[int], list[float | None]]:
+        masks = self.grammar_masks.start(*_mask_rows(batch))  # filled while the forward runs
         logits, sample_idx = self.runner.run(batch)
+        self.grammar_masks.apply(masks, logits)  # forks sample from their parent's masked row
         logits, draft_logits = logits[: len(sample_idx)], logits[len(sample_idx) :]
         logits, sample_idx = _with_fork_rows(logits, sample_idx, batch)
         if not sample_idx:
             return [], [], []
         sampled = [batch.sampling_seq(i) for i in sample_idx]
-        if any(s.grammar is not None for s in sampled):
-            mask_logits(logits, [s.grammar for s in sampled])
         tokens, logprobs = self.sampler(
             logits,
             [s.params for s in sampled],
@@ -256,6 +257,26 @@ def _offer_beam_candidates(
     for r, seq, vs, ts in zip(rows, beams, values, tokens, strict=True):
         n = seq.beam_top_k
         batch.beam_candidates[sample_idx[r]] = list(zip(ts[:n], vs[:n], strict=True))
+
+
+def _mask_rows(batch: ScheduledBatch) -> tuple[list[MaskRows], int]:
+    """The constrained sequences' rows of the logits `ModelRunner.run` will return, and how
+    many rows it returns: known before the forward, so their masks fill while it runs."""
+    sampling = [
+        seq
+        for seq, n in zip(batch.seqs, batch.num_tokens, strict=True)
+        if seq.num_computed_tokens + n == seq.num_tokens
+    ]
+    num_rows = len(sampling) + sum(seq.num_draft_tokens for seq in sampling)
+    masked, draft_row = [], len(sampling)
+    for row, seq in enumerate(sampling):
+        d = seq.num_draft_tokens
+        if seq.grammar is not None:
+            rows = (*range(draft_row, draft_row + d), row)
+            drafts = tuple(seq.token_ids[len(seq.token_ids) - d :]) if d else ()
+            masked.append(MaskRows(seq.grammar.matcher, rows, drafts))
+        draft_row += d
+    return masked, num_rows
 
 
 def _draft_rows(batch: ScheduledBatch, sample_idx: list[int], last_rows: list[int]) -> list[int]:
