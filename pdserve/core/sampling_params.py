@@ -148,11 +148,6 @@ class SamplingParams:
             raise ValueError(
                 "stop: stop strings are not supported with beam search (beam_width >= 2)"
             )
-        if self.grammar is not None:
-            raise ValueError(
-                "beam_width: beam search (>= 2) cannot be combined with structured output "
-                "(a grammar) yet"
-            )
 
     @property
     def greedy(self) -> bool:

@@ -158,7 +158,6 @@ def test_guided_regex_choice_and_grammar_outputs_match(client, model):
         ({"guided_choice": []}, "guided_choice: the choice list is empty"),
         ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice: conflicts with guided_regex"),
         ({"response_format": {"type": "yaml"}}, "response_format: type must be"),
-        ({"guided_regex": "a+", "beam_width": 2}, "beam_width: .*structured output"),
     ],
 )  # fmt: skip
 def test_a_bad_grammar_is_a_400_naming_the_problem(client, model, extra, problem):
