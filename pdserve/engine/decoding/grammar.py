@@ -41,6 +41,21 @@ class SequenceGrammar:
         allowed): either way the sequence ends here."""
         return not self.matcher.accept_token(token) or self.matcher.is_terminated()
 
+    def allowed_prefix(self, drafts: Sequence[int]) -> list[int]:
+        """The longest prefix of `drafts` (speculative guesses) the grammar accepts without
+        ending: a draft it refuses, or one that ends it (its EOS), cuts them there, so every
+        verified position has a grammar state to mask by. The matcher ends where it was."""
+        fed = 0  # drafts the matcher took
+        for token in drafts:
+            if not self.matcher.accept_token(token):
+                break
+            fed += 1
+            if self.matcher.is_terminated():
+                break
+        kept = fed - 1 if self.matcher.is_terminated() else fed
+        self.matcher.rollback(fed)
+        return list(drafts[:kept])
+
     def fork(self) -> SequenceGrammar:
         return SequenceGrammar(self.matcher.fork())
 
