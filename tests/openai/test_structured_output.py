@@ -1,6 +1,6 @@
 """Structured output through the official `openai` SDK, colocated and disaggregated: random
 weights, yet every output is valid against its JSON schema (the grammar guarantees it),
-regex and choice outputs match, and a bad grammar is a 400 that names the problem."""
+regex and choice outputs match, beam search's beams match, and a bad grammar is a 400 that names the problem."""
 
 from __future__ import annotations
 
@@ -140,6 +140,21 @@ def test_guided_regex_choice_and_grammar_outputs_match(client, model):
         )
         for choice in response.choices:
             assert re.fullmatch(pattern, choice.text), (extra, choice.text)
+
+
+def test_beam_search_under_a_grammar_returns_beams_that_match_it(client, model):
+    response = client.completions.create(
+        model=model,
+        prompt="Pick a colour:",
+        max_tokens=20,
+        temperature=0.0,
+        n=2,
+        extra_body={"beam_width": 3, "guided_choice": ["red", "green", "blue"]},
+    )
+    assert len(response.choices) == 2
+    for choice in response.choices:
+        assert choice.finish_reason == "stop", choice.text
+        assert re.fullmatch(r"red|green|blue", choice.text), choice.text
 
 
 @pytest.mark.parametrize(
