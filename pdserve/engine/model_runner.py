@@ -285,6 +285,8 @@ def _offer_beam_candidates(
 def _mask_rows(batch: ScheduledBatch) -> tuple[list[MaskRows], int]:
     """The constrained sequences' rows of the logits `ModelRunner.run` will return, and how
     many rows it returns: known before the forward, so their masks fill while it runs."""
+    if all(seq.grammar is None for seq in batch.seqs):
+        return [], 0
     sampling = [
         seq
         for seq, n in zip(batch.seqs, batch.num_tokens, strict=True)
