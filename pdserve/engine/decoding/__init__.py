@@ -5,7 +5,9 @@ themselves.
   top-k / top-p / min-p / seeded sampling (the seed contract), logprobs (torch).
 - `seeded_noise.py` — the Gumbel noise of seeded draws, hashed from (seed, n, token id).
 - `grammar.py` — `Grammars`: structured output with xgrammar (compiled grammars cached per
-  spec, a matcher per sequence, the token mask applied before sampling).
+  spec, a matcher per sequence; drafts cut where the grammar refuses them).
+- `grammar_masks.py` — `GrammarMasks`: a step's token bitmasks, filled by a worker thread
+  while the forward runs and applied before sampling (draft rows included).
 - `beam_search.py` — `BeamSearch`: one beam-search request's state, transformers' rule;
   `BeamRequest`: its running beams and their offers (no torch).
 - `forked_choices.py` — `ForkedChoices`: n choices and beam search as forked sequences sharing

@@ -83,7 +83,7 @@ class GrammarMasks:
         for s in sequences:
             if s.drafts:
                 _fill_drafted(s, bitmask)
-        return bitmask, sorted(row for s in sequences for row in s.rows)
+        return bitmask, [row for s in sequences for row in s.rows]
 
 
 def _fill_drafted(sequence: MaskRows, bitmask: Any) -> None:
