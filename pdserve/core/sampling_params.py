@@ -84,8 +84,8 @@ class SamplingParams:
     # every token from its own forward. Speculation never changes the output distribution.
     speculative: bool = True
     # Structured output: every token keeps the output a prefix of the grammar's language, and
-    # EOS comes only where the grammar may end (pdserve/engine/decoding/grammar.py). Such a request is
-    # not speculated on, and beam search refuses it.
+    # EOS comes only where the grammar may end (pdserve/engine/decoding/grammar.py), with every
+    # decoding rule: greedy, sampling, n, beam search, speculation (docs/decoding.md).
     grammar: GrammarSpec | None = None
 
     def __post_init__(self) -> None:
@@ -147,11 +147,6 @@ class SamplingParams:
         if self.stop:
             raise ValueError(
                 "stop: stop strings are not supported with beam search (beam_width >= 2)"
-            )
-        if self.grammar is not None:
-            raise ValueError(
-                "beam_width: beam search (>= 2) cannot be combined with structured output "
-                "(a grammar) yet"
             )
 
     @property

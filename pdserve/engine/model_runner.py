@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 import torch
 
 from pdserve.engine.decoding.factuality import contrast_layers, plan_exits
-from pdserve.engine.decoding.grammar import mask_logits
+from pdserve.engine.decoding.grammar_masks import GrammarMasks, MaskRows
 from pdserve.engine.decoding.sampler import (
     Sampler,
     apply_repetition_penalty,
@@ -96,6 +96,7 @@ class TorchExecutor:
                 in_place=self.runner.reads_kv_in_place,
             )
         self.sampler = Sampler()
+        self.grammar_masks = GrammarMasks(self.vocab_size)
 
     @property
     def bytes_per_block(self) -> int:
@@ -104,14 +105,15 @@ class TorchExecutor:
     def execute(
         self, batch: ScheduledBatch, step_started: float
     ) -> tuple[list[int], list[int], list[float | None]]:
+        masks = self.grammar_masks.start(*_mask_rows(batch))  # filled while the forward runs
         logits, sample_idx = self.runner.run(batch)
+        beams = _beam_logprobs(logits, sample_idx, batch)  # the model's, before the masks
+        self.grammar_masks.apply(masks, logits)  # forks sample from their parent's masked row
         logits, draft_logits = logits[: len(sample_idx)], logits[len(sample_idx) :]
         logits, sample_idx = _with_fork_rows(logits, sample_idx, batch)
         if not sample_idx:
             return [], [], []
         sampled = [batch.sampling_seq(i) for i in sample_idx]
-        if any(s.grammar is not None for s in sampled):
-            mask_logits(logits, [s.grammar for s in sampled])
         tokens, logprobs = self.sampler(
             logits,
             [s.params for s in sampled],
@@ -119,8 +121,8 @@ class TorchExecutor:
             [s.token_ids for s in sampled],
             [s.min_tokens_mask for s in sampled],
         )
-        if any(seq.beam_top_k for seq in sampled):
-            _offer_beam_candidates(logits, sample_idx, sampled, batch)
+        if beams is not None:
+            _offer_beam_candidates(*beams, logits, batch)
         if len(draft_logits):
             self._verify_drafts(logits, draft_logits, sample_idx, sampled, batch)
         return sample_idx, tokens, logprobs
@@ -243,24 +245,68 @@ def copy_kv_blocks(kv_cache: torch.Tensor, copies: list[tuple[int, int]]) -> Non
     kv_cache[:, :, destinations] = kv_cache[:, :, sources]
 
 
-def _offer_beam_candidates(
-    logits: torch.Tensor, sample_idx: list[int], sampled: list, batch: ScheduledBatch
-) -> None:
-    """Each beam row's best `beam_top_k` (token, log-probability) pairs into
-    batch.beam_candidates: log-softmax of the logits, then the repetition penalty applied to
-    it, as transformers' beam search does."""
-    rows = [r for r, seq in enumerate(sampled) if seq.beam_top_k]
-    beams = [sampled[r] for r in rows]
+def _beam_logprobs(
+    logits: torch.Tensor, sample_idx: list[int], batch: ScheduledBatch
+) -> tuple[list[int], list[int], torch.Tensor] | None:
+    """The beam rows (indices into logits), their sample indices, and their log-softmax with the
+    repetition penalty applied to it, as transformers' beam search scores candidates; None
+    when no row is a beam. Taken before the grammar masks: a constrained beam's scores stay
+    the model's log-probabilities (transformers applies logits processors after the
+    log-softmax), its disallowed tokens are then dropped (`_offer_beam_candidates`)."""
+    rows = [r for r, i in enumerate(sample_idx) if batch.seqs[i].beam_top_k]
+    if not rows:
+        return None
+    indices = [sample_idx[r] for r in rows]
+    beams = [batch.seqs[i] for i in indices]
     # On the logits' device: only each row's top k cross to the host.
     logprobs = torch.log_softmax(logits[rows].float(), dim=-1)
     logprobs = apply_repetition_penalty(
         logprobs, [s.params for s in beams], [s.token_ids for s in beams]
     )
+    return rows, indices, logprobs
+
+
+def _offer_beam_candidates(
+    rows: list[int],
+    indices: list[int],
+    logprobs: torch.Tensor,
+    masked_logits: torch.Tensor,
+    batch: ScheduledBatch,
+) -> None:
+    """Each beam's best `beam_top_k` (token, log-probability) pairs into
+    batch.beam_candidates, without the tokens its grammar masked (-inf in `masked_logits`):
+    fewer pairs where the grammar allows fewer tokens."""
+    beams = [batch.seqs[i] for i in indices]
+    if any(s.grammar is not None for s in beams):
+        logprobs = logprobs.masked_fill(masked_logits[rows] == float("-inf"), float("-inf"))
     k = min(max(s.beam_top_k for s in beams), logprobs.shape[-1])
     values, tokens = (t.cpu().tolist() for t in logprobs.topk(k, dim=-1))
-    for r, seq, vs, ts in zip(rows, beams, values, tokens, strict=True):
+    for i, seq, vs, ts in zip(indices, beams, values, tokens, strict=True):
         n = seq.beam_top_k
-        batch.beam_candidates[sample_idx[r]] = list(zip(ts[:n], vs[:n], strict=True))
+        offered = zip(ts[:n], vs[:n], strict=True)
+        batch.beam_candidates[i] = [(t, v) for t, v in offered if v != float("-inf")]
+
+
+def _mask_rows(batch: ScheduledBatch) -> tuple[list[MaskRows], int]:
+    """The constrained sequences' rows of the logits `ModelRunner.run` will return, and how
+    many rows it returns: known before the forward, so their masks fill while it runs."""
+    if all(seq.grammar is None for seq in batch.seqs):
+        return [], 0
+    sampling = [
+        seq
+        for seq, n in zip(batch.seqs, batch.num_tokens, strict=True)
+        if seq.num_computed_tokens + n == seq.num_tokens
+    ]
+    num_rows = len(sampling) + sum(seq.num_draft_tokens for seq in sampling)
+    masked, draft_row = [], len(sampling)
+    for row, seq in enumerate(sampling):
+        d = seq.num_draft_tokens
+        if seq.grammar is not None:
+            rows = (*range(draft_row, draft_row + d), row)
+            drafts = tuple(seq.token_ids[len(seq.token_ids) - d :]) if d else ()
+            masked.append(MaskRows(seq.grammar.matcher, rows, drafts))
+        draft_row += d
+    return masked, num_rows
 
 
 def _draft_rows(batch: ScheduledBatch, sample_idx: list[int], last_rows: list[int]) -> list[int]:

@@ -18,6 +18,10 @@ for structured output: greedy decode steps constrained by a JSON schema (a long 
 objects, so that every request runs all --steps tokens) against unconstrained greedy (target
 >= 1 / 1.1, issue 52).
 
+The two engines' runs alternate (one of each per repeat), so that a load swing on a shared
+machine hits both alike: the table gives each one's best tok/s, their ratio, and the median
+of the repeats' ratios (ours over theirs, run by run).
+
 `--op-profile` profiles pdserve's decode steps at the largest batch (op_profile.py): time per
 op and the share of a step outside the weight matmuls (issue 19 point 1). `--step-phases` times
 the same steps by the engine's phases without a profiler (step_phases.py): scheduling, the
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import statistics
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -306,11 +311,18 @@ def run(args: argparse.Namespace) -> int:
     elif whole:
         ours, theirs = ours_whole, theirs_whole
 
-    def decode_rate(measure, batch: int) -> float:
-        best = min(measure(batch, args.steps) for _ in range(args.repeats))
+    def tokens(batch: int) -> int:
         if whole:  # whole requests: every returned token counts
-            return batch * decoding.returned * args.steps / best
-        return batch * (args.steps - 1) / best
+            return batch * decoding.returned * args.steps
+        return batch * (args.steps - 1)
+
+    def rates(batch: int) -> tuple[float, float, float]:
+        """Best tok/s of each, and the median of the runs' ratios. The two alternate run by
+        run, so that a load swing on a shared machine hits both alike."""
+        pairs = [(ours(batch, args.steps), theirs(batch, args.steps)) for _ in range(args.repeats)]
+        ratios = sorted(t / o for o, t in pairs)
+        best_ours, best_theirs = (min(times) for times in zip(*pairs, strict=True))
+        return tokens(batch) / best_ours, tokens(batch) / best_theirs, statistics.median(ratios)
 
     baseline = "pdserve greedy tok/s" if decoding.versus_greedy else "transformers tok/s"
     # Every figure names the machine: the fastest kernels, and the ratios, depend on it.
@@ -330,12 +342,12 @@ def run(args: argparse.Namespace) -> int:
             measure(2, 4)
         if recorder is not None:
             recorder.samples.clear()
-        print(f"{'batch':>5} {'pdserve tok/s':>14} {baseline:>20} {'ratio':>7}")
+        print(f"{'batch':>5} {'pdserve tok/s':>14} {baseline:>20} {'ratio':>7} {'median':>7}")
         for batch in batch_sizes:
-            rate_ours, rate_theirs = decode_rate(ours, batch), decode_rate(theirs, batch)
+            rate_ours, rate_theirs, median = rates(batch)
             print(
                 f"{batch:>5} {rate_ours:>14.1f} {rate_theirs:>20.1f} "
-                f"{rate_ours / rate_theirs:>6.2f}x",
+                f"{rate_ours / rate_theirs:>6.2f}x {median:>6.2f}x",
                 flush=True,
             )
     if args.op_profile:

@@ -7,7 +7,9 @@ themselves.
 - `seeded_draw.py` — a seeded row's Gumbel-max draw: torch, or the fused CPU kernel
   (models/csrc/seeded_draw.cpp) drawing the same tokens.
 - `grammar.py` — `Grammars`: structured output with xgrammar (compiled grammars cached per
-  spec, a matcher per sequence, the token mask applied before sampling).
+  spec, a matcher per sequence; drafts cut where the grammar refuses them).
+- `grammar_masks.py` — `GrammarMasks`: a step's token bitmasks, filled by a worker thread
+  while the forward runs and applied before sampling (draft rows included).
 - `beam_search.py` — `BeamSearch`: one beam-search request's state, transformers' rule;
   `BeamRequest`: its running beams and their offers (no torch).
 - `forked_choices.py` — `ForkedChoices`: n choices and beam search as forked sequences sharing

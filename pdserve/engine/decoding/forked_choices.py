@@ -181,6 +181,8 @@ class ForkedChoices:
                 self._finish(parent, "abort")
         for child, beam in zip(children, running, strict=True):
             child.token_ids.append(beam.token)
+            if child.grammar is not None:  # forked above with its parent's matcher
+                child.grammar.accept(beam.token)
         beams.seqs = children
         return []
 

@@ -2,9 +2,10 @@
 
 A request with `SamplingParams.grammar` gets a `SequenceGrammar` per sequence (an xgrammar
 GrammarMatcher): before its row samples, the matcher's token bitmask sets the logit of every
-token that would leave the grammar's language to -inf (`mask_logits`, before the sampler, so
-greedy, sampling and n choices all draw among allowed tokens), and each token appended
-advances it. EOS is allowed only where the grammar may end (the matcher's stop tokens are the
+token that would leave the grammar's language to -inf (grammar_masks.py, filled while the
+forward runs and applied before the sampler, so greedy, sampling, n choices, beams and
+speculative verification all choose among allowed tokens), and each token appended advances
+it. EOS is allowed only where the grammar may end (the matcher's stop tokens are the
 model's EOS ids); the sequence finishes when the matcher terminates.
 
 A matcher is rebuilt from the tokens so far wherever a request continues: the decode side of
@@ -39,6 +40,21 @@ class SequenceGrammar:
         may follow), or when the token is outside it (min_tokens holding back the only EOS
         allowed): either way the sequence ends here."""
         return not self.matcher.accept_token(token) or self.matcher.is_terminated()
+
+    def allowed_prefix(self, drafts: Sequence[int]) -> list[int]:
+        """The longest prefix of `drafts` (speculative guesses) the grammar accepts without
+        ending: a draft it refuses, or one that ends it (its EOS), cuts them there, so every
+        verified position has a grammar state to mask by. The matcher ends where it was."""
+        fed = 0  # drafts the matcher took
+        for token in drafts:
+            if not self.matcher.accept_token(token):
+                break
+            fed += 1
+            if self.matcher.is_terminated():
+                break
+        kept = fed - 1 if self.matcher.is_terminated() else fed
+        self.matcher.rollback(fed)
+        return list(drafts[:kept])
 
     def fork(self) -> SequenceGrammar:
         return SequenceGrammar(self.matcher.fork())
@@ -135,15 +151,3 @@ def _literal(text: str) -> str:
     import json
 
     return json.dumps(text, ensure_ascii=False)
-
-
-def mask_logits(logits: Any, grammars: Sequence[SequenceGrammar | None]) -> None:
-    """Sets, in place, the logits of tokens outside each constrained row's grammar to -inf.
-    logits: [N, vocab] float, one row per entry of `grammars` (None = unconstrained)."""
-    import xgrammar
-
-    rows = [i for i, g in enumerate(grammars) if g is not None]
-    bitmask = xgrammar.allocate_token_bitmask(len(grammars), logits.shape[-1])
-    for i in rows:
-        grammars[i].matcher.fill_next_token_bitmask(bitmask, i)
-    xgrammar.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), indices=rows)

@@ -21,7 +21,9 @@ forwards batched over all sequences: the argmax for greedy requests, a draw from
 filtered distribution q (returned by `draft_probs`) for sampled ones: a seeded request's
 token at output index n is the Gumbel-max race of q with the noise the target draws that
 position with (the coupled draw of verification.py: where both races have the same winner, the
-draft is the target's own token). Forwards go through the engine's own `ModelRunner`. Two sequences of one call never touch a block the other writes (a
+draft is the target's own token). A constrained request's view carries a fork of its grammar:
+the draft's logits are masked as the target's are (grammar_masks.py, filled while the draft's
+forward runs), so it proposes only tokens the grammar allows, and stops after one that ends it. Forwards go through the engine's own `ModelRunner`. Two sequences of one call never touch a block the other writes (a
 fork whose partly filled last block is still shared waits a step, until copy-on-write splits
 it), so one forward never writes a slot twice.
 """
@@ -34,6 +36,7 @@ import torch
 
 from pdserve.config import ConfigError
 from pdserve.core.block_hash import ROOT_HASH, block_hash
+from pdserve.engine.decoding.grammar_masks import GrammarMasks, MaskRows
 from pdserve.engine.decoding.sampler import (
     DrawSource,
     draw,
@@ -69,6 +72,7 @@ class DraftProposer:
         self.model, _ = load_model(draft_dir, config.dtype, config.device)
         self.block_size = config.block_size
         self.max_positions = self.model.config.max_position_embeddings
+        self._masks = GrammarMasks(draft_config["vocab_size"])
         self.runner = ModelRunner(
             self.model,
             num_blocks,
@@ -101,14 +105,22 @@ class DraftProposer:
         probs: dict[int, list[torch.Tensor]] = {}  # index in drafts -> q of each token
         active = list(range(len(drafts)))
         while True:
+            masks = self._masks.start(_mask_rows([views[i] for i in active]), len(active))
             logits, _ = self.runner.run(batch)
+            self._masks.apply(masks, logits)
             self._record_writes(batch)
             tokens, qs = self._draw(logits, [views[i] for i in active])
+            ended = set()  # views whose grammar the token just drawn ends
             for i, token, q in zip(active, tokens, qs, strict=True):
                 proposals[drafts[i][0]].append(token)
                 if q is not None:
                     probs.setdefault(i, []).append(q)
-            active = [i for i in active if len(proposals[drafts[i][0]]) < drafts[i][2]]
+                grammar = views[i].grammar
+                if grammar is not None and grammar.accept(token):
+                    ended.add(i)
+            active = [
+                i for i in active if i not in ended and len(proposals[drafts[i][0]]) < drafts[i][2]
+            ]
             if not active:
                 break
             batch = ScheduledBatch()
@@ -170,6 +182,7 @@ class DraftProposer:
                 num_computed_tokens=start,
                 index=seq.index,
                 min_tokens_mask=seq.min_tokens_mask,
+                grammar=seq.grammar.fork() if seq.grammar is not None else None,
             )
             view.block_hashes = list(self._accepted_hashes(seq))
             plans.append((index, view, count))
@@ -275,3 +288,8 @@ def _common_prefix(a: tuple[int, ...], b: list[int]) -> int:
         if a[i] != b[i]:
             return i
     return n
+
+
+def _mask_rows(views: list[Sequence]) -> list[MaskRows]:
+    """The constrained views' rows of the draft's logits (one per view, in order)."""
+    return [MaskRows(v.grammar.matcher, (r,)) for r, v in enumerate(views) if v.grammar]

@@ -53,7 +53,6 @@ def may_speculate(seq: Sequence) -> bool:
     return (
         seq.status == SequenceStatus.RUNNING
         and params.speculative
-        and params.grammar is None  # drafts are not checked against a grammar (yet)
         and not seq.prefill_only
         and not params.beam_search
         and params.dola_layers is None
@@ -149,6 +148,8 @@ class Speculation:
         drafted = []
         for seq, tokens, q in zip(candidates, proposals, probs, strict=True):
             tokens = tokens[: min(k, self._room(seq))]
+            if seq.grammar is not None:  # drafts the grammar refuses are not worth verifying
+                tokens = seq.grammar.allowed_prefix(tokens)
             if not tokens:
                 self.block_manager.truncate(seq, seq.num_tokens)
                 continue

@@ -8,6 +8,9 @@ import pytest
 
 from pdserve.cli import main
 
+# batch, pdserve tok/s, the baseline's tok/s, their ratio, the median of the runs' ratios
+ROW = r"^\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)x\s+([\d.]+)x$"
+
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_engine_bench_prints_both_rates_and_their_ratio(dtype, capsys):
@@ -15,22 +18,23 @@ def test_engine_bench_prints_both_rates_and_their_ratio(dtype, capsys):
     assert main([*argv, "--repeats", "1", "--dtype", dtype]) == 0
     out = capsys.readouterr().out
     assert f"greedy, {dtype}" in out
-    rows = re.findall(r"^\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)x$", out, re.MULTILINE)
+    rows = re.findall(ROW, out, re.MULTILINE)
     assert [int(batch) for batch, *_ in rows] == [1, 3]
-    for _, ours, theirs, ratio in rows:
+    for _, ours, theirs, ratio, median in rows:
         # Rates print with one decimal and the ratio with two, from the unrounded rates.
         assert float(ratio) == pytest.approx(float(ours) / float(theirs), rel=0.02, abs=0.006)
+        assert median == ratio  # one run each: its ratio is the median
 
 
-@pytest.mark.parametrize("decoding", ["beam4", "n4"])
+@pytest.mark.parametrize("decoding", ["beam4", "n4", "json"])
 def test_engine_bench_measures_a_decoding_rule_in_both_engines(decoding, capsys):
     argv = ["bench", "engine", "--preset", "tiny", "--batch-sizes", "2", "--steps", "3"]
     assert main([*argv, "--repeats", "1", "--decoding", decoding]) == 0
     out = capsys.readouterr().out
     assert f"{decoding}, float32" in out
-    rows = re.findall(r"^\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)x$", out, re.MULTILINE)
+    rows = re.findall(ROW, out, re.MULTILINE)
     assert [int(batch) for batch, *_ in rows] == [2]
-    assert all(float(ours) > 0 and float(theirs) > 0 for _, ours, theirs, _ in rows)
+    assert all(float(ours) > 0 and float(theirs) > 0 for _, ours, theirs, *_ in rows)
 
 
 def test_op_profile_splits_decode_steps_into_matmuls_and_the_rest(capsys):
@@ -94,5 +98,5 @@ def test_several_prompt_lengths_print_a_table_each_from_the_same_engines(capsys)
     assert main([*argv, "--repeats", "1", "--decoding", "beam4", "--prompt-len", "8,40"]) == 0
     out = capsys.readouterr().out
     assert re.findall(r"prompt (\d+) tokens", out) == ["8", "40"]
-    rows = re.findall(r"^\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)x$", out, re.MULTILINE)
+    rows = re.findall(ROW, out, re.MULTILINE)
     assert [int(batch) for batch, *_ in rows] == [2, 2]

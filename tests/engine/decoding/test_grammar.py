@@ -159,5 +159,3 @@ def test_checks_before_compiling_name_the_problem():
     GrammarSpec("json_schema", json.dumps({"if": {}}))  # not strict: ignored, as OpenAI does
     with pytest.raises(GrammarError, match="choice list is empty"):
         GrammarSpec("choice")
-    with pytest.raises(ValueError, match="beam_width: .* structured output"):
-        SamplingParams(beam_width=2, grammar=SCHEMA)
