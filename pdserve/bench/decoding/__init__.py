@@ -8,4 +8,6 @@
 - `shared_prefix_bench.py` — per-step attention time of beams attending as shared-prefix
   families vs one table each, by shared blocks (`python -m
   pdserve.bench.decoding.shared_prefix_bench`).
+- `sampler_bench.py` — `bench sampler`: a sampling step's draw at a large vocabulary, seeded
+  (fused and torch paths) against unseeded rows, tokens checked equal.
 """
