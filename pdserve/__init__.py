@@ -4,10 +4,11 @@ Importing this package never imports torch or Ray. Torch is imported by `pdserve
 `pdserve.models` (and the worker runtime and benchmarks that use them), Ray by
 `pdserve.worker.pools`; everything else here loads in any process.
 
-Subpackages: `core` (plain shared types), `engine` and `models` (torch), `worker` (what both
-worker actors share), `prefix_index` (Redis), `commands` (the CLI), `bench`, `pb` (generated).
+Subpackages: `app` (`ServingApp` / `BackgroundApp`: everything `pdserve serve` starts and
+stops), `core` (plain shared types), `engine` and `models` (torch), `worker` (what both
+worker actors share), `prefix_index` (Redis), `metrics` (the Prometheus series and their HTTP
+endpoint), `commands` (the CLI), `bench`, `pb` (generated).
 Modules:
-- `app.py` — `ServingApp` / `BackgroundApp`: everything `pdserve serve` starts and stops.
 - `startup_checks.py` — what `pdserve serve` checks before it starts anything (`StartupError`).
 - `disaggregate_modes.py` — `--disaggregate`'s modes parsed: auto, always, never, threshold:N,
   conditional:LEN:QUEUE.
@@ -24,7 +25,6 @@ Modules:
 - `tokenizer.py` — `Tokenizer`, `IncrementalDetokenizer` (text deltas, stop strings).
 - `telemetry.py` — OpenTelemetry setup; W3C context across gRPC, Ray calls and KV chunks.
 - `grpc_handlers.py` — building blocks of grpc.aio server interceptors.
-- `metrics.py` — the Prometheus metrics and their HTTP endpoint.
 - `tls_files.py` — `CertificateFiles`: a TLS endpoint's PEM files, reloaded once renewed.
 - `logging_setup.py` — text or JSON logs carrying request and trace ids.
 - `heap.py` — `freeze_startup_heap`: a serving process's startup objects left out of the

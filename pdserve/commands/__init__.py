@@ -1,6 +1,6 @@
 """One module per `pdserve` subcommand (see pdserve/cli.py), plus what they share.
 
-- `serve.py` — `pdserve serve`: Ray, the worker pools, Redis and the router (pdserve/app.py).
+- `serve.py` — `pdserve serve`: Ray, the worker pools, Redis and the router (pdserve/app/).
 - `generate.py` — `pdserve generate`: one prompt to a running server, optionally streamed.
 - `make_model.py` — `pdserve make-model`: a random-weight Hugging Face model directory.
 - `stats.py` — `pdserve stats`: prefix-cache reuse per worker and model, from Redis.

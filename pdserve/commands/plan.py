@@ -152,8 +152,8 @@ def _plan(args: argparse.Namespace):
         Search,
         sampled_requests_per_worker,
         steady_requests_per_worker,
-        tp_splits,
     )
+    from pdserve.planner.splits import tp_splits
     from pdserve.planner.workload import load_workload, probe_sample
     from pdserve.sim.profiles import ProfileError
 

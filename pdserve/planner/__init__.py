@@ -11,6 +11,8 @@ and router on a virtual clock (no Ray, no sleeping).
 - `probe.py` — `run_probe`: one split at one rate, and whether enough requests met the SLOs.
 - `virtual_index.py` — the router's copy of the prefix index on the virtual clock, KV events applied after a lag.
 - `role_switching.py` — `VirtualRoleSwitcher`: `--role-switching`'s decision and drain on the virtual clock.
+- `splits.py` — `all_splits`, `tp_splits`: the splits compared; the replicas one is simulated as.
+- `capacity.py` — `worker_rates`, `split_estimate`: what a split could serve at best (timing model).
 - `search.py` — `Search`: goodput of every split by bisection over the rate.
 - `ceiling.py` — `compute_ceiling`: the requests/s a sample's FLOPs allow on every GPU.
 - `report.py` — the plan as a table and as JSON.

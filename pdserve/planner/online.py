@@ -29,7 +29,8 @@ from typing import Any
 from pdserve.config import RouterConfig
 from pdserve.planner.deployment import Deployment
 from pdserve.planner.probe import SLO
-from pdserve.planner.search import Plan, Search, all_splits, sampled_requests_per_worker
+from pdserve.planner.search import Plan, Search, sampled_requests_per_worker
+from pdserve.planner.splits import all_splits
 from pdserve.planner.workload import PlanRequest, probe_sample
 
 MIN_REQUESTS = 20  # a window with fewer served requests says too little to plan from

@@ -1,9 +1,9 @@
 """The search: goodput of every split of the GPUs, by bisection over the request rate.
 
 Goodput (DistServe's) is the highest rate at which at least `slo.attainment` of the requests
-meet both SLOs. Each split's search starts from its estimate (`capacity_estimate`: throughput
-bounds from the timing model, scaled by how far the goodputs already found for the nearest
-splits of its kind lay from theirs) and walks up while probes pass, or down until one passes
+meet both SLOs. Each split's search starts from its estimate (capacity.py's `split_estimate`:
+throughput bounds from the timing model, scaled by how far the goodputs already found for the
+nearest splits of its kind lay from theirs) and walks up while probes pass, or down until one passes
 (a failing probe is cheap: it stops as soon as the misses exceed what the attainment allows),
 by steps of 1.2x, 1.2x, then squaring, then bisects geometrically until the bracket is within
 `precision`.
@@ -52,11 +52,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from pdserve.config import RouterConfig
+from pdserve.planner.capacity import WorkerRates, split_estimate, worker_rates
 from pdserve.planner.cluster import RouterTiming
 from pdserve.planner.deployment import Deployment
 from pdserve.planner.probe import SLO, ProbeResult, Split, run_probe
+from pdserve.planner.splits import replica_count, simulated_workers
 from pdserve.planner.workload import ProbeRequest
-from pdserve.sim.timing import Chunk, StepWork
 
 MIN_RATE = 1e-3  # requests/s: below this a split serves nothing within the SLOs
 # A split still passing at this multiple of its estimate absorbs the whole sample as one
@@ -115,92 +116,6 @@ class Plan:
         return best
 
 
-def all_splits(workers: int) -> list[Split]:
-    """Colocated over every worker, and every P:D with P + D = workers."""
-    return [Split(0, workers)] + [Split(p, workers - p) for p in range(1, workers)]
-
-
-def tp_splits(gpus: int, prefill_tps: list[int], decode_tps: list[int]) -> list[Split]:
-    """Every way to serve on `gpus` GPUs with each pool at one of its TPs: colocated at each
-    decode TP that divides them, and every P prefill workers of TP p with D decode workers of
-    TP d that use them all (P x p + D x d = gpus, P and D at least 1)."""
-    splits = [Split(0, gpus // d, decode_tp=d) for d in sorted(set(decode_tps)) if gpus % d == 0]
-    for p in sorted(set(prefill_tps)):
-        for d in sorted(set(decode_tps)):
-            splits += [
-                Split(n, (gpus - n * p) // d, p, d)
-                for n in range(1, gpus // p)
-                if (gpus - n * p) % d == 0 and gpus - n * p >= d
-            ]
-    return splits
-
-
-def replica_count(split: Split, min_workers: int) -> int:
-    """The most identical replicas `split` divides into, each of at least `min_workers`."""
-    common = math.gcd(split.prefill, split.decode)
-    workers = split.prefill + split.decode
-    fits = [k for k in range(1, common + 1) if common % k == 0 and workers // k >= min_workers]
-    return max(fits, default=1)
-
-
-@dataclass(frozen=True)
-class WorkerRates:
-    """Requests/s one worker serves at best, from the timing model (see `worker_rates`)."""
-
-    prefill: float  # prompts of a prefill worker computing full steps
-    decode: float  # requests a decode worker decodes in full batches
-    colocated: float  # requests of a worker that prefills and decodes
-
-
-def worker_rates(deployment: Deployment, sample: list[ProbeRequest]) -> WorkerRates:
-    """Throughput bounds of one worker for the sample's mean lengths (a prefill worker at the
-    prefill pool's TP, the others at the deployment's): prefill at full steps,
-    decode at full batches, colocated steps decoding the batch and prefilling the prompts that
-    replace the requests it finishes (within the step's token budget)."""
-    engine, meter = deployment.new_engine()
-    timing, config = meter.timing, deployment.engine_config
-    prompt = sum(len(r.prompt) for r in sample) / len(sample)
-    output = sum(r.output_len for r in sample) / len(sample)
-    chunk = min(config.max_num_batched_tokens, max(1, round(prompt)))
-    prefill_timing = deployment.for_role("prefill").new_engine()[1].timing  # its TP's
-    prefill_step = prefill_timing.step_seconds(StepWork.of([Chunk(0, chunk, False)], 1))
-    prefill_rate = chunk / prefill_step / prompt  # prompts/s of one worker
-    context = round(prompt + output / 2)
-    batch = max(1, min(config.max_num_seqs, engine.block_manager.num_blocks * config.block_size
-                       // max(1, round(prompt + output))))  # fmt: skip
-    decode_step = timing.step_seconds(StepWork.of([Chunk(context, 1, True)] * batch, batch))
-    decode_rate = batch / decode_step / output  # requests/s of one worker
-    colocated = 1 / (1 / prefill_rate + 1 / decode_rate)  # prefill and decode steps in turn
-    prompt_tokens = min(round(batch * prompt / output), config.max_num_batched_tokens - batch)
-    if prompt_tokens >= 1:  # the scheduler mixes them in one step
-        chunks = [Chunk(context, 1, True)] * batch + [Chunk(0, prompt_tokens, False)]
-        mixed_step = timing.step_seconds(StepWork.of(chunks, batch + 1))
-        colocated = max(colocated, min(batch / output, prompt_tokens / prompt) / mixed_step)
-    return WorkerRates(prefill_rate, decode_rate, colocated)
-
-
-def split_estimate(rates: WorkerRates, split: Split, disaggregate: str = "always") -> float:
-    """Requests/s `split` could serve at best: colocated workers (and decode workers when the
-    router never disaggregates) at the colocated rate, else the prefill or the decode pool,
-    whichever is slower. (With `auto` the router also prefills on decode workers when it
-    prefers to; how often is its cost policy's choice, which no bound here predicts: the
-    search calibrates the estimates by the goodputs found instead.)"""
-    p, d = split.prefill, split.decode
-    if p == 0 or disaggregate == "never":
-        return d * rates.colocated
-    return min(p * rates.prefill, d * rates.decode)
-
-
-def capacity_estimate(
-    deployment: Deployment,
-    split: Split,
-    sample: list[ProbeRequest],
-    disaggregate: str = "always",
-) -> float:
-    """Requests/s the split could serve at best (`split_estimate` of `worker_rates`)."""
-    return split_estimate(worker_rates(deployment, sample), split, disaggregate)
-
-
 def steady_requests_per_worker(deployment: Deployment) -> int:
     """Requests per worker of a probe that judges again a pass near a full batch."""
     return STEADY_REQUESTS_PER_SEQ * deployment.engine_config.max_num_seqs
@@ -210,11 +125,6 @@ def sampled_requests_per_worker(deployment: Deployment, requests_per_worker: int
     """Requests per worker a Search's sample must hold: its probes', and room for the longer
     ones that judge again a pass near a full batch (`Search._probe`)."""
     return max(requests_per_worker, steady_requests_per_worker(deployment))
-
-
-def simulated_workers(split: Split, replicas: int) -> int:
-    """Workers one probe of `split` simulates (one of its replicas): what a probe costs."""
-    return (split.prefill + split.decode) // replicas
 
 
 class Search:

@@ -7,8 +7,9 @@ import json
 import pytest
 
 from pdserve.cli import main
+from pdserve.planner.capacity import worker_rates
 from pdserve.planner.deployment import Deployment
-from pdserve.planner.search import tp_splits, worker_rates
+from pdserve.planner.splits import tp_splits
 from pdserve.planner.workload import load_workload, probe_sample
 
 SLOS = ["--ttft-slo-ms", "400", "--tpot-slo-ms", "40"]

@@ -9,7 +9,8 @@ import pytest
 from pdserve.config import RouterConfig
 from pdserve.planner.deployment import Deployment
 from pdserve.planner.probe import SLO
-from pdserve.planner.search import Plan, Search, all_splits
+from pdserve.planner.search import Plan, Search
+from pdserve.planner.splits import all_splits
 from pdserve.planner.workload import PlanRequest, probe_sample
 from pdserve.sim.timing import Chunk, StepWork
 

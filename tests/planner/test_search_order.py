@@ -10,7 +10,8 @@ import pytest
 from pdserve.config import RouterConfig
 from pdserve.planner.deployment import Deployment
 from pdserve.planner.probe import SLO, ProbeResult, Split
-from pdserve.planner.search import Plan, Search, SplitResult, all_splits, simulated_workers
+from pdserve.planner.search import Plan, Search, SplitResult
+from pdserve.planner.splits import all_splits, simulated_workers
 from pdserve.planner.workload import PlanRequest, probe_sample
 from pdserve.workloads.metrics import LatencyStats
 

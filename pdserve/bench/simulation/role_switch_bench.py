@@ -42,7 +42,8 @@ from pdserve.config import RouterConfig
 from pdserve.planner.deployment import Deployment
 from pdserve.planner.probe import SLO, Split, run_probe
 from pdserve.planner.role_switching import VirtualRoleSwitcher, VirtualSwitch
-from pdserve.planner.search import Search, all_splits
+from pdserve.planner.search import Search
+from pdserve.planner.splits import all_splits
 from pdserve.planner.workload import ProbeRequest
 from router.role_hysteresis import RoleHysteresis, split_name
 

@@ -20,7 +20,8 @@ from pdserve.bench.simulation.disagg_suite.workloads import suite_sample
 from pdserve.config import RouterConfig
 from pdserve.planner.deployment import Deployment
 from pdserve.planner.probe import SLO, Split
-from pdserve.planner.search import Search, SplitResult, all_splits, sampled_requests_per_worker
+from pdserve.planner.search import Search, SplitResult, sampled_requests_per_worker
+from pdserve.planner.splits import all_splits
 
 
 @dataclass(frozen=True)
