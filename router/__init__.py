@@ -3,7 +3,7 @@ workers.
 
 Runs without torch and never imports the engine or the worker packages (import-linter
 contracts in pyproject.toml); it knows workers only through `router/types.py` and
-`pdserve.core` messages. `pdserve/app.py` wires it to the Ray actors.
+`pdserve.core` messages. `pdserve/app/` wires it to the Ray actors.
 
 - `server.py` — `RouterServer`: the grpc.aio server, health (liveness, readiness), reflection.
 - `tls.py` — TLS server credentials for the client API (client certificates optional).

@@ -55,7 +55,7 @@ async def run_request(
     """Yields the request's batches (each of one choice; every choice's last one finished);
     raises what RequestFlow raises.
     Closing it early (a client that went away) aborts the request on its workers. With an
-    observer, the request is counted under `model`'s metrics too (pdserve/metrics.py).
+    observer, the request is counted under `model`'s metrics too (pdserve/metrics/).
     `one_token_per_batch`: RequestFlow.run's."""
     # Each request runs in its own asyncio task (own context copy): the id needs no reset, and
     # every log line of this request, here or in the request flow, carries it.

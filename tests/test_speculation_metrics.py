@@ -1,4 +1,4 @@
-"""Speculative decoding's Prometheus counters (pdserve/metrics.py): pdserve_spec_* per worker
+"""Speculative decoding's Prometheus counters (pdserve/metrics/): pdserve_spec_* per worker
 and vLLM's spec_decode names per model, from the WorkerStats the router polls."""
 
 from __future__ import annotations

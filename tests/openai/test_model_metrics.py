@@ -1,4 +1,4 @@
-"""The served model's metrics under vLLM's names (pdserve/metrics.py)."""
+"""The served model's metrics under vLLM's names (pdserve/metrics/)."""
 
 from __future__ import annotations
 
