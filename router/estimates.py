@@ -162,7 +162,9 @@ def estimate(
         # The first token reaches the client before the push (prefill_service/worker.py), but
         # the stream then pauses for it: counted here, so the handoff keeps a price (and a
         # decode worker already holding the prefix, which needs less of it, stays preferred).
-        ttft, stall = wait + compute + transfer, 0.0
+        # The handoff's round trips (reserve, call, first answer) as measured: what a short
+        # prompt's local prefill saves.
+        ttft, stall = wait + compute + transfer + cost.handoff_seconds(), 0.0
     return Estimate(
         prefill_worker=prefill.worker_id if prefill else None,
         decode_worker=decode.worker_id,
@@ -193,7 +195,9 @@ def objective(
     + w.compute * prefill compute / ttft_slo                   later requests (pool throughput)
     + w.interference * (running * dTPOT + stalled * stall/S) / tpot_slo   D's other requests
                   (stalled: D's requests now plus w.stall_newcomers arriving during the stall)
-    + w.slo_penalty * (SLO overshoot of TTFT and TPOT)         a miss costs more than slowness
+    + w.slo_penalty * (SLO overshoot of TTFT and TPOT,        a miss costs more than slowness
+                       and of D's TPOT with the stall: its decode step plus the local
+                       prefill's measured compute spread as in the interference term)
     + w.kv_pressure * (KV occupancy above the soft limit)      preemption risk on D
 
     `best_ttft_s`: the lowest TTFT of any option that can be taken now. When even that misses the
@@ -210,12 +214,16 @@ def objective(
     amortize = max(1, min(w.stall_amortize_tokens, request.max_tokens))
     stalled = before + w.stall_newcomers if est.stall_s else 0.0
     harm = decode.num_running * max(0.0, slowdown) + stalled * est.stall_s / amortize
+    # The running batch's TPOT while a local prefill's chunks share its steps: beyond the SLO,
+    # a long prompt beside a TPOT-bound batch costs the batch its SLO, not only some speed.
+    stalled_tpot_n = (est.tpot_s + est.stall_s / amortize) / tpot_slo_s
+    stall_miss = max(0.0, stalled_tpot_n - 1) if est.stall_s and decode.num_running else 0.0
     terms = {
         "ttft": ttft_n,
         "tpot": w.tpot * tpot_n,
         "compute": w.compute * est.compute_s / ttft_slo_s,
         "interference": w.interference * harm / tpot_slo_s,
-        "slo_penalty": w.slo_penalty * (ttft_miss + max(0.0, tpot_n - 1)),
+        "slo_penalty": w.slo_penalty * (ttft_miss + max(0.0, tpot_n - 1) + stall_miss),
     }
     if decode.num_blocks:
         generated_blocks = math.ceil(request.max_tokens / request.block_size)

@@ -137,9 +137,11 @@ class OptionMatrix:
         feasible = np.empty((n_d, columns), dtype=bool)
         p_cached = np.empty((n_d, columns), dtype=np.int64)
         load = np.empty((n_d, columns), dtype=np.int64)
+        stall_miss = np.zeros((n_d, columns))  # D's TPOT beyond the SLO with the stall
         if k:
             transfer = _line(cost.transfer, missing * request.bytes_per_block)
             np.add(p_ttft[keep], transfer[:, None], out=ttft[:, :k])
+            ttft[:, :k] += cost.handoff_seconds()
             compute[:, :k] = p_compute_term[keep]
             harm_term[:, :k] = (w.interference * (interference + 0.0) / slo_p)[:, None]
             np.logical_and(d_ok[:, None], p_ok[keep], out=feasible[:, :k])
@@ -154,6 +156,9 @@ class OptionMatrix:
             ttft[:, k] = l_wait + l_compute
             compute[:, k] = w.compute * l_compute / slo_t
             harm_term[:, k] = w.interference * harm / slo_p
+            stalled_tpot_n = (tpot + l_compute / amortize) / slo_p
+            stalls_batch = (l_compute != 0) & (d.running > 0)
+            stall_miss[:, k] = np.where(stalls_batch, np.maximum(0.0, stalled_tpot_n - 1), 0.0)
             feasible[:, k] = d_ok & queue_ok[n_p:]
             p_cached[:, k] = d.cached
             load[:, k] = d.load
@@ -175,7 +180,7 @@ class OptionMatrix:
         ttft_n = ttft / slo_t
         ttft_miss = np.maximum(0.0, ttft_n - 1) if avoidable else 0.0
         total_ = ttft_n + tpot_term + compute + harm_term
-        objective = total_ + w.slo_penalty * (ttft_miss + tpot_over) + kv
+        objective = total_ + w.slo_penalty * (ttft_miss + tpot_over + stall_miss) + kv
         return cls(
             objective=objective,
             feasible=feasible,
