@@ -223,6 +223,13 @@ class CostModel:
     def prefill_seconds(self, tokens: int, *, local: bool = False) -> float:
         return max(fit.predict(tokens) for fit in self.prefill_fits(local))
 
+    def stall_seconds(self, tokens: int) -> float:
+        """What a local prefill of `tokens` adds to its decode worker's steps: the prefill's
+        compute alone, the lower of the lines that measure it (`prefill_seconds(local=True)`
+        takes the higher: a request's TTFT there also waits for the decode work its chunks
+        share steps with, and a prefill worker's samples for its step in progress)."""
+        return min(fit.predict(tokens) for fit in self.prefill_fits(local=True))
+
     def prefill_queue_seconds(self, tokens: int, requests: int, *, local: bool = False) -> float:
         """Wait behind `requests` queued prompts holding `tokens` uncomputed tokens.
 

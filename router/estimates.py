@@ -151,8 +151,12 @@ def estimate(
     tpot = cost.decode_step_seconds(batch)
     if prefill is None:
         wait = cost.prefill_queue_seconds(decode.queued_tokens, decode.queued_requests, local=True)
-        compute = cost.prefill_seconds(request.uncached_tokens(d_cached), local=True)
-        ttft, stall, blocks, p_cached = wait + compute, compute, 0, d_cached
+        uncached = request.uncached_tokens(d_cached)
+        compute = cost.prefill_seconds(uncached, local=True)
+        # What the prompt's chunks add to D's steps (its compute, measured): the TTFT's line
+        # also holds the decode work the chunks share steps with, which stalls nobody.
+        stall = cost.stall_seconds(uncached)
+        ttft, blocks, p_cached = wait + compute, 0, d_cached
     else:
         p_cached = min(cached.get(prefill.worker_id, 0), request.full_blocks)
         wait = cost.prefill_queue_seconds(prefill.queued_tokens, prefill.queued_requests)

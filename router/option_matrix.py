@@ -149,15 +149,16 @@ class OptionMatrix:
             np.add(d.load[:, None], p.load[keep], out=load[:, :k])
         if local:  # D prefills itself: TTFT = its queue + compute, which stalls its decodes
             l_compute = _prefill_seconds(cost, uncached[n_p:], local=True)
+            l_stall = _stall_seconds(cost, uncached[n_p:])
             l_wait = _queue_seconds(cost, d.queued_tokens, d.queued_requests, local=True)
             amortize = max(1, min(w.stall_amortize_tokens, request.max_tokens))
-            stalled = np.where(l_compute != 0, before + w.stall_newcomers, 0.0)
-            harm = interference + stalled * l_compute / amortize
+            stalled = np.where(l_stall != 0, before + w.stall_newcomers, 0.0)
+            harm = interference + stalled * l_stall / amortize
             ttft[:, k] = l_wait + l_compute
             compute[:, k] = w.compute * l_compute / slo_t
             harm_term[:, k] = w.interference * harm / slo_p
-            stalled_tpot_n = (tpot + l_compute / amortize) / slo_p
-            stalls_batch = (l_compute != 0) & (d.running > 0)
+            stalled_tpot_n = (tpot + l_stall / amortize) / slo_p
+            stalls_batch = (l_stall != 0) & (d.running > 0)
             stall_miss[:, k] = np.where(stalls_batch, np.maximum(0.0, stalled_tpot_n - 1), 0.0)
             feasible[:, k] = d_ok & queue_ok[n_p:]
             p_cached[:, k] = d.cached
@@ -319,6 +320,15 @@ def _prefill_seconds(cost: CostModel, tokens: np.ndarray, *, local: bool) -> np.
     for fit in cost.prefill_fits(local):
         line = _line(fit, tokens)
         seconds = line if seconds is None else np.maximum(seconds, line)
+    return seconds
+
+
+def _stall_seconds(cost: CostModel, tokens: np.ndarray) -> np.ndarray:
+    """CostModel.stall_seconds over a vector: the fastest of its lines."""
+    seconds = None
+    for fit in cost.prefill_fits(True):
+        line = _line(fit, tokens)
+        seconds = line if seconds is None else np.minimum(seconds, line)
     return seconds
 
 
