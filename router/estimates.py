@@ -99,7 +99,12 @@ class Weights:
     # the throughput side of the trade. It is what makes a slightly slower worker that holds
     # the prefix beat an idle one that would compute the prefix all over again.
     compute: float = 1.0
-    interference: float = 1.0  # slowdown imposed on D's running requests
+    # Slowdown imposed on D's running requests, summed over them in TPOT-SLO units: small
+    # beside this request's own terms, as a sum of slowdowns within the TPOT SLO costs no
+    # request its SLO (a breach is the penalty's). At 1.0, `auto` 1P:7D sent code completion
+    # to its prefill worker until its queue broke the TTFT SLO, 0.84x colocated's goodput;
+    # at 0.25, 1.00x (docs/benchmarks/simulation.md, issue 49).
+    interference: float = 0.25
     slo_penalty: float = 4.0  # extra cost per unit beyond an SLO: misses are worse than slowness
     kv_pressure: float = 2.0  # cost when D's KV occupancy after admission exceeds kv_soft_limit
     kv_soft_limit: float = 0.9
@@ -218,10 +223,10 @@ def objective(
     amortize = max(1, min(w.stall_amortize_tokens, request.max_tokens))
     stalled = before + w.stall_newcomers if est.stall_s else 0.0
     harm = decode.num_running * max(0.0, slowdown) + stalled * est.stall_s / amortize
-    # The running batch's TPOT while a local prefill's chunks share its steps: beyond the SLO,
-    # a long prompt beside a TPOT-bound batch costs the batch its SLO, not only some speed.
+    # The stalled requests' TPOT while a local prefill's chunks share D's steps: beyond the
+    # SLO, a long prompt beside a TPOT-bound batch costs the batch its SLO, not some speed.
     stalled_tpot_n = (est.tpot_s + est.stall_s / amortize) / tpot_slo_s
-    stall_miss = max(0.0, stalled_tpot_n - 1) if est.stall_s and decode.num_running else 0.0
+    stall_miss = max(0.0, stalled_tpot_n - 1) if est.stall_s else 0.0
     terms = {
         "ttft": ttft_n,
         "tpot": w.tpot * tpot_n,

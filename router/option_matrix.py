@@ -158,8 +158,7 @@ class OptionMatrix:
             compute[:, k] = w.compute * l_compute / slo_t
             harm_term[:, k] = w.interference * harm / slo_p
             stalled_tpot_n = (tpot + l_stall / amortize) / slo_p
-            stalls_batch = (l_stall != 0) & (d.running > 0)
-            stall_miss[:, k] = np.where(stalls_batch, np.maximum(0.0, stalled_tpot_n - 1), 0.0)
+            stall_miss[:, k] = np.where(l_stall != 0, np.maximum(0.0, stalled_tpot_n - 1), 0.0)
             feasible[:, k] = d_ok & queue_ok[n_p:]
             p_cached[:, k] = d.cached
             load[:, k] = d.load
