@@ -33,6 +33,7 @@ contracts in pyproject.toml); it knows workers only through `router/types.py` an
 - `option_matrix.py` — the cost policy's pick over every option at once, as numpy arrays.
 - `load_rows.py` — each role's worker loads, kept as arrays as they change, for the decisions.
 - `cost_model.py` — prefill, decode-step and transfer costs, learned online.
+- `handoff_costs.py` — a remote prefill's round trips (reserve, call, first answer), as measured.
 - `observability.py` — the request's spans and latency metrics.
 - `traffic_window.py` — the requests served lately, for the online planner.
 - `online_plan.py` — `OnlinePlanner` (`--plan-interval`): the planner's split for that traffic.

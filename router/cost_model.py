@@ -17,6 +17,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from pdserve.engine_config import EngineConfig
+from router.handoff_costs import HandoffCost
 
 
 @dataclass
@@ -111,6 +112,8 @@ class CostModel:
     host tier to its device (--kv-offload-gb), what a host hit costs (`hit_seconds`). The prior
     is a PCIe 4 x16 link's ~12 GB/s; each worker measures its own at start
     (WorkerStats.host_copy_bytes_per_s) and the latest measurement replaces it.
+    handoff: the fixed seconds a remote prefill's round trips add to its TTFT
+    (router/handoff_costs.py), which a local prefill does not pay.
     disk_read_bytes_per_s: the same for a worker's disk tier (--kv-disk-dir): file to device,
     checksum included. The prior is an NVMe drive's ~3 GB/s; workers measure their reads as
     they go (WorkerStats.disk_read_bytes_per_s) and the latest replaces it.
@@ -120,6 +123,7 @@ class CostModel:
     local_prefill: LinearFit = field(default_factory=lambda: LinearFit(0.01, 1e-4, x_scale=512))
     decode: LinearFit = field(default_factory=lambda: LinearFit(0.01, 2e-4, x_scale=16))
     transfer: LinearFit = field(default_factory=lambda: LinearFit(0.002, 1e-9, x_scale=16 << 20))
+    handoff: HandoffCost = field(default_factory=HandoffCost)
     host_copy_bytes_per_s: float = 12e9
     disk_read_bytes_per_s: float = 3e9
     # Prompt tokens one engine step computes at most (EngineConfig.max_num_batched_tokens).
@@ -140,6 +144,7 @@ class CostModel:
                     fit, prior_intercept=fit.prior_intercept * factor,
                     prior_slope=fit.prior_slope * factor,
                 ))  # fmt: skip
+        cost.handoff = cost.handoff.scaled(factor)
         return cost
 
     def observe_prefill(self, tokens: int, seconds: float, *, local: bool = False) -> None:
@@ -155,6 +160,10 @@ class CostModel:
 
     def observe_transfer(self, num_bytes: int, seconds: float) -> None:
         self.transfer.observe(num_bytes, seconds)
+
+    def observe_handoff(self, seconds: float) -> None:
+        """One remote prefill's first answer came `seconds` later than its queue and compute."""
+        self.handoff.observe(seconds)
 
     def observe_stats(self, stats) -> None:
         """Learns from a worker's cumulative counters (pdserve.core.messages.WorkerStats) by
@@ -214,6 +223,13 @@ class CostModel:
     def prefill_seconds(self, tokens: int, *, local: bool = False) -> float:
         return max(fit.predict(tokens) for fit in self.prefill_fits(local))
 
+    def stall_seconds(self, tokens: int) -> float:
+        """What a local prefill of `tokens` adds to its decode worker's steps: the prefill's
+        compute alone, the lower of the lines that measure it (`prefill_seconds(local=True)`
+        takes the higher: a request's TTFT there also waits for the decode work its chunks
+        share steps with, and a prefill worker's samples for its step in progress)."""
+        return min(fit.predict(tokens) for fit in self.prefill_fits(local=True))
+
     def prefill_queue_seconds(self, tokens: int, requests: int, *, local: bool = False) -> float:
         """Wait behind `requests` queued prompts holding `tokens` uncomputed tokens.
 
@@ -235,3 +251,6 @@ class CostModel:
 
     def transfer_seconds(self, num_bytes: int) -> float:
         return self.transfer.predict(num_bytes)
+
+    def handoff_seconds(self) -> float:
+        return self.handoff.seconds

@@ -99,7 +99,12 @@ class Weights:
     # the throughput side of the trade. It is what makes a slightly slower worker that holds
     # the prefix beat an idle one that would compute the prefix all over again.
     compute: float = 1.0
-    interference: float = 1.0  # slowdown imposed on D's running requests
+    # Slowdown imposed on D's running requests, summed over them in TPOT-SLO units: small
+    # beside this request's own terms, as a sum of slowdowns within the TPOT SLO costs no
+    # request its SLO (a breach is the penalty's). At 1.0, `auto` 1P:7D sent code completion
+    # to its prefill worker until its queue broke the TTFT SLO, 0.84x colocated's goodput;
+    # at 0.25, 1.00x (docs/benchmarks/simulation.md, issue 49).
+    interference: float = 0.25
     slo_penalty: float = 4.0  # extra cost per unit beyond an SLO: misses are worse than slowness
     kv_pressure: float = 2.0  # cost when D's KV occupancy after admission exceeds kv_soft_limit
     kv_soft_limit: float = 0.9
@@ -151,8 +156,12 @@ def estimate(
     tpot = cost.decode_step_seconds(batch)
     if prefill is None:
         wait = cost.prefill_queue_seconds(decode.queued_tokens, decode.queued_requests, local=True)
-        compute = cost.prefill_seconds(request.uncached_tokens(d_cached), local=True)
-        ttft, stall, blocks, p_cached = wait + compute, compute, 0, d_cached
+        uncached = request.uncached_tokens(d_cached)
+        compute = cost.prefill_seconds(uncached, local=True)
+        # What the prompt's chunks add to D's steps (its compute, measured): the TTFT's line
+        # also holds the decode work the chunks share steps with, which stalls nobody.
+        stall = cost.stall_seconds(uncached)
+        ttft, blocks, p_cached = wait + compute, 0, d_cached
     else:
         p_cached = min(cached.get(prefill.worker_id, 0), request.full_blocks)
         wait = cost.prefill_queue_seconds(prefill.queued_tokens, prefill.queued_requests)
@@ -162,7 +171,9 @@ def estimate(
         # The first token reaches the client before the push (prefill_service/worker.py), but
         # the stream then pauses for it: counted here, so the handoff keeps a price (and a
         # decode worker already holding the prefix, which needs less of it, stays preferred).
-        ttft, stall = wait + compute + transfer, 0.0
+        # The handoff's round trips (reserve, call, first answer) as measured: what a short
+        # prompt's local prefill saves.
+        ttft, stall = wait + compute + transfer + cost.handoff_seconds(), 0.0
     return Estimate(
         prefill_worker=prefill.worker_id if prefill else None,
         decode_worker=decode.worker_id,
@@ -193,7 +204,9 @@ def objective(
     + w.compute * prefill compute / ttft_slo                   later requests (pool throughput)
     + w.interference * (running * dTPOT + stalled * stall/S) / tpot_slo   D's other requests
                   (stalled: D's requests now plus w.stall_newcomers arriving during the stall)
-    + w.slo_penalty * (SLO overshoot of TTFT and TPOT)         a miss costs more than slowness
+    + w.slo_penalty * (SLO overshoot of TTFT and TPOT,        a miss costs more than slowness
+                       and of D's TPOT with the stall: its decode step plus the local
+                       prefill's measured compute spread as in the interference term)
     + w.kv_pressure * (KV occupancy above the soft limit)      preemption risk on D
 
     `best_ttft_s`: the lowest TTFT of any option that can be taken now. When even that misses the
@@ -210,12 +223,16 @@ def objective(
     amortize = max(1, min(w.stall_amortize_tokens, request.max_tokens))
     stalled = before + w.stall_newcomers if est.stall_s else 0.0
     harm = decode.num_running * max(0.0, slowdown) + stalled * est.stall_s / amortize
+    # The stalled requests' TPOT while a local prefill's chunks share D's steps: beyond the
+    # SLO, a long prompt beside a TPOT-bound batch costs the batch its SLO, not some speed.
+    stalled_tpot_n = (est.tpot_s + est.stall_s / amortize) / tpot_slo_s
+    stall_miss = max(0.0, stalled_tpot_n - 1) if est.stall_s else 0.0
     terms = {
         "ttft": ttft_n,
         "tpot": w.tpot * tpot_n,
         "compute": w.compute * est.compute_s / ttft_slo_s,
         "interference": w.interference * harm / tpot_slo_s,
-        "slo_penalty": w.slo_penalty * (ttft_miss + max(0.0, tpot_n - 1)),
+        "slo_penalty": w.slo_penalty * (ttft_miss + max(0.0, tpot_n - 1) + stall_miss),
     }
     if decode.num_blocks:
         generated_blocks = math.ceil(request.max_tokens / request.block_size)

@@ -137,9 +137,11 @@ class OptionMatrix:
         feasible = np.empty((n_d, columns), dtype=bool)
         p_cached = np.empty((n_d, columns), dtype=np.int64)
         load = np.empty((n_d, columns), dtype=np.int64)
+        stall_miss = np.zeros((n_d, columns))  # D's TPOT beyond the SLO with the stall
         if k:
             transfer = _line(cost.transfer, missing * request.bytes_per_block)
             np.add(p_ttft[keep], transfer[:, None], out=ttft[:, :k])
+            ttft[:, :k] += cost.handoff_seconds()
             compute[:, :k] = p_compute_term[keep]
             harm_term[:, :k] = (w.interference * (interference + 0.0) / slo_p)[:, None]
             np.logical_and(d_ok[:, None], p_ok[keep], out=feasible[:, :k])
@@ -147,13 +149,16 @@ class OptionMatrix:
             np.add(d.load[:, None], p.load[keep], out=load[:, :k])
         if local:  # D prefills itself: TTFT = its queue + compute, which stalls its decodes
             l_compute = _prefill_seconds(cost, uncached[n_p:], local=True)
+            l_stall = _stall_seconds(cost, uncached[n_p:])
             l_wait = _queue_seconds(cost, d.queued_tokens, d.queued_requests, local=True)
             amortize = max(1, min(w.stall_amortize_tokens, request.max_tokens))
-            stalled = np.where(l_compute != 0, before + w.stall_newcomers, 0.0)
-            harm = interference + stalled * l_compute / amortize
+            stalled = np.where(l_stall != 0, before + w.stall_newcomers, 0.0)
+            harm = interference + stalled * l_stall / amortize
             ttft[:, k] = l_wait + l_compute
             compute[:, k] = w.compute * l_compute / slo_t
             harm_term[:, k] = w.interference * harm / slo_p
+            stalled_tpot_n = (tpot + l_stall / amortize) / slo_p
+            stall_miss[:, k] = np.where(l_stall != 0, np.maximum(0.0, stalled_tpot_n - 1), 0.0)
             feasible[:, k] = d_ok & queue_ok[n_p:]
             p_cached[:, k] = d.cached
             load[:, k] = d.load
@@ -175,7 +180,7 @@ class OptionMatrix:
         ttft_n = ttft / slo_t
         ttft_miss = np.maximum(0.0, ttft_n - 1) if avoidable else 0.0
         total_ = ttft_n + tpot_term + compute + harm_term
-        objective = total_ + w.slo_penalty * (ttft_miss + tpot_over) + kv
+        objective = total_ + w.slo_penalty * (ttft_miss + tpot_over + stall_miss) + kv
         return cls(
             objective=objective,
             feasible=feasible,
@@ -314,6 +319,15 @@ def _prefill_seconds(cost: CostModel, tokens: np.ndarray, *, local: bool) -> np.
     for fit in cost.prefill_fits(local):
         line = _line(fit, tokens)
         seconds = line if seconds is None else np.maximum(seconds, line)
+    return seconds
+
+
+def _stall_seconds(cost: CostModel, tokens: np.ndarray) -> np.ndarray:
+    """CostModel.stall_seconds over a vector: the fastest of its lines."""
+    seconds = None
+    for fit in cost.prefill_fits(True):
+        line = _line(fit, tokens)
+        seconds = line if seconds is None else np.minimum(seconds, line)
     return seconds
 
 

@@ -208,6 +208,11 @@ class Routing:
                 self.policy.cost.observe_request_prefill(
                     result.num_prompt_tokens - hit, result.prefill_s
                 )
+            if route.first_answer_at and route.routed is not None:
+                # Routed -> first answer, less what the prefill worker's queue and compute
+                # took (priced apart): the handoff's round trips, which a local prefill skips.
+                took = route.first_answer_at[0] - route.routed[0]
+                self.policy.cost.observe_handoff(took - result.queue_s - result.prefill_s)
             if self.decode_caches_received_kv:
                 # The push has committed: the decode worker now holds the prompt's blocks.
                 self.recent.add(route.decode_worker, route.block_hashes)
@@ -226,6 +231,8 @@ class Routing:
         the prefilling worker's queue no longer holds it, which the next poll, up to an
         interval away, would be the first to show. Until then the policy saw an idle prefill
         worker as busy with it, and prefilled locally instead. Idempotent."""
+        if route.prefill_worker and not route.first_answer_at:
+            route.first_answer_at.append(self.clock())
         worker_id = route.prefill_worker or route.decode_worker
         routed = self._routed_since_poll.get(worker_id)
         if routed is not None and route.routed is not None:

@@ -91,6 +91,9 @@ class Route:
     # The (when, prompt tokens to compute) the router counts on the prefilling worker until a
     # poll shows this request, or its prompt is computed (Routing.on_prompt_computed).
     routed: tuple[float, int] | None = None
+    # When a remote prefill's first answer came (Routing.on_prompt_computed; a list, the one
+    # thing set after routing on this frozen route): with `routed`, what its handoff took.
+    first_answer_at: list[float] = field(default_factory=list)
 
 
 @dataclass

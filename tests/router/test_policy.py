@@ -9,7 +9,7 @@ import pytest
 from pdserve.config import RouterConfig
 from pdserve.core.messages import WorkerStats
 from router.cost_model import CostModel
-from router.estimates import RoutingRequest, WorkerLoad
+from router.estimates import RoutingRequest, Weights, WorkerLoad
 from router.policy import RoutingPolicy
 
 MiB = 1 << 20
@@ -262,8 +262,10 @@ def test_a_short_prompt_queued_on_the_holder_does_not_send_its_group_elsewhere()
     # Costs as measured on a busy CPU pool: a large fixed cost per prefill. The holder of the
     # 256-token system prompt has one 32-token prompt queued (sharing the next step with this
     # one); the idle worker would compute the system prompt again. Charging the queue a whole
-    # intercept per request sent the request away.
-    pol = RoutingPolicy(RouterConfig(), calibrated(intercept=0.16, per_token=3e-4))
+    # intercept per request sent the request away. (Remote only: which prefill worker.)
+    pol = RoutingPolicy(
+        RouterConfig(disaggregate="always"), calibrated(intercept=0.16, per_token=3e-4)
+    )
     prefill = [worker("p0", inflight=1, inflight_prompt_tokens=32), worker("p1")]
     decode = [worker("d0"), worker("d1")]
     decision = pol.decide(CHAT, prefill, decode, {"p0": 16, "d0": 16})
@@ -288,7 +290,12 @@ def test_a_prompt_that_misses_the_ttft_slo_anywhere_does_not_stall_a_decode_work
     local = decision.estimates["local@d0"]
     assert decision.prefill_worker == "p0"
     assert local.ttft_s < decision.chosen.ttft_s  # local would be faster, but misses anyway
-    assert local.terms["slo_penalty"] == decision.chosen.terms["slo_penalty"] == 0
+    # The TTFT miss is charged to no option; local's penalty is its stall's TPOT miss alone.
+    assert decision.chosen.terms["slo_penalty"] == 0
+    amortize = min(Weights().stall_amortize_tokens, long_chat.max_tokens)
+    stalled_tpot_s = local.tpot_s + local.stall_s / amortize
+    stall_miss = stalled_tpot_s / (RouterConfig().tpot_slo_ms / 1e3) - 1
+    assert local.terms["slo_penalty"] == Weights().slo_penalty * stall_miss > 0
     # A short prompt on the same idle D meets the SLO locally and is still prefilled there.
     short = RoutingRequest(prompt_tokens=48, max_tokens=8, block_size=16, bytes_per_block=MiB // 4)
     assert pol.decide(short, [worker("p0")], [worker("d0")]).prefill_worker is None

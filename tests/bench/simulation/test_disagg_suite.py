@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from pdserve.bench.simulation.disagg_suite.command import targets
+import pytest
+
+from pdserve.bench.simulation.disagg_suite.command import _split_names, targets
 from pdserve.bench.simulation.disagg_suite.suite import (
     Cell,
     FamilyBest,
@@ -64,3 +66,17 @@ def test_targets() -> None:
         "auto>=1.0x colocated": False,
         "auto>=threshold": False,
     }
+
+
+def test_splits_narrow_the_search_and_bad_ones_are_named() -> None:
+    options = SuiteOptions((Setting(2048, 64),), requests_per_worker=30, precision=0.2,
+                           families=("colocated", "split"), steady_probes=False,
+                           splits=("3:1",))  # fmt: skip
+    cell = run_cell("70b", "code", "loose", options)
+    assert len(cell.families["colocated"].searched) == 1  # colocated is never narrowed
+    assert list(cell.families["split"].searched) == ["3P:1D (TP 4:4) chunk 2048 batch 64"]
+    with pytest.raises(ValueError, match="--splits: 1:7 is not a split of 70b's 4 workers"):
+        _split_names("1:7", ["70b"])
+    with pytest.raises(ValueError, match="--splits: 'x' is not P:D"):
+        _split_names("x", ["8b"])
+    assert _split_names("1:7, 2:6", ["8b"]) == ("1:7", "2:6")

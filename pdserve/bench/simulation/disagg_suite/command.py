@@ -46,6 +46,7 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--suite-workloads", default=",".join(WORKLOADS), help="--suite: workloads")
     p.add_argument("--slos", default=",".join(SLOS), help="--suite: loose, tight-tpot, tight-ttft")
     p.add_argument("--families", default=",".join(FAMILIES), help="--suite: layout families")
+    p.add_argument("--splits", default="", help="--suite: P:D splits searched (default: all)")
     p.add_argument("--chunks", default="256,512,1024,2048", help="--suite: chunk budgets swept")
     p.add_argument("--batch-limits", default="128,256", help="--suite: max_num_seqs swept")
     p.add_argument("--requests-per-worker", type=int, default=150, help="--suite: probe size")
@@ -58,6 +59,20 @@ def _names(value: str, known, flag: str) -> list[str]:
     unknown = [n for n in names if n not in known]
     if unknown or not names:
         raise ValueError(f"{flag}: {unknown or value!r} not among {', '.join(known)}")
+    return names
+
+
+def _split_names(value: str, models: list[str]) -> tuple[str, ...]:
+    """--splits as "P:D" names, each a split of every model's workers."""
+    names = tuple(n.strip() for n in value.split(",") if n.strip())
+    for name in names:
+        p, _, d = name.partition(":")
+        if not (p.isdigit() and d.isdigit() and int(p) > 0 and int(d) > 0):
+            raise ValueError(f"--splits: {name!r} is not P:D (e.g. 1:7)")
+        for model in models:
+            if int(p) + int(d) != MODELS[model].workers:
+                raise ValueError(f"--splits: {name} is not a split of {model}'s "
+                                 f"{MODELS[model].workers} workers")  # fmt: skip
     return names
 
 
@@ -75,12 +90,14 @@ def run_suite(args: argparse.Namespace) -> int:
             for c in args.chunks.split(",")
             for b in args.batch_limits.split(",")
         )
+        splits = _split_names(args.splits, models)
     except ValueError as e:
         print(f"sim-disagg --suite: {e}")
         return 2
     options = SuiteOptions(
-        settings, args.requests_per_worker, args.precision, tuple(families), args.jobs, args.seed
-    )
+        settings, args.requests_per_worker, args.precision, tuple(families), args.jobs, args.seed,
+        splits=splits,
+    )  # fmt: skip
     started = time.perf_counter()
     print(
         f"suite (offline virtual cluster): {len(models) * len(workloads) * len(slos)} cells, "

@@ -104,6 +104,8 @@ class SuiteOptions:
     # busy 8B cluster absorbs it as a burst (chat, 100 per worker: ~3000 req/s colocated where
     # the planner's steady probes find ~600). False: only the short probes (tests).
     steady_probes: bool = True
+    # The P:D splits searched ("1:7"), every one when empty; colocated is always searched.
+    splits: tuple[str, ...] = ()
 
 
 @cache
@@ -114,11 +116,13 @@ def _deployment(model: str, tp: int, setting: Setting) -> Deployment:
     )  # fmt: skip
 
 
-def _splits(setup: ModelSetup, family: str) -> list[Split]:
+def _splits(setup: ModelSetup, family: str, only: tuple[str, ...] = ()) -> list[Split]:
     splits = all_splits(setup.workers)
     tp = setup.tp
     splits = [Split(s.prefill, s.decode, tp, tp) for s in splits]
-    return splits[:1] if family == "colocated" else splits[1:]
+    if family == "colocated":
+        return splits[:1]
+    return [s for s in splits[1:] if not only or f"{s.prefill}:{s.decode}" in only]
 
 
 def run_cell(
@@ -150,7 +154,7 @@ def run_cell(
                 requests_per_worker=options.requests_per_worker, jobs=options.jobs,
                 index_lag_s=INDEX_LAG_S,
             )  # fmt: skip
-            for result in search.run(_splits(setup, family)).results:
+            for result in search.run(_splits(setup, family, options.splits)).results:
                 _keep(best, result, setting)
         cell.families[family] = best
         if on_family is not None:
