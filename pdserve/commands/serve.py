@@ -12,6 +12,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import NoReturn
 
@@ -162,15 +163,25 @@ async def _stop_interrupted(app, verbose: bool) -> NoReturn:
     """Ctrl-C during start-up: stops what was started, kills whatever of it remains (a Ray
     still starting in its thread), says so in one line and exits at once (130, as a shell
     reports SIGINT). Errors of the half-started parts' shutdown are not news then."""
-    from pdserve.process_tree import kill_descendants
-
     app.progress.close()
     if not verbose:
         logging.disable(logging.ERROR)
+    # A stop step may block the event loop itself (`ray.shutdown()` racing a `ray.init` still
+    # running in its thread; a CI run hung past 30 s so), which `wait_for` cannot time out:
+    # a timer thread ends the process regardless.
+    deadline = threading.Timer(STOP_WAIT_S + 1.0, _exit_interrupted, args=(app,))
+    deadline.daemon = True
+    deadline.start()
     try:
         await asyncio.wait_for(app.stop(), STOP_WAIT_S)
     except Exception:
         log.debug("stopping a half-started server", exc_info=True)  # killed next anyway
+    _exit_interrupted(app)
+
+
+def _exit_interrupted(app) -> NoReturn:
+    from pdserve.process_tree import kill_descendants
+
     kill_descendants()
     seconds = app.progress.elapsed_s
     print(

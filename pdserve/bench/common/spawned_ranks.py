@@ -25,6 +25,10 @@ def _in_group(rank: int, size: int, port: int, work: Callable, args: tuple) -> N
     )
     try:
         work(rank, size, *args)
+        # Every rank done before any tears its group down: rank 0 hosts the group's store, and
+        # a rank still talking to it when rank 0 exits dies in a Gloo thread (one full CI run
+        # lost a rank to SIGABRT, "terminate called without an active exception").
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
