@@ -35,7 +35,7 @@ def test_two_layouts_two_rates_report_consistent_figures(
         warmup_requests=2,
         block_size=4,
         num_kv_blocks=8192,
-        sim_time_scale=10,
+        sim_time_scale=3,
         max_excess=1.0,
         max_overrun_fraction=1.0,
         json=out,

@@ -35,7 +35,7 @@ def test_two_policies_on_four_workers_report_consistent_figures(
         output_len=6,
         block_size=4,
         num_kv_blocks=4096,
-        sim_time_scale=10,
+        sim_time_scale=3,
         max_excess=1.0,
         max_overrun_fraction=1.0,
         json=out,
