@@ -143,6 +143,15 @@ def measure(shape: str, tp: int, size: int, policies, args, console) -> list[Ten
 
 
 def tenant_requests(deployment, tenants: int, args, seed: int):
+    special = deployment.tokenizer.eos_token_ids
+    vocab = deployment.model_config["vocab_size"]
+    return tenant_conversations(tenants, args, seed, vocab, special)
+
+
+def tenant_conversations(tenants: int, args, seed: int, vocab_size: int, special_ids) -> list:
+    """The tenants workload's requests: `tenants` shared prefixes, `users_per_tenant`
+    conversations of `tenant_turns` each on every one (also the real-system bench's,
+    pdserve/bench/serving/tenants_bench.py)."""
     from pdserve.workloads.datasets import DatasetConfig, generate_requests
 
     config = DatasetConfig(
@@ -155,8 +164,7 @@ def tenant_requests(deployment, tenants: int, args, seed: int):
         mt_output_len=args.answer_len,
     )
     count = config.mt_conversations * config.mt_turns
-    special = deployment.tokenizer.eos_token_ids
-    return generate_requests(config, count, seed, deployment.model_config["vocab_size"], special)
+    return generate_requests(config, count, seed, vocab_size, special_ids)
 
 
 def run_policy(deployment, model, size, rate, policy, tenants, requests, args) -> TenantResult:

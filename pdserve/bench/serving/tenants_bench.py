@@ -77,22 +77,10 @@ def tenant_count(args: argparse.Namespace) -> int:
 
 
 def tenant_requests(args: argparse.Namespace, model_config: dict) -> list:
-    from pdserve.workloads.datasets import DatasetConfig, generate_requests
+    from pdserve.bench.planner_validation.routing_tenants import tenant_conversations
 
-    tenants = tenant_count(args)
-    config = DatasetConfig(
-        name="multi-turn",
-        mt_conversations=tenants * args.users_per_tenant,
-        mt_turns=args.tenant_turns,
-        mt_system_prompts=tenants,
-        mt_system_prompt_len=args.tenant_prefix_len,
-        mt_user_len=args.question_len,
-        mt_output_len=args.answer_len,
-    )
-    count = config.mt_conversations * config.mt_turns
-    return generate_requests(
-        config, count, args.seed, model_config["vocab_size"], eos_ids(model_config)
-    )
+    vocab = model_config["vocab_size"]
+    return tenant_conversations(tenant_count(args), args, args.seed, vocab, eos_ids(model_config))
 
 
 def run(args: argparse.Namespace) -> int:
