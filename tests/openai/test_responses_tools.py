@@ -16,27 +16,9 @@ import openai
 import pytest
 
 from pdserve.models.tool_chat_templates import use_chat_template
+from tests.openai.test_tool_calls import SCHEMAS  # the same two functions as chat's tools
 
 KEY = "sk-responses-tools-test"
-WEATHER = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "maxLength": 12},
-        "unit": {"enum": ["celsius", "fahrenheit"]},
-        "days": {"type": "integer", "minimum": 1, "maximum": 7},
-    },
-    "required": ["city", "unit"],
-}
-CALCULATOR = {
-    "type": "object",
-    "properties": {
-        "a": {"type": "integer", "minimum": -99, "maximum": 99},
-        "b": {"type": "integer", "minimum": -99, "maximum": 99},
-        "op": {"enum": ["+", "-", "*"]},
-    },
-    "required": ["a", "b", "op"],
-}
-SCHEMAS = {"get_weather": WEATHER, "calculate": CALCULATOR}
 # The Responses API's flat tools.
 TOOLS = [
     {"type": "function", "name": name, "description": f"{name} tool", "parameters": schema}
