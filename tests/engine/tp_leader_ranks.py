@@ -70,11 +70,14 @@ def rank_main(rank: int, size: int, port: int, model_dir: str, draft_dir: str | 
         executor = TorchExecutor(config, Path(model_dir), tp)
         if rank:
             follow(executor, tp)
-            return
-        leader = LeaderExecutor(executor, tp)
-        engine = LLMEngine(config, executor=leader)
-        generated = run_requests(engine)
-        leader.stop()
-        torch.save((generated, leader.bytes_per_block), Path(out))
+        else:
+            leader = LeaderExecutor(executor, tp)
+            engine = LLMEngine(config, executor=leader)
+            generated = run_requests(engine)
+            leader.stop()
+            torch.save((generated, leader.bytes_per_block), Path(out))
+        # Every rank done before any tears the group down (as spawned_ranks.py): a full CI run
+        # lost a rank to SIGABRT, "terminate called without an active exception", at TP 4.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
