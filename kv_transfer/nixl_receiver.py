@@ -6,7 +6,11 @@ blocks per plane) and the source block of each reserved block; the receiver vali
 the reservation like a grpc chunk, then, inside the ReservationTable's write of the transfer
 (under the transfer's lock), READs straight from the prefill cache's blocks into the reserved
 blocks — no staging buffer, no copy. Blocks consecutive on both sides travel as one descriptor
-per (layer, K|V) plane. The READ goes a layer range at a time (the grpc chunking, at least 64 MiB), two in flight:
+per (layer, K|V) plane. A tensor-parallel rank's part (kv_transfer/tp_handoff.py) names its
+heads: the header's `kv_head_start` and shape (which of this cache's heads it fills),
+`src_num_heads` / `src_head_start` (where they lie in the source's); where either cache holds
+more heads than the part, the READ takes one descriptor per (layer, K|V, block, position).
+The READ goes a layer range at a time (the grpc chunking, at least 64 MiB), two in flight:
 while one lands, the CRC-32C of the one before runs on another thread, so the checksum costs
 little beyond the READ where a core is free. The reply carries the checksum of what landed; the
 sender commits only if it equals its own. Waits end at the reservation's deadline. Commit and
@@ -121,7 +125,9 @@ class _Pull:
         src_heads = self._source_heads(count)
         planes = range(2 * cache.shape[0])
         if not count == cache.shape[4] == src_heads:
-            return self._position_regions(block_ids, src, src_blocks, planes, head_start, count)
+            return self._position_regions(
+                block_ids, src, src_blocks, src_heads, planes, (head_start, count)
+            )
         dest_starts, src_starts, lengths = block_runs(block_ids, src)
         block_bytes = cache[0, 0, 0].nbytes
         local = run_regions(
@@ -139,11 +145,13 @@ class _Pull:
         block_ids: list[int],
         src: list[int],
         src_blocks: int,
+        src_heads: int,
         planes: range,
-        head_start: int,
-        count: int,
+        heads: tuple[int, int],
     ) -> tuple[np.ndarray, np.ndarray, int]:
+        """`heads`: (first head in this cache, count) the part fills."""
         cache, request = self.receiver.cache, self.request
+        head_start, count = heads
         head_bytes, block_size = cache[0, 0, 0, 0, 0].nbytes, cache.shape[3]
         local = position_regions(
             cache.data_ptr(), memory_type(cache)[1], cache.shape[2], planes,
@@ -153,7 +161,7 @@ class _Pull:
         first = request.src_head_start
         remote = position_regions(
             request.address, request.device_id, src_blocks, planes,
-            np.asarray(src, dtype=np.int64), block_size, self._source_heads(count) * head_bytes,
+            np.asarray(src, dtype=np.int64), block_size, src_heads * head_bytes,
             (first, first + count), head_bytes,
         )  # fmt: skip
         return local, remote, 2 * len(block_ids) * block_size

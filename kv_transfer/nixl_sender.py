@@ -9,7 +9,9 @@ same bytes in place (another thread; crc32c frees the GIL) and drives its agent'
 has no progress thread; over TCP the READ needs it). `Commit` follows over the same gRPC control
 channel only if the two checksums are equal; otherwise the transfer is aborted (DATA_LOSS).
 The source blocks are held by the caller for the whole `send`, so what is read is what was
-checksummed. `TransferRequest.read_kv` is not used: the blocks are read where they lie.
+checksummed. `TransferRequest.read_kv` is not used: the blocks are read where they lie. A
+tensor-parallel rank's part (`TransferRequest.src_heads`, kv_transfer/tp_handoff.py) offers
+only those heads of its cache, and the checksum covers only them.
 """
 
 from __future__ import annotations
