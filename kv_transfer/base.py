@@ -74,6 +74,10 @@ class TransferRequest:
     trace_context: dict[str, str] = field(default_factory=dict)  # sent in every chunk header
     timeout_s: float | None = None  # bound on the whole send; None = config reservation timeout
     kv_head_start: int = 0  # the model's index of the first KV head read_kv returns
+    # The source cache's own indices [h0, h1) of the heads read_kv returns (None: every head):
+    # where the nixl transport, which reads the cache in place rather than through read_kv,
+    # finds them.
+    src_heads: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,8 @@ class TransferResult:
     seconds: float
     # A tensor-parallel handoff: the payload bytes each prefill rank sent, in rank order.
     rank_bytes: tuple[int, ...] = ()
+    # nixl: the descriptors its READs took (each side); 0 on the other transports.
+    descriptors: int = 0
 
 
 class KVSink(Protocol):

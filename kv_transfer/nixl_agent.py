@@ -15,6 +15,12 @@ A transfer moves every layer of n blocks between two caches `[L, 2, num_blocks, 
 heads, head_dim]`, each registered once with its worker's agent. One (layer, K|V) plane's
 consecutive blocks are contiguous, so a run of blocks consecutive on both sides is one
 descriptor per plane: 2 L runs descriptors instead of 2 L n (`block_runs`, `run_regions`).
+
+Between tensor-parallel workers of different degrees one side holds more heads than the part
+moved (kv_transfer/head_slices.py): a head subset of a block `[block_size, heads, head_dim]` is
+one contiguous piece per position, strided by the position's bytes, and a READ's local and
+remote descriptors pair up one to one, so such a part takes one descriptor per (plane, block,
+position): 2 L n block_size (`position_regions`).
 """
 
 from __future__ import annotations
@@ -156,6 +162,33 @@ def run_regions(
     rows = np.empty((first.size, 3), dtype=np.uint64)
     rows[:, 0] = np.uint64(base) + first.reshape(-1) * np.uint64(block_bytes)
     rows[:, 1] = np.tile(lengths.astype(np.uint64), len(planes)) * np.uint64(block_bytes)
+    rows[:, 2] = device_id
+    return rows
+
+
+def position_regions(
+    base: int,
+    device_id: int,
+    plane_blocks: int,
+    planes: range,
+    blocks: np.ndarray,
+    block_size: int,
+    position_bytes: int,
+    heads: tuple[int, int],
+    head_bytes: int,
+) -> np.ndarray:
+    """Nx3 (address, length, device) rows, one per (plane, block, position), of heads
+    [h0, h1) (the cache's own indices) of `blocks` in each of `planes` of a cache at `base`:
+    the bytes of `cache[planes][:, blocks, :, h0:h1]` in C order. `position_bytes` is one
+    position's bytes (every head), `head_bytes` one head's."""
+    plane = np.arange(planes.start, planes.stop, dtype=np.uint64)[:, None, None]
+    block = blocks.astype(np.uint64)[None, :, None]
+    position = np.arange(block_size, dtype=np.uint64)[None, None, :]
+    first = (plane * np.uint64(plane_blocks) + block) * np.uint64(block_size) + position
+    rows = np.empty((first.size, 3), dtype=np.uint64)
+    offset = np.uint64(base + heads[0] * head_bytes)
+    rows[:, 0] = offset + first.reshape(-1) * np.uint64(position_bytes)
+    rows[:, 1] = (heads[1] - heads[0]) * head_bytes
     rows[:, 2] = device_id
     return rows
 

@@ -6,7 +6,11 @@ blocks per plane) and the source block of each reserved block; the receiver vali
 the reservation like a grpc chunk, then, inside the ReservationTable's write of the transfer
 (under the transfer's lock), READs straight from the prefill cache's blocks into the reserved
 blocks — no staging buffer, no copy. Blocks consecutive on both sides travel as one descriptor
-per (layer, K|V) plane. The READ goes a layer range at a time (the grpc chunking, at least 64 MiB), two in flight:
+per (layer, K|V) plane. A tensor-parallel rank's part (kv_transfer/tp_handoff.py) names its
+heads: the header's `kv_head_start` and shape (which of this cache's heads it fills),
+`src_num_heads` / `src_head_start` (where they lie in the source's); where either cache holds
+more heads than the part, the READ takes one descriptor per (layer, K|V, block, position).
+The READ goes a layer range at a time (the grpc chunking, at least 64 MiB), two in flight:
 while one lands, the CRC-32C of the one before runs on another thread, so the checksum costs
 little beyond the READ where a core is free. The reply carries the checksum of what landed; the
 sender commits only if it equals its own. Waits end at the reservation's deadline. Commit and
@@ -43,6 +47,7 @@ from kv_transfer.nixl_agent import (
     drive,
     make_agent,
     memory_type,
+    position_regions,
     regions_checksum,
     run_regions,
 )
@@ -82,11 +87,15 @@ class _Pull:
         self.cancel = cancel  # set by an abort of the transfer
         self.nbytes = 0
         self.checksum = 0
+        self.descriptors = 0  # of the READ, each side
 
-    def run(self, block_ids: list[int]) -> None:
+    def run(self, block_ids: list[int], head_start: int) -> None:
+        """READs into heads [head_start, head_start + the header's count) (the cache's own
+        indices) of `block_ids`."""
         receiver, tid = self.receiver, self.request.header.transfer_id
-        local_rows, remote_rows, per_layer = self._regions(block_ids)
-        layer_bytes = 2 * len(block_ids) * receiver.cache[0, 0, 0].nbytes
+        local_rows, remote_rows, per_layer = self._regions(block_ids, head_start)
+        self.descriptors = len(local_rows)
+        layer_bytes = int(local_rows[:per_layer, 1].sum())
         range_bytes = max(receiver.config.chunk_bytes, _MIN_RANGE_BYTES)
         ranges = layer_ranges(receiver.cache.shape[0], layer_bytes, range_bytes)
         peer = self._peer(tid)
@@ -106,13 +115,21 @@ class _Pull:
         self.nbytes = int(local_rows[:, 1].sum())
         self.checksum = checksum.result()
 
-    def _regions(self, block_ids: list[int]) -> tuple[np.ndarray, np.ndarray, int]:
+    def _regions(self, block_ids: list[int], head_start: int) -> tuple[np.ndarray, np.ndarray, int]:
         """(local rows, remote rows, rows per layer): the descriptors of every layer, layer-major,
-        one per (plane, run of blocks consecutive on both sides)."""
+        one per (plane, run of blocks consecutive on both sides) where both caches hold exactly
+        the heads moved, else one per (plane, block, position) (a tensor-parallel part)."""
         cache, request = self.receiver.cache, self.request
         src, src_blocks = self._source(len(block_ids))
+        count = request.header.shape[4]
+        src_heads = self._source_heads(count)
+        planes = range(2 * cache.shape[0])
+        if not count == cache.shape[4] == src_heads:
+            return self._position_regions(
+                block_ids, src, src_blocks, src_heads, planes, (head_start, count)
+            )
         dest_starts, src_starts, lengths = block_runs(block_ids, src)
-        block_bytes, planes = cache[0, 0, 0].nbytes, range(2 * cache.shape[0])
+        block_bytes = cache[0, 0, 0].nbytes
         local = run_regions(
             cache.data_ptr(), memory_type(cache)[1], cache.shape[2], planes, dest_starts, lengths,
             block_bytes,
@@ -122,6 +139,44 @@ class _Pull:
             block_bytes,
         )  # fmt: skip
         return local, remote, 2 * len(lengths)
+
+    def _position_regions(
+        self,
+        block_ids: list[int],
+        src: list[int],
+        src_blocks: int,
+        src_heads: int,
+        planes: range,
+        heads: tuple[int, int],
+    ) -> tuple[np.ndarray, np.ndarray, int]:
+        """`heads`: (first head in this cache, count) the part fills."""
+        cache, request = self.receiver.cache, self.request
+        head_start, count = heads
+        head_bytes, block_size = cache[0, 0, 0, 0, 0].nbytes, cache.shape[3]
+        local = position_regions(
+            cache.data_ptr(), memory_type(cache)[1], cache.shape[2], planes,
+            np.asarray(block_ids, dtype=np.int64), block_size, cache.shape[4] * head_bytes,
+            (head_start, head_start + count), head_bytes,
+        )  # fmt: skip
+        first = request.src_head_start
+        remote = position_regions(
+            request.address, request.device_id, src_blocks, planes,
+            np.asarray(src, dtype=np.int64), block_size, src_heads * head_bytes,
+            (first, first + count), head_bytes,
+        )  # fmt: skip
+        return local, remote, 2 * len(block_ids) * block_size
+
+    def _source_heads(self, count: int) -> int:
+        """KV heads per position of the source cache; checks the heads read lie within it."""
+        request, tid = self.request, self.request.header.transfer_id
+        src_heads = request.src_num_heads or count
+        if request.src_head_start + count > src_heads:
+            raise PullFailed(
+                RejectReason.INVALID,
+                f"transfer {tid}: src_head_start {request.src_head_start} + {count} heads is "
+                f"beyond src_num_heads {src_heads}",
+            )
+        return src_heads
 
     def _source(self, n: int) -> tuple[list[int], int]:
         """The source block of each reserved block, and the blocks per plane of the source."""
@@ -246,7 +301,7 @@ class _DirectSink:
         self, transfer_id: str, block_ids: list[int], layer_start: int, data: Any, head_start: int
     ) -> None:
         if isinstance(data, _Pull):
-            data.run(block_ids)
+            data.run(block_ids, head_start)
         else:
             self.sink.write_kv(transfer_id, block_ids, layer_start, data, head_start)
 
@@ -314,7 +369,9 @@ class NixlKVReceiver(GrpcKVReceiver):
     def _pull_kv(self, request: pb.PullKVRequest, context: grpc.ServicerContext) -> Any:
         try:
             pull = self._pull(request)
-            return pb.PullKVResponse(bytes=pull.nbytes, checksum=pull.checksum)
+            return pb.PullKVResponse(
+                bytes=pull.nbytes, checksum=pull.checksum, descriptors=pull.descriptors
+            )
         except TransferRejected as exc:
             context.abort(STATUS_OF[exc.reason], str(exc))
 

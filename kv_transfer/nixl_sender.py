@@ -9,7 +9,9 @@ same bytes in place (another thread; crc32c frees the GIL) and drives its agent'
 has no progress thread; over TCP the READ needs it). `Commit` follows over the same gRPC control
 channel only if the two checksums are equal; otherwise the transfer is aborted (DATA_LOSS).
 The source blocks are held by the caller for the whole `send`, so what is read is what was
-checksummed. `TransferRequest.read_kv` is not used: the blocks are read where they lie.
+checksummed. `TransferRequest.read_kv` is not used: the blocks are read where they lie. A
+tensor-parallel rank's part (`TransferRequest.src_heads`, kv_transfer/tp_handoff.py) offers
+only those heads of its cache, and the checksum covers only them.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+import numpy as np
 
 from kv_transfer import wire
 from kv_transfer.base import KVSender, KVTransferError, TransferRequest, TransferResult
@@ -34,6 +37,7 @@ from kv_transfer.nixl_agent import (
     make_agent,
     memory_type,
     nixl_module,
+    position_regions,
     regions_checksum,
     run_regions,
 )
@@ -78,18 +82,23 @@ class NixlKVSender(KVSender):
         start = time.perf_counter()
         deadline = start + (request.timeout_s or self._client.config.reservation_timeout_s)
         stub = self._client.stub(request.endpoint)
-        nbytes = 0
+        read = pb.PullKVResponse()
         try:
             if request.src_block_ids:
-                nbytes = self._offer(request, stub.channel, deadline)
+                read = self._offer(request, stub.channel, deadline)
             self._client.commit(stub, request, deadline)
         except grpc.RpcError as exc:
             raise KVTransferError(rpc_error_text(request.endpoint, exc)) from None
-        return TransferResult(nbytes, 1 if nbytes else 0, time.perf_counter() - start)
+        seconds = time.perf_counter() - start
+        return TransferResult(
+            read.bytes, 1 if read.bytes else 0, seconds, descriptors=read.descriptors
+        )
 
-    def _offer(self, request: TransferRequest, channel: grpc.Channel, deadline: float) -> int:
-        """Has the decode worker read the blocks; returns the bytes read once their checksums
-        matched."""
+    def _offer(
+        self, request: TransferRequest, channel: grpc.Channel, deadline: float
+    ) -> pb.PullKVResponse:
+        """Has the decode worker read the blocks (of the heads `request.src_heads`); returns
+        its answer (bytes read, descriptors) once the checksums matched."""
         cache, src = self.cache, request.src_block_ids
         if request.num_layers != cache.shape[0]:
             raise KVTransferError(
@@ -97,16 +106,12 @@ class NixlKVSender(KVSender):
                 f"registered KV cache has {cache.shape[0]}"
             )
         registration = self._registered()
-        starts, _, lengths = block_runs(src, src)
-        planes = range(2 * cache.shape[0])
-        rows = run_regions(
-            cache.data_ptr(), memory_type(cache)[1], cache.shape[2], planes, starts, lengths,
-            cache[0, 0, 0].nbytes,
-        )  # fmt: skip
+        heads = request.src_heads or (0, cache.shape[4])
         if self.tamper is None:
+            rows = source_rows(cache, src, heads)
             expected = self._checksums.submit(regions_checksum, cache, rows)
         else:
-            copy = cache[:, :, src].contiguous()
+            copy = cache[:, :, src, :, heads[0] : heads[1]].contiguous()
             self.tamper(0, copy)
             expected = self._checksums.submit(wire.checksum, copy)
         reply = self._pull(channel, registration, request, deadline)
@@ -116,7 +121,7 @@ class NixlKVSender(KVSender):
                 f"{request.endpoint}: DATA_LOSS: transfer {request.transfer_id}: checksum "
                 "mismatch: the KV that landed differs from the source"
             )
-        return reply.bytes
+        return reply
 
     def _pull(
         self,
@@ -127,9 +132,10 @@ class NixlKVSender(KVSender):
     ) -> pb.PullKVResponse:
         cache, src = self.cache, request.src_block_ids
         memory, device_id = memory_type(cache)
-        # The header's dtype and shape are those of the reserved blocks' KV; a meta tensor
-        # carries them without bytes.
-        shape = (cache.shape[0], 2, len(src), *cache.shape[3:])
+        heads = request.src_heads or (0, cache.shape[4])
+        # The header's dtype and shape are those of the reserved blocks' KV (of the heads
+        # read); a meta tensor carries them without bytes.
+        shape = (cache.shape[0], 2, len(src), cache.shape[3], heads[1] - heads[0], cache.shape[5])
         described = cache.new_empty(shape, device="meta")
         pull = channel.unary_unary(
             f"/{SERVICE}/PullKV",
@@ -145,6 +151,8 @@ class NixlKVSender(KVSender):
                 device_id=device_id,
                 src_block_ids=src,
                 src_num_blocks=cache.shape[2],
+                src_num_heads=cache.shape[4],
+                src_head_start=heads[0],
             ),
             timeout=max(0.001, deadline - time.perf_counter()),
             metadata=self._client.metadata,
@@ -179,3 +187,20 @@ class NixlKVSender(KVSender):
             with contextlib.suppress(Exception):  # shutting down: nothing to recover
                 registration.agent.deregister_memory(registration.handle)
         self._checksums.shutdown(wait=False)
+
+
+def source_rows(cache: Any, src: list[int], heads: tuple[int, int]) -> np.ndarray:
+    """The regions of heads [h0, h1) of blocks `src` of `cache`, every layer, in the order
+    the decode worker's READ lands them (`cache[:, :, src, :, h0:h1]` in C order): runs of
+    whole blocks where the heads are all the cache holds, one region per position otherwise."""
+    planes, device_id = range(2 * cache.shape[0]), memory_type(cache)[1]
+    if heads == (0, cache.shape[4]):
+        starts, _, lengths = block_runs(src, src)
+        return run_regions(
+            cache.data_ptr(), device_id, cache.shape[2], planes, starts, lengths,
+            cache[0, 0, 0].nbytes,
+        )  # fmt: skip
+    return position_regions(
+        cache.data_ptr(), device_id, cache.shape[2], planes, np.asarray(src, dtype=np.int64),
+        cache.shape[3], cache[0, 0, 0, 0].nbytes, heads, cache[0, 0, 0, 0, 0].nbytes,
+    )  # fmt: skip

@@ -149,7 +149,7 @@ def push_own_heads(
     its own cache (which holds its heads only)."""
     started = time.perf_counter()
     own_first = kv_head_range(send.total_kv_heads, rank, send.prefill_tp)[0]
-    nbytes = chunks = 0
+    nbytes = chunks = descriptors = 0
     decode_tp = len(send.endpoints)
     for part in slices_to_send(send.total_kv_heads, rank, send.prefill_tp, decode_tp):
         heads = (part.first_head - own_first, part.end_head - own_first)
@@ -168,11 +168,14 @@ def push_own_heads(
                 trace_context=send.trace_context,
                 timeout_s=send.timeout_s,
                 kv_head_start=part.first_head,
+                src_heads=heads,
             )
         )
         nbytes += sent.bytes
         chunks += sent.chunks
-    return TransferResult(nbytes, chunks, time.perf_counter() - started)
+        descriptors += sent.descriptors
+    seconds = time.perf_counter() - started
+    return TransferResult(nbytes, chunks, seconds, descriptors=descriptors)
 
 
 def send_sliced(
@@ -209,4 +212,6 @@ def send_sliced(
     )
     rank_bytes = (own.bytes, *(result.bytes for result in theirs))
     chunks = own.chunks + sum(result.chunks for result in theirs)
-    return TransferResult(sum(rank_bytes), chunks, time.perf_counter() - started, rank_bytes)
+    descriptors = own.descriptors + sum(result.descriptors for result in theirs)
+    seconds = time.perf_counter() - started
+    return TransferResult(sum(rank_bytes), chunks, seconds, rank_bytes, descriptors)

@@ -374,14 +374,6 @@ class ServeConfig:
                 raise ConfigError(
                     "ServeConfig", f"{role}_tp", "--kv-offload-gb is not supported yet under TP"
                 )
-            if self.kv.transport == "nixl" and getattr(self, f"{role}_tp") > 1:
-                # NIXL reads and writes the registered cache in place: one rank's heads only.
-                raise ConfigError(
-                    "ServeConfig",
-                    f"{role}_tp",
-                    "tensor-parallel workers need --kv-transport "
-                    "grpc or collective (nixl moves one rank's cache, not every head)",
-                )
             if self.engine_for(role).kind == "sim" and getattr(self, f"{role}_tp") > 1:
                 raise ConfigError(
                     "ServeConfig",

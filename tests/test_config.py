@@ -129,8 +129,8 @@ def test_tp_flags_give_each_pool_its_engine_tp():
         parse("--decode-tp", "0")
     with pytest.raises(CommandError, match="simulated workers model tensor parallelism"):
         parse("--engine", "sim", "--prefill-tp", "2")
-    with pytest.raises(CommandError, match="tensor-parallel workers need --kv-transport grpc"):
-        parse("--kv-transport", "nixl", "--decode-tp", "2")
+    nixl = parse("--kv-transport", "nixl", "--prefill-tp", "4", "--decode-tp", "2")
+    assert (nixl.prefill_tp, nixl.decode_tp) == (4, 2)  # each rank reads its own heads
 
 
 def test_expert_parallel_reaches_the_tp_pools_only_and_needs_one():

@@ -158,7 +158,7 @@ class RendezvousResponse(_message.Message):
     def __init__(self, value: _Optional[bytes] = ..., count: _Optional[int] = ..., present: _Optional[bool] = ...) -> None: ...
 
 class PullKVRequest(_message.Message):
-    __slots__ = ("header", "agent_metadata", "address", "memory", "device_id", "src_block_ids", "src_num_blocks")
+    __slots__ = ("header", "agent_metadata", "address", "memory", "device_id", "src_block_ids", "src_num_blocks", "src_num_heads", "src_head_start")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     AGENT_METADATA_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -166,6 +166,8 @@ class PullKVRequest(_message.Message):
     DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
     SRC_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
     SRC_NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    SRC_NUM_HEADS_FIELD_NUMBER: _ClassVar[int]
+    SRC_HEAD_START_FIELD_NUMBER: _ClassVar[int]
     header: ChunkHeader
     agent_metadata: bytes
     address: int
@@ -173,12 +175,16 @@ class PullKVRequest(_message.Message):
     device_id: int
     src_block_ids: _containers.RepeatedScalarFieldContainer[int]
     src_num_blocks: int
-    def __init__(self, header: _Optional[_Union[ChunkHeader, _Mapping]] = ..., agent_metadata: _Optional[bytes] = ..., address: _Optional[int] = ..., memory: _Optional[str] = ..., device_id: _Optional[int] = ..., src_block_ids: _Optional[_Iterable[int]] = ..., src_num_blocks: _Optional[int] = ...) -> None: ...
+    src_num_heads: int
+    src_head_start: int
+    def __init__(self, header: _Optional[_Union[ChunkHeader, _Mapping]] = ..., agent_metadata: _Optional[bytes] = ..., address: _Optional[int] = ..., memory: _Optional[str] = ..., device_id: _Optional[int] = ..., src_block_ids: _Optional[_Iterable[int]] = ..., src_num_blocks: _Optional[int] = ..., src_num_heads: _Optional[int] = ..., src_head_start: _Optional[int] = ...) -> None: ...
 
 class PullKVResponse(_message.Message):
-    __slots__ = ("bytes", "checksum")
+    __slots__ = ("bytes", "checksum", "descriptors")
     BYTES_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTORS_FIELD_NUMBER: _ClassVar[int]
     bytes: int
     checksum: int
-    def __init__(self, bytes: _Optional[int] = ..., checksum: _Optional[int] = ...) -> None: ...
+    descriptors: int
+    def __init__(self, bytes: _Optional[int] = ..., checksum: _Optional[int] = ..., descriptors: _Optional[int] = ...) -> None: ...

@@ -189,6 +189,8 @@ def test_bad_pull_requests_name_the_field_and_the_receiver_keeps_serving(
         "agent_metadata": dict(agent_metadata=b"garbage", address=src.data_ptr(), memory="DRAM"),
         "memory": dict(agent_metadata=b"x", address=src.data_ptr(), memory="DISK"),
         "src_block_ids": dict(memory="DRAM", src_block_ids=[0, 1, 99], src_num_blocks=16),
+        # the header's 2 heads from head 1 of a 2-head source: past its end
+        "src_head_start": dict(memory="DRAM", src_num_heads=2, src_head_start=1),
     }
     try:
         for field_name, fields in cases.items():

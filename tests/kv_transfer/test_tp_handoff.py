@@ -1,5 +1,6 @@
 """A KV handoff between tensor-parallel workers (kv_transfer/tp_handoff.py), over real KV
-endpoints, one per decode rank, on grpc and collective (Gloo): for (P TP, D TP) in {1, 2, 4}^2
+endpoints, one per decode rank, on grpc, collective (Gloo) and nixl (each rank's own agent
+READing exactly its heads from the prefill rank(s) holding them): for (P TP, D TP) in {1, 2, 4}^2
 every decode rank's cache holds, byte for byte, its heads of the TP-1 reference, every layer
 and position; each prefill rank puts exactly its own heads on the wire; a commit goes through
 only once every rank holds its part, and every other end fences every rank."""
@@ -35,9 +36,12 @@ COMMIT = CommitInfo(first_token_id=42, first_logprob=-0.5, num_prompt_tokens=13)
 HEAD_BYTES = LAYERS * 2 * len(SRC) * BLOCK_SIZE * HEAD_DIM * 4  # one KV head, float32
 
 
-@pytest.fixture(params=["grpc", "collective"])
+@pytest.fixture(params=["grpc", "collective", "nixl"])
 def tp_config(request, config):
-    return dataclasses.replace(config, transport=request.param, reservation_timeout_s=20.0)
+    ucx_tls = "tcp" if request.param == "nixl" else None  # as tests/kv_transfer/test_nixl_*
+    return dataclasses.replace(
+        config, transport=request.param, reservation_timeout_s=20.0, nixl_ucx_tls=ucx_tls
+    )
 
 
 def handoff(tp_config, kv_heads: int, prefill_tp: int, decode_tp: int):
@@ -70,6 +74,12 @@ def test_each_decode_rank_holds_its_heads_of_the_reference(tp_config, prefill_tp
         # the KV's size, nothing gathered on rank 0.
         assert sent.rank_bytes == (4 // prefill_tp * HEAD_BYTES,) * prefill_tp
         assert sent.bytes == reference[:, :, SRC].nbytes
+        if tp_config.transport == "nixl":  # one READ per (prefill rank, decode rank) pair
+            # Equal TP: each pair's heads are whole blocks on both sides, one descriptor per
+            # (layer, K|V, run of blocks consecutive on both sides: SRC and DEST have 4 runs).
+            # Else one side holds more heads than the pair moves: one per position.
+            per_pair = 2 * LAYERS * (4 if prefill_tp == decode_tp else len(SRC) * BLOCK_SIZE)
+            assert sent.descriptors == max(prefill_tp, decode_tp) * per_pair
     finally:
         prefill.close()
         decode.stop()

@@ -1,6 +1,7 @@
 """The KV side of a tensor-parallel prefill worker and decode worker, in this process: each
 rank's cache holds its heads of one reference (TP-1) cache, each decode rank serves its own
-real KV endpoint, each prefill rank pushes with its own real sender. Rank 0 reaches the other
+real KV endpoint, each prefill rank pushes with its own real sender (on nixl: each rank's
+cache registered with its own agent, as every rank actor does). Rank 0 reaches the other
 ranks by direct calls where the server uses Ray calls between rank actors
 (pdserve/worker/rank_kv.py); everything else is the shipped code."""
 
@@ -44,11 +45,13 @@ class DecodeRanks:
             self.sinks.append(TensorSink(cache))
             layouts.append(KVLayout.of(cache, first))
         for rank in range(1, self.size):
-            receiver = make_receiver(self.config, self.sinks[rank], layouts[rank])
+            receiver = make_receiver(
+                self.config, self.sinks[rank], layouts[rank], self.sinks[rank].cache
+            )
             receiver.start()
             self.followers.append(receiver)
         sink = RankedReceiver.sealing(self.sinks[0], self.call_followers)
-        own = make_receiver(self.config, sink, layouts[0])
+        own = make_receiver(self.config, sink, layouts[0], self.sinks[0].cache)
         self.ranked = RankedReceiver(own, self.call_followers, [r.endpoint for r in self.followers])
         self.ranked.start()
 
@@ -78,7 +81,7 @@ class PrefillRanks:
         for rank in range(self.size):
             first, end = kv_head_range(kv_heads, rank, self.size)
             self.caches.append(self.reference[..., first:end, :].clone())
-            self.senders.append(make_sender(self.config))
+            self.senders.append(make_sender(self.config, self.caches[-1]))
 
     def hand_off(
         self, endpoints: list[str], transfer_id: str, src: list[int], commit: CommitInfo
