@@ -50,6 +50,7 @@ class DecodeWorker(WorkerActor):
     def __init__(self, worker_id: str, spec: WorkerSpec) -> None:
         super().__init__(worker_id, spec)
         self._receiver = None
+        self._sender = None  # pushes prefixes to pulling peers (push_prefix)
         self._endpoint = ""
         self._rank_endpoints: list[str] = []
         self._ranked = False  # a tensor-parallel worker: the receiver reaches its other ranks
@@ -106,6 +107,76 @@ class DecodeWorker(WorkerActor):
             self._handoffs.end(handoff)
             raise
 
+    async def reserve_pull(
+        self, request: WorkRequest, pulled_blocks: int, deadline_s: float
+    ) -> KVReservation | None:
+        """A peer pull (docs/design.md): like reserve(), but the transfer takes only the
+        prompt's blocks from this worker's own hits up to `pulled_blocks`, which a peer holding
+        them pushes (push_prefix) and commits as a prefix; this worker then prefills the rest.
+        Until `deadline_s` seconds from now; a pull that ends otherwise (expired, aborted by
+        the peer, refused) falls back to prefilling from the own hits, as does one with nothing
+        to pull (no missing_block_indices then). Tokens come out of stream()."""
+        if pulled_blocks < 1:
+            raise ValueError(f"pulled_blocks is {pulled_blocks}; a pull takes at least 1 block")
+        if not deadline_s > 0:
+            raise ValueError(f"deadline_s is {deadline_s}; a pull needs time left")
+        deadline_s = min(deadline_s, self._kv_config.reservation_timeout_s)
+        if request.request_id in self._aborted:
+            return None
+        handoff = self._handoffs.begin(
+            request.request_id, len(request.prompt_token_ids), request.sampling.logprobs
+        )
+        handoff.pulled_blocks = pulled_blocks
+        try:
+            return await self._reserve(handoff, request, deadline_s)
+        except BaseException:
+            self._handoffs.end(handoff)
+            raise
+
+    async def push_prefix(
+        self,
+        request_id: str,
+        prefix_token_ids: list[int],
+        first_block: int,
+        endpoint: str,
+        transfer_id: str,
+        deadline: float,
+    ) -> int:
+        """The holder's side of a peer pull: pushes this worker's cached blocks
+        [first_block, len(prefix_token_ids) // block_size) of the prefix into the pull
+        `transfer_id` another worker opened (reserve_pull), by `deadline` (unix time); the
+        bytes sent. Raises PrefixNotHeld when it no longer caches the whole prefix."""
+        from decode_service.prefix_push import push_prefix
+        from kv_transfer.factory import make_sender
+
+        runtime = await self._started()
+        if self._sender is None:  # made on the first pull: most workers never push
+            self._sender = make_sender(self._kv_config, runtime.engine.kv_cache)
+        with bind_request_id(request_id):
+            sent = await push_prefix(
+                runtime,
+                self._sender,
+                request_id,
+                prefix_token_ids,
+                first_block,
+                endpoint,
+                transfer_id,
+                deadline,
+            )
+        return sent.bytes
+
+    async def fall_back(self, request_id: str) -> None:
+        """Ends the request's pull now (its peer was marked unhealthy): the transfer is
+        fenced and the request prefills from this worker's own hits. Idempotent; a request
+        whose pull already ended is left as it is."""
+        runtime = await self._started()
+        handoff = self._handoffs.by_request(request_id)
+        if handoff is None or not handoff.pulled_blocks or not handoff.transfer_id:
+            return
+        if await self._on_receiver(self._receiver.abort, handoff.transfer_id):
+            self._handoffs.end(handoff)
+            await runtime.loop.acall(lambda: runtime.engine.fall_back(request_id))
+
     async def _reserve(
         self, handoff: Handoff, request: WorkRequest, reservation_timeout_s: float | None
     ) -> KVReservation | None:
@@ -118,8 +189,9 @@ class DecodeWorker(WorkerActor):
             span_from_carrier("pdserve.decode.reserve", request.trace_context, attributes) as span,
         ):
             engine = runtime.engine
+            pull = handoff.pulled_blocks > 0
             reservation = await runtime.loop.acall(
-                lambda: engine.reserve(rid, request.prompt_token_ids, request.sampling)
+                lambda: engine.reserve(rid, request.prompt_token_ids, request.sampling, pull=pull)
             )
             if reservation is None:
                 span.set_attribute("pdserve.outcome", "no_room")
@@ -130,7 +202,15 @@ class DecodeWorker(WorkerActor):
                 span.set_attribute("pdserve.outcome", "aborted")
                 return None
             self._streams[rid] = runtime.loop.open_stream(rid)
-            dest_blocks = [reservation.block_ids[i] for i in reservation.missing_block_indices]
+            missing = reservation.missing_block_indices
+            if pull:
+                missing = [i for i in missing if i < handoff.pulled_blocks]
+                if not missing:  # this worker holds what the peer does: nothing to pull
+                    await runtime.loop.acall(lambda: engine.fall_back(rid))
+                    self._handoffs.end(handoff)
+                    span.set_attribute("pdserve.outcome", "nothing_to_pull")
+                    return self._reservation("", [], reservation.num_cached_tokens, 0.0)
+            dest_blocks = [reservation.block_ids[i] for i in missing]
             timeout = reservation_timeout_s or self._kv_config.reservation_timeout_s
             transfer_id = await self._on_receiver(
                 self._receiver.open, dest_blocks, timeout, inject_context()
@@ -148,12 +228,17 @@ class DecodeWorker(WorkerActor):
                     "pdserve.kv.blocks": len(dest_blocks),
                 }
             )
+        return self._reservation(transfer_id, missing, reservation.num_cached_tokens, timeout)
+
+    def _reservation(
+        self, transfer_id: str, missing: list[int], num_cached_tokens: int, timeout: float
+    ) -> KVReservation:
         return KVReservation(
             decode_worker=self.worker_id,
             transfer_id=transfer_id,
             endpoint=self._endpoint,
-            missing_block_indices=list(reservation.missing_block_indices),
-            num_cached_tokens=reservation.num_cached_tokens,
+            missing_block_indices=list(missing),
+            num_cached_tokens=num_cached_tokens,
             deadline=time.time() + timeout,
             transport=self._kv_config.transport,
             rank_endpoints=self._rank_endpoints,
@@ -299,14 +384,23 @@ class DecodeWorker(WorkerActor):
             trace.use_span(receive, end_on_exit=True),
             tracer.start_as_current_span("pdserve.decode.admit", attributes={"pdserve.path": "kv"}),
         ):
-            self._runtime.loop.call(
-                lambda: engine.commit(
-                    request_id,
-                    commit.first_token_id,
-                    commit.first_logprob,
-                    cache_blocks=self._cache_received_kv,
-                )
-            ).result(COMMIT_TIMEOUT_S)
+            if handoff.pulled_blocks:
+                pulled = handoff.pulled_blocks
+
+                def admit() -> None:
+                    engine.commit_prefix(request_id, pulled, self._cache_received_kv)
+
+            else:
+
+                def admit() -> None:
+                    engine.commit(
+                        request_id,
+                        commit.first_token_id,
+                        commit.first_logprob,
+                        cache_blocks=self._cache_received_kv,
+                    )
+
+            self._runtime.loop.call(admit).result(COMMIT_TIMEOUT_S)
         self._handoffs.end(handoff)
 
     def on_expired(self, transfer_id: str) -> None:
@@ -314,5 +408,11 @@ class DecodeWorker(WorkerActor):
         if handoff is None:
             return
         request_id = handoff.request_id
+        if handoff.pulled_blocks:  # the peer's blocks did not come: compute them here
+            log.warning("pull of %s ended before commit; prefilling it here", request_id)
+            self._handoffs.end(handoff)
+            engine = self._runtime.engine
+            self._runtime.loop.call(lambda: engine.fall_back(request_id))
+            return
         log.warning("reservation of %s expired before commit; freeing its blocks", request_id)
         self._aloop.call_soon_threadsafe(lambda: asyncio.ensure_future(self.abort(request_id)))
