@@ -1,4 +1,4 @@
-"""Peer pull over the grpc transport between two real decode workers: Y reserves the prompt and
+"""Peer pull over the KV transports between two real decode workers: Y reserves the prompt and
 pulls the prefix it lacks from X, which caches it. The tokens are those of one engine computing
 everything, the pulled blocks are X's bytes, and a pull that X refuses, that never comes or
 that stops midway falls back to prefilling on Y, with the same tokens, by the pull's deadline;
@@ -83,10 +83,14 @@ async def idle(*workers: DecodeWorker) -> list[int]:
     return [await wait_idle(worker) for worker in workers]
 
 
-@pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
-def test_pulled_prefix_generates_the_colocated_tokens(params):
+@pytest.mark.parametrize(
+    ("transport", "params"),
+    [("grpc", GREEDY), ("grpc", SEEDED), ("collective", GREEDY), ("nixl", SEEDED)],
+    ids=["grpc-greedy", "grpc-seeded", "collective-greedy", "nixl-seeded"],
+)
+def test_pulled_prefix_generates_the_colocated_tokens(transport, params):
     async def scenario() -> None:
-        async with two_workers(trust_peer_cache=True) as (x, y):
+        async with two_workers(transport=transport, trust_peer_cache=True) as (x, y):
             assert await pull(x, y, "r", params) == colocated(PROMPT, params)
             # Y cached what it pulled (a trusted peer): byte for byte X's blocks.
             prefix = PROMPT[: HELD * 4]
