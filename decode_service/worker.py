@@ -121,7 +121,10 @@ class DecodeWorker(WorkerActor):
         if not deadline_s > 0:
             raise ValueError(f"deadline_s is {deadline_s}; a pull needs time left")
         deadline_s = min(deadline_s, self._kv_config.reservation_timeout_s)
-        if request.request_id in self._aborted:
+        await self._started()
+        # Pulls move whole blocks between one-device workers; a tensor-parallel worker
+        # answers as one without room, and the router prefills it there as usual.
+        if request.request_id in self._aborted or self._ranked:
             return None
         handoff = self._handoffs.begin(
             request.request_id, len(request.prompt_token_ids), request.sampling.logprobs
@@ -146,10 +149,12 @@ class DecodeWorker(WorkerActor):
         [first_block, len(prefix_token_ids) // block_size) of the prefix into the pull
         `transfer_id` another worker opened (reserve_pull), by `deadline` (unix time); the
         bytes sent. Raises PrefixNotHeld when it no longer caches the whole prefix."""
-        from decode_service.prefix_push import push_prefix
+        from decode_service.prefix_push import PrefixNotHeld, push_prefix
         from kv_transfer.factory import make_sender
 
         runtime = await self._started()
+        if runtime.rank_group is not None:  # its engine reads rank 0's KV heads only
+            raise PrefixNotHeld(f"{self.worker_id} is tensor-parallel: it pushes no prefixes")
         if self._sender is None:  # made on the first pull: most workers never push
             self._sender = make_sender(self._kv_config, runtime.engine.kv_cache)
         with bind_request_id(request_id):
