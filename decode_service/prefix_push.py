@@ -47,14 +47,14 @@ async def push_prefix(
     block_ids = await runtime.loop.acall(lambda: engine.pin_prefix(push_id, prefix_token_ids))
     try:
         if block_ids is None or len(block_ids) <= first_block:
-            sender.abort(endpoint, transfer_id)
+            await asyncio.to_thread(sender.abort, endpoint, transfer_id)
             raise PrefixNotHeld(
                 f"{runtime.worker_id} no longer holds the {len(prefix_token_ids)}-token prefix "
                 f"of request {request_id}"
             )
         left = deadline - time.time()
         if left <= 0:
-            sender.abort(endpoint, transfer_id)
+            await asyncio.to_thread(sender.abort, endpoint, transfer_id)
             raise KVTransferError(f"the pull of request {request_id} is past its deadline")
         request = TransferRequest(
             endpoint=endpoint,
