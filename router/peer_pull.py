@@ -1,13 +1,14 @@
-"""Peer pull, the router's side (docs/design.md, "Peer pull"): whether a decode worker Y chosen
-to prefill a request itself should pull the prefix a longer holder X caches instead of
+"""Peer pull, the router's side (docs/design.md, "Peer pull"): whether a decode worker Y that
+prefills a request itself should pull the prefix a longer holder X caches instead of
 recomputing it, and running that pull.
 
-Priced once the policy chose Y for a local prefill: a pull only shortens Y's prefill, so the
-choice stays sound, and the policy's option matrix is untouched. It pays when the transfer of
-blocks [h_Y, h_X) beats computing their tokens with a margin against a misfit line. X pushes
-while Y waits for the blocks; however the pull ends without them (X refuses, dies, is marked
-unhealthy, is slow past the pull's deadline) Y prefills from its own hits, so the request
-never fails for it.
+The pull is one more way of the local option on Y: the policy prices it (router/estimates.py,
+router/option_matrix.py, with `pull_seconds` and `PULL_MARGIN`) so that it prefers Y because
+Y could pull, and `plan_pull` names the holder of the pull the chosen option priced. It pays
+when the transfer of blocks [h_Y, h_X) beats computing their tokens with a margin against a
+misfit line. X pushes while Y waits for the blocks; however the pull ends without them (X
+refuses, dies, is marked unhealthy, is slow past the pull's deadline) Y prefills from its own
+hits, so the request never fails for it.
 """
 
 from __future__ import annotations
@@ -51,6 +52,27 @@ class PeerPull:
         return max(PULL_MIN_DEADLINE_S, PULL_DEADLINE_FACTOR * self.pull_s)
 
 
+def pull_seconds(cost: CostModel, blocks: int, bytes_per_block: int) -> float:
+    """The pull of `blocks` blocks: the handoff's round trips and the transfer, as fitted."""
+    return cost.handoff_seconds() + cost.transfer_seconds(blocks * bytes_per_block)
+
+
+def peer_blocks(
+    decode_workers: Iterable[str],
+    cached_blocks: Mapping[str, int],
+    prompt_tokens: int,
+    block_size: int,
+) -> dict[str, int]:
+    """Per decode worker, the longest prefix of the prompt another one of `decode_workers`
+    holds, in blocks, capped below the last prompt token (the puller computes that one, for
+    its logits): what that worker could pull."""
+    limit = (prompt_tokens - 1) // block_size
+    held = {w: min(cached_blocks.get(w, 0), limit) for w in decode_workers}
+    ranked = sorted(held.values(), reverse=True)
+    top, second = (ranked + [0, 0])[:2]
+    return {w: second if blocks == top else top for w, blocks in held.items()}
+
+
 def plan_pull(
     cost: CostModel,
     decode_worker: str,
@@ -71,7 +93,7 @@ def plan_pull(
             longest, holder = blocks, worker_id
     if holder is None or not bytes_per_block:
         return None
-    pull_s = cost.handoff_seconds() + cost.transfer_seconds((longest - own) * bytes_per_block)
+    pull_s = pull_seconds(cost, longest - own, bytes_per_block)
     recompute_s = cost.prefill_seconds(
         prompt_tokens - own * block_size, local=True
     ) - cost.prefill_seconds(prompt_tokens - longest * block_size, local=True)
