@@ -32,10 +32,16 @@ class Handoff:
     reserve_span: SpanContext | None = None  # linked from the kv_receive span
     first_chunk_ns: int | None = None  # when its first KV chunk landed: kv_receive starts there
     cancelled: bool = False  # abort() arrived; reserve() must undo its reservation
+    # A peer pull (docs/design.md): the prompt's blocks up to this one come from a peer, whose
+    # commit carries no token; a failed pull falls back to a local prefill. 0: a handoff.
+    pulled_blocks: int = 0
 
     def check_commit(self, commit: CommitInfo) -> None:
         """Raises ValueError naming the Commit field that does not fit this reservation (the
-        first token's range is checked by the engine, which knows the vocabulary)."""
+        first token's range is checked by the engine, which knows the vocabulary). A pull's
+        commit has nothing to check: the reservation decides what it means."""
+        if self.pulled_blocks:
+            return
         if commit.num_prompt_tokens != self.num_prompt_tokens:
             raise ValueError(
                 f"num_prompt_tokens is {commit.num_prompt_tokens}, the reservation holds a "
@@ -69,6 +75,10 @@ class HandoffTable:
         with self._lock:
             handoff.transfer_id, handoff.blocks = transfer_id, blocks
             self._by_transfer[transfer_id] = handoff
+
+    def by_request(self, request_id: str) -> Handoff | None:
+        with self._lock:
+            return self._by_request.get(request_id)
 
     def of_transfer(self, transfer_id: str) -> Handoff | None:
         with self._lock:

@@ -23,6 +23,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, SpanKind
 
 from decode_service.handoffs import Handoff, HandoffTable
+from decode_service.peer_pull_methods import PeerPullMethods
 from pdserve.core.messages import KVReservation, TokenBatch, WorkRequest
 from pdserve.logging_setup import bind_request_id
 from pdserve.telemetry import extract_context, get_tracer, inject_context, span_from_carrier
@@ -44,12 +45,13 @@ COMMIT_TIMEOUT_S = 30.0
 TRACE_CONTEXTS_KEPT = 1024
 
 
-class DecodeWorker(WorkerActor):
+class DecodeWorker(PeerPullMethods, WorkerActor):
     role = "decode"
 
     def __init__(self, worker_id: str, spec: WorkerSpec) -> None:
         super().__init__(worker_id, spec)
         self._receiver = None
+        self._sender = None  # pushes prefixes to pulling peers (push_prefix)
         self._endpoint = ""
         self._rank_endpoints: list[str] = []
         self._ranked = False  # a tensor-parallel worker: the receiver reaches its other ranks
@@ -118,8 +120,9 @@ class DecodeWorker(WorkerActor):
             span_from_carrier("pdserve.decode.reserve", request.trace_context, attributes) as span,
         ):
             engine = runtime.engine
+            pull = handoff.pulled_blocks > 0
             reservation = await runtime.loop.acall(
-                lambda: engine.reserve(rid, request.prompt_token_ids, request.sampling)
+                lambda: engine.reserve(rid, request.prompt_token_ids, request.sampling, pull=pull)
             )
             if reservation is None:
                 span.set_attribute("pdserve.outcome", "no_room")
@@ -130,7 +133,15 @@ class DecodeWorker(WorkerActor):
                 span.set_attribute("pdserve.outcome", "aborted")
                 return None
             self._streams[rid] = runtime.loop.open_stream(rid)
-            dest_blocks = [reservation.block_ids[i] for i in reservation.missing_block_indices]
+            missing = reservation.missing_block_indices
+            if pull:
+                missing = [i for i in missing if i < handoff.pulled_blocks]
+                if not missing:  # this worker holds what the peer does: nothing to pull
+                    await runtime.loop.acall(lambda: engine.fall_back(rid))
+                    self._handoffs.end(handoff)
+                    span.set_attribute("pdserve.outcome", "nothing_to_pull")
+                    return self._reservation("", [], reservation.num_cached_tokens, 0.0)
+            dest_blocks = [reservation.block_ids[i] for i in missing]
             timeout = reservation_timeout_s or self._kv_config.reservation_timeout_s
             transfer_id = await self._on_receiver(
                 self._receiver.open, dest_blocks, timeout, inject_context()
@@ -148,12 +159,17 @@ class DecodeWorker(WorkerActor):
                     "pdserve.kv.blocks": len(dest_blocks),
                 }
             )
+        return self._reservation(transfer_id, missing, reservation.num_cached_tokens, timeout)
+
+    def _reservation(
+        self, transfer_id: str, missing: list[int], num_cached_tokens: int, timeout: float
+    ) -> KVReservation:
         return KVReservation(
             decode_worker=self.worker_id,
             transfer_id=transfer_id,
             endpoint=self._endpoint,
-            missing_block_indices=list(reservation.missing_block_indices),
-            num_cached_tokens=reservation.num_cached_tokens,
+            missing_block_indices=list(missing),
+            num_cached_tokens=num_cached_tokens,
             deadline=time.time() + timeout,
             transport=self._kv_config.transport,
             rank_endpoints=self._rank_endpoints,
@@ -299,14 +315,23 @@ class DecodeWorker(WorkerActor):
             trace.use_span(receive, end_on_exit=True),
             tracer.start_as_current_span("pdserve.decode.admit", attributes={"pdserve.path": "kv"}),
         ):
-            self._runtime.loop.call(
-                lambda: engine.commit(
-                    request_id,
-                    commit.first_token_id,
-                    commit.first_logprob,
-                    cache_blocks=self._cache_received_kv,
-                )
-            ).result(COMMIT_TIMEOUT_S)
+            if handoff.pulled_blocks:
+                pulled = handoff.pulled_blocks
+
+                def admit() -> None:
+                    engine.commit_prefix(request_id, pulled, self._cache_received_kv)
+
+            else:
+
+                def admit() -> None:
+                    engine.commit(
+                        request_id,
+                        commit.first_token_id,
+                        commit.first_logprob,
+                        cache_blocks=self._cache_received_kv,
+                    )
+
+            self._runtime.loop.call(admit).result(COMMIT_TIMEOUT_S)
         self._handoffs.end(handoff)
 
     def on_expired(self, transfer_id: str) -> None:
@@ -314,5 +339,11 @@ class DecodeWorker(WorkerActor):
         if handoff is None:
             return
         request_id = handoff.request_id
+        if handoff.pulled_blocks:  # the peer's blocks did not come: compute them here
+            log.warning("pull of %s ended before commit; prefilling it here", request_id)
+            self._handoffs.end(handoff)
+            engine = self._runtime.engine
+            self._runtime.loop.call(lambda: engine.fall_back(request_id))
+            return
         log.warning("reservation of %s expired before commit; freeing its blocks", request_id)
         self._aloop.call_soon_threadsafe(lambda: asyncio.ensure_future(self.abort(request_id)))

@@ -176,6 +176,13 @@ class RouterConfig:
     heartbeat_timeout_s: float = setting(
         2.0, "fail over from a worker process that answers no heartbeat this long", above=0
     )
+    # router/peer_pull.py: a decode worker prefilling a request pulls the prefix another decode
+    # worker caches when the cost model says the transfer beats recomputing it.
+    peer_pull: bool = setting(
+        False,
+        "a decode worker that prefills a request pulls its prefix from the decode worker "
+        "caching more of it, when that beats recomputing",
+    )
     # pdserve/prefix_index/mirror.py: no Redis round trip per routing decision.
     index_mirror: bool = setting(
         True, "keep a copy of the prefix index in the router, fed by the workers' KV events"

@@ -33,6 +33,8 @@ contracts in pyproject.toml); it knows workers only through `router/types.py` an
 - `option_matrix.py` — the cost policy's pick over every option at once, as numpy arrays.
 - `load_rows.py` — each role's worker loads, kept as arrays as they change, for the decisions.
 - `cost_model.py` — prefill, decode-step and transfer costs, learned online.
+- `peer_pull.py` — `--peer-pull`: whether a local prefill pulls its prefix from a peer
+  instead (priced with the cost model), and the pull, falling back when its holder fails.
 - `handoff_costs.py` — a remote prefill's round trips (reserve, call, first answer), as measured.
 - `observability.py` — the request's spans and latency metrics.
 - `traffic_window.py` — the requests served lately, for the online planner.

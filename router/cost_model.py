@@ -188,7 +188,9 @@ class CostModel:
             self.observe_decode_step(batch, decode_s / steps, weight=min(steps, 8))
         sent = stats.transfer_bytes - prev.transfer_bytes
         transfer_s = stats.transfer_seconds - prev.transfer_seconds
-        if stats.role == "prefill" and sent > 0 and transfer_s > 0:
+        # A prefill worker's handoffs, and a decode worker's peer pull pushes
+        # (decode_service/prefix_push.py): the same transports, so one line prices both.
+        if sent > 0 and transfer_s > 0:
             self.observe_transfer(sent, transfer_s)
 
     def _observe_host_copy(self, stats) -> None:

@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, field
 
 from router.cost_model import CostModel
+from router.peer_pull import PULL_MARGIN, pull_seconds
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,10 @@ class Estimate:
     decode_cached_blocks: int
     objective: float = 0.0
     infeasible: str | None = None  # why this option cannot be taken now
+    # A local prefill that pulls a peer's longer prefix first (--peer-pull, router/peer_pull.py):
+    # the prompt's blocks it has once the pull ends (0: no pull), and the pull's seconds.
+    pulled_blocks: int = 0
+    pull_s: float = 0.0
     load: int = 0
     terms: dict[str, float] = field(default_factory=dict)
 
@@ -149,19 +154,32 @@ def estimate(
     decode: WorkerLoad,
     cached: dict[str, int],
     cost: CostModel,
+    peer_blocks: int | None = None,
 ) -> Estimate:
-    """Predicts TTFT, TPOT and the stall of one option (objective filled in by `objective`)."""
+    """Predicts TTFT, TPOT and the stall of one option (objective filled in by `objective`).
+    `peer_blocks` (with --peer-pull): the longest prefix of the prompt another decode worker
+    holds, which a local prefill on `decode` may pull (`router/peer_pull.peer_blocks`)."""
     d_cached = min(cached.get(decode.worker_id, 0), request.full_blocks)
     batch = decode.num_running + decode.queued_requests + 1  # D's batch once this one joins
     tpot = cost.decode_step_seconds(batch)
+    pulled, pull_s = 0, 0.0
     if prefill is None:
         wait = cost.prefill_queue_seconds(decode.queued_tokens, decode.queued_requests, local=True)
         uncached = request.uncached_tokens(d_cached)
         compute = cost.prefill_seconds(uncached, local=True)
+        if peer_blocks is not None and peer_blocks > d_cached and request.bytes_per_block:
+            # The pull, when it beats recomputing what it brings (PULL_MARGIN): D then
+            # computes only the tokens past the peer's prefix, once the pull ends.
+            pulled_s = pull_seconds(cost, peer_blocks - d_cached, request.bytes_per_block)
+            pulled_uncached = request.uncached_tokens(peer_blocks)
+            pulled_compute = cost.prefill_seconds(pulled_uncached, local=True)
+            if pulled_s < PULL_MARGIN * (compute - pulled_compute):
+                pulled, pull_s = peer_blocks, pulled_s
+                uncached, compute = pulled_uncached, pulled_compute
         # What the prompt's chunks add to D's steps (its compute, measured): the TTFT's line
         # also holds the decode work the chunks share steps with, which stalls nobody.
         stall = cost.stall_seconds(uncached)
-        ttft, blocks, p_cached = wait + compute, 0, d_cached
+        ttft, blocks, p_cached = wait + pull_s + compute, 0, d_cached
     else:
         p_cached = min(cached.get(prefill.worker_id, 0), request.full_blocks)
         wait = cost.prefill_queue_seconds(prefill.queued_tokens, prefill.queued_requests)
@@ -185,6 +203,8 @@ def estimate(
         prefill_cached_blocks=p_cached,
         decode_cached_blocks=d_cached,
         load=decode.load + (prefill.load if prefill else 0),
+        pulled_blocks=pulled,
+        pull_s=pull_s,
     )
 
 

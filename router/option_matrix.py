@@ -28,6 +28,7 @@ import numpy as np
 from router.cost_model import CostModel, LinearFit
 from router.estimates import Estimate, RoutingRequest, Weights, WorkerLoad
 from router.load_rows import LoadRows
+from router.peer_pull import PULL_MARGIN
 
 
 class LazyEstimates(Mapping[str, Estimate]):
@@ -66,6 +67,7 @@ class Limits:
     tpot_slo_s: float
     max_queued_prefill_tokens: int
     weights: Weights
+    peer_pull: bool = False  # a local prefill may pull a peer's longer prefix (--peer-pull)
 
 
 @dataclass
@@ -148,9 +150,15 @@ class OptionMatrix:
             p_cached[:, :k] = p.cached[keep]
             np.add(d.load[:, None], p.load[keep], out=load[:, :k])
         if local:  # D prefills itself: TTFT = its queue + compute, which stalls its decodes
-            l_compute = _prefill_seconds(cost, uncached[n_p:], local=True)
-            l_stall = _stall_seconds(cost, uncached[n_p:])
+            l_uncached = uncached[n_p:]
+            l_compute = _prefill_seconds(cost, l_uncached, local=True)
             l_wait = _queue_seconds(cost, d.queued_tokens, d.queued_requests, local=True)
+            if limits.peer_pull and request.bytes_per_block:  # + the pull, where it pays
+                l_pull, l_uncached, l_compute = _pulls(
+                    request, d.cached, l_uncached, l_compute, cost
+                )
+                l_wait = l_wait + l_pull
+            l_stall = _stall_seconds(cost, l_uncached)
             amortize = max(1, min(w.stall_amortize_tokens, request.max_tokens))
             stalled = np.where(l_stall != 0, before + w.stall_newcomers, 0.0)
             harm = interference + stalled * l_stall / amortize
@@ -298,6 +306,39 @@ def _uncached(request: RoutingRequest, cached_blocks: np.ndarray) -> np.ndarray:
     """RoutingRequest.uncached_tokens over a vector of cached prefixes."""
     cached = np.minimum(cached_blocks, request.full_blocks) * request.block_size
     return np.maximum(1, request.prompt_tokens - cached)
+
+
+def _pulls(
+    request: RoutingRequest,
+    own: np.ndarray,
+    uncached: np.ndarray,
+    compute: np.ndarray,
+    cost: CostModel,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each decode worker's local prefill with the pull router/estimates.py's `estimate`
+    prices: the pull's seconds (0 where it does not pay), the tokens left to compute and
+    their compute. `own`: the blocks each holds; the peer is the longest other holder."""
+    limit = (request.prompt_tokens - 1) // request.block_size
+    peer = np.minimum(_max_of_others(own), limit)
+    pull_s = cost.handoff_seconds() + _line(cost.transfer, (peer - own) * request.bytes_per_block)
+    pulled_uncached = _uncached(request, peer)
+    pulled_compute = _prefill_seconds(cost, pulled_uncached, local=True)
+    pays = (peer > own) & (pull_s < PULL_MARGIN * (compute - pulled_compute))
+    return (
+        np.where(pays, pull_s, 0.0),
+        np.where(pays, pulled_uncached, uncached),
+        np.where(pays, pulled_compute, compute),
+    )
+
+
+def _max_of_others(values: np.ndarray) -> np.ndarray:
+    """Per element, the largest of the other elements (0 when there is none)."""
+    if len(values) < 2:
+        return np.zeros_like(values)
+    top = int(np.argmax(values))
+    out = np.full_like(values, values[top])
+    out[top] = np.max(np.delete(values, top))
+    return out
 
 
 def _queue_ok(workers: _Workers, uncached: np.ndarray, limits: Limits) -> np.ndarray:

@@ -39,6 +39,7 @@ from router.disaggregate_rule import option_kinds
 from router.estimates import Estimate, RoutingRequest, Weights, WorkerLoad, estimate, objective
 from router.load_rows import LoadRows
 from router.option_matrix import LazyEstimates, Limits, OptionMatrix
+from router.peer_pull import peer_blocks
 
 POLICIES = ROUTING_POLICIES
 # The `approximate` policy's thresholds, sglang router's defaults for `cache_aware`: loads are
@@ -111,6 +112,7 @@ class RoutingPolicy:
             tpot_slo_s=config.tpot_slo_ms / 1e3,
             max_queued_prefill_tokens=config.max_queued_prefill_tokens,
             weights=self.weights,
+            peer_pull=config.peer_pull,
         )
         self._turn = itertools.count()  # rotation among ties, and of decode workers
         self._prefill_turn = itertools.count()  # rotation of prefill workers (round_robin)
@@ -190,13 +192,14 @@ class RoutingPolicy:
     ) -> list[Estimate]:
         remote, local = option_kinds(self.mode, request, prefill, decode, cached)
         ttft_slo, tpot_slo = self._limits.ttft_slo_s, self._limits.tpot_slo_s
+        peers = self._peer_blocks(request, decode, cached)
         options = []
         for d in decode:
             pairs = [(p, d) for p in prefill] if remote else []
             if local:
                 pairs.append((None, d))
             for p, _ in pairs:
-                est = estimate(request, p, d, cached, self.cost)
+                est = estimate(request, p, d, cached, self.cost, peers.get(d.worker_id))
                 est.infeasible = self._admission(request, est, p, d)
                 options.append((est, d))
         feasible = [est for est, _ in options if est.infeasible is None]
@@ -224,10 +227,20 @@ class RoutingPolicy:
         ties = matrix.cost_ties(self.tie_tolerance)
         p_at, d_at = matrix.workers(ties[next(self._turn) % len(ties)])
         p, d = (prefill[p_at] if p_at is not None else None), decode[d_at]
-        chosen = estimate(request, p, d, cached, self.cost)
+        peer = self._peer_blocks(request, decode, cached).get(d.worker_id) if p is None else None
+        chosen = estimate(request, p, d, cached, self.cost, peer)
         objective(chosen, request, d, self.cost, limits.ttft_slo_s, limits.tpot_slo_s,
                   self.weights, matrix.best_ttft_s)  # fmt: skip
         return chosen
+
+    def _peer_blocks(
+        self, request: RoutingRequest, decode: Sequence[WorkerLoad], cached: dict[str, int]
+    ) -> dict[str, int]:
+        """With --peer-pull, what each decode worker could pull from the others; else {}."""
+        if not self.config.peer_pull:
+            return {}
+        workers = (d.worker_id for d in decode)
+        return peer_blocks(workers, cached, request.prompt_tokens, request.block_size)
 
     def _admission(
         self, request: RoutingRequest, est: Estimate, p: WorkerLoad | None, d: WorkerLoad

@@ -52,6 +52,27 @@ class RayWorkerHandle:
     async def abort(self, request_id: str) -> None:
         await self.actor.abort.remote(request_id)
 
+    async def reserve_pull(
+        self, work: WorkRequest, pulled_blocks: int, deadline_s: float
+    ) -> KVReservation | None:
+        return await self.actor.reserve_pull.remote(work, pulled_blocks, deadline_s)
+
+    async def push_prefix(
+        self,
+        request_id: str,
+        prefix_token_ids: list[int],
+        first_block: int,
+        endpoint: str,
+        transfer_id: str,
+        deadline: float,
+    ) -> int:
+        return await self.actor.push_prefix.remote(
+            request_id, prefix_token_ids, first_block, endpoint, transfer_id, deadline
+        )
+
+    async def fall_back(self, request_id: str) -> None:
+        await self.actor.fall_back.remote(request_id)
+
     async def set_role(self, role: str) -> dict:
         return await self.actor.set_role.remote(role)
 

@@ -35,6 +35,7 @@ from pdserve.telemetry import carrier_of
 from pdserve.tokenizer import Tokenizer
 from router import observability
 from router.output_text import ChoiceOutputs, per_token
+from router.peer_pull import start_pull
 from router.types import (
     AtCapacity,
     NoWorkerAvailable,
@@ -246,7 +247,12 @@ class RequestFlow:
         decode = self._pool.workers[route.decode_worker].handle
         progress.prefill_worker = progress.decode_worker = route.decode_worker
         progress.disaggregated = False
-        await self._guarded(route.decode_worker, decode.generate(work))
+        pull = route.peer_pull
+        pulling = pull is not None and await self._guarded(
+            route.decode_worker, start_pull(self._pool, work, route.decode_worker, pull)
+        )
+        if not pulling:  # no pull, or no room to reserve one: the plain local prefill
+            await self._guarded(route.decode_worker, decode.generate(work))
         first = True
         async for batch in self._guarded_stream(
             route.decode_worker, decode.stream(work.request_id)

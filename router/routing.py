@@ -23,6 +23,7 @@ from router.approximate_prefixes import ApproximatePrefixes
 from router.bounded_pool import BoundedPool
 from router.estimates import RoutingRequest, WorkerLoad
 from router.load_rows import LoadRows
+from router.peer_pull import plan_pull
 from router.policy import RoutingDecision, RoutingPolicy
 from router.recent_prefixes import RecentPrefixes, merge
 from router.types import AtCapacity, NoWorkerAvailable, Overloaded, Route
@@ -176,6 +177,18 @@ class Routing:
         if decision.prefill_worker:
             p = self._rows["prefill"].of(decision.prefill_worker)
             prefiller_idle = not (p.load or p.queued_tokens)
+        pull = None
+        if self.policy.config.peer_pull and not decision.prefill_worker:
+            holders = [load.worker_id for load in decode if load.healthy]
+            pull = plan_pull(
+                self.policy.cost,
+                decision.decode_worker,
+                len(prompt_ids),
+                self.block_size,
+                bytes_per_block,
+                cached,
+                holders,
+            )
         routed = self._remember(decision, request, hashes)
         prefills_routed = None
         if prefiller_idle:  # idle when routed: its timing may be sampled
@@ -191,6 +204,7 @@ class Routing:
             block_hashes=tuple(hashes) if decision.prefill_worker else (),
             prefills_routed=prefills_routed,
             routed=routed,
+            peer_pull=pull,
         )
 
     def on_prefill_done(self, route: Route, result: PrefillResult | TokenBatch) -> None:

@@ -14,6 +14,7 @@ from typing import Protocol
 
 from pdserve.core.messages import KVReservation, PrefillResult, TokenBatch, WorkerStats, WorkRequest
 from router.estimates import Estimate
+from router.peer_pull import PeerPull
 
 
 class NoWorkerAvailable(RuntimeError):
@@ -66,6 +67,31 @@ class WorkerHandle(Protocol):
         """Ends the request in whatever state it is and frees its blocks; idempotent."""
         ...
 
+    async def reserve_pull(
+        self, work: WorkRequest, pulled_blocks: int, deadline_s: float
+    ) -> KVReservation | None:
+        """A decode worker reserves the prompt to pull its blocks up to `pulled_blocks` from a
+        peer (push_prefix), then prefills the rest; None when the KV pool has no room now.
+        Only with --peer-pull."""
+        ...
+
+    async def push_prefix(
+        self,
+        request_id: str,
+        prefix_token_ids: list[int],
+        first_block: int,
+        endpoint: str,
+        transfer_id: str,
+        deadline: float,
+    ) -> int:
+        """A decode worker pushes its cached blocks of the prefix from `first_block` on into
+        a peer's pull; the bytes sent. Raises when it no longer holds them."""
+        ...
+
+    async def fall_back(self, request_id: str) -> None:
+        """A pulling decode worker stops waiting for the blocks and prefills them."""
+        ...
+
     async def set_role(self, role: str) -> dict:
         """A switchable worker serves `role` from now on; says what it kept (`blocks_kept`).
         Only --role-switching deployments call it (router/role_switch.py)."""
@@ -94,6 +120,9 @@ class Route:
     # When a remote prefill's first answer came (Routing.on_prompt_computed; a list, the one
     # thing set after routing on this frozen route): with `routed`, what its handoff took.
     first_answer_at: list[float] = field(default_factory=list)
+    # Set when the decode worker prefills locally but pulls the prefix a peer caches instead of
+    # recomputing it (router/peer_pull.py).
+    peer_pull: PeerPull | None = None
 
 
 @dataclass

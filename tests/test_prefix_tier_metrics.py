@@ -64,3 +64,28 @@ def test_disk_hits_and_blocks_have_their_own_series() -> None:
     assert sample(total, worker="tier-test-2", tier="host") == 8
     assert sample(total, worker="tier-test-2", tier="disk") == 24
     assert sample("pdserve_kv_blocks", worker="tier-test-2", state="disk") == 30
+
+
+def test_peer_hits_and_pulls_have_their_own_series() -> None:
+    def pulled(hits: int, peer: int, started: int, committed: int, fallen_back: int):
+        return WorkerStats(
+            "tier-test-3",
+            "decode",
+            1,
+            prefix_hit_tokens=hits,
+            prefix_peer_hit_tokens=peer,
+            peer_pulls_started=started,
+            peer_pulls_committed=committed,
+            peer_pulls_fallen_back=fallen_back,
+        )
+
+    first, second = pulled(40, 32, 2, 1, 1), pulled(100, 80, 3, 2, 1)
+    metrics.observe_worker_stats(first, None)
+    metrics.observe_worker_stats(second, first)
+    total = "pdserve_prefix_cache_hit_tokens_total"
+    assert sample(total, worker="tier-test-3", tier="peer") == 80
+    assert sample(total, worker="tier-test-3", tier="device") == 20
+    pulls = "pdserve_peer_pulls_total"
+    assert sample(pulls, worker="tier-test-3", outcome="started") == 3
+    assert sample(pulls, worker="tier-test-3", outcome="committed") == 2
+    assert sample(pulls, worker="tier-test-3", outcome="fallen_back") == 1

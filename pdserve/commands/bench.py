@@ -54,6 +54,10 @@ GROUPS: dict[str, dict[str, tuple[str, str]]] = {
             "pdserve.bench.serving.kv_tiers_bench",
             "multi-turn chat over 4x the KV pool: the host tier on vs off",
         ),
+        "peer-pull": (
+            "pdserve.bench.serving.peer_pull_bench",
+            "multi-turn chat on 2 workers, turns on either: --peer-pull on vs off",
+        ),
         "tracing": (
             "pdserve.bench.serving.tracing_bench",
             "request latency with tracing on vs off",

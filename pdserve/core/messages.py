@@ -97,6 +97,10 @@ ENGINE_COUNT_FIELDS = (
     "prefix_query_tokens",
     "prefix_host_hit_tokens",
     "prefix_disk_hit_tokens",
+    "prefix_peer_hit_tokens",
+    "peer_pulls_started",
+    "peer_pulls_committed",
+    "peer_pulls_fallen_back",
     "num_host_blocks",
     "num_host_cached_blocks",
     "host_copy_bytes_per_s",
@@ -141,6 +145,12 @@ class WorkerStats:
     num_host_cached_blocks: int = 0
     host_copy_bytes_per_s: int = 0  # host-to-device copy bandwidth, measured at start
     prefix_disk_hit_tokens: int = 0  # of prefix_hit_tokens, those read back from the disk tier
+    # Of prefix_hit_tokens, those pulled from a peer worker's cache (docs/design.md, "Peer
+    # pull"); and the pulls into this worker: reserved, committed, fallen back to a prefill.
+    prefix_peer_hit_tokens: int = 0
+    peer_pulls_started: int = 0
+    peer_pulls_committed: int = 0
+    peer_pulls_fallen_back: int = 0
     num_disk_blocks: int = 0  # the disk tier's capacity (--kv-disk-gb), in blocks
     num_disk_cached_blocks: int = 0
     disk_read_bytes_per_s: int = 0  # file-to-device bandwidth, mean of the reads so far

@@ -31,6 +31,8 @@ types in `pdserve.core`. This package imports none of ray, grpc or redis.
   the paged KV cache tensor; batch -> tensors -> logits.
 - `tp_executor.py` — a tensor-parallel worker's executors: rank 0's `LeaderExecutor` broadcasts
   each step, block copy and KV read/write; the other ranks `follow`.
+- `peer_prefixes.py` — `PeerPrefixes`, the engine's sides of a peer pull: the holder pins a
+  cached prefix for its push; the puller commits pulled blocks as a prefix or falls back.
 - `sequence.py` — one request's state (`Sequence`, `SequenceStatus`).
 - `outputs.py` — `RequestOutput`, `Reservation`: plain data (no torch).
 

@@ -39,6 +39,7 @@ from pdserve.engine.executor import Executor, make_executor
 from pdserve.engine.gpu_step.overlapped_steps import OverlappedSteps
 from pdserve.engine.host_tier import HostTier, host_tier_stats
 from pdserve.engine.outputs import RequestOutput, Reservation
+from pdserve.engine.peer_prefixes import PeerPrefixes
 from pdserve.engine.request_admission import RequestAdmission
 from pdserve.engine.scheduler import ScheduledBatch, Scheduler
 from pdserve.engine.sequence import Sequence, SequenceStatus
@@ -131,6 +132,10 @@ class LLMEngine:
             self._finish,
             self.eos_token_ids,
             self.max_model_len,
+        )
+        # Peer pulls (docs/design.md): prefixes pinned for a peer, pulled prefixes committed.
+        self.peer_prefixes = PeerPrefixes(
+            self._seqs, self.scheduler, self.block_manager, self.forks, self._fence_host_copies
         )
         # Plain decode steps launched before the previous one's tokens are back; not with
         # speculation, whose drafts need the last token.
@@ -277,12 +282,20 @@ class LLMEngine:
 
     # ---- decode-side handoff ------------------------------------------------------------
     def reserve(
-        self, request_id: str, prompt_token_ids: Seq[int], params: SamplingParams
+        self,
+        request_id: str,
+        prompt_token_ids: Seq[int],
+        params: SamplingParams,
+        *,
+        pull: bool = False,
     ) -> Reservation | None:
         """Allocates the prompt's whole block table, reusing prefix-cache hits; None when
-        there is no room now. Blocks from `missing_block_indices` on must be written."""
+        there is no room now. Blocks from `missing_block_indices` on must be written. A `pull`
+        (of a prefix from a peer) ends in `commit_prefix` or `fall_back`, which prefill at
+        least the last prompt token here, so its hits stop before that token."""
         seq = self._new_sequence(request_id, prompt_token_ids, params, prefill_only=False)
-        cached = self.block_manager.acquire_prefix(seq, seq.num_tokens)
+        reusable = seq.num_tokens - 1 if pull else seq.num_tokens
+        cached = self.block_manager.acquire_prefix(seq, reusable)
         if not self.block_manager.ensure_blocks(seq, seq.num_tokens):
             self.block_manager.release(seq)
             self._emit_events()
@@ -297,6 +310,7 @@ class LLMEngine:
         self.scheduler.prefix_query_tokens += seq.num_prompt_tokens
         self._seqs[request_id] = seq
         self.forks.track(request_id, params)
+        self.peer_prefixes.pulls_started += pull
         self._emit_events()
         missing = list(range(cached // self.block_size, len(seq.block_table)))
         return Reservation(cached, list(seq.block_table), missing)
@@ -363,6 +377,28 @@ class LLMEngine:
             self.scheduler.add_running(seq)
         self._emit_events()
 
+    def commit_prefix(self, request_id: str, pulled_blocks: int, cache_blocks: bool) -> None:
+        """A pull's blocks up to `pulled_blocks` arrived: the rest of the prompt is prefilled
+        here (PeerPrefixes.commit_prefix)."""
+        self.peer_prefixes.commit_prefix(request_id, pulled_blocks, cache_blocks)
+        self._emit_events()
+
+    def fall_back(self, request_id: str) -> bool:
+        """A pull ended without its blocks: the prompt is prefilled from this worker's own
+        hits. False when the request is no longer reserved."""
+        return self.peer_prefixes.fall_back(request_id)
+
+    def pin_prefix(self, push_id: str, token_ids: Seq[int]) -> list[int] | None:
+        """The cached blocks of `token_ids`' full blocks, held until `unpin_prefix`; None
+        unless every one is cached (PeerPrefixes.pin)."""
+        block_ids = self.peer_prefixes.pin(push_id, token_ids)
+        self._emit_events()
+        return block_ids
+
+    def unpin_prefix(self, push_id: str) -> None:
+        self.peer_prefixes.unpin(push_id)
+        self._emit_events()
+
     # ---- introspection ------------------------------------------------------------------
     def stats(self) -> dict[str, int | float]:
         bm, sched = self.block_manager, self.scheduler
@@ -383,6 +419,10 @@ class LLMEngine:
             "prefix_query_tokens": sched.prefix_query_tokens,
             "prefix_host_hit_tokens": sched.prefix_host_hit_tokens,
             "prefix_disk_hit_tokens": sched.prefix_disk_hit_tokens,
+            "prefix_peer_hit_tokens": self.peer_prefixes.peer_hit_tokens,
+            "peer_pulls_started": self.peer_prefixes.pulls_started,
+            "peer_pulls_committed": self.peer_prefixes.pulls_committed,
+            "peer_pulls_fallen_back": self.peer_prefixes.pulls_fallen_back,
             **host_tier_stats(self.host_tier),
             "num_preemptions": sched.num_preemptions,
             "prefill_tokens_computed": self.step_outputs.prefill_tokens_computed,

@@ -1,6 +1,7 @@
 """A worker's series (`QUEUE_LENGTH`, `KV_BLOCKS{worker,state}`, `PREFIX_CACHE_HIT_TOKENS`
-by KV tier, `WORKER_PEAK_MEMORY`, `PREFIX_HIT_RATIO`), all set from its `WorkerStats` by
-`observe_worker_stats` (with its speculation and expert series), and `prefix_hit_delta`."""
+by KV tier or peer, `PEER_PULLS{worker,outcome}`, `WORKER_PEAK_MEMORY`, `PREFIX_HIT_RATIO`), all
+set from its `WorkerStats` by `observe_worker_stats` (with its speculation and expert series),
+and `prefix_hit_delta`."""
 
 from __future__ import annotations
 
@@ -24,9 +25,23 @@ KV_BLOCKS = Gauge(
 PREFIX_CACHE_HIT_TOKENS = Counter(
     "pdserve_prefix_cache_hit_tokens",
     "Prompt tokens a worker found in its prefix cache, by tier: device (its KV pool), host "
-    "(brought back from host memory instead of recomputed) or disk (read back from a file).",
+    "(brought back from host memory instead of recomputed), disk (read back from a file) or "
+    "peer (pulled from another worker's cache, --peer-pull).",
     ["worker", "tier"],
 )
+# Where a hit came from: the KV tiers of the worker's own cache, then another worker's.
+HIT_TIERS = (*KV_TIERS, "peer")
+PEER_PULLS = Counter(
+    "pdserve_peer_pulls",
+    "Peer pulls into a worker (--peer-pull), by outcome: started (reserved), committed (the "
+    "prefix arrived) or fallen_back (it did not: the worker prefilled it).",
+    ["worker", "outcome"],
+)
+_PULL_OUTCOMES = {
+    "started": "peer_pulls_started",
+    "committed": "peer_pulls_committed",
+    "fallen_back": "peer_pulls_fallen_back",
+}
 WORKER_PEAK_MEMORY = Gauge(
     "pdserve_worker_peak_memory_bytes",
     "Peak memory of a worker process since it started, by kind: rss (resident set), gpu (CUDA "
@@ -51,9 +66,14 @@ def observe_worker_stats(stats: Any, previous: Any | None = None) -> None:
         KV_BLOCKS.labels(worker=worker, state="host").set(stats.num_host_cached_blocks)
     if stats.num_disk_blocks:
         KV_BLOCKS.labels(worker=worker, state="disk").set(stats.num_disk_cached_blocks)
-    for tier, amount in zip(KV_TIERS, prefix_hit_delta(previous, stats), strict=True):
+    for tier, amount in zip(HIT_TIERS, prefix_hit_delta(previous, stats), strict=True):
         if amount:
             PREFIX_CACHE_HIT_TOKENS.labels(worker=worker, tier=tier).inc(amount)
+    fresh = previous is None or previous.epoch != stats.epoch
+    for outcome, name in _PULL_OUTCOMES.items():
+        pulls = getattr(stats, name) - (0 if fresh else getattr(previous, name))
+        if pulls > 0:
+            PEER_PULLS.labels(worker=worker, outcome=outcome).inc(pulls)
     WORKER_PEAK_MEMORY.labels(worker=worker, kind="rss").set(stats.peak_rss_bytes)
     WORKER_PEAK_MEMORY.labels(worker=worker, kind="gpu").set(stats.peak_gpu_bytes)
     if stats.prefix_query_tokens:
@@ -65,13 +85,16 @@ def observe_worker_stats(stats: Any, previous: Any | None = None) -> None:
         observe_expert_load(stats, previous)
 
 
-def prefix_hit_delta(previous: Any | None, stats: Any) -> tuple[int, int, int]:
-    """A worker's prefix-cache hit tokens in the device, the host and the disk tier between
-    two snapshots of its `WorkerStats` (all of them after a start or restart)."""
+def prefix_hit_delta(previous: Any | None, stats: Any) -> tuple[int, int, int, int]:
+    """A worker's prefix-cache hit tokens in the device, the host and the disk tier and those
+    pulled from peers (HIT_TIERS) between two snapshots of its `WorkerStats` (all of them after
+    a start or restart)."""
     fresh = previous is None or previous.epoch != stats.epoch
 
     def delta(name: str) -> int:
         return getattr(stats, name) - (0 if fresh else getattr(previous, name))
 
     host, disk = delta("prefix_host_hit_tokens"), delta("prefix_disk_hit_tokens")
-    return max(0, delta("prefix_hit_tokens") - host - disk), max(0, host), max(0, disk)
+    peer = delta("prefix_peer_hit_tokens")
+    device = delta("prefix_hit_tokens") - host - disk - peer
+    return max(0, device), max(0, host), max(0, disk), max(0, peer)

@@ -7,6 +7,7 @@ and router on a virtual clock (no Ray, no sleeping).
 - `deployment.py` — `Deployment`: model, GPU and engine settings; sim engines that never sleep.
 - `virtual_worker.py` — `VirtualWorker`: one worker's engine stepping on the virtual clock.
 - `virtual_request.py` — `VirtualRequest`: one request's route, handoff and tokens.
+- `virtual_pull.py` — a local prefill's peer pull (--peer-pull) on the virtual clock.
 - `cluster.py` — `VirtualCluster`: the workers behind the router's own `Routing`.
 - `probe.py` — `run_probe`: one split at one rate, and whether enough requests met the SLOs.
 - `virtual_index.py` — the router's copy of the prefix index on the virtual clock, KV events applied after a lag.

@@ -1,7 +1,7 @@
 """VirtualRequest: one request's life in the simulated cluster, as router/request_flow.py runs
 it: the router's `Routing.choose` picks the route; a local prefill is `add_request` on the
-decode worker; a disaggregated one is `reserve` on the decode worker, a prefill-only run on the
-prefill worker, the push of the blocks the decode worker lacks (bytes / link bandwidth), then
+decode worker (with --peer-pull, after pulling a peer's prefix: virtual_pull.py); a
+disaggregated one is `reserve` on the decode worker, a prefill-only run on the prefill worker, the push of the blocks the decode worker lacks (bytes / link bandwidth), then
 `commit` on the decode worker and, once committed, `release` on the prefill worker (each of
 these calls waits for its worker's step in progress). As prefill_service/worker.py answers the
 router twice, the first token reaches the client when the prefill step sampled it; the second
@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 from pdserve.core.messages import PrefillResult
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.engine.engine import RequestOutput, Reservation
+from pdserve.planner.virtual_pull import pull_and_prefill
 from pdserve.planner.workload import ProbeRequest
 from pdserve.workloads.metrics import RequestRecord
 from router.types import AtCapacity, NoWorkerAvailable, Overloaded, Route
@@ -88,7 +89,13 @@ class VirtualRequest:
         decode = self.cluster.workers[route.decode_worker]
         if route.prefill_worker is None:
             self.cluster.listen(decode, self.work_id, self._on_decode_output)
-            decode.call(lambda: decode.engine.add_request(self.work_id, prompt, self.params))
+            if route.peer_pull is not None:
+                pull_and_prefill(
+                    self.cluster, self.work_id, prompt, self.params, decode.worker_id,
+                    route.peer_pull,
+                )  # fmt: skip
+            else:
+                decode.call(lambda: decode.engine.add_request(self.work_id, prompt, self.params))
         else:
             decode.call(
                 lambda: decode.engine.reserve(self.work_id, prompt, self.params), self._reserved

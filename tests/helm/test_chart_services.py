@@ -231,3 +231,10 @@ def test_role_switching_is_off_by_default_and_its_settings_reach_the_router():
     assert flag(argv, "--role-switch-drain-s") == "30"
     with helm.Chart.load(CHART_DIR) as chart, pytest.raises(helm.HelmValuesError):
         chart.validate_schema({"router": {"roleSwitching": {"dwellSeconds": -1}}})
+
+
+def test_peer_pull_is_off_by_default_and_reaches_the_router_when_on():
+    assert "--peer-pull" not in router_argv(render())
+    assert "--peer-pull" in router_argv(render({"router": {"peerPull": True}}))
+    with helm.Chart.load(CHART_DIR) as chart, pytest.raises(helm.HelmValuesError):
+        chart.validate_schema({"router": {"peerPull": "yes"}})

@@ -120,4 +120,7 @@ def test_bench_sim_kv_tiers_brings_evicted_turns_back_instead_of_recomputing(tmp
     assert disk["computed_vs_minimum"] < 1.2 and disk["disk_restored_blocks"] > 0
     # A block over PCIe costs less than computing it again, so turns start sooner.
     assert host["ttft_p50_ms"] < without["ttft_p50_ms"]
-    assert len(document["ratios"]) == 2 and set(document["goodput_req_s"]) == set(ways)
+    # Only the peer way pulls; what it pulls the router priced (tests/planner/test_virtual_pull.py).
+    assert without["peer_hit_tokens"] == host["peer_hit_tokens"] == disk["peer_hit_tokens"] == 0
+    assert ways["peer"]["failed"] == 0
+    assert len(document["ratios"]) == 3 and set(document["goodput_req_s"]) == set(ways)

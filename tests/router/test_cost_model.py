@@ -76,6 +76,16 @@ def test_learns_from_worker_counters_between_polls() -> None:
     assert cost.prefill_seconds(1000, local=True) == cost.prefill_seconds(1000)
 
 
+def test_a_decode_workers_peer_pull_pushes_teach_the_transfer_line() -> None:
+    # A colocated cluster has no prefill worker: its pulls' pushes are the only transfers.
+    cost = CostModel()
+    cost.observe_stats(stats("d0", "decode"))
+    for poll in range(1, 40):
+        sent = {"transfer_bytes": (100 << 20) * poll, "transfer_seconds": 0.01 * poll}
+        cost.observe_stats(stats("d0", "decode", **sent))
+    assert cost.transfer_seconds(100 << 20) == pytest.approx(0.01, rel=0.1)
+
+
 def test_a_restarted_worker_is_not_differenced_against_its_past() -> None:
     cost = CostModel()
     cost.observe_stats(stats("p0", "prefill", prefill_tokens=10_000, prefill_seconds=100.0))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 
@@ -59,6 +60,7 @@ def situations(draw):
         disaggregate=draw(st.sampled_from(["auto", "always", "never"])),
         ttft_slo_ms=draw(st.sampled_from([50.0, 400.0, 5000.0])),
         max_queued_prefill_tokens=draw(st.sampled_from([2048, 16384])),
+        peer_pull=draw(st.booleans()),  # local options may then pull a peer's longer prefix
     )
     cost = CostModel()
     lines = draw(st.sampled_from(["prior", "measured", "cheap"]))
@@ -85,7 +87,24 @@ def _rows(loads: list[WorkerLoad]) -> LoadRows:
 def test_vectorised_decision_is_the_enumerations(situation, turn) -> None:
     """Same option (rotation included), same Estimate, and every option's objective equal bit
     for bit, on random loads, caches, modes, SLOs and cost lines."""
+    _assert_vectorised_is_the_enumeration(*situation, turn)
+
+
+@settings(max_examples=300, deadline=None)
+@given(situations(), st.integers(0, 5))
+def test_vectorised_decision_with_peer_pulls_is_the_enumerations(situation, turn) -> None:
+    """The same with --peer-pull on a link fast enough that local options often pull a peer's
+    longer prefix: their TTFT, compute and stall priced with the pull, bit for bit."""
     request, prefill, decode, cached, config, cost = situation
+    config = dataclasses.replace(config, peer_pull=True)
+    request = dataclasses.replace(request, bytes_per_block=MiB)
+    for tokens in (100, 1000, 3000):  # 10 GB/s against a prefill of ~0.3 ms a token
+        cost.observe_request_prefill(tokens, 0.002 + tokens * 3e-4, local=True)
+        cost.observe_transfer(tokens * MiB, tokens * MiB / 1e10)
+    _assert_vectorised_is_the_enumeration(request, prefill, decode, cached, config, cost, turn)
+
+
+def _assert_vectorised_is_the_enumeration(request, prefill, decode, cached, config, cost, turn):
     fast = RoutingPolicy(config, cost)
     slow = RoutingPolicy(config, cost, vectorised=False)
     from_rows = RoutingPolicy(config, cost)  # the loads as the router keeps them (LoadRows)

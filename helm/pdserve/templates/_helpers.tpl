@@ -423,6 +423,9 @@ involved. The Redis URL comes from the env (PDSERVE_REDIS_URL), never from argv.
 - --plan-interval
 - {{ $v.router.planIntervalSeconds | toString | quote }}
 {{- end }}
+{{- if $v.router.peerPull }}
+- --peer-pull
+{{- end }}
 {{- if $v.router.roleSwitching.enabled }}
 {{- if not $v.router.planIntervalSeconds }}
 {{- fail "router.roleSwitching.enabled needs router.planIntervalSeconds (the plan it acts on)" }}

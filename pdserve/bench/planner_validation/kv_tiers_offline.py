@@ -1,7 +1,9 @@
 """`pdserve bench sim-kv-tiers`: `bench kv-tiers`'s comparison (issue 53 point 5) on the planner's
 virtual cluster of sim H100s: a multi-turn chat whose working set is 4x one worker's device KV
-pool, served without tiers, with a host tier over PCIe 5, and with a small host tier over an
-NVMe disk tier, each at a sweep of rates on a fresh cluster.
+pool, served without tiers, with a host tier over PCIe 5, with a small host tier over an
+NVMe disk tier, and without tiers but with peer pulls (`--peer-pull`: a worker the policy
+chooses pulls the prefix another one holds over the deployment's link,
+pdserve/planner/virtual_pull.py), each at a sweep of rates on a fresh cluster.
 
     pdserve bench sim-kv-tiers [--workers 16] [--rates-per-worker 1,2,3,4]
 
@@ -33,7 +35,7 @@ import json
 import math
 from pathlib import Path
 
-WAYS = ("without", "host", "disk")
+WAYS = ("without", "host", "disk", "peer")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -42,7 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tp", type=int, default=1, help="GPUs per worker (tensor parallel)")
     p.add_argument("--workers", type=int, default=16)
     p.add_argument("--rates-per-worker", default="1,2,3,4", help="simulated req/s, swept")
-    p.add_argument("--ways", default=",".join(WAYS), help="of without,host,disk (without first)")
+    p.add_argument(
+        "--ways", default=",".join(WAYS), help="of without,host,disk,peer (without first)"
+    )
     p.add_argument("--working-set-ratio", type=float, default=4.0,
                    help="the chat's distinct prompt blocks over the cluster's device KV")  # fmt: skip
     p.add_argument("--host-pools", type=float, default=4.0, help="host way: its host tier")
@@ -56,6 +60,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--index-lag-ms", type=float, default=1.0, help="the router's index copy")
+    p.add_argument("--peer-link-known", action="store_true",
+                   help="peer way: the routers' transfer line starts at the workers' link, not "
+                   "its 1 GB/s prior (a colocated cluster learns it only from pulls it makes)")  # fmt: skip
     p.add_argument("--ttft-slo-ms", type=float, default=300.0)
     p.add_argument("--tpot-slo-ms", type=float, default=40.0)
     p.add_argument("--attainment", type=float, default=0.9, help="goodput's SLO attainment")
@@ -85,6 +92,7 @@ class RatePoint:
     minimum_tokens: int
     host_restored_blocks: int
     disk_restored_blocks: int
+    peer_hit_tokens: int  # prompt tokens pulled from another worker instead of computed
 
     @property
     def computed_vs_minimum(self) -> float:
@@ -187,7 +195,7 @@ def tiered_deployment(args: argparse.Namespace, pool: int, way: str):
         block_size=args.block_size,
         num_kv_blocks=pool,
     )
-    if way == "without":
+    if way in ("without", "peer"):
         return plain
     host_pools, disk_pools = (args.host_pools, 0.0) if way == "host" else (
         args.disk_host_pools, args.disk_pools)  # fmt: skip
@@ -220,11 +228,12 @@ def run_way(deployment, way: str, rate: float, requests, args: argparse.Namespac
         for k, (r, t) in enumerate(zip(requests, at, strict=True))
     ]
     router = RouterConfig(policy="cost", disaggregate="never", ttft_slo_ms=args.ttft_slo_ms,
-                          tpot_slo_ms=args.tpot_slo_ms)  # fmt: skip
+                          tpot_slo_ms=args.tpot_slo_ms, peer_pull=way == "peer")  # fmt: skip
     slo = SLO(args.ttft_slo_ms, args.tpot_slo_ms, args.attainment)
     _, runs = run_probe(
         deployment, Split(0, args.workers), probes, rate, slo, router, stop_when_certain=False,
         index_lag_s=args.index_lag_ms / 1e3,
+        attach=_knowing_the_link if way == "peer" and args.peer_link_known else None,
     )  # fmt: skip
     records = [r.record for r in runs]
     summary = summarize(records, run_duration(records))
@@ -241,14 +250,26 @@ def run_way(deployment, way: str, rate: float, requests, args: argparse.Namespac
         minimum_tokens=minimum_prefill_tokens([r.prompt for r in requests], args.block_size),
         host_restored_blocks=sum(int(s["host_restored_blocks"]) for s in engines),
         disk_restored_blocks=sum(int(s["disk_restored_blocks"]) for s in engines),
+        peer_hit_tokens=sum(int(s["prefix_peer_hit_tokens"]) for s in engines),
     )
+
+
+def _knowing_the_link(cluster) -> None:
+    """Teaches each router's transfer line the deployment's link, as pushes over it would."""
+    sample = 64 << 20
+    for routing in cluster.routers:
+        for _ in range(8):
+            routing.policy.cost.observe_transfer(
+                sample, sample / cluster.deployment.link_bytes_per_s
+            )
 
 
 def _line(p: RatePoint) -> str:
     return (
         f"attainment {p.attainment:.0%}, TTFT p50 {p.ttft_p50_ms:.0f} p90 {p.ttft_p90_ms:.0f} ms, "
         f"computed {p.computed_vs_minimum:.2f}x minimum, blocks back from host "
-        f"{p.host_restored_blocks} / disk {p.disk_restored_blocks}, failed {p.failed}"
+        f"{p.host_restored_blocks} / disk {p.disk_restored_blocks}, tokens pulled "
+        f"{p.peer_hit_tokens}, failed {p.failed}"
     )
 
 
@@ -257,13 +278,14 @@ def report_table(points: list[RatePoint]):
 
     table = Table(title="Multi-turn chat, working set 4x the device KV (simulated time)")
     for column in ("way", "req/s", "attainment", "TTFT p50 ms", "TTFT p90 ms",
-                   "computed / minimum", "host blocks back", "disk blocks back", "failed"):  # fmt: skip
+                   "computed / minimum", "host blocks back", "disk blocks back", "tokens pulled",
+                   "failed"):  # fmt: skip
         table.add_column(column, justify="right")
     for p in points:
         table.add_row(
             p.way, f"{p.rate:g}", f"{p.attainment:.0%}", f"{p.ttft_p50_ms:.0f}",
             f"{p.ttft_p90_ms:.0f}", f"{p.computed_vs_minimum:.2f}x", str(p.host_restored_blocks),
-            str(p.disk_restored_blocks), str(p.failed),
+            str(p.disk_restored_blocks), str(p.peer_hit_tokens), str(p.failed),
         )  # fmt: skip
     return table
 

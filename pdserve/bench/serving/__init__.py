@@ -9,6 +9,7 @@
 - `tenants_bench.py` — `bench router-tenants`: issue 50's tenants workload, the six policies
   ranked on the real CPU system.
 - `kv_tiers_bench.py` — `bench kv-tiers`: a chat over 4x the KV pool, host tier on vs off.
+- `peer_pull_bench.py` — `bench peer-pull`: the chat on 2 workers, `--peer-pull` on vs off.
 - `tracing_bench.py`, `span_receiver.py` — `bench tracing`: latency with tracing on vs off.
 - `soak_bench.py` — `bench soak`: does memory or anything held grow under sustained load?
 """

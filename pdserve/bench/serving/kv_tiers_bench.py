@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
 
     ways = _ways(args.ways)
     model_dir, model_config = load_model(args)
-    requests = _chat(args, model_config)
+    requests = chat_requests(args, model_config)
     distinct_blocks = _distinct_blocks([r.prompt for r in requests], args.block_size)
     num_kv_blocks = _pool_blocks(args, requests, distinct_blocks)
     console = Console(width=150)
@@ -175,7 +175,7 @@ def _tiers(
     }
 
 
-def _chat(args: argparse.Namespace, model_config: dict) -> list:
+def chat_requests(args: argparse.Namespace, model_config: dict) -> list:
     from pdserve.workloads.datasets import DatasetConfig, generate_requests
 
     dataset = DatasetConfig(

@@ -33,7 +33,7 @@ def test_serves_the_chat_each_way_and_reports_computed_tokens_and_ratios(
     from pdserve.bench.common.local_system import load_model
 
     _, model_config = load_model(args)
-    prompts = [r.prompt for r in kv_tiers_bench._chat(args, model_config)]
+    prompts = [r.prompt for r in kv_tiers_bench.chat_requests(args, model_config)]
     for way in kv_tiers_bench.WAYS:
         r = document[way]
         assert r["failed"] == 0 and r["completed"] == len(prompts)

@@ -1,0 +1,257 @@
+"""`pdserve bench peer-pull`: `bench kv-tiers`' multi-turn chat on two decode workers whose
+turns land on either worker, served without and with `--peer-pull`: same requests, same run.
+
+    pdserve bench peer-pull [--preset small --system-prompt-len 512] [--policy round_robin]
+
+Two workers that prefill and decode (each pinned to a core), pools large enough that nothing is
+evicted, so every prompt token computed past the minimum is one the other worker already had.
+The round_robin policy (the default here) sends each turn to either worker regardless of where
+the conversation's earlier turns ran: about half the turns land on the worker without their
+prefix. Without the pull that worker recomputes it; with the pull it fetches the blocks from
+the holder over the KV transport (grpc on loopback) when the router's cost model prices that
+under the recompute. Reported each way: prompt tokens computed (the workers' `prefill_tokens`
+delta) against the minimum, the tokens pulled, the pulls committed and fallen back, TTFT
+p50/p90, and the pull's ratios over the way without, computed from the two rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+from pdserve.bench.common.local_system import (
+    add_model_arguments,
+    eos_ids,
+    load_model,
+    serve_locally,
+    start_ray,
+    wait_idle,
+)
+from pdserve.bench.serving.kv_tiers_bench import chat_requests, minimum_prefill_tokens
+
+WAYS = ("without", "pull")  # --peer-pull off; on
+RATIO_FIELDS = ("computed_tokens", "ttft_p50_ms", "ttft_p90_ms")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_model_arguments(p, preset="tiny")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument(
+        "--policy",
+        default="round_robin",
+        help="the router's policy (round_robin: turns land on either worker)",
+    )
+    p.add_argument("--max-concurrency", type=int, default=1, help="requests in flight")
+    chat = p.add_argument_group("multi-turn chat")
+    chat.add_argument("--conversations", type=int, default=16)
+    chat.add_argument("--turns", type=int, default=4)
+    chat.add_argument("--system-prompts", type=int, default=4)
+    chat.add_argument("--system-prompt-len", type=int, default=256)
+    chat.add_argument("--user-len", type=int, default=64)
+    chat.add_argument("--output-len", type=int, default=16)
+    p.add_argument("--json", help="write both results and the ratios to this file")
+
+
+@dataclasses.dataclass
+class PullResult:
+    """The chat served one way."""
+
+    completed: int
+    failed: int
+    prompt_tokens: int
+    computed_tokens: int  # prompt tokens the workers ran through the model
+    minimum_tokens: int  # the least one cache that never evicts could compute
+    hit_tokens: int  # prompt tokens found in a prefix cache, pulled ones included
+    pulled_tokens: int  # of hit_tokens, those pulled from the other worker
+    pulls_committed: int
+    pulls_fallen_back: int
+    ttft_p50_ms: float
+    ttft_p90_ms: float
+
+    @property
+    def computed_vs_minimum(self) -> float:
+        return self.computed_tokens / max(1, self.minimum_tokens)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    model_dir, model_config = load_model(args)
+    requests = chat_requests(args, model_config)
+    prompts = [r.prompt for r in requests]
+    console = Console(width=150)
+    console.print(
+        f"multi-turn chat on 2 workers ({args.policy}): {len(requests)} requests, "
+        f"{sum(len(p) for p in prompts)} prompt tokens, minimum computed "
+        f"{minimum_prefill_tokens(prompts, args.block_size)}"
+    )
+    import ray
+
+    if not ray.is_initialized():  # a test's session cluster, else our own
+        start_ray(0, 2)
+    results: dict[str, PullResult] = {}
+    for way in WAYS:
+        console.print(f"[bold]{way}[/bold]: starting")
+        started = time.perf_counter()
+        with _serve(model_dir, args, requests, peer_pull=way == "pull") as app:
+            console.print(f"  started in {time.perf_counter() - started:.1f}s; warming up")
+            _warm_up(app, model_config, args)
+            results[way] = _measure(app, requests, args)
+            console.print(f"  {_line(results[way])}")
+    ratios = pull_ratios(results)
+    console.print(_table(results, ratios))
+    if args.json:
+        document = {
+            way: dataclasses.asdict(r) | {"computed_vs_minimum": r.computed_vs_minimum}
+            for way, r in results.items()
+        } | {"pull_over_without": ratios}
+        Path(args.json).write_text(json.dumps(document, indent=2) + "\n")
+    return 1 if any(r.failed for r in results.values()) else 0
+
+
+def _serve(model_dir: Path, args: argparse.Namespace, requests: list, peer_pull: bool):
+    # Room for every block of the chat on each worker: nothing is evicted, so what one worker
+    # recomputes is only what the other one holds.
+    tokens = sum(r.prompt_len + r.output_len for r in requests)
+    engine = {"block_size": args.block_size, "num_kv_blocks": tokens // args.block_size + 64}
+    router = {
+        "disaggregate": "never",
+        "policy": args.policy,
+        "peer_pull": peer_pull,
+        "progress_timeout_s": 120.0,  # a long prefill on a loaded machine is not a stall
+    }
+    return serve_locally(
+        model_dir, prefill_workers=0, decode_workers=2, engine=engine, router=router
+    )
+
+
+def _warm_up(app, model_config: dict, args: argparse.Namespace) -> None:
+    """Unshared prompts on both workers, so first-call costs stay out of the figures."""
+    from pdserve.bench.common.load_generator import run_load
+    from pdserve.workloads.datasets import DatasetConfig, generate_requests
+
+    warm = DatasetConfig(
+        name="random", random_input_len=args.system_prompt_len, random_output_len=4
+    )
+    requests = generate_requests(
+        warm, 4, args.seed + 1, model_config["vocab_size"], eos_ids(model_config)
+    )
+    records = asyncio.run(run_load(f"127.0.0.1:{app.port}", requests, max_concurrency=1))
+    wait_idle(app)
+    if not all(r.ok for r in records):
+        raise SystemExit(f"warm-up: {sum(not r.ok for r in records)} requests failed")
+
+
+def _measure(app, requests: list, args: argparse.Namespace) -> PullResult:
+    from pdserve.bench.common.load_generator import run_load
+    from pdserve.workloads.metrics import run_duration, summarize
+
+    before = _stats(app)
+    records = asyncio.run(
+        run_load(f"127.0.0.1:{app.port}", requests, max_concurrency=args.max_concurrency)
+    )
+    wait_idle(app)
+    after = _stats(app)
+    computed, hits, pulled, committed, fallen_back = (
+        b - a for a, b in zip(before, after, strict=True)
+    )
+    summary = summarize(records, run_duration(records) or 1e-9)
+    return PullResult(
+        completed=summary.completed,
+        failed=summary.failed,
+        prompt_tokens=sum(r.prompt_len for r in records),
+        computed_tokens=computed,
+        minimum_tokens=minimum_prefill_tokens([r.prompt for r in requests], args.block_size),
+        hit_tokens=hits,
+        pulled_tokens=pulled,
+        pulls_committed=committed,
+        pulls_fallen_back=fallen_back,
+        ttft_p50_ms=summary.ttft.p50,
+        ttft_p90_ms=summary.ttft.p90,
+    )
+
+
+def _stats(app) -> tuple[int, int, int, int, int]:
+    """Prompt tokens computed, prefix hit tokens, pulled tokens, pulls committed and fallen
+    back, both workers."""
+    import ray
+
+    workers = app.app.pool.workers.values()
+    stats = ray.get([w.actor.stats.remote() for w in workers])
+    return (
+        sum(s.prefill_tokens for s in stats),
+        sum(s.prefix_hit_tokens for s in stats),
+        sum(s.prefix_peer_hit_tokens for s in stats),
+        sum(s.peer_pulls_committed for s in stats),
+        sum(s.peer_pulls_fallen_back for s in stats),
+    )
+
+
+def pull_ratios(results: dict[str, PullResult]) -> dict[str, float | None]:
+    """The pull's figures over the way without's (None where the way without measured 0)."""
+    without, pull = results["without"], results["pull"]
+    return {
+        name: getattr(pull, name) / getattr(without, name) if getattr(without, name) else None
+        for name in RATIO_FIELDS
+    }
+
+
+def _line(r: PullResult) -> str:
+    return (
+        f"computed {r.computed_tokens} tokens ({r.computed_vs_minimum:.2f}x minimum "
+        f"{r.minimum_tokens}), hits {r.hit_tokens} (pulled {r.pulled_tokens} in "
+        f"{r.pulls_committed} pulls, {r.pulls_fallen_back} fallen back), TTFT p50 "
+        f"{r.ttft_p50_ms:.1f} ms p90 {r.ttft_p90_ms:.1f} ms, failed {r.failed}"
+    )
+
+
+def _table(results: dict[str, PullResult], ratios: dict[str, float | None]):
+    from rich.table import Table
+
+    table = Table(title="Peer pull: multi-turn chat on 2 workers (pull vs without)")
+    columns = (
+        "peer pull",
+        "prefill computed",
+        "vs minimum",
+        "hit tokens",
+        "pulled tokens",
+        "pulls committed",
+        "fallen back",
+        "TTFT p50 ms",
+        "TTFT p90 ms",
+        "failed",
+    )
+    for column in columns:
+        table.add_column(column, justify="left" if column == columns[0] else "right")
+    for way, r in results.items():
+        table.add_row(
+            way,
+            str(r.computed_tokens),
+            f"{r.computed_vs_minimum:.2f}x",
+            str(r.hit_tokens),
+            str(r.pulled_tokens),
+            str(r.pulls_committed),
+            str(r.pulls_fallen_back),
+            f"{r.ttft_p50_ms:.1f}",
+            f"{r.ttft_p90_ms:.1f}",
+            str(r.failed),
+        )
+    table.add_section()
+    table.add_row(
+        "pull/without",
+        _ratio_text(ratios["computed_tokens"]),
+        *("",) * 5,
+        _ratio_text(ratios["ttft_p50_ms"]),
+        _ratio_text(ratios["ttft_p90_ms"]),
+        "",
+    )
+    return table
+
+
+def _ratio_text(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.2f}"
