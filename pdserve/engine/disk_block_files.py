@@ -105,8 +105,16 @@ class DiskBlockFiles:
             log.warning("KV disk tier: deleting a block file failed: %s", e)
 
     def used_bytes(self) -> int:
-        """The bytes of every file of this run (temporary ones too), as the disk counts them."""
-        return sum(p.stat().st_size for p in self.dir.iterdir() if p.name != _LOCK_NAME)
+        """The bytes of every file of this run (temporary ones too), as the disk counts them;
+        a file renamed or deleted while they are counted (the writer thread) is skipped."""
+        total = 0
+        for path in self.dir.iterdir():
+            if path.name != _LOCK_NAME:
+                try:
+                    total += path.stat().st_size
+                except FileNotFoundError:
+                    continue
+        return total
 
     def _path(self, block_hash: int, suffix: str = ".kv") -> Path:
         return self.dir / f"{block_hash:016x}{suffix}"

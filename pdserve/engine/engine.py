@@ -363,6 +363,12 @@ class LLMEngine:
             self.scheduler.add_running(seq)
         self._emit_events()
 
+    def close(self) -> None:
+        """Stops the engine's background work (the disk tier's writer); called once its thread
+        has stopped stepping."""
+        if self.host_tier is not None:
+            self.host_tier.close()
+
     # ---- introspection ------------------------------------------------------------------
     def stats(self) -> dict[str, int | float]:
         bm, sched = self.block_manager, self.scheduler
