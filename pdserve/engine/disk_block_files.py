@@ -59,10 +59,10 @@ class DiskBlockFiles:
         """What one block of `payload_bytes` takes on disk (the budget counts it)."""
         return _HEADER.size + payload_bytes
 
-    def write(self, block_hash: int, payload: torch.Tensor) -> bool:
-        """Stores a block's bytes (a contiguous CPU tensor); False when the file system refused
-        (nothing of it is left behind)."""
-        data = _bytes_of(payload)
+    def write(self, block_hash: int, payload: torch.Tensor | bytes) -> bool:
+        """Stores a block's bytes (a contiguous CPU tensor, or its bytes); False when the file
+        system refused (nothing of it is left behind)."""
+        data = payload if isinstance(payload, bytes) else tensor_bytes(payload)
         header = _HEADER.pack(_MAGIC, block_hash, len(data), zlib.crc32(data))
         final, temporary = self._path(block_hash), self._path(block_hash, ".tmp")
         try:
@@ -81,7 +81,7 @@ class DiskBlockFiles:
     def read(self, block_hash: int, out: torch.Tensor) -> bool:
         """Reads a block's bytes into `out` (a contiguous CPU tensor of the block's shape);
         False when the file is missing, unreadable or fails a check (`out` is then garbage)."""
-        buffer = _bytes_of(out)
+        buffer = tensor_bytes(out)
         try:
             with open(self._path(block_hash), "rb") as f:
                 header = f.read(_HEADER.size)
@@ -137,7 +137,7 @@ def reclaim_dead_runs(base: Path) -> int:
     return reclaimed
 
 
-def _bytes_of(tensor: torch.Tensor) -> memoryview:
+def tensor_bytes(tensor: torch.Tensor) -> memoryview:
     """A contiguous CPU tensor's bytes, without a copy."""
     assert tensor.is_contiguous() and not tensor.is_cuda
     return memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
