@@ -23,6 +23,8 @@ types in `pdserve.core`. This package imports none of ray, grpc or redis.
   `--kv-disk-gb`): read back to the device through a host staging buffer; a bad file is a miss.
 - `disk_block_files.py` — `DiskBlockFiles`: one file per block, written atomically and
   checksummed; a directory per run, dead runs' deleted at start.
+- `disk_block_writer.py` — `BlockFileWriter`: the disk tier's writes on a thread of their own,
+  from a bounded queue of block copies that also serves reads of blocks still queued.
 - `sim_host_tier.py` — the host and disk tiers of a sim engine: the same classes over byte
   movers that hold nothing and charge modelled link time (pdserve/sim/kv_tiers.py).
 - `tier_index.py` — `TierIndex`: which blocks a tier below the device holds, LRU, with subtree
