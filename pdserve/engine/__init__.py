@@ -32,7 +32,8 @@ types in `pdserve.core`. This package imports none of ray, grpc or redis.
 - `model_runner.py` — `TorchExecutor` (the torch side of the executor seam) and `ModelRunner`:
   the paged KV cache tensor; batch -> tensors -> logits.
 - `tp_executor.py` — a tensor-parallel worker's executors: rank 0's `LeaderExecutor` broadcasts
-  each step, block copy and KV read/write; the other ranks `follow`.
+  each step, block copy and host-tier copy (`host_tier`: every rank moves its heads); the
+  other ranks `follow`.
 - `sequence.py` — one request's state (`Sequence`, `SequenceStatus`).
 - `outputs.py` — `RequestOutput`, `Reservation`: plain data (no torch).
 
