@@ -15,7 +15,8 @@ may have left temporary files; a new run starts cold, as its device pool does.
 No fsync: it would only make files survive a power loss for a later run to re-index, and
 runs delete what earlier ones left. Within a run the page cache serves a finished write, and a
 file damaged behind our back fails its checks. Measured on this project's CPU machine (ext4,
-8 KiB blocks): 5.65 ms a block written with fsync, 0.23 ms without, on the engine's thread.
+8 KiB blocks): 5.65 ms a block written with fsync, 0.23 ms without. Writes run on the disk
+tier's writer thread (disk_block_writer.py), reads on the engine's.
 """
 
 from __future__ import annotations
