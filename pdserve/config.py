@@ -376,10 +376,11 @@ class ServeConfig:
             if self.engine_for(role).kind == "sim" and self.kv.transport != "grpc":
                 name = f"{role}_engine" if getattr(self, f"{role}_engine") else "engine"
                 raise ConfigError("ServeConfig", name, "simulated workers need --kv-transport grpc")
-            if self.engine.kv_offload_gb and getattr(self, f"{role}_tp") > 1:
-                # Rank 0 alone would copy its heads' blocks: the other ranks' caches would not.
+            if self.engine.kv_disk_gb and getattr(self, f"{role}_tp") > 1:
+                # Every rank copies its heads to and from host memory (tp_executor.py); each
+                # rank's files, and a read failing on one rank only, are not built yet.
                 raise ConfigError(
-                    "ServeConfig", f"{role}_tp", "--kv-offload-gb is not supported yet under TP"
+                    "ServeConfig", f"{role}_tp", "--kv-disk-gb is not supported yet under TP"
                 )
             if self.engine_for(role).kind == "sim" and getattr(self, f"{role}_tp") > 1:
                 raise ConfigError(

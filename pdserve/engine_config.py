@@ -159,8 +159,9 @@ class EngineConfig:
     kv_offload_gb: float = setting(
         0.0,
         "host memory (GiB) that keeps the prefix-cache blocks evicted from the KV pool, to be "
-        "copied back instead of recomputed (pinned on CUDA); 0 = off (torch engine without "
-        "tensor parallelism, or sim: a modelled tier, --sim-host-link-gbs)",
+        "copied back instead of recomputed (pinned on CUDA; under tensor parallelism each "
+        "rank keeps its heads' share); 0 = off (torch engine, or sim: a modelled tier, "
+        "--sim-host-link-gbs)",
         minimum=0,
     )
     kv_disk_dir: str | None = setting(
@@ -170,7 +171,10 @@ class EngineConfig:
         "are deleted at start",
     )
     kv_disk_gb: float = setting(
-        0.0, "disk space (GiB) of --kv-disk-dir's tier, file headers included; 0 = off", minimum=0
+        0.0,
+        "disk space (GiB) of --kv-disk-dir's tier, file headers included; 0 = off (not yet "
+        "under tensor parallelism)",
+        minimum=0,
     )
     max_num_seqs: int = setting(64, "most sequences in one step", minimum=1)
     max_num_batched_tokens: int = setting(

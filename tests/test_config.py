@@ -103,8 +103,9 @@ def test_flags_reach_every_config_with_units_and_negations():
         (["--max-retries", "-1"], "--max-retries: must be at least 0, got -1"),
         (["--kv-offload-gb", "-1"], "--kv-offload-gb: must be at least 0, got -1.0"),
         (
-            ["--kv-offload-gb", "4", "--prefill-tp", "2"],
-            "--prefill-tp: --kv-offload-gb is not supported yet under TP",
+            ["--kv-offload-gb", "4", "--kv-disk-dir", "/tmp/kv", "--kv-disk-gb", "8"]
+            + ["--prefill-tp", "2"],
+            "--prefill-tp: --kv-disk-gb is not supported yet under TP",
         ),
         (["--kv-offload-gb", "1", "--kv-disk-gb", "2"], "--kv-disk-gb: needs --kv-disk-dir DIR"),
         (

@@ -18,6 +18,10 @@ GROUPS: dict[str, dict[str, tuple[str, str]]] = {
             "pdserve.bench.engine.mixed_engine_bench",
             "requests/s on mixed lengths: continuous batching vs transformers' static batches",
         ),
+        "disk-demotion": (
+            "pdserve.bench.engine.disk_demotion_bench",
+            "engine-thread time per host-to-disk KV demotion: file written there vs queued",
+        ),
         "moe-tp": (
             "pdserve.bench.engine.expert_parallel_bench",
             "an MoE model on TP ranks: experts all-reduced vs --expert-parallel's all_to_all",

@@ -23,6 +23,8 @@ types in `pdserve.core`. This package imports none of ray, grpc or redis.
   `--kv-disk-gb`): read back to the device through a host staging buffer; a bad file is a miss.
 - `disk_block_files.py` — `DiskBlockFiles`: one file per block, written atomically and
   checksummed; a directory per run, dead runs' deleted at start.
+- `disk_block_writer.py` — `BlockFileWriter`: the disk tier's writes on a thread of their own,
+  from a bounded queue of block copies that also serves reads of blocks still queued.
 - `sim_host_tier.py` — the host and disk tiers of a sim engine: the same classes over byte
   movers that hold nothing and charge modelled link time (pdserve/sim/kv_tiers.py).
 - `tier_index.py` — `TierIndex`: which blocks a tier below the device holds, LRU, with subtree
@@ -30,7 +32,8 @@ types in `pdserve.core`. This package imports none of ray, grpc or redis.
 - `model_runner.py` — `TorchExecutor` (the torch side of the executor seam) and `ModelRunner`:
   the paged KV cache tensor; batch -> tensors -> logits.
 - `tp_executor.py` — a tensor-parallel worker's executors: rank 0's `LeaderExecutor` broadcasts
-  each step, block copy and KV read/write; the other ranks `follow`.
+  each step, block copy and host-tier copy (`host_tier`: every rank moves its heads); the
+  other ranks `follow`.
 - `peer_prefixes.py` — `PeerPrefixes`, the engine's sides of a peer pull: the holder pins a
   cached prefix for its push; the puller commits pulled blocks as a prefix or falls back.
 - `sequence.py` — one request's state (`Sequence`, `SequenceStatus`).

@@ -236,6 +236,8 @@ class BlockManager:
         self,
     ) -> list[KVEvent]:
         """Queued stores and evictions, consecutive ones of a kind and tier merged into one."""
+        if self.host_tier is not None:  # disk writes end on their own thread
+            self._events += self.host_tier.take_written()
         events: list[KVEvent] = []
         for kind, h, tier in self._events:
             if events and events[-1].kind == kind and events[-1].tier == tier:

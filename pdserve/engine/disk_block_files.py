@@ -15,7 +15,8 @@ may have left temporary files; a new run starts cold, as its device pool does.
 No fsync: it would only make files survive a power loss for a later run to re-index, and
 runs delete what earlier ones left. Within a run the page cache serves a finished write, and a
 file damaged behind our back fails its checks. Measured on this project's CPU machine (ext4,
-8 KiB blocks): 5.65 ms a block written with fsync, 0.23 ms without, on the engine's thread.
+8 KiB blocks): 5.65 ms a block written with fsync, 0.23 ms without. Writes run on the disk
+tier's writer thread (disk_block_writer.py), reads on the engine's.
 """
 
 from __future__ import annotations
@@ -59,10 +60,10 @@ class DiskBlockFiles:
         """What one block of `payload_bytes` takes on disk (the budget counts it)."""
         return _HEADER.size + payload_bytes
 
-    def write(self, block_hash: int, payload: torch.Tensor) -> bool:
-        """Stores a block's bytes (a contiguous CPU tensor); False when the file system refused
-        (nothing of it is left behind)."""
-        data = _bytes_of(payload)
+    def write(self, block_hash: int, payload: torch.Tensor | bytes) -> bool:
+        """Stores a block's bytes (a contiguous CPU tensor, or its bytes); False when the file
+        system refused (nothing of it is left behind)."""
+        data = payload if isinstance(payload, bytes) else tensor_bytes(payload)
         header = _HEADER.pack(_MAGIC, block_hash, len(data), zlib.crc32(data))
         final, temporary = self._path(block_hash), self._path(block_hash, ".tmp")
         try:
@@ -81,7 +82,7 @@ class DiskBlockFiles:
     def read(self, block_hash: int, out: torch.Tensor) -> bool:
         """Reads a block's bytes into `out` (a contiguous CPU tensor of the block's shape);
         False when the file is missing, unreadable or fails a check (`out` is then garbage)."""
-        buffer = _bytes_of(out)
+        buffer = tensor_bytes(out)
         try:
             with open(self._path(block_hash), "rb") as f:
                 header = f.read(_HEADER.size)
@@ -105,8 +106,16 @@ class DiskBlockFiles:
             log.warning("KV disk tier: deleting a block file failed: %s", e)
 
     def used_bytes(self) -> int:
-        """The bytes of every file of this run (temporary ones too), as the disk counts them."""
-        return sum(p.stat().st_size for p in self.dir.iterdir() if p.name != _LOCK_NAME)
+        """The bytes of every file of this run (temporary ones too), as the disk counts them;
+        a file renamed or deleted while they are counted (the writer thread) is skipped."""
+        total = 0
+        for path in self.dir.iterdir():
+            if path.name != _LOCK_NAME:
+                try:
+                    total += path.stat().st_size
+                except FileNotFoundError:
+                    continue
+        return total
 
     def _path(self, block_hash: int, suffix: str = ".kv") -> Path:
         return self.dir / f"{block_hash:016x}{suffix}"
@@ -129,7 +138,7 @@ def reclaim_dead_runs(base: Path) -> int:
     return reclaimed
 
 
-def _bytes_of(tensor: torch.Tensor) -> memoryview:
+def tensor_bytes(tensor: torch.Tensor) -> memoryview:
     """A contiguous CPU tensor's bytes, without a copy."""
     assert tensor.is_contiguous() and not tensor.is_cuda
     return memoryview(tensor.reshape(-1).view(torch.uint8).numpy())

@@ -399,6 +399,12 @@ class LLMEngine:
         self.peer_prefixes.unpin(push_id)
         self._emit_events()
 
+    def close(self) -> None:
+        """Stops the engine's background work (the disk tier's writer); called once its thread
+        has stopped stepping."""
+        if self.host_tier is not None:
+            self.host_tier.close()
+
     # ---- introspection ------------------------------------------------------------------
     def stats(self) -> dict[str, int | float]:
         bm, sched = self.block_manager, self.scheduler
@@ -443,8 +449,12 @@ class LLMEngine:
             from pdserve.engine.sim_host_tier import make_sim_host_tier
 
             return make_sim_host_tier(self.executor, config)
-        if config.kind != "torch" or config.tp > 1:
-            raise ValueError("kv_offload_gb: needs the torch engine without tensor parallelism")
+        if config.kind != "torch":
+            raise ValueError("kv_offload_gb: needs the torch engine")
+        if config.tp > 1:  # every rank copies its heads (tp_executor.py); no disk tier yet
+            if config.kv_disk_gb:
+                raise ValueError("kv_disk_gb: not supported yet under tensor parallelism")
+            return self.executor.host_tier(int(config.kv_offload_gb * 2**30))
         from pdserve.engine.host_kv_pool import make_host_tier
 
         return make_host_tier(

@@ -15,17 +15,27 @@ import time
 import torch
 
 from pdserve.engine.disk_block_files import DiskBlockFiles
+from pdserve.engine.disk_block_writer import BlockFileWriter
 from pdserve.engine.disk_tier import DiskTier
 from pdserve.engine.host_tier import HostTier
 
+# Host memory for the disk tier's queued writes, on top of the host tier's budget: blocks the
+# host evicts faster than the disk takes them beyond this are dropped (recomputed later).
+WRITE_QUEUE_BYTES = 64 * 2**20
+
 
 def make_host_tier(
-    kv_cache: torch.Tensor, budget_bytes: int, disk_dir: str | None = None, disk_bytes: int = 0
+    kv_cache: torch.Tensor,
+    budget_bytes: int,
+    disk_dir: str | None = None,
+    disk_bytes: int = 0,
+    write_queue_bytes: int = WRITE_QUEUE_BYTES,
 ) -> HostTier | None:
     """A host tier of as many whole blocks of `kv_cache` as `budget_bytes` holds (never more),
-    over a disk tier in `disk_dir` of as many block files as `disk_bytes` holds; None when not
-    even one block fits in host memory (no disk tier without a host tier: blocks reach the
-    disk through it)."""
+    over a disk tier in `disk_dir` of as many block files as `disk_bytes` holds, its writes
+    queued in up to `write_queue_bytes` (at least one block); None when not even one block
+    fits in host memory (no disk tier without a host tier: blocks reach the disk through
+    it)."""
     per_block = kv_cache[:, :, 0].numel() * kv_cache.element_size()
     slots = budget_bytes // per_block
     if not slots:
@@ -35,7 +45,8 @@ def make_host_tier(
     disk = None
     if disk_slots:
         staging = torch.empty(pool.blocks.shape[1:], dtype=kv_cache.dtype, pin_memory=pool.cuda)
-        disk = DiskTier(DiskBlockFiles(disk_dir), disk_slots, staging)
+        writer = BlockFileWriter(DiskBlockFiles(disk_dir), max(1, write_queue_bytes // per_block))
+        disk = DiskTier(writer, disk_slots, staging)
     return HostTier(pool, slots, disk)
 
 

@@ -49,6 +49,7 @@ def disk_tier_stats(disk: DiskTier | None) -> dict[str, int]:
         "num_disk_blocks": disk.index.num_slots if disk else 0,
         "num_disk_cached_blocks": len(disk) if disk else 0,
         "disk_written_blocks": disk.num_written if disk else 0,
+        "disk_dropped_blocks": disk.num_dropped if disk else 0,
         "disk_restored_blocks": disk.num_restored if disk else 0,
         "disk_write_failures": disk.files.write_failures if disk else 0,
         "disk_read_failures": disk.files.read_failures if disk else 0,
@@ -125,6 +126,15 @@ class HostTier:
         events = self.disk.restore(block_hash, lambda data: self.copier.load_from(data, block_id))
         return (None if events else "disk"), events
 
+    def take_written(self) -> list[TierEvent]:
+        """The events of the disk writes that ended since the last call (disk_tier.py)."""
+        return self.disk.take_written() if self.disk is not None else []
+
+    def close(self) -> None:
+        """Stops the disk tier's writer (queued writes are discarded)."""
+        if self.disk is not None:
+            self.disk.close()
+
     def discard(self, block_hash: int) -> None:
         """The device computed and registered this block again: a copy below is redundant."""
         if block_hash in self.index:
@@ -145,11 +155,13 @@ class HostTier:
             parent_held = block.parent not in moving or (
                 self.disk is not None and block.parent in self.disk.index
             )
-            if self.disk is not None and parent_held:
+            if self.disk is None:
+                events.append(("removed", h, "host"))
+            elif parent_held:
                 payload = self.copier.host_block(block.slot)
                 events += self.disk.put(h, block.token_ids, block.parent, payload)
             else:
-                events.append(("removed", h, "host"))
+                events += self.disk.drop_host_block(h)
         return events
 
     def check_invariants(self) -> None:

@@ -49,6 +49,10 @@ class TierIndex:
         """(hash, block) of every block here, least recently stored first."""
         return iter(self._blocks.items())
 
+    def children(self, block_hash: int) -> list[int]:
+        """The blocks here that extend `block_hash` (which may be in another tier)."""
+        return list(self._children.get(block_hash, ()))
+
     def oldest(self) -> int:
         return next(iter(self._blocks))
 

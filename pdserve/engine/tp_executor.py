@@ -12,6 +12,12 @@ cache's, as any rank's. A step sends what `ModelRunner.run` reads of each sequen
 chunk, positions, block table, sampling parameters (DoLa/SLED exits) and draft count.
 Sampling, beams and draft verification stay on rank 0 (every rank has the whole logits, only
 rank 0 uses them).
+
+The host KV tier (--kv-offload-gb) under TP: rank 0's HostTier decides what moves (its block
+manager is the worker's), and each copy between a device block and a host slot is a command
+too, broadcast as it is made, so every rank moves its own heads' slice of the block between its
+own cache and its own host pool of the same slots. Broadcast at once rather than with the next
+step: a block evicted for a reservation may be written by a rank's KV handoff before that step.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from typing import Any
 import torch.distributed as dist
 
 from pdserve.core.sampling_params import SamplingParams
+from pdserve.engine.host_kv_pool import HostKVPool
+from pdserve.engine.host_tier import HostTier
 from pdserve.engine.scheduler import ScheduledBatch
 from pdserve.models.llama import shard_layout
 from pdserve.models.tensor_parallel import TensorParallel
@@ -117,21 +125,66 @@ class LeaderExecutor:
             _broadcast(("copy", copies))
             self._inner.copy_blocks(copies)
 
+    def host_tier(self, budget_bytes: int) -> HostTier | None:
+        """The worker's host tier: as many whole blocks (every head's bytes) as `budget_bytes`
+        holds, each rank keeping its heads' share; None when not one fits."""
+        slots = budget_bytes // self.bytes_per_block
+        if not slots:
+            return None
+        with self._lock:
+            _broadcast(("host_pool", slots))
+            pool = HostKVPool(self._inner.kv_cache, slots)
+        return HostTier(_ReplicatedHostPool(pool, self._lock), slots)
+
     def stop(self) -> None:
         """Ends the other ranks' follow loops."""
         with self._lock:
             _broadcast(("stop",))
 
 
+class _ReplicatedHostPool:
+    """host_tier.BlockCopier on rank 0: its own pool's copies, each first broadcast so that the
+    other ranks make it on theirs. Without a disk tier (refused under TP): no host_block or
+    load_from."""
+
+    def __init__(self, pool: HostKVPool, lock: threading.Lock) -> None:
+        self._pool = pool
+        self._lock = lock
+        self.bytes_per_s = pool.bytes_per_s
+
+    def save(self, block_id: int, slot: int) -> None:
+        with self._lock:
+            _broadcast(("host_save", block_id, slot))
+            self._pool.save(block_id, slot)
+
+    def load(self, slot: int, block_id: int) -> None:
+        with self._lock:
+            _broadcast(("host_load", slot, block_id))
+            self._pool.load(slot, block_id)
+
+    def fence(self) -> None:
+        self._pool.fence()  # each rank fences its own copies before its next command's work
+
+
 def follow(executor: Any, tp: TensorParallel) -> None:
     """Rank tp.rank > 0: replays rank 0's commands on this rank's shard until rank 0 says stop
     (or its group breaks: the collective raises)."""
+    pool: HostKVPool | None = None
     while True:
         command = _broadcast(None)
         op = command[0]
         if op == "stop":
             return
-        if op == "run":
-            executor.runner.run(command[1])
-        elif op == "copy":
-            executor.copy_blocks(command[1])
+        if op == "host_pool":
+            pool = HostKVPool(executor.kv_cache, command[1])
+        elif op == "host_save":
+            pool.save(command[1], command[2])
+        elif op == "host_load":
+            pool.load(command[1], command[2])
+        else:
+            if pool is not None:  # the copies before this command land before its work
+                pool.fence()
+            if op == "run":
+                executor.runner.run(command[1])
+            elif op == "copy":
+                executor.copy_blocks(command[1])

@@ -97,8 +97,8 @@ class SimBlockCopier:
 
 
 class SimBlockFiles:
-    """disk_tier.BlockFiles without files: every write lands (not charged: it leaves the
-    step's path), every read lands and is charged to the disk link."""
+    """disk_tier.BlockFiles without files: every write lands at once (not charged: it leaves
+    the step's path), every read lands and is charged to the disk link."""
 
     write_failures = 0
     read_failures = 0
@@ -106,9 +106,17 @@ class SimBlockFiles:
     def __init__(self, link: TierLink, charges: TierCharges) -> None:
         self._link = link
         self._charges = charges
+        self._written: list[tuple[int, bool]] = []
 
-    def write(self, block_hash: int, payload: Any) -> bool:
-        return True
+    def queue_full(self) -> bool:
+        return False
+
+    def write(self, block_hash: int, payload: Any) -> None:
+        self._written.append((block_hash, True))
+
+    def take_finished(self) -> list[tuple[int, bool]]:
+        written, self._written = self._written, []
+        return written
 
     def read(self, block_hash: int, out: Any) -> bool:
         self._charges.charge(self._link.seconds(out.nbytes))
@@ -116,6 +124,10 @@ class SimBlockFiles:
 
     def delete(self, block_hash: int) -> None:
         """Nothing was written."""
+        self._written = [w for w in self._written if w[0] != block_hash]
+
+    def close(self) -> None:
+        """Nothing runs in the background."""
 
 
 class TierChargedTiming:

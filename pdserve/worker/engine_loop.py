@@ -79,6 +79,8 @@ class EngineLoop:
         self._stopped.set()
         self._commands.put((lambda: None, concurrent.futures.Future()))
         self._thread.join(timeout=10)
+        if not self._thread.is_alive():  # else a step is stuck and may still use the tiers
+            self.engine.close()
 
     # ---- the engine thread ------------------------------------------------------------------
     def _run(self) -> None:

@@ -1,7 +1,8 @@
 """The disk tier (--kv-disk-dir, --kv-disk-gb) under the host tier: blocks the host evicts are
-written to files and read back byte-identical; the files never exceed their budget and the
-union of the three tiers stays prefix-closed; a corrupted file or a write the file system
-refuses is a recompute; the files of a dead run are deleted at start, a live run's kept."""
+written to files and read back byte-identical; the files never exceed their budget (queued
+writes counted) and the union of the three tiers stays prefix-closed; a corrupted file or a
+write the file system refuses is a recompute; the files of a dead run are deleted at start, a
+live run's kept. The writer thread's own cases are in test_disk_block_writer.py."""
 
 from __future__ import annotations
 
@@ -25,12 +26,16 @@ A_TOKENS = list(range(13))  # 3 full blocks + 1 partial
 
 
 def disk_tiered(
-    disk_dir: Path, num_blocks: int, host_blocks: int, disk_blocks: int
+    disk_dir: Path, num_blocks: int, host_blocks: int, disk_blocks: int, queued_blocks: int = 64
 ) -> tuple[BlockManager, torch.Tensor]:
     kv = kv_pool(num_blocks)
     per_file = DiskBlockFiles.file_bytes(block_bytes(kv))
     tier = make_host_tier(
-        kv, host_blocks * block_bytes(kv), str(disk_dir), disk_blocks * per_file + per_file - 1
+        kv,
+        host_blocks * block_bytes(kv),
+        str(disk_dir),
+        disk_blocks * per_file + per_file - 1,
+        queued_blocks * block_bytes(kv),
     )
     assert tier.disk is not None and tier.disk.index.num_slots == disk_blocks
     return BlockManager(num_blocks, BS, host_tier=tier), kv
@@ -50,6 +55,11 @@ def pushed_to_disk(bm: BlockManager, kv: torch.Tensor) -> tuple[Sequence, torch.
     return a, before
 
 
+def settled(bm: BlockManager) -> None:
+    """Waits for the disk tier's queued writes to end (their events are then taken)."""
+    assert bm.host_tier.disk.files.wait_idle()
+
+
 def moved(events, kind: str, tier: str) -> list[int]:
     return [h for e in events if (e.kind, e.tier) == (kind, tier) for h in e.block_hashes]
 
@@ -57,6 +67,7 @@ def moved(events, kind: str, tier: str) -> list[int]:
 def test_blocks_evicted_from_host_come_back_from_disk_byte_identical(tmp_path):
     bm, kv = disk_tiered(tmp_path, num_blocks=4, host_blocks=3, disk_blocks=8)
     a, before = pushed_to_disk(bm, kv)
+    settled(bm)
     a_hashes = prompt_block_hashes(A_TOKENS, BS)
     events = bm.take_events()
     assert set(a_hashes) <= set(moved(events, "stored", "disk"))  # and one of the first other's
@@ -80,6 +91,7 @@ def test_blocks_evicted_from_host_come_back_from_disk_byte_identical(tmp_path):
 def test_a_corrupted_file_is_a_recompute_of_it_and_what_extends_it(tmp_path):
     bm, kv = disk_tiered(tmp_path, num_blocks=4, host_blocks=3, disk_blocks=8)
     pushed_to_disk(bm, kv)
+    settled(bm)
     bm.take_events()
     a_hashes = prompt_block_hashes(A_TOKENS, BS)
     disk = bm.host_tier.disk
@@ -106,6 +118,7 @@ def test_a_write_the_file_system_refuses_drops_the_block_and_leaves_nothing(tmp_
     resource.setrlimit(resource.RLIMIT_FSIZE, (64, hard))  # below one block's file
     try:
         pushed_to_disk(bm, kv)
+        settled(bm)  # the writer thread writes under the same limit
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
     events = bm.take_events()
@@ -127,16 +140,20 @@ def test_a_write_the_file_system_refuses_drops_the_block_and_leaves_nothing(tmp_
     ),
     st.integers(1, 4),
     st.integers(1, 6),
+    st.integers(1, 4),
 )
 def test_disk_tier_never_exceeds_its_budget_and_stays_prefix_closed(
-    tmp_path_factory, ops, host_blocks, disk_blocks
+    tmp_path_factory, ops, host_blocks, disk_blocks, queued_blocks
 ):
-    """Random conversations computed, held, released and brought back: the files never take
-    more bytes than the budget, and every block held in any tier has its parent held."""
+    """Random conversations computed, held, released and brought back while the writer thread
+    writes: the files (temporary ones too) never take more bytes than the budget, queued blocks
+    counted in it, and every block held in any tier has its parent held. Checked at every
+    step with writes still queued, and once they are all written."""
     disk_dir = tmp_path_factory.mktemp("disk")
-    bm, kv = disk_tiered(disk_dir, 6, host_blocks, disk_blocks)
+    bm, kv = disk_tiered(disk_dir, 6, host_blocks, disk_blocks, queued_blocks)
     disk = bm.host_tier.disk
     budget = disk_blocks * DiskBlockFiles.file_bytes(block_bytes(kv))
+    files = disk.files.files
     held: list[Sequence] = []
     for i, (family, blocks, keep) in enumerate(ops):
         tokens = [family] * (BS * 2) + [1000 + family * 7 + blocks] * (BS * blocks - BS)
@@ -147,8 +164,13 @@ def test_disk_tier_never_exceeds_its_budget_and_stays_prefix_closed(
             bm.release(s)
         if len(held) > 1:
             bm.release(held.pop(0))
-        assert disk.files.used_bytes() <= budget and len(disk) <= disk_blocks
-        assert len(list(disk.files.dir.glob("*.kv"))) == len(disk)
+        assert files.used_bytes() <= budget and len(disk) <= disk_blocks
+        bm.take_events()
+        if i % 3 == 2:
+            settled(bm)
+            bm.take_events()
+            assert len(list(files.dir.glob("*.kv"))) == len(disk)
+            assert files.used_bytes() == len(disk) * DiskBlockFiles.file_bytes(block_bytes(kv))
         bm.host_tier.check_invariants()
         bm.check_invariants()
         host = bm.host_tier.index

@@ -35,6 +35,8 @@ def test_multi_turn_chat_is_exact_and_reuses_disk_blocks(make_engine, hf_tiny, b
     assert stats["disk_read_bytes_per_s"] > 0 and stats["disk_write_failures"] == 0
     assert base["prefix_disk_hit_tokens"] == 0 and base["num_disk_blocks"] == 0
     assert stats["prefill_tokens_computed"] < base["prefill_tokens_computed"]
+    tiered.close()  # the writer thread stops; no temporary file is left
+    assert not list(tmp_path.rglob("*.tmp")) and list(tmp_path.rglob("*.kv"))
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ from pdserve.prefix_index.publisher import PrefixIndexPublisher
 from pdserve.prefix_index.sweeper import IndexSweeper
 from router.cost_model import CostModel
 from tests.engine.test_disk_tier import A_TOKENS as DISK_A
-from tests.engine.test_disk_tier import disk_tiered, pushed_to_disk
+from tests.engine.test_disk_tier import disk_tiered, pushed_to_disk, settled
 from tests.engine.test_host_tier import BS, compute, seq, tiered
 
 A_TOKENS, B_TOKENS = list(range(13)), list(range(100, 116))
@@ -107,6 +107,7 @@ def test_the_index_lists_disk_blocks_and_the_sweeper_drops_a_dead_workers(
     pub = publisher(redis_url, "dead", ttl=0.5)
     bm, kv = disk_tiered(tmp_path, num_blocks=4, host_blocks=3, disk_blocks=8)
     pushed_to_disk(bm, kv)
+    settled(bm)  # the index hears of a disk block once its file is written
     assert pub.publish(bm.take_events())
     index = PrefixIndex(redis_url, "m", BS)
     a_hashes = prompt_block_hashes(DISK_A, BS)
@@ -116,6 +117,7 @@ def test_the_index_lists_disk_blocks_and_the_sweeper_drops_a_dead_workers(
     assert CostModel().hit_seconds("disk", 3 << 20) > CostModel().hit_seconds("host", 3 << 20)
 
     assert bm.acquire_prefix(seq(DISK_A, 5), 12) == 12
+    settled(bm)
     assert pub.publish(bm.take_events())
     assert index.lookup(a_hashes) == {"dead": 3}
     assert index.tier_blocks("dead", a_hashes, "disk") == 0

@@ -4,6 +4,8 @@
   sim timing profile.
 - `mixed_engine_bench.py` — `bench engine-mixed`: requests/s on ShareGPT-like mixed lengths,
   continuous batching vs transformers' `generate` in static batches.
+- `disk_demotion_bench.py` — `bench disk-demotion`: the engine thread's time per block demoted
+  from the host tier to the disk tier, the file written there vs queued to the writer thread.
 - `expert_parallel_bench.py` — `bench moe-tp`: an MoE model on TP ranks, its experts run on
   every token and all-reduced vs `--expert-parallel`'s all_to_all dispatch.
 - `op_profile.py` — torch.profiler self time per op as shares of a step's wall time, and the
