@@ -39,6 +39,7 @@ CLEAR_STATUSES = {
     grpc.StatusCode.CANCELLED,
 }
 PROGRESS_TIMEOUT_S = 2.0
+FAILOVER_S = 15.0  # far longer than the progress timeout: a frozen worker must be left
 
 
 @pytest.fixture(scope="module", params=["grpc", "collective"])
@@ -206,6 +207,7 @@ def test_frozen_workers_and_redis(served, rng):
     # One worker of each role stayed up: a frozen one is failed over, not waited for.
     summary = [(o.code.name, round(o.seconds, 1), len(o.tokens)) for o in outcomes]
     assert all(o.code == grpc.StatusCode.OK for o in outcomes), (SEED, summary)
+    assert max(o.seconds for o in outcomes) < FAILOVER_S, (SEED, summary)
     assert_recovered_clean_and_exact(served, rng)
 
 
