@@ -20,6 +20,9 @@ contracts in pyproject.toml); it knows workers only through `router/types.py` an
   `conditional:LEN:QUEUE` (Dynamo).
 - `errors.py` — exceptions to gRPC status codes, in one place.
 - `request_flow.py` — one request's lifecycle: reserve, prefill, stream, retry, abort.
+- `worker_watch.py` — a worker's calls failed (`WorkerFailed`) when it fails or stalls.
+- `attempts.py` — one attempt's work (a continuation after the tokens sent), what replaces a
+  failed one, a refused grammar.
 - `waiting.py` — requests waiting for room between attempts, counted by admission control.
 - `output_text.py` — the client's text, decoded over every attempt's tokens, stop strings.
 - `types.py` — `Route`, `Progress` and `WorkerHandle`, what the router's modules share.

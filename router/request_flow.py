@@ -22,18 +22,17 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
-from typing import TypeVar
 
 from opentelemetry.trace import Span
 
-from pdserve.core.grammar_spec import GrammarError
 from pdserve.core.messages import PrefillResult, TokenBatch, WorkRequest
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.telemetry import carrier_of
 from pdserve.tokenizer import Tokenizer
 from router import observability
+from router.attempts import NoRoom, continuation, grammar_refusal, of_client_prompt, remaining
 from router.output_text import ChoiceOutputs, per_token
 from router.peer_pull import start_pull
 from router.types import (
@@ -44,16 +43,12 @@ from router.types import (
     Route,
     RouteChooser,
 )
-from router.validation import RequestError
 from router.waiting import WaitingRequests
 from router.worker_pool import WorkerPool, failure_reason
+from router.worker_watch import WorkerFailed, WorkerWatch
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
-# How often a call waiting on a worker checks that the worker has not stalled.
-_WATCH_INTERVAL_S = 0.1
 # Pauses between the tries of a request waiting for room, growing up to the last.
 _ROOM_BACKOFF_S = (0.02, 0.05, 0.1, 0.2)
 
@@ -83,6 +78,7 @@ class RequestFlow:
         self._tokenizer = tokenizer
         self._max_retries = max_retries
         self._progress_timeout_s = progress_timeout_s
+        self._watch = WorkerWatch(pool, progress_timeout_s)
         self._room_wait_s = room_wait_s
         self._on_prefill_done = on_prefill_done
         self._on_prompt_computed = on_prompt_computed
@@ -158,7 +154,7 @@ class RequestFlow:
             work_id = f"{request_id}#{attempt - 1}" if attempt > 1 else request_id
             span = observability.start_attempt(trace_context, attempt, work_id)
             unit = units[0]
-            work = _continuation(work_id, prompt_ids, choices, unit, sampling, carrier_of(span))
+            work = continuation(work_id, prompt_ids, choices, unit, sampling, carrier_of(span))
             outcome, error, route = "cancelled", None, None  # unless the attempt ends otherwise
             try:
                 candidates = [w for w in self._pool.workers if w not in excluded]
@@ -180,14 +176,14 @@ class RequestFlow:
                         if all(choices.finished[i] for i in unit):
                             break
                     else:
-                        raise _WorkerFailed(route.decode_worker, "stream ended without finishing")
+                        raise WorkerFailed(route.decode_worker, "stream ended without finishing")
                 outcome = "ok"
                 units.pop(0)
                 if not units:
                     if self._on_output_computed and sampling.n == 1:
                         self._on_output_computed(route, prompt_ids + choices.emitted[0][:-1])
                     return
-            except (_NoRoom, AtCapacity) as exc:  # full workers, not broken ones: wait for room
+            except (NoRoom, AtCapacity) as exc:  # full workers, not broken ones: wait for room
                 outcome, error = "no_room", exc
                 now = time.monotonic()
                 waiting_for_room_since = waiting_for_room_since or now
@@ -200,17 +196,17 @@ class RequestFlow:
                 error = exc
                 raise
             except Exception as exc:  # a worker or transfer failed: try elsewhere
-                refusal = _grammar_refusal(exc)
+                refusal = grammar_refusal(exc)
                 if refusal is not None:  # the request's grammar is at fault, not the worker
                     outcome, error = "rejected", refusal
                     raise refusal from None
                 outcome, error = "failed", exc
                 if route is None:  # routing itself broke: a bug, not a worker failure
                     raise
-                failed = exc.worker_id if isinstance(exc, _WorkerFailed) else route.decode_worker
+                failed = exc.worker_id if isinstance(exc, WorkerFailed) else route.decode_worker
                 excluded.add(failed)
                 self._pool.note_failure(
-                    failed, exc.reason if isinstance(exc, _WorkerFailed) else failure_reason(exc)
+                    failed, exc.reason if isinstance(exc, WorkerFailed) else failure_reason(exc)
                 )
                 failures += 1
                 log.warning(
@@ -220,7 +216,7 @@ class RequestFlow:
                     raise NoWorkerAvailable(
                         f"request failed after {failures} attempts: {exc}"
                     ) from exc
-                units[0:1] = _remaining(unit, choices, sampling)
+                units[0:1] = remaining(unit, choices, sampling)
             finally:
                 observability.end_attempt(span, outcome, error)
 
@@ -248,18 +244,18 @@ class RequestFlow:
         progress.prefill_worker = progress.decode_worker = route.decode_worker
         progress.disaggregated = False
         pull = route.peer_pull
-        pulling = pull is not None and await self._guarded(
+        pulling = pull is not None and await self._watch.guarded(
             route.decode_worker, start_pull(self._pool, work, route.decode_worker, pull)
         )
         if not pulling:  # no pull, or no room to reserve one: the plain local prefill
-            await self._guarded(route.decode_worker, decode.generate(work))
+            await self._watch.guarded(route.decode_worker, decode.generate(work))
         first = True
-        async for batch in self._guarded_stream(
+        async for batch in self._watch.guarded_stream(
             route.decode_worker, decode.stream(work.request_id)
         ):
             if first and batch.prefill_s is not None:
                 progress.prefill_s = batch.prefill_s
-                progress.cached_tokens = _of_client_prompt(batch.num_cached_tokens, progress)
+                progress.cached_tokens = of_client_prompt(batch.num_cached_tokens, progress)
                 if self._on_prefill_done:
                     self._on_prefill_done(route, batch)
             first = False
@@ -270,9 +266,9 @@ class RequestFlow:
     ) -> AsyncIterator[TokenBatch]:
         decode = self._pool.workers[route.decode_worker].handle
         prefill = self._pool.workers[route.prefill_worker].handle
-        reservation = await self._guarded(route.decode_worker, decode.reserve(work))
+        reservation = await self._watch.guarded(route.decode_worker, decode.reserve(work))
         if reservation is None:
-            raise _NoRoom(f"decode worker {route.decode_worker} has no free KV blocks")
+            raise NoRoom(f"decode worker {route.decode_worker} has no free KV blocks")
         progress.prefill_worker, progress.decode_worker = route.prefill_worker, route.decode_worker
         progress.disaggregated = True
         # The prefill worker answers twice: at the first token, which goes to the client at once,
@@ -283,7 +279,7 @@ class RequestFlow:
             result = await self._prefill_stage(route, results)
             if self._on_prompt_computed:
                 self._on_prompt_computed(route)
-            progress.cached_tokens = _of_client_prompt(result.num_cached_tokens, progress)
+            progress.cached_tokens = of_client_prompt(result.num_cached_tokens, progress)
             progress.queue_s, progress.prefill_s = result.queue_s, result.prefill_s
             if not work.sampling.beam_search:  # a beam search starts on the decode worker
                 yield TokenBatch(
@@ -304,7 +300,7 @@ class RequestFlow:
                 self._on_prefill_done(route, result)
         if result.finished:
             return
-        async for batch in self._guarded_stream(
+        async for batch in self._watch.guarded_stream(
             route.decode_worker, decode.stream(work.request_id)
         ):
             yield batch
@@ -314,73 +310,14 @@ class RequestFlow:
     ) -> PrefillResult:
         """The prefill worker's next answer; a transfer failure is traced as one."""
         try:
-            return await self._guarded(
+            return await self._watch.guarded(
                 route.prefill_worker, anext(results), also_watch=route.decode_worker
             )
         except StopAsyncIteration as exc:  # the worker broke its protocol: a failure too
-            raise _WorkerFailed(route.prefill_worker, "prefill ended without a result") from exc
-        except _WorkerFailed as exc:
+            raise WorkerFailed(route.prefill_worker, "prefill ended without a result") from exc
+        except WorkerFailed as exc:
             observability.transfer_failed(exc)
             raise
-
-    async def _guarded(
-        self, worker_id: str, call: Awaitable[T], also_watch: str | None = None
-    ) -> T:
-        """Awaits a worker's call; any failure, or no answer while the worker (or `also_watch`,
-        a worker the call depends on) stalls, becomes _WorkerFailed naming the stalled worker
-        (the end of a stream, StopAsyncIteration, passes through). Stalled: no heartbeat for
-        the pool's heartbeat timeout (a frozen process, failed over in seconds), or an engine
-        step, or no answer to stats polls, as long as the progress timeout."""
-        task = asyncio.ensure_future(call)
-        timeout = self._progress_timeout_s
-        started = time.monotonic()
-        try:
-            while not task.done():
-                await asyncio.wait({task}, timeout=_WATCH_INTERVAL_S if timeout > 0 else None)
-                if task.done():
-                    continue
-                waited = time.monotonic() - started
-                for watched in filter(None, (worker_id, also_watch)):
-                    reason = self._stall_reason(watched, waited)
-                    if reason:
-                        self._pool.mark_unhealthy(watched, reason)
-                        raise _WorkerFailed(watched, reason)
-        finally:
-            if not task.done():
-                task.cancel()
-                await asyncio.wait({task})  # a stream's generator is idle again once it returns
-        try:
-            return task.result()
-        except StopAsyncIteration:
-            raise
-        except Exception as exc:
-            raise _WorkerFailed(worker_id, failure_reason(exc)) from exc
-
-    def _stall_reason(self, worker_id: str, waited: float) -> str | None:
-        """Why a worker that sent nothing for `waited` seconds counts as failed, else None."""
-        timeout = self._progress_timeout_s
-        reason = self._pool.stall_reason(worker_id, timeout)
-        if not reason and waited >= timeout and self._pool.silent_for(worker_id) >= timeout:
-            reason = f"no progress and no answer to stats polls for {waited:.1f} s"
-        return reason
-
-    async def _guarded_stream(
-        self, worker_id: str, stream: AsyncIterator[TokenBatch]
-    ) -> AsyncIterator[TokenBatch]:
-        """The worker's batches, each awaited as in `_guarded`; a batch that ends the stream
-        with "abort" means the worker dropped the request: a failure too."""
-        async with aclosing(stream):
-            while True:
-                try:
-                    batch = await self._guarded(worker_id, anext(stream))
-                except StopAsyncIteration:
-                    return
-                if batch.finished and batch.finish_reason == "abort":
-                    reason = "stream ended by the worker (aborted or expired)"
-                    if batch.error:
-                        reason = f"engine step failed: {batch.error}"
-                    raise _WorkerFailed(worker_id, reason)
-                yield batch
 
     async def _abort_everywhere(self, request_id: str, worker_ids: list[str]) -> None:
         """Tells every worker of the attempt to abort, at once; a frozen one is not waited for
@@ -403,77 +340,3 @@ class RequestFlow:
             self._unawaited_aborts.add(sent)
             sent.add_done_callback(self._unawaited_aborts.discard)
         await asyncio.gather(*(abort(w) for w in healthy))
-
-
-class _WorkerFailed(RuntimeError):
-    def __init__(self, worker_id: str, message: str) -> None:
-        super().__init__(f"{worker_id}: {message}")
-        self.worker_id = worker_id
-        self.reason = message
-
-
-class _NoRoom(RuntimeError):
-    """The decode worker refused the reservation: its KV pool is full, not broken."""
-
-
-def _continuation(
-    work_id: str,
-    prompt_ids: list[int],
-    choices: ChoiceOutputs,
-    unit: list[int],
-    sampling: SamplingParams,
-    trace_context: dict[str, str],
-) -> WorkRequest:
-    """The work of one attempt: every choice of `unit` from the start, or one choice after
-    what the client already has of it: those tokens join the prompt, which keeps greedy output
-    identical to an uninterrupted run, and the seeded stream (the choice's: seed + index)
-    resumes at their count, which keeps sampled output identical too."""
-    if len(unit) > 1:
-        return WorkRequest(work_id, list(prompt_ids), sampling, trace_context)
-    (i,) = unit
-    emitted = choices.emitted[i]
-    return WorkRequest(
-        request_id=work_id,
-        prompt_token_ids=prompt_ids + emitted,
-        sampling=dataclasses.replace(
-            sampling,
-            n=1,
-            seed=None if sampling.seed is None else sampling.seed + i,
-            max_tokens=sampling.max_tokens - len(emitted),
-            min_tokens=max(sampling.min_tokens - len(emitted), 0),
-            seed_offset=sampling.seed_offset + len(emitted),
-        ),
-        trace_context=trace_context,
-    )
-
-
-def _grammar_refusal(exc: BaseException) -> RequestError | None:
-    """The client's error when a worker refused the request's grammar (it compiles there,
-    where xgrammar and torch are): a GrammarError anywhere in the exception's chain (Ray
-    raises the worker's exception as a subclass of it, with the original as `cause`)."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, GrammarError):
-            original = getattr(seen, "cause", None)
-            message = original if isinstance(original, GrammarError) else seen
-            return RequestError(f"sampling.{message.args[0] if message.args else message}")
-        seen = seen.__cause__ or seen.__context__
-    return None
-
-
-def _remaining(
-    unit: list[int], choices: ChoiceOutputs, sampling: SamplingParams
-) -> list[list[int]]:
-    """The works that replace a failed one: itself while none of its choices sent anything,
-    else each unfinished choice alone (beam search cannot resume: its beams are gone)."""
-    if not any(choices.emitted[i] or choices.finished[i] for i in unit):
-        return [unit]
-    if sampling.beam_search:
-        raise NoWorkerAvailable("beam search failed after some beams were sent")
-    return [[i] for i in unit if not choices.finished[i]]
-
-
-def _of_client_prompt(cached_tokens: int, progress: Progress) -> int:
-    """Cached tokens of the client's prompt: a retry's prompt also holds tokens already
-    generated, which its worker may find cached too."""
-    return min(cached_tokens, progress.prompt_tokens)

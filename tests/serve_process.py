@@ -74,8 +74,9 @@ class ServeProcess:
             exited = time.monotonic() - sent
             self.kill()
         self._reader.join(5)
-        time.sleep(1.0)
-        return exited, [ln for t, ln in self.lines if t >= sent], [p for p in tree if _alive(p)]
+        # Returns as soon as the whole tree is gone; what still runs a second later is left.
+        _, running = psutil.wait_procs(tree, timeout=1.0)
+        return exited, [ln for t, ln in self.lines if t >= sent], [p for p in running if _alive(p)]
 
     def kill(self) -> None:
         """Whatever of the tree is still there (a failed test's cleanup; none normally)."""

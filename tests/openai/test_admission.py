@@ -18,8 +18,8 @@ from prometheus_client import REGISTRY
 from pdserve.models.builtin import default_model_dir
 from pdserve.pb import generate_pb2, generate_pb2_grpc
 from router.bounded_pool import BoundedPool
-from tests.e2e.conftest import serve_config
 from tests.e2e.test_disaggregated_serving import VOCAB_LOW
+from tests.openai.served import builtin_config, serve
 
 MAX_PENDING = 4
 # A refusal that waited would wait for the held jobs (released only at the end, 30 s at most);
@@ -31,11 +31,7 @@ MODEL = default_model_dir().name
 
 @pytest.fixture(scope="module")
 def served(ray_cluster) -> Iterator:
-    from pdserve.app import BackgroundApp
-
-    config = serve_config("grpc", prefill_workers=1, decode_workers=1)
-    config.router.max_pending_requests = MAX_PENDING
-    with BackgroundApp(config) as app:
+    with serve(builtin_config(max_pending_requests=MAX_PENDING)) as app:
         yield app
 
 

@@ -17,8 +17,8 @@ import pytest
 
 from pdserve.models.builtin import default_model_dir
 from pdserve.pb import generate_pb2, generate_pb2_grpc
-from tests.e2e.conftest import serve_config
 from tests.e2e.test_disaggregated_serving import VOCAB_HIGH, VOCAB_LOW, reference_outputs
+from tests.openai.served import builtin_config, serve
 
 CANCELS = 100
 MODEL = default_model_dir().name
@@ -30,11 +30,9 @@ DEADLINE_S = 1.0  # mostly past the first token, short of the last
 
 @pytest.fixture(scope="module")
 def served(ray_cluster) -> Iterator:
-    from pdserve.app import BackgroundApp
-
-    config = serve_config("grpc", prefill_workers=1, decode_workers=1)
+    config = builtin_config()
     config.engine.num_kv_blocks = 4096  # room for every concurrent request's whole context
-    with BackgroundApp(config) as app:
+    with serve(config) as app:
         yield app
 
 

@@ -23,6 +23,7 @@ from pdserve.pb import generate_pb2
 from router.http.request_body import max_body_bytes, request_text_bytes
 from router.validation import ModelLimits, max_request_bytes
 from tests.fuzz.test_api_fuzz import call_generate
+from tests.openai.served import builtin_config, serve
 
 HEALTH_P100_S = 0.1
 ROUNDS = 3
@@ -31,10 +32,7 @@ SMALL_REQUEST_S = 5.0
 
 @pytest.fixture(scope="module")
 def served(ray_cluster):
-    from pdserve.app import BackgroundApp
-    from tests.e2e.conftest import serve_config
-
-    with BackgroundApp(serve_config("grpc", prefill_workers=1, decode_workers=1)) as app:
+    with serve(builtin_config()) as app:
         yield app
 
 

@@ -2,7 +2,7 @@
 
 The app runs in-process under FastAPI's TestClient with no RequestFlow behind it, so these
 tests cover everything that happens before a request reaches the workers; the served system is
-tested in test_openai_served.py.
+tested in tests/openai/sdk/.
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ import jsonschema
 import openai
 import pytest
 
-KEY = "sk-responses-test"
+from tests.openai.served import keyed_config, serve
+
 TTL_S = 8
 # About 5 bytes a token here: its character twice (conversation, prompt) and its id; an input
 # of 1,200 characters passes the bound, one of 900 only after 400 stored.
@@ -39,29 +40,18 @@ YES = {
 
 @pytest.fixture(scope="module")
 def served(ray_cluster, tmp_path_factory):
-    from pdserve.app import BackgroundApp
-    from pdserve.models.builtin import BUILTIN_VERSION, make_model
-    from tests.e2e.conftest import serve_config
-
-    model_dir = make_model(tmp_path_factory.mktemp("model") / f"tiny-llama-v{BUILTIN_VERSION}")
     # Colocated, two decode workers: a continuation finds its KV only on the one that ran the
     # previous turn, so cached tokens show the router chose it.
-    config = serve_config("grpc", prefill_workers=0, decode_workers=2)
-    config.engine.model = str(model_dir)
-    config.router.api_keys = [KEY]
-    config.router.disaggregate = "never"
-    config.router.response_ttl_s = TTL_S
-    config.router.response_max_bytes = MAX_BYTES
-    with BackgroundApp(config) as app:
-        app.model_dir = model_dir
-        yield app
-
-
-@pytest.fixture(scope="module")
-def client(served) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=f"http://127.0.0.1:{served.http_port}/v1", api_key=KEY, max_retries=0
+    config = keyed_config(
+        tmp_path_factory,
+        prefill_workers=0,
+        decode_workers=2,
+        disaggregate="never",
+        response_ttl_s=TTL_S,
+        response_max_bytes=MAX_BYTES,
     )
+    with serve(config) as app:
+        yield app
 
 
 def test_a_text_answer_is_a_response_object_that_can_be_retrieved(client):

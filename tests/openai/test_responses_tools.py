@@ -15,10 +15,9 @@ import jsonschema
 import openai
 import pytest
 
-from pdserve.models.tool_chat_templates import use_chat_template
+from tests.openai.served import keyed_config, serve
 from tests.openai.test_tool_calls import SCHEMAS  # the same two functions as chat's tools
 
-KEY = "sk-responses-tools-test"
 # The Responses API's flat tools.
 TOOLS = [
     {"type": "function", "name": name, "description": f"{name} tool", "parameters": schema}
@@ -30,31 +29,11 @@ ONE_CALL = dict(tools=TOOLS, tool_choice="required", parallel_tool_calls=False)
 
 @pytest.fixture(scope="module")
 def served(ray_cluster, tmp_path_factory):
-    from pdserve.app import BackgroundApp
-    from pdserve.models.builtin import BUILTIN_VERSION, make_model
-    from tests.e2e.conftest import serve_config
-
-    model_dir = make_model(tmp_path_factory.mktemp("model") / f"tiny-hermes-v{BUILTIN_VERSION}")
-    use_chat_template(model_dir, "hermes")
-    config = serve_config("grpc", prefill_workers=0, decode_workers=1)
-    config.engine.model = str(model_dir)
-    config.router.api_keys = [KEY]
-    config.router.disaggregate = "never"
-    with BackgroundApp(config) as app:
-        app.model_dir = model_dir
-        yield app
-
-
-@pytest.fixture(scope="module")
-def client(served) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=f"http://127.0.0.1:{served.http_port}/v1", api_key=KEY, max_retries=0
+    config = keyed_config(
+        tmp_path_factory, "hermes", prefill_workers=0, decode_workers=1, disaggregate="never"
     )
-
-
-@pytest.fixture(scope="module")
-def model(served) -> str:
-    return served.model_dir.name
+    with serve(config) as app:
+        yield app
 
 
 def _calls(response) -> list:

@@ -11,7 +11,8 @@ import jsonschema
 import openai
 import pytest
 
-KEY = "sk-structured-test"
+from tests.openai.served import keyed_config, serve
+
 SCHEMAS = {
     "flat": {
         "type": "object",
@@ -60,30 +61,8 @@ SCHEMAS = {
 
 @pytest.fixture(scope="module", params=["always", "never"], ids=["disaggregated", "colocated"])
 def served(request, ray_cluster, tmp_path_factory):
-    from pdserve.app import BackgroundApp
-    from pdserve.models.builtin import BUILTIN_VERSION, make_model
-    from tests.e2e.conftest import serve_config
-
-    model_dir = make_model(tmp_path_factory.mktemp("model") / f"tiny-llama-v{BUILTIN_VERSION}")
-    config = serve_config("grpc", prefill_workers=1, decode_workers=1)
-    config.engine.model = str(model_dir)
-    config.router.api_keys = [KEY]
-    config.router.disaggregate = request.param
-    with BackgroundApp(config) as app:
-        app.model_dir = model_dir
+    with serve(keyed_config(tmp_path_factory, disaggregate=request.param)) as app:
         yield app
-
-
-@pytest.fixture(scope="module")
-def client(served) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=f"http://127.0.0.1:{served.http_port}/v1", api_key=KEY, max_retries=0
-    )
-
-
-@pytest.fixture(scope="module")
-def model(served) -> str:
-    return served.model_dir.name
 
 
 def test_a_hundred_sampled_outputs_are_all_valid_against_their_schemas(client, model):

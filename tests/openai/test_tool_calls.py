@@ -14,10 +14,9 @@ import jsonschema
 import openai
 import pytest
 
-from pdserve.models.tool_chat_templates import use_chat_template
 from router.http.tool_request import MAX_FORCED_CALLS
+from tests.openai.served import keyed_config, serve
 
-KEY = "sk-tools-test"
 WEATHER = {
     "type": "object",
     "properties": {
@@ -60,33 +59,10 @@ WORDS = "It is sunny."
     ids=["hermes-disaggregated", "llama3-colocated", "mistral-colocated"],
 )
 def served(request, ray_cluster, tmp_path_factory):
-    from pdserve.app import BackgroundApp
-    from pdserve.models.builtin import BUILTIN_VERSION, make_model
-    from tests.e2e.conftest import serve_config
-
     family, disaggregate = request.param
-    model_dir = make_model(tmp_path_factory.mktemp("model") / f"tiny-{family}-v{BUILTIN_VERSION}")
-    use_chat_template(model_dir, family)
-    config = serve_config("grpc", prefill_workers=1, decode_workers=1)
-    config.engine.model = str(model_dir)
-    config.router.api_keys = [KEY]
-    config.router.disaggregate = disaggregate
-    with BackgroundApp(config) as app:
-        app.model_dir = model_dir
+    with serve(keyed_config(tmp_path_factory, family, disaggregate=disaggregate)) as app:
         app.family = family
         yield app
-
-
-@pytest.fixture(scope="module")
-def client(served) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=f"http://127.0.0.1:{served.http_port}/v1", api_key=KEY, max_retries=0
-    )
-
-
-@pytest.fixture(scope="module")
-def model(served) -> str:
-    return served.model_dir.name
 
 
 def _check_calls(calls, names=tuple(SCHEMAS)) -> None:

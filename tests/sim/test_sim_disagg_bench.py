@@ -26,7 +26,7 @@ def test_two_layouts_two_rates_report_consistent_figures(
         workers=2,
         layouts="colocated,1:1",
         workloads="chat-rag",
-        rates="4,40",
+        rates="16,40",
         duration=0.01,
         min_requests=8,
         rag_fraction=0.5,
@@ -52,7 +52,7 @@ def test_two_layouts_two_rates_report_consistent_figures(
     )
     assert (split["layout"], split["disaggregate"]) == ("1:1", "always")
     for layout in (colocated, split):
-        assert [p["rate"] for p in layout["points"]] == [4.0, 40.0]
+        assert [p["rate"] for p in layout["points"]] == [16.0, 40.0]
         for point in layout["points"]:
             assert point["completed"] + point["failed"] == 8
             assert 0.0 <= point["attainment"] <= 1.0

@@ -26,7 +26,7 @@ def test_two_policies_on_four_workers_report_consistent_figures(
         model=sim_model_dir,
         sizes=4,
         policies="round_robin,cost",
-        rate_per_worker=2,
+        rate_per_worker=4,
         conversations_per_worker=2,
         turns=2,
         system_prompts=2,

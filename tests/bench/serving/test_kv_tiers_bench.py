@@ -13,7 +13,7 @@ from pdserve.bench.serving.kv_tiers_bench import minimum_prefill_tokens
 from tests.bench.cli_args import bench_args
 
 SMALLEST = {
-    "conversations": 12,
+    "conversations": 8,
     "turns": 3,
     "system_prompts": 2,
     "system_prompt_len": 64,

@@ -16,7 +16,7 @@ SMALLEST = {
     "tenant_prefix_len": 256,
     "users_per_tenant": 2,
     "tenant_turns": 2,
-    "rate": 4,
+    "rate": 8,
     "policies": "cost,random",
 }
 
