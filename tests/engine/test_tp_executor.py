@@ -6,15 +6,13 @@ tests/kv_transfer/test_tp_handoff.py."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
-import torch.multiprocessing as mp
 
+from pdserve.bench.common.spawned_ranks import run_on_ranks
 from pdserve.engine.engine import LLMEngine
 from pdserve.models.draft_of import write_draft_of
-from tests.engine.tp_leader_ranks import engine_config, free_port, rank_main, run_requests
+from tests.engine.tp_leader_ranks import engine_config, rank_work, run_requests
 from tests.models.test_llama_matches_transformers import make_hf_model
 
 pytest.importorskip("transformers")
@@ -34,19 +32,7 @@ def draft_dir(model_dir, tmp_path_factory):
 
 
 def run_ranks(size: int, model_dir: str, draft_dir: str | None, out) -> tuple:
-    context = mp.start_processes(
-        rank_main,
-        args=(size, free_port(), model_dir, draft_dir, str(out)),
-        nprocs=size,
-        start_method="spawn",
-        join=False,
-    )
-    deadline = time.monotonic() + 300
-    while not context.join(timeout=1):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            raise TimeoutError(f"{size} ranks still running")
+    run_on_ranks(size, rank_work, (model_dir, draft_dir, str(out)), timeout_s=300)
     return torch.load(out)
 
 

@@ -9,14 +9,12 @@ log-probabilities did not."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from pdserve.bench.common.spawned_ranks import run_on_ranks
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.engine.engine import LLMEngine
 from pdserve.engine.model_runner import TorchExecutor
@@ -26,7 +24,6 @@ from pdserve.models.tensor_parallel import TensorParallel
 from tests.engine.conftest import random_prompts
 from tests.engine.test_host_tier_generation import CONVERSATIONS, DEVICE_BLOCKS, MAX_TOKENS, TURNS
 from tests.models.test_llama_matches_transformers import VOCAB, make_hf_model
-from tests.models.tp_ranks import free_port
 
 pytest.importorskip("transformers")
 
@@ -60,26 +57,19 @@ def config(model_dir: str, tp: int, offload_gb: float = 0.0) -> EngineConfig:
     )
 
 
-def rank_main(rank: int, size: int, port: int, model_dir: str, offload_gb: float, out: str):
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size
-    )
-    try:
-        tp = TensorParallel(rank, size)
-        rank_config = config(model_dir, size, offload_gb)
-        executor = TorchExecutor(rank_config, Path(model_dir), tp)
-        if rank:
-            follow(executor, tp)
-        else:
-            leader = LeaderExecutor(executor, tp)
-            engine = LLMEngine(rank_config, executor=leader)
-            transcript = chat(engine)
-            leader.stop()
-            torch.save((transcript, engine.stats()), Path(out))
-        dist.barrier()  # every rank done before any tears the group down (tp_leader_ranks.py)
-    finally:
-        dist.destroy_process_group()
+def rank_work(rank: int, size: int, model_dir: str, offload_gb: float, out: str) -> None:
+    """One rank's part, in spawned_ranks.run_on_ranks' Gloo group."""
+    tp = TensorParallel(rank, size)
+    rank_config = config(model_dir, size, offload_gb)
+    executor = TorchExecutor(rank_config, Path(model_dir), tp)
+    if rank:
+        follow(executor, tp)
+    else:
+        leader = LeaderExecutor(executor, tp)
+        engine = LLMEngine(rank_config, executor=leader)
+        transcript = chat(engine)
+        leader.stop()
+        torch.save((transcript, engine.stats()), Path(out))
 
 
 @pytest.fixture(scope="module")
@@ -95,19 +85,7 @@ def test_a_tp_worker_with_a_host_tier_generates_as_tp1_without(model_dir, size, 
     expected = chat(reference)
     offload_gb = HOST_BLOCKS * reference.bytes_per_block / 2**30
     out = tmp_path / "out.pt"
-    context = mp.start_processes(
-        rank_main,
-        args=(size, free_port(), model_dir, offload_gb, str(out)),
-        nprocs=size,
-        start_method="spawn",
-        join=False,
-    )
-    deadline = time.monotonic() + 300
-    while not context.join(timeout=1):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            raise TimeoutError(f"{size} ranks still running")
+    run_on_ranks(size, rank_work, (model_dir, offload_gb, str(out)), timeout_s=300)
     transcript, stats = torch.load(out)
     assert [t[:2] for t in transcript] == [t[:2] for t in expected]
     got = torch.tensor([lp for t in transcript for lp in t[2]])

@@ -1,13 +1,12 @@
-"""Rank processes of one tensor-parallel worker as the server runs it, without Ray: rank 0 runs
-the engine on a LeaderExecutor, the other ranks `follow` it (pdserve/engine/tp_executor.py).
-Rank 0 writes what it generated to a file."""
+"""Rank processes of one tensor-parallel worker as the server runs it, without Ray (spawned,
+spawned_ranks.run_on_ranks): rank 0 runs the engine on a LeaderExecutor, the other ranks
+`follow` it (pdserve/engine/tp_executor.py). Rank 0 writes what it generated to a file."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.engine.engine import LLMEngine
@@ -15,7 +14,6 @@ from pdserve.engine.model_runner import TorchExecutor
 from pdserve.engine.tp_executor import LeaderExecutor, follow
 from pdserve.engine_config import EngineConfig, SpeculativeConfig
 from pdserve.models.tensor_parallel import TensorParallel
-from tests.models.tp_ranks import free_port  # noqa: F401  (re-exported for the test)
 
 
 def engine_config(model_dir: str, tp: int, draft_dir: str | None = None) -> EngineConfig:
@@ -59,25 +57,16 @@ def run_requests(engine: LLMEngine) -> dict[str, list]:
     return out
 
 
-def rank_main(rank: int, size: int, port: int, model_dir: str, draft_dir: str | None, out: str):
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size
-    )
-    try:
-        tp = TensorParallel(rank, size)
-        config = engine_config(model_dir, size, draft_dir)
-        executor = TorchExecutor(config, Path(model_dir), tp)
-        if rank:
-            follow(executor, tp)
-        else:
-            leader = LeaderExecutor(executor, tp)
-            engine = LLMEngine(config, executor=leader)
-            generated = run_requests(engine)
-            leader.stop()
-            torch.save((generated, leader.bytes_per_block), Path(out))
-        # Every rank done before any tears the group down (as spawned_ranks.py): a full CI run
-        # lost a rank to SIGABRT, "terminate called without an active exception", at TP 4.
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+def rank_work(rank: int, size: int, model_dir: str, draft_dir: str | None, out: str) -> None:
+    """One rank's part, in spawned_ranks.run_on_ranks' Gloo group."""
+    tp = TensorParallel(rank, size)
+    config = engine_config(model_dir, size, draft_dir)
+    executor = TorchExecutor(config, Path(model_dir), tp)
+    if rank:
+        follow(executor, tp)
+    else:
+        leader = LeaderExecutor(executor, tp)
+        engine = LLMEngine(config, executor=leader)
+        generated = run_requests(engine)
+        leader.stop()
+        torch.save((generated, leader.bytes_per_block), Path(out))

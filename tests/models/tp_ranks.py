@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from pdserve.bench.common.spawned_ranks import free_port, run_on_ranks  # noqa: F401 (free_port: tp_leader_ranks)
+from pdserve.bench.common.spawned_ranks import run_on_ranks
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.engine.engine import LLMEngine
 from pdserve.engine_config import EngineConfig
