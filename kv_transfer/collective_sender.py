@@ -121,6 +121,10 @@ class CollectiveKVSender(KVSender):
             store = RemoteStore(stub.rendezvous, endpoint, reply.pair_id, metadata, reply.timeout_s)
             my_host = local_ip_towards(endpoint.rsplit(":", 1)[0])
             pair.group = form_group(store, reply.rank, backend, my_host, reply.timeout_s)
+            with self._lock:
+                closed = self._pairs.get(endpoint) is not pair
+            if closed:  # close() ran while this formed: it could not abort the group then
+                raise RuntimeError("the sender was closed")
         except Exception as exc:
             pair.error = f"forming the process group with {endpoint} failed: {exc}"
             self._drop(endpoint, pair)
