@@ -100,22 +100,38 @@ class CollectiveKVSender(KVSender):
         return nbytes
 
     def _pair(self, endpoint: str, backend: str, deadline: float) -> PairGroup:
-        """This sender's group with the receiver at `endpoint`, formed on first use."""
+        """This sender's group with the receiver at `endpoint`, formed on first use. Only the
+        sends to `endpoint` wait for its forming: the sender-wide lock is held just to look the
+        pair up, so a frozen receiver's Connect (up to the whole deadline) cannot hold the
+        sends to every other decode worker, which the router sees as a healthy but stuck
+        prefill worker and cannot fail over."""
         with self._lock:
             pair = self._pairs.get(endpoint)
-            if pair is not None:
-                return pair
+            forming = pair is None
+            if forming:  # placeholder: pair id and rank come with the Connect reply
+                pair = self._pairs[endpoint] = PairGroup("", rank=1, backend=backend)
+        if not forming:
+            return _formed(pair, endpoint, deadline)
+        try:
             stub, metadata = self._client.stub(endpoint), self._client.metadata
             reply = stub.connect(
                 pb.ConnectRequest(backend=backend), timeout=_remaining(deadline), metadata=metadata
             )
+            pair.pair_id, pair.rank = reply.pair_id, reply.rank
             store = RemoteStore(stub.rendezvous, endpoint, reply.pair_id, metadata, reply.timeout_s)
-            pair = PairGroup(reply.pair_id, rank=reply.rank, backend=backend)
             my_host = local_ip_towards(endpoint.rsplit(":", 1)[0])
             pair.group = form_group(store, reply.rank, backend, my_host, reply.timeout_s)
-            pair.ready.set()
-            self._pairs[endpoint] = pair
-            return pair
+            with self._lock:
+                closed = self._pairs.get(endpoint) is not pair
+            if closed:  # close() ran while this formed: it could not abort the group then
+                raise RuntimeError("the sender was closed")
+        except Exception as exc:
+            pair.error = f"forming the process group with {endpoint} failed: {exc}"
+            self._drop(endpoint, pair)
+            raise
+        finally:
+            pair.ready.set()  # the sends waiting in _formed look again
+        return pair
 
     def _drop(self, endpoint: str, pair: PairGroup) -> None:
         with self._lock:
@@ -132,6 +148,16 @@ class CollectiveKVSender(KVSender):
         for pair in pairs:
             pair.close()
         self._client.close()
+
+
+def _formed(pair: PairGroup, endpoint: str, deadline: float) -> PairGroup:
+    """`pair` once another send has formed it; RuntimeError (a failed send) if it is not
+    formed by `deadline` or its forming failed."""
+    if not pair.ready.wait(_remaining(deadline)):
+        raise RuntimeError(f"the process group with {endpoint} is still forming")
+    if pair.group is None:
+        raise RuntimeError(pair.error or f"the process group with {endpoint} broke")
+    return pair
 
 
 def _remaining(deadline: float) -> float:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing as mp
 import os
+import socket
+import threading
 import time
 
 import grpc
@@ -158,6 +160,37 @@ def test_dead_sender_cannot_hold_the_receiver_past_the_deadline(coll_receiver, c
     sender.send(request(coll_receiver.endpoint, make_cache(1), tid2))
     sender.close()
     assert tid2 in sink.commits
+
+
+def test_a_frozen_receiver_holds_no_send_to_another(coll_receiver, coll_config, sink):
+    """A decode worker frozen (SIGSTOP) before its first transfer from this sender: its port
+    accepts TCP connections but never answers Connect. Only the sends to it wait for that; a
+    send to a live receiver completes meanwhile (it once waited behind the frozen Connect)."""
+    frozen = socket.create_server(("127.0.0.1", 0))  # listens; never accepts nor answers
+    frozen_endpoint = f"127.0.0.1:{frozen.getsockname()[1]}"
+    sender = CollectiveKVSender(coll_config)
+    stuck_failures = []
+
+    def send_to_frozen() -> None:
+        stuck = dataclasses.replace(request(frozen_endpoint, make_cache(1), "t"), timeout_s=8.0)
+        with pytest.raises(KVTransferError) as info:
+            sender.send(stuck)
+        stuck_failures.append(info.value)
+
+    stuck_thread = threading.Thread(target=send_to_frozen)
+    stuck_thread.start()
+    time.sleep(0.5)  # its Connect is in flight to the frozen endpoint
+    tid = coll_receiver.open(DEST, deadline_s=10)
+    begun = time.monotonic()
+    sender.send(request(coll_receiver.endpoint, make_cache(1), tid))
+    live_send_s = time.monotonic() - begun
+    assert live_send_s < 3.0, f"the live send waited {live_send_s:.1f} s for the frozen one"
+    assert stuck_thread.is_alive()  # still waiting on the frozen receiver meanwhile
+    frozen.close()
+    stuck_thread.join(timeout=10)
+    sender.close()
+    assert tid in sink.commits
+    assert len(stuck_failures) == 1
 
 
 def test_unknown_pair_is_refused(coll_receiver, coll_config):
