@@ -28,7 +28,11 @@ from kv_transfer.reservations import RejectReason, TransferRejected
 from pdserve.config import KVTransferConfig
 from pdserve.pb import kv_transfer_pb2 as pb
 
-_WAITERS = 8  # chunks verified concurrently; beyond that, PrepareChunk calls queue in gRPC
+# Chunks of one pair (one sender) verified concurrently. Each pair has its own threads: a
+# sender frozen mid-transfer holds a waiter per chunk it announced until that transfer's
+# deadline, and with one pool for every sender those waits held every other sender's chunks
+# (and commits) behind them.
+_WAITERS_PER_PAIR = 4
 
 
 class CollectiveKVReceiver(GrpcKVReceiver):
@@ -42,7 +46,7 @@ class CollectiveKVReceiver(GrpcKVReceiver):
         self._pairs: dict[str, PairGroup] = {}
         self._pending: dict[str, set[futures.Future[None]]] = {}  # transfer id -> chunk waits
         self._lock = threading.Lock()
-        self._waiters = futures.ThreadPoolExecutor(_WAITERS, thread_name_prefix="kv-coll-wait")
+        self._waiters: dict[str, futures.ThreadPoolExecutor] = {}  # pair id -> its waiters
 
     def start(self) -> str:
         import torch.distributed as dist
@@ -52,9 +56,11 @@ class CollectiveKVReceiver(GrpcKVReceiver):
 
     def stop(self) -> None:
         super().stop()
-        self._waiters.shutdown(wait=False, cancel_futures=True)
         with self._lock:
             pairs, self._pairs = list(self._pairs.values()), {}
+            waiters, self._waiters = list(self._waiters.values()), {}
+        for pool in waiters:
+            pool.shutdown(wait=False, cancel_futures=True)
         for pair in pairs:
             pair.close()
 
@@ -137,7 +143,8 @@ class CollectiveKVReceiver(GrpcKVReceiver):
                     ) from exc
         except TransferRejected as exc:
             context.abort(STATUS_OF[exc.reason], str(exc))
-        waiter = self._waiters.submit(self._finish_chunk, header, buffer, work, pair, deadline)
+        waiters = self._waiters_of(pair.pair_id)
+        waiter = waiters.submit(self._finish_chunk, header, buffer, work, pair, deadline)
         with self._lock:
             self._pending.setdefault(tid, set()).add(waiter)
         waiter.add_done_callback(lambda done: self._forget(tid, done))
@@ -204,7 +211,20 @@ class CollectiveKVReceiver(GrpcKVReceiver):
                 if not waits:
                     del self._pending[transfer_id]
 
+    def _waiters_of(self, pair_id: str) -> futures.ThreadPoolExecutor:
+        with self._lock:
+            pool = self._waiters.get(pair_id)
+            if pool is None:  # its threads start with its first chunks
+                pool = futures.ThreadPoolExecutor(
+                    _WAITERS_PER_PAIR, thread_name_prefix=f"kv-coll-wait-{pair_id[:8]}"
+                )
+                self._waiters[pair_id] = pool
+            return pool
+
     def _drop_pair(self, pair: PairGroup) -> None:
         with self._lock:
             self._pairs.pop(pair.pair_id, None)
+            pool = self._waiters.pop(pair.pair_id, None)
+        if pool is not None:  # its queued waits still run, and end at once: the group is gone
+            pool.shutdown(wait=False)
         pair.close()

@@ -193,6 +193,39 @@ def test_a_frozen_receiver_holds_no_send_to_another(coll_receiver, coll_config, 
     assert len(stuck_failures) == 1
 
 
+def test_a_frozen_sender_holds_no_other_senders_chunks(coll_receiver, coll_config, sink):
+    """A prefill worker frozen mid-transfer: it announced more chunks than a pair has waiters
+    and sends none, so their receives wait for their deadline. Another sender's transfer
+    commits meanwhile (one pool of waiters for every sender once held it until then)."""
+    from kv_transfer.collective_group import form_group
+    from kv_transfer.grpc_common import SECRET_METADATA_KEY
+    from kv_transfer.rendezvous import RemoteStore
+
+    metadata = ((SECRET_METADATA_KEY, coll_config.secret),)
+    stub = ControlStub.dial(coll_receiver.endpoint)
+    reply = stub.connect(pb.ConnectRequest(backend="gloo"), metadata=metadata)
+    store = RemoteStore(stub.rendezvous, coll_receiver.endpoint, reply.pair_id, metadata, 30)
+    frozen_group = form_group(store, 1, "gloo", "127.0.0.1", 30)  # joined; never sends
+    chunk = make_cache(1)[0:1, :, SRC]
+    for _ in range(10):  # one chunk each of ten transfers, more than any pool's threads
+        header = pb.ChunkHeader(
+            transfer_id=coll_receiver.open(DEST, deadline_s=6), layer_start=0, layer_end=1,
+            num_layers=NUM_LAYERS, dtype="float32", shape=list(chunk.shape), checksum=1,
+            pair_id=reply.pair_id,
+        )  # fmt: skip
+        stub.prepare(header, metadata=metadata)
+    sender = CollectiveKVSender(coll_config)
+    tid = coll_receiver.open(DEST, deadline_s=10)
+    begun = time.monotonic()
+    sender.send(request(coll_receiver.endpoint, make_cache(1), tid))
+    live_send_s = time.monotonic() - begun
+    sender.close()
+    stub.channel.close()
+    frozen_group.abort()
+    assert tid in sink.commits
+    assert live_send_s < 3.0, f"the live send waited {live_send_s:.1f} s for the frozen one"
+
+
 def test_unknown_pair_is_refused(coll_receiver, coll_config):
     tid = coll_receiver.open(DEST, deadline_s=10)
     stub = ControlStub.dial(coll_receiver.endpoint)
