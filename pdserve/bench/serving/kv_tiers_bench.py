@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import json
 import math
 import statistics
 import tempfile
@@ -29,14 +28,32 @@ from pathlib import Path
 
 from pdserve.bench.common.local_system import (
     add_model_arguments,
-    eos_ids,
     load_model,
     serve_locally,
     start_ray,
     wait_idle,
 )
+from pdserve.bench.serving.multi_turn_chat import (
+    add_chat_arguments,
+    chat_requests,
+    minimum_prefill_tokens,
+    ratio_text,
+    ratios_over,
+    serve_chat,
+    warm_up_requests,
+    write_json,
+)
 
 WAYS = ("without", "host", "disk")  # no tier; the host tier; a small host tier over a disk tier
+RATIO_FIELDS = ("computed_tokens", "ttft_p50_ms", "ttft_p99_ms")
+# The `WorkerStats` fields measured each way: prompt tokens computed, prefix hit tokens, and
+# those from the host and the disk tier.
+STAT_FIELDS = (
+    "prefill_tokens",
+    "prefix_hit_tokens",
+    "prefix_host_hit_tokens",
+    "prefix_disk_hit_tokens",
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -74,14 +91,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"which systems to serve, comma-separated, of {','.join(WAYS)} (without first)",
     )
     p.add_argument("--max-concurrency", type=int, default=2, help="requests in flight")
-    chat = p.add_argument_group("multi-turn chat")
-    chat.add_argument("--conversations", type=int, default=16)
-    chat.add_argument("--turns", type=int, default=4)
-    chat.add_argument("--system-prompts", type=int, default=4)
-    chat.add_argument("--system-prompt-len", type=int, default=256)
-    chat.add_argument("--user-len", type=int, default=64)
-    chat.add_argument("--output-len", type=int, default=16)
-    p.add_argument("--json", help="write both results and the ratios to this file")
+    add_chat_arguments(p)
 
 
 @dataclasses.dataclass
@@ -142,11 +152,7 @@ def run(args: argparse.Namespace) -> int:
     ratios = _ratios(results)
     console.print(_table(results, ratios))
     if args.json:
-        document = {
-            way: dataclasses.asdict(r) | {"computed_vs_minimum": r.computed_vs_minimum}
-            for way, r in results.items()
-        } | {"over_without": ratios}
-        Path(args.json).write_text(json.dumps(document, indent=2) + "\n")
+        write_json(args.json, results, "over_without", ratios)
     return 1 if any(r.failed for r in results.values()) else 0
 
 
@@ -173,52 +179,6 @@ def _tiers(
         "kv_disk_dir": disk_dir,
         "kv_disk_gb": args.kv_disk_gb,
     }
-
-
-def chat_requests(args: argparse.Namespace, model_config: dict) -> list:
-    from pdserve.workloads.datasets import DatasetConfig, generate_requests
-
-    dataset = DatasetConfig(
-        name="multi-turn",
-        mt_conversations=args.conversations,
-        mt_turns=args.turns,
-        mt_system_prompts=args.system_prompts,
-        mt_system_prompt_len=args.system_prompt_len,
-        mt_user_len=args.user_len,
-        mt_output_len=args.output_len,
-    )
-    try:
-        dataset.validate()
-    except ValueError as error:
-        raise SystemExit(str(error)) from error
-    return generate_requests(
-        dataset,
-        args.conversations * args.turns,
-        args.seed,
-        model_config["vocab_size"],
-        eos_ids(model_config),
-    )
-
-
-def minimum_prefill_tokens(prompts: list[list[int]], block_size: int) -> int:
-    """The least a cache that never evicts computes for these prompts in this order: each full
-    block the first time it is seen, each prompt's partial tail, and one token for a prompt whose
-    last full block is already cached (its last token runs again to sample the first output).
-    In order, unlike `bench router`'s bound: a turn's last block is not cached before the turn
-    that extends it, so the earlier turn computes it, with no extra token."""
-    from pdserve.core.block_hash import prompt_block_hashes
-
-    seen: set[int] = set()
-    total = 0
-    for prompt in prompts:
-        chain = prompt_block_hashes(prompt, block_size)
-        tail = len(prompt) % block_size
-        if not tail and chain and chain[-1] in seen:
-            total += 1
-        else:
-            total += sum(h not in seen for h in chain) * block_size + tail
-        seen.update(chain)
-    return total
 
 
 def _distinct_blocks(prompts: list[list[int]], block_size: int) -> int:
@@ -262,14 +222,8 @@ def _warm_up(app, model_config: dict, args: argparse.Namespace) -> float:
     right after itself, wholly in the device cache (one fits the pool; all of them may not):
     the repeats' TTFT p50 is returned (`TierResult.ttft_floor_ms`)."""
     from pdserve.bench.common.load_generator import run_load
-    from pdserve.workloads.datasets import DatasetConfig, generate_requests
 
-    warm = DatasetConfig(
-        name="random", random_input_len=args.system_prompt_len, random_output_len=4
-    )
-    requests = generate_requests(
-        warm, 4, args.seed + 1, model_config["vocab_size"], eos_ids(model_config)
-    )
+    requests = warm_up_requests(model_config, args)
     target = f"127.0.0.1:{app.port}"
     asyncio.run(run_load(target, requests, max_concurrency=1))
     again = []
@@ -284,17 +238,8 @@ def _warm_up(app, model_config: dict, args: argparse.Namespace) -> float:
 
 
 def _measure(app, requests: list, args: argparse.Namespace, floor_ms: float) -> TierResult:
-    from pdserve.bench.common.load_generator import run_load
-    from pdserve.workloads.metrics import run_duration, summarize
-
-    before = _stats(app)
-    records = asyncio.run(
-        run_load(f"127.0.0.1:{app.port}", requests, max_concurrency=args.max_concurrency)
-    )
-    wait_idle(app)
-    after = _stats(app)
-    computed, hits, host_hits, disk_hits = (b - a for a, b in zip(before, after, strict=True))
-    summary = summarize(records, run_duration(records) or 1e-9)
+    records, summary, deltas = serve_chat(app, requests, args.max_concurrency, STAT_FIELDS)
+    computed, hits, host_hits, disk_hits = deltas
     return TierResult(
         completed=summary.completed,
         failed=summary.failed,
@@ -310,31 +255,11 @@ def _measure(app, requests: list, args: argparse.Namespace, floor_ms: float) -> 
     )
 
 
-def _stats(app) -> tuple[int, int, int, int]:
-    """Prompt tokens computed, prefix hit tokens, and those from the host and the disk tier,
-    all workers."""
-    import ray
-
-    workers = app.app.pool.workers.values()
-    stats = ray.get([w.actor.stats.remote() for w in workers])
-    return (
-        sum(s.prefill_tokens for s in stats),
-        sum(s.prefix_hit_tokens for s in stats),
-        sum(s.prefix_host_hit_tokens for s in stats),
-        sum(s.prefix_disk_hit_tokens for s in stats),
-    )
-
-
 def _ratios(results: dict[str, TierResult]) -> dict[str, dict[str, float | None]]:
     """Each tiered way's figures over the way without's."""
     without = results["without"]
     return {
-        way: {
-            name: (getattr(r, name) / getattr(without, name) if getattr(without, name) else None)
-            for name in ("computed_tokens", "ttft_p50_ms", "ttft_p99_ms")
-        }
-        for way, r in results.items()
-        if way != "without"
+        way: ratios_over(without, r, RATIO_FIELDS) for way, r in results.items() if way != "without"
     }
 
 
@@ -381,14 +306,10 @@ def _table(results: dict[str, TierResult], ratios: dict[str, dict[str, float | N
     for way, ratio in ratios.items():
         table.add_row(
             f"{way}/without",
-            _ratio_text(ratio["computed_tokens"]),
+            ratio_text(ratio["computed_tokens"]),
             *("", "", "", ""),
-            _ratio_text(ratio["ttft_p50_ms"]),
-            _ratio_text(ratio["ttft_p99_ms"]),
+            ratio_text(ratio["ttft_p50_ms"]),
+            ratio_text(ratio["ttft_p99_ms"]),
             "",
         )
     return table
-
-
-def _ratio_text(ratio: float | None) -> str:
-    return "-" if ratio is None else f"{ratio:.2f}"

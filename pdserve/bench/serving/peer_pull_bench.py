@@ -19,22 +19,38 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import json
 import time
 from pathlib import Path
 
 from pdserve.bench.common.local_system import (
     add_model_arguments,
-    eos_ids,
     load_model,
     serve_locally,
     start_ray,
     wait_idle,
 )
-from pdserve.bench.serving.kv_tiers_bench import chat_requests, minimum_prefill_tokens
+from pdserve.bench.serving.multi_turn_chat import (
+    add_chat_arguments,
+    chat_requests,
+    minimum_prefill_tokens,
+    ratio_text,
+    ratios_over,
+    serve_chat,
+    warm_up_requests,
+    write_json,
+)
 
 WAYS = ("without", "pull")  # --peer-pull off; on
 RATIO_FIELDS = ("computed_tokens", "ttft_p50_ms", "ttft_p90_ms")
+# The `WorkerStats` fields measured each way: prompt tokens computed, prefix hit tokens, pulled
+# tokens, pulls committed and fallen back.
+STAT_FIELDS = (
+    "prefill_tokens",
+    "prefix_hit_tokens",
+    "prefix_peer_hit_tokens",
+    "peer_pulls_committed",
+    "peer_pulls_fallen_back",
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -47,14 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="the router's policy (round_robin: turns land on either worker)",
     )
     p.add_argument("--max-concurrency", type=int, default=1, help="requests in flight")
-    chat = p.add_argument_group("multi-turn chat")
-    chat.add_argument("--conversations", type=int, default=16)
-    chat.add_argument("--turns", type=int, default=4)
-    chat.add_argument("--system-prompts", type=int, default=4)
-    chat.add_argument("--system-prompt-len", type=int, default=256)
-    chat.add_argument("--user-len", type=int, default=64)
-    chat.add_argument("--output-len", type=int, default=16)
-    p.add_argument("--json", help="write both results and the ratios to this file")
+    add_chat_arguments(p)
 
 
 @dataclasses.dataclass
@@ -106,11 +115,7 @@ def run(args: argparse.Namespace) -> int:
     ratios = pull_ratios(results)
     console.print(_table(results, ratios))
     if args.json:
-        document = {
-            way: dataclasses.asdict(r) | {"computed_vs_minimum": r.computed_vs_minimum}
-            for way, r in results.items()
-        } | {"pull_over_without": ratios}
-        Path(args.json).write_text(json.dumps(document, indent=2) + "\n")
+        write_json(args.json, results, "pull_over_without", ratios)
     return 1 if any(r.failed for r in results.values()) else 0
 
 
@@ -133,14 +138,8 @@ def _serve(model_dir: Path, args: argparse.Namespace, requests: list, peer_pull:
 def _warm_up(app, model_config: dict, args: argparse.Namespace) -> None:
     """Unshared prompts on both workers, so first-call costs stay out of the figures."""
     from pdserve.bench.common.load_generator import run_load
-    from pdserve.workloads.datasets import DatasetConfig, generate_requests
 
-    warm = DatasetConfig(
-        name="random", random_input_len=args.system_prompt_len, random_output_len=4
-    )
-    requests = generate_requests(
-        warm, 4, args.seed + 1, model_config["vocab_size"], eos_ids(model_config)
-    )
+    requests = warm_up_requests(model_config, args)
     records = asyncio.run(run_load(f"127.0.0.1:{app.port}", requests, max_concurrency=1))
     wait_idle(app)
     if not all(r.ok for r in records):
@@ -148,19 +147,8 @@ def _warm_up(app, model_config: dict, args: argparse.Namespace) -> None:
 
 
 def _measure(app, requests: list, args: argparse.Namespace) -> PullResult:
-    from pdserve.bench.common.load_generator import run_load
-    from pdserve.workloads.metrics import run_duration, summarize
-
-    before = _stats(app)
-    records = asyncio.run(
-        run_load(f"127.0.0.1:{app.port}", requests, max_concurrency=args.max_concurrency)
-    )
-    wait_idle(app)
-    after = _stats(app)
-    computed, hits, pulled, committed, fallen_back = (
-        b - a for a, b in zip(before, after, strict=True)
-    )
-    summary = summarize(records, run_duration(records) or 1e-9)
+    records, summary, deltas = serve_chat(app, requests, args.max_concurrency, STAT_FIELDS)
+    computed, hits, pulled, committed, fallen_back = deltas
     return PullResult(
         completed=summary.completed,
         failed=summary.failed,
@@ -176,29 +164,9 @@ def _measure(app, requests: list, args: argparse.Namespace) -> PullResult:
     )
 
 
-def _stats(app) -> tuple[int, int, int, int, int]:
-    """Prompt tokens computed, prefix hit tokens, pulled tokens, pulls committed and fallen
-    back, both workers."""
-    import ray
-
-    workers = app.app.pool.workers.values()
-    stats = ray.get([w.actor.stats.remote() for w in workers])
-    return (
-        sum(s.prefill_tokens for s in stats),
-        sum(s.prefix_hit_tokens for s in stats),
-        sum(s.prefix_peer_hit_tokens for s in stats),
-        sum(s.peer_pulls_committed for s in stats),
-        sum(s.peer_pulls_fallen_back for s in stats),
-    )
-
-
 def pull_ratios(results: dict[str, PullResult]) -> dict[str, float | None]:
     """The pull's figures over the way without's (None where the way without measured 0)."""
-    without, pull = results["without"], results["pull"]
-    return {
-        name: getattr(pull, name) / getattr(without, name) if getattr(without, name) else None
-        for name in RATIO_FIELDS
-    }
+    return ratios_over(results["without"], results["pull"], RATIO_FIELDS)
 
 
 def _line(r: PullResult) -> str:
@@ -244,14 +212,10 @@ def _table(results: dict[str, PullResult], ratios: dict[str, float | None]):
     table.add_section()
     table.add_row(
         "pull/without",
-        _ratio_text(ratios["computed_tokens"]),
+        ratio_text(ratios["computed_tokens"]),
         *("",) * 5,
-        _ratio_text(ratios["ttft_p50_ms"]),
-        _ratio_text(ratios["ttft_p90_ms"]),
+        ratio_text(ratios["ttft_p50_ms"]),
+        ratio_text(ratios["ttft_p90_ms"]),
         "",
     )
     return table
-
-
-def _ratio_text(ratio: float | None) -> str:
-    return "-" if ratio is None else f"{ratio:.2f}"

@@ -1,0 +1,127 @@
+"""The multi-turn chat that `bench kv-tiers` and `bench peer-pull` serve, and what both
+measure of one way: its arguments, its requests, the least a cache could compute for it, the
+warm-up prompts, one run's records and worker-stat deltas, and the ratios over the way without."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+from pathlib import Path
+
+from pdserve.bench.common.local_system import eos_ids, wait_idle
+
+
+def add_chat_arguments(p: argparse.ArgumentParser) -> None:
+    chat = p.add_argument_group("multi-turn chat")
+    chat.add_argument("--conversations", type=int, default=16)
+    chat.add_argument("--turns", type=int, default=4)
+    chat.add_argument("--system-prompts", type=int, default=4)
+    chat.add_argument("--system-prompt-len", type=int, default=256)
+    chat.add_argument("--user-len", type=int, default=64)
+    chat.add_argument("--output-len", type=int, default=16)
+    p.add_argument("--json", help="write both results and the ratios to this file")
+
+
+def chat_requests(args: argparse.Namespace, model_config: dict) -> list:
+    from pdserve.workloads.datasets import DatasetConfig, generate_requests
+
+    dataset = DatasetConfig(
+        name="multi-turn",
+        mt_conversations=args.conversations,
+        mt_turns=args.turns,
+        mt_system_prompts=args.system_prompts,
+        mt_system_prompt_len=args.system_prompt_len,
+        mt_user_len=args.user_len,
+        mt_output_len=args.output_len,
+    )
+    try:
+        dataset.validate()
+    except ValueError as error:
+        raise SystemExit(str(error)) from error
+    return generate_requests(
+        dataset,
+        args.conversations * args.turns,
+        args.seed,
+        model_config["vocab_size"],
+        eos_ids(model_config),
+    )
+
+
+def minimum_prefill_tokens(prompts: list[list[int]], block_size: int) -> int:
+    """The least a cache that never evicts computes for these prompts in this order: each full
+    block the first time it is seen, each prompt's partial tail, and one token for a prompt whose
+    last full block is already cached (its last token runs again to sample the first output).
+    In order, unlike `bench router`'s bound: a turn's last block is not cached before the turn
+    that extends it, so the earlier turn computes it, with no extra token."""
+    from pdserve.core.block_hash import prompt_block_hashes
+
+    seen: set[int] = set()
+    total = 0
+    for prompt in prompts:
+        chain = prompt_block_hashes(prompt, block_size)
+        tail = len(prompt) % block_size
+        if not tail and chain and chain[-1] in seen:
+            total += 1
+        else:
+            total += sum(h not in seen for h in chain) * block_size + tail
+        seen.update(chain)
+    return total
+
+
+def warm_up_requests(model_config: dict, args: argparse.Namespace) -> list:
+    """Four unshared prompts as long as a system prompt, so first-call costs stay out of the
+    figures."""
+    from pdserve.workloads.datasets import DatasetConfig, generate_requests
+
+    warm = DatasetConfig(
+        name="random", random_input_len=args.system_prompt_len, random_output_len=4
+    )
+    return generate_requests(
+        warm, 4, args.seed + 1, model_config["vocab_size"], eos_ids(model_config)
+    )
+
+
+def serve_chat(app, requests: list, max_concurrency: int, stat_fields: tuple[str, ...]):
+    """Serves the chat once: its records, their summary, and each `WorkerStats` field's growth
+    over the run, summed over all workers, in `stat_fields` order."""
+    from pdserve.bench.common.load_generator import run_load
+    from pdserve.workloads.metrics import run_duration, summarize
+
+    before = worker_stat_sums(app, stat_fields)
+    records = asyncio.run(
+        run_load(f"127.0.0.1:{app.port}", requests, max_concurrency=max_concurrency)
+    )
+    wait_idle(app)
+    after = worker_stat_sums(app, stat_fields)
+    deltas = tuple(b - a for a, b in zip(before, after, strict=True))
+    return records, summarize(records, run_duration(records) or 1e-9), deltas
+
+
+def worker_stat_sums(app, fields: tuple[str, ...]) -> tuple[int, ...]:
+    import ray
+
+    workers = app.app.pool.workers.values()
+    stats = ray.get([w.actor.stats.remote() for w in workers])
+    return tuple(sum(getattr(s, field) for s in stats) for field in fields)
+
+
+def ratios_over(without, other, fields: tuple[str, ...]) -> dict[str, float | None]:
+    """`other`'s figures over the way without's (None where the way without measured 0)."""
+    return {
+        name: getattr(other, name) / getattr(without, name) if getattr(without, name) else None
+        for name in fields
+    }
+
+
+def write_json(path: str, results: dict, ratios_key: str, ratios: dict) -> None:
+    document = {
+        way: dataclasses.asdict(r) | {"computed_vs_minimum": r.computed_vs_minimum}
+        for way, r in results.items()
+    } | {ratios_key: ratios}
+    Path(path).write_text(json.dumps(document, indent=2) + "\n")
+
+
+def ratio_text(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.2f}"
