@@ -11,8 +11,8 @@ are copied back from host memory; in the disk way the host tier holds a quarter 
 pool (--disk-host-ratio), so most of them are read back from files. Reported each way: prompt
 tokens the worker computed (the `WorkerStats.prefill_tokens` delta, = prompt tokens - prefix
 hit tokens) against the minimum a cache that never evicts would reach
-(minimum_prefill_tokens), the prefix hit tokens (and those from the host and the disk tier),
-TTFT p50/p99, and each tiered way's ratios over the way without.
+(`multi_turn_chat.minimum_prefill_tokens`), the prefix hit tokens (and those from the host and
+the disk tier), TTFT p50/p99, and each tiered way's ratios over the way without.
 """
 
 from __future__ import annotations
@@ -27,39 +27,22 @@ import time
 from pathlib import Path
 
 from pdserve.bench.common.local_system import (
-    add_model_arguments,
     load_model,
     serve_locally,
     start_ray,
     wait_idle,
 )
-from pdserve.bench.serving.multi_turn_chat import (
-    add_chat_arguments,
-    chat_requests,
-    minimum_prefill_tokens,
-    ratio_text,
-    ratios_over,
-    serve_chat,
-    warm_up_requests,
-    write_json,
-)
+from pdserve.bench.serving import multi_turn_chat
 
 WAYS = ("without", "host", "disk")  # no tier; the host tier; a small host tier over a disk tier
 RATIO_FIELDS = ("computed_tokens", "ttft_p50_ms", "ttft_p99_ms")
-# The `WorkerStats` fields measured each way: prompt tokens computed, prefix hit tokens, and
-# those from the host and the disk tier.
-STAT_FIELDS = (
-    "prefill_tokens",
-    "prefix_hit_tokens",
-    "prefix_host_hit_tokens",
-    "prefix_disk_hit_tokens",
-)
+# The `WorkerStats` fields measured each way besides the chat's: prefix hit tokens from the
+# host and from the disk tier.
+STAT_FIELDS = ("prefix_host_hit_tokens", "prefix_disk_hit_tokens")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_model_arguments(p, preset="tiny")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--block-size", type=int, default=16)
+    multi_turn_chat.add_model_arguments_first(p)
     p.add_argument(
         "--working-set-ratio",
         type=float,
@@ -91,19 +74,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"which systems to serve, comma-separated, of {','.join(WAYS)} (without first)",
     )
     p.add_argument("--max-concurrency", type=int, default=2, help="requests in flight")
-    add_chat_arguments(p)
+    multi_turn_chat.add_chat_arguments(p)
 
 
 @dataclasses.dataclass
-class TierResult:
+class TierResult(multi_turn_chat.ChatResult):
     """The chat served one way."""
 
-    completed: int
-    failed: int
-    prompt_tokens: int
-    computed_tokens: int  # prompt tokens the worker ran through the model
-    minimum_tokens: int  # the least any cache could compute for this chat
-    hit_tokens: int  # prompt tokens found in a prefix cache, any tier
     host_hit_tokens: int  # of hit_tokens, those copied back from the host tier
     disk_hit_tokens: int  # of hit_tokens, those read back from the disk tier
     ttft_p50_ms: float
@@ -113,17 +90,13 @@ class TierResult:
     # can lower.
     ttft_floor_ms: float
 
-    @property
-    def computed_vs_minimum(self) -> float:
-        return self.computed_tokens / max(1, self.minimum_tokens)
-
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     ways = _ways(args.ways)
     model_dir, model_config = load_model(args)
-    requests = chat_requests(args, model_config)
+    requests = multi_turn_chat.chat_requests(args, model_config)
     distinct_blocks = _distinct_blocks([r.prompt for r in requests], args.block_size)
     num_kv_blocks = _pool_blocks(args, requests, distinct_blocks)
     console = Console(width=150)
@@ -131,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         f"multi-turn chat: {len(requests)} requests, "
         f"{sum(r.prompt_len for r in requests)} prompt tokens, {distinct_blocks} distinct "
         f"blocks over a pool of {num_kv_blocks} ({distinct_blocks / num_kv_blocks:.1f}x), "
-        f"minimum computed {minimum_prefill_tokens([r.prompt for r in requests], args.block_size)}"
+        f"minimum computed {multi_turn_chat.minimum_prefill_tokens([r.prompt for r in requests], args.block_size)}"
     )
     import ray
 
@@ -150,10 +123,8 @@ def run(args: argparse.Namespace) -> int:
                 results[way] = _measure(app, requests, args, floor_ms)
                 console.print(f"  {_line(results[way])}")
     ratios = _ratios(results)
-    console.print(_table(results, ratios))
-    if args.json:
-        write_json(args.json, results, "over_without", ratios)
-    return 1 if any(r.failed for r in results.values()) else 0
+    table = _table(results, ratios)
+    return multi_turn_chat.report(console, table, results, "over_without", ratios, args.json)
 
 
 def _ways(text: str) -> list[str]:
@@ -223,7 +194,7 @@ def _warm_up(app, model_config: dict, args: argparse.Namespace) -> float:
     the repeats' TTFT p50 is returned (`TierResult.ttft_floor_ms`)."""
     from pdserve.bench.common.load_generator import run_load
 
-    requests = warm_up_requests(model_config, args)
+    requests = multi_turn_chat.warm_up_requests(model_config, args)
     target = f"127.0.0.1:{app.port}"
     asyncio.run(run_load(target, requests, max_concurrency=1))
     again = []
@@ -238,15 +209,10 @@ def _warm_up(app, model_config: dict, args: argparse.Namespace) -> float:
 
 
 def _measure(app, requests: list, args: argparse.Namespace, floor_ms: float) -> TierResult:
-    records, summary, deltas = serve_chat(app, requests, args.max_concurrency, STAT_FIELDS)
-    computed, hits, host_hits, disk_hits = deltas
+    figures, summary, deltas = multi_turn_chat.serve_chat(app, requests, args, STAT_FIELDS)
+    host_hits, disk_hits = deltas
     return TierResult(
-        completed=summary.completed,
-        failed=summary.failed,
-        prompt_tokens=sum(r.prompt_len for r in records),
-        computed_tokens=computed,
-        minimum_tokens=minimum_prefill_tokens([r.prompt for r in requests], args.block_size),
-        hit_tokens=hits,
+        **figures,
         host_hit_tokens=host_hits,
         disk_hit_tokens=disk_hits,
         ttft_p50_ms=summary.ttft.p50,
@@ -259,7 +225,9 @@ def _ratios(results: dict[str, TierResult]) -> dict[str, dict[str, float | None]
     """Each tiered way's figures over the way without's."""
     without = results["without"]
     return {
-        way: ratios_over(without, r, RATIO_FIELDS) for way, r in results.items() if way != "without"
+        way: multi_turn_chat.ratios_over(without, r, RATIO_FIELDS)
+        for way, r in results.items()
+        if way != "without"
     }
 
 
@@ -306,10 +274,10 @@ def _table(results: dict[str, TierResult], ratios: dict[str, dict[str, float | N
     for way, ratio in ratios.items():
         table.add_row(
             f"{way}/without",
-            ratio_text(ratio["computed_tokens"]),
+            multi_turn_chat.ratio_text(ratio["computed_tokens"]),
             *("", "", "", ""),
-            ratio_text(ratio["ttft_p50_ms"]),
-            ratio_text(ratio["ttft_p99_ms"]),
+            multi_turn_chat.ratio_text(ratio["ttft_p50_ms"]),
+            multi_turn_chat.ratio_text(ratio["ttft_p99_ms"]),
             "",
         )
     return table

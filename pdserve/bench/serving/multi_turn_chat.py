@@ -1,6 +1,7 @@
 """The multi-turn chat that `bench kv-tiers` and `bench peer-pull` serve, and what both
 measure of one way: its arguments, its requests, the least a cache could compute for it, the
-warm-up prompts, one run's records and worker-stat deltas, and the ratios over the way without."""
+warm-up prompts, one run's figures and worker-stat deltas, the ratios over the way without, and
+the report."""
 
 from __future__ import annotations
 
@@ -10,10 +11,18 @@ import dataclasses
 import json
 from pathlib import Path
 
-from pdserve.bench.common.local_system import eos_ids, wait_idle
+from pdserve.bench.common.local_system import add_model_arguments, eos_ids, wait_idle
+
+
+def add_model_arguments_first(p: argparse.ArgumentParser) -> None:
+    """The flags before a bench's own: the model, the seed, the block size."""
+    add_model_arguments(p, preset="tiny")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--block-size", type=int, default=16)
 
 
 def add_chat_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags after a bench's own: the chat's group, --json."""
     chat = p.add_argument_group("multi-turn chat")
     chat.add_argument("--conversations", type=int, default=16)
     chat.add_argument("--turns", type=int, default=4)
@@ -22,6 +31,23 @@ def add_chat_arguments(p: argparse.ArgumentParser) -> None:
     chat.add_argument("--user-len", type=int, default=64)
     chat.add_argument("--output-len", type=int, default=16)
     p.add_argument("--json", help="write both results and the ratios to this file")
+
+
+@dataclasses.dataclass
+class ChatResult:
+    """The figures of the chat served one way that every bench of it reports; a bench's own
+    result adds its stats and TTFT percentiles after these."""
+
+    completed: int
+    failed: int
+    prompt_tokens: int
+    computed_tokens: int  # prompt tokens the workers ran through the model
+    minimum_tokens: int  # the least one cache that never evicts could compute
+    hit_tokens: int  # prompt tokens found in a prefix cache, any tier, pulled ones included
+
+    @property
+    def computed_vs_minimum(self) -> float:
+        return self.computed_tokens / max(1, self.minimum_tokens)
 
 
 def chat_requests(args: argparse.Namespace, model_config: dict) -> list:
@@ -83,20 +109,31 @@ def warm_up_requests(model_config: dict, args: argparse.Namespace) -> list:
     )
 
 
-def serve_chat(app, requests: list, max_concurrency: int, stat_fields: tuple[str, ...]):
-    """Serves the chat once: its records, their summary, and each `WorkerStats` field's growth
-    over the run, summed over all workers, in `stat_fields` order."""
+def serve_chat(app, requests: list, args: argparse.Namespace, stat_fields: tuple[str, ...]):
+    """Serves the chat once: `ChatResult`'s figures (as keywords), the records' summary, and
+    each of `stat_fields`' growth over the run in that order, `WorkerStats` summed over all
+    workers."""
     from pdserve.bench.common.load_generator import run_load
     from pdserve.workloads.metrics import run_duration, summarize
 
-    before = worker_stat_sums(app, stat_fields)
+    fields = ("prefill_tokens", "prefix_hit_tokens", *stat_fields)
+    before = worker_stat_sums(app, fields)
     records = asyncio.run(
-        run_load(f"127.0.0.1:{app.port}", requests, max_concurrency=max_concurrency)
+        run_load(f"127.0.0.1:{app.port}", requests, max_concurrency=args.max_concurrency)
     )
     wait_idle(app)
-    after = worker_stat_sums(app, stat_fields)
-    deltas = tuple(b - a for a, b in zip(before, after, strict=True))
-    return records, summarize(records, run_duration(records) or 1e-9), deltas
+    after = worker_stat_sums(app, fields)
+    computed, hits, *deltas = (b - a for a, b in zip(before, after, strict=True))
+    summary = summarize(records, run_duration(records) or 1e-9)
+    figures = {
+        "completed": summary.completed,
+        "failed": summary.failed,
+        "prompt_tokens": sum(r.prompt_len for r in records),
+        "computed_tokens": computed,
+        "minimum_tokens": minimum_prefill_tokens([r.prompt for r in requests], args.block_size),
+        "hit_tokens": hits,
+    }
+    return figures, summary, tuple(deltas)
 
 
 def worker_stat_sums(app, fields: tuple[str, ...]) -> tuple[int, ...]:
@@ -115,12 +152,17 @@ def ratios_over(without, other, fields: tuple[str, ...]) -> dict[str, float | No
     }
 
 
-def write_json(path: str, results: dict, ratios_key: str, ratios: dict) -> None:
-    document = {
-        way: dataclasses.asdict(r) | {"computed_vs_minimum": r.computed_vs_minimum}
-        for way, r in results.items()
-    } | {ratios_key: ratios}
-    Path(path).write_text(json.dumps(document, indent=2) + "\n")
+def report(console, table, results: dict, ratios_key: str, ratios: dict, json_path) -> int:
+    """Prints the table, writes every way's figures and the ratios to --json when given, and
+    returns the exit status: 1 where any request failed."""
+    console.print(table)
+    if json_path:
+        document = {
+            way: dataclasses.asdict(r) | {"computed_vs_minimum": r.computed_vs_minimum}
+            for way, r in results.items()
+        } | {ratios_key: ratios}
+        Path(json_path).write_text(json.dumps(document, indent=2) + "\n")
+    return 1 if any(r.failed for r in results.values()) else 0
 
 
 def ratio_text(ratio: float | None) -> str:

@@ -23,81 +23,53 @@ import time
 from pathlib import Path
 
 from pdserve.bench.common.local_system import (
-    add_model_arguments,
     load_model,
     serve_locally,
     start_ray,
     wait_idle,
 )
-from pdserve.bench.serving.multi_turn_chat import (
-    add_chat_arguments,
-    chat_requests,
-    minimum_prefill_tokens,
-    ratio_text,
-    ratios_over,
-    serve_chat,
-    warm_up_requests,
-    write_json,
-)
+from pdserve.bench.serving import multi_turn_chat
 
 WAYS = ("without", "pull")  # --peer-pull off; on
 RATIO_FIELDS = ("computed_tokens", "ttft_p50_ms", "ttft_p90_ms")
-# The `WorkerStats` fields measured each way: prompt tokens computed, prefix hit tokens, pulled
-# tokens, pulls committed and fallen back.
-STAT_FIELDS = (
-    "prefill_tokens",
-    "prefix_hit_tokens",
-    "prefix_peer_hit_tokens",
-    "peer_pulls_committed",
-    "peer_pulls_fallen_back",
-)
+# The `WorkerStats` fields measured each way besides the chat's: pulled tokens, pulls
+# committed and fallen back.
+STAT_FIELDS = ("prefix_peer_hit_tokens", "peer_pulls_committed", "peer_pulls_fallen_back")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_model_arguments(p, preset="tiny")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--block-size", type=int, default=16)
+    multi_turn_chat.add_model_arguments_first(p)
     p.add_argument(
         "--policy",
         default="round_robin",
         help="the router's policy (round_robin: turns land on either worker)",
     )
     p.add_argument("--max-concurrency", type=int, default=1, help="requests in flight")
-    add_chat_arguments(p)
+    multi_turn_chat.add_chat_arguments(p)
 
 
 @dataclasses.dataclass
-class PullResult:
+class PullResult(multi_turn_chat.ChatResult):
     """The chat served one way."""
 
-    completed: int
-    failed: int
-    prompt_tokens: int
-    computed_tokens: int  # prompt tokens the workers ran through the model
-    minimum_tokens: int  # the least one cache that never evicts could compute
-    hit_tokens: int  # prompt tokens found in a prefix cache, pulled ones included
     pulled_tokens: int  # of hit_tokens, those pulled from the other worker
     pulls_committed: int
     pulls_fallen_back: int
     ttft_p50_ms: float
     ttft_p90_ms: float
 
-    @property
-    def computed_vs_minimum(self) -> float:
-        return self.computed_tokens / max(1, self.minimum_tokens)
-
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     model_dir, model_config = load_model(args)
-    requests = chat_requests(args, model_config)
+    requests = multi_turn_chat.chat_requests(args, model_config)
     prompts = [r.prompt for r in requests]
     console = Console(width=150)
     console.print(
         f"multi-turn chat on 2 workers ({args.policy}): {len(requests)} requests, "
         f"{sum(len(p) for p in prompts)} prompt tokens, minimum computed "
-        f"{minimum_prefill_tokens(prompts, args.block_size)}"
+        f"{multi_turn_chat.minimum_prefill_tokens(prompts, args.block_size)}"
     )
     import ray
 
@@ -113,10 +85,8 @@ def run(args: argparse.Namespace) -> int:
             results[way] = _measure(app, requests, args)
             console.print(f"  {_line(results[way])}")
     ratios = pull_ratios(results)
-    console.print(_table(results, ratios))
-    if args.json:
-        write_json(args.json, results, "pull_over_without", ratios)
-    return 1 if any(r.failed for r in results.values()) else 0
+    table = _table(results, ratios)
+    return multi_turn_chat.report(console, table, results, "pull_over_without", ratios, args.json)
 
 
 def _serve(model_dir: Path, args: argparse.Namespace, requests: list, peer_pull: bool):
@@ -139,7 +109,7 @@ def _warm_up(app, model_config: dict, args: argparse.Namespace) -> None:
     """Unshared prompts on both workers, so first-call costs stay out of the figures."""
     from pdserve.bench.common.load_generator import run_load
 
-    requests = warm_up_requests(model_config, args)
+    requests = multi_turn_chat.warm_up_requests(model_config, args)
     records = asyncio.run(run_load(f"127.0.0.1:{app.port}", requests, max_concurrency=1))
     wait_idle(app)
     if not all(r.ok for r in records):
@@ -147,15 +117,10 @@ def _warm_up(app, model_config: dict, args: argparse.Namespace) -> None:
 
 
 def _measure(app, requests: list, args: argparse.Namespace) -> PullResult:
-    records, summary, deltas = serve_chat(app, requests, args.max_concurrency, STAT_FIELDS)
-    computed, hits, pulled, committed, fallen_back = deltas
+    figures, summary, deltas = multi_turn_chat.serve_chat(app, requests, args, STAT_FIELDS)
+    pulled, committed, fallen_back = deltas
     return PullResult(
-        completed=summary.completed,
-        failed=summary.failed,
-        prompt_tokens=sum(r.prompt_len for r in records),
-        computed_tokens=computed,
-        minimum_tokens=minimum_prefill_tokens([r.prompt for r in requests], args.block_size),
-        hit_tokens=hits,
+        **figures,
         pulled_tokens=pulled,
         pulls_committed=committed,
         pulls_fallen_back=fallen_back,
@@ -166,7 +131,7 @@ def _measure(app, requests: list, args: argparse.Namespace) -> PullResult:
 
 def pull_ratios(results: dict[str, PullResult]) -> dict[str, float | None]:
     """The pull's figures over the way without's (None where the way without measured 0)."""
-    return ratios_over(results["without"], results["pull"], RATIO_FIELDS)
+    return multi_turn_chat.ratios_over(results["without"], results["pull"], RATIO_FIELDS)
 
 
 def _line(r: PullResult) -> str:
@@ -212,10 +177,10 @@ def _table(results: dict[str, PullResult], ratios: dict[str, float | None]):
     table.add_section()
     table.add_row(
         "pull/without",
-        ratio_text(ratios["computed_tokens"]),
+        multi_turn_chat.ratio_text(ratios["computed_tokens"]),
         *("",) * 5,
-        ratio_text(ratios["ttft_p50_ms"]),
-        ratio_text(ratios["ttft_p90_ms"]),
+        multi_turn_chat.ratio_text(ratios["ttft_p50_ms"]),
+        multi_turn_chat.ratio_text(ratios["ttft_p90_ms"]),
         "",
     )
     return table
