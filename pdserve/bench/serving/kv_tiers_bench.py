@@ -242,42 +242,11 @@ def _line(r: TierResult) -> str:
 
 
 def _table(results: dict[str, TierResult], ratios: dict[str, dict[str, float | None]]):
-    from rich.table import Table
-
-    table = Table(title="KV tiers: multi-turn chat, working set > device pool (vs without)")
-    columns = (
+    return multi_turn_chat.chat_table(
+        "KV tiers: multi-turn chat, working set > device pool (vs without)",
         "tiers",
-        "prefill computed",
-        "vs minimum",
-        "hit tokens",
-        "host hit tokens",
-        "disk hit tokens",
-        "TTFT p50 ms",
-        "TTFT p99 ms",
-        "failed",
+        {"host_hit_tokens": "host hit tokens", "disk_hit_tokens": "disk hit tokens"},
+        {"ttft_p50_ms": "TTFT p50 ms", "ttft_p99_ms": "TTFT p99 ms"},
+        results,
+        {f"{way}/without": ratio for way, ratio in ratios.items()},
     )
-    for column in columns:
-        table.add_column(column, justify="left" if column == columns[0] else "right")
-    for way, r in results.items():
-        table.add_row(
-            way,
-            str(r.computed_tokens),
-            f"{r.computed_vs_minimum:.2f}x",
-            str(r.hit_tokens),
-            str(r.host_hit_tokens),
-            str(r.disk_hit_tokens),
-            f"{r.ttft_p50_ms:.1f}",
-            f"{r.ttft_p99_ms:.1f}",
-            str(r.failed),
-        )
-    table.add_section()
-    for way, ratio in ratios.items():
-        table.add_row(
-            f"{way}/without",
-            multi_turn_chat.ratio_text(ratio["computed_tokens"]),
-            *("", "", "", ""),
-            multi_turn_chat.ratio_text(ratio["ttft_p50_ms"]),
-            multi_turn_chat.ratio_text(ratio["ttft_p99_ms"]),
-            "",
-        )
-    return table

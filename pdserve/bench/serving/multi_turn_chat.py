@@ -165,5 +165,52 @@ def report(console, table, results: dict, ratios_key: str, ratios: dict, json_pa
     return 1 if any(r.failed for r in results.values()) else 0
 
 
+def chat_table(
+    title: str,
+    way_column: str,
+    own_columns: dict[str, str],
+    ttft_columns: dict[str, str],
+    results: dict,
+    ratio_rows: dict[str, dict[str, float | None]],
+):
+    """A row a way: the label, `ChatResult`'s computed and hit tokens, the bench's own fields
+    (`own_columns`: field -> heading), its TTFT percentiles (`ttft_columns`, likewise), the
+    failures; then a row of computed-token and TTFT ratios for each label of `ratio_rows`."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    columns = (
+        way_column,
+        "prefill computed",
+        "vs minimum",
+        "hit tokens",
+        *own_columns.values(),
+        *ttft_columns.values(),
+        "failed",
+    )
+    for column in columns:
+        table.add_column(column, justify="left" if column == columns[0] else "right")
+    for way, r in results.items():
+        table.add_row(
+            way,
+            str(r.computed_tokens),
+            f"{r.computed_vs_minimum:.2f}x",
+            str(r.hit_tokens),
+            *(str(getattr(r, field)) for field in own_columns),
+            *(f"{getattr(r, field):.1f}" for field in ttft_columns),
+            str(r.failed),
+        )
+    table.add_section()
+    for label, ratios in ratio_rows.items():
+        table.add_row(
+            label,
+            ratio_text(ratios["computed_tokens"]),
+            *("",) * (2 + len(own_columns)),
+            *(ratio_text(ratios[field]) for field in ttft_columns),
+            "",
+        )
+    return table
+
+
 def ratio_text(ratio: float | None) -> str:
     return "-" if ratio is None else f"{ratio:.2f}"

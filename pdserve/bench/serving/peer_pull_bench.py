@@ -144,43 +144,15 @@ def _line(r: PullResult) -> str:
 
 
 def _table(results: dict[str, PullResult], ratios: dict[str, float | None]):
-    from rich.table import Table
-
-    table = Table(title="Peer pull: multi-turn chat on 2 workers (pull vs without)")
-    columns = (
+    return multi_turn_chat.chat_table(
+        "Peer pull: multi-turn chat on 2 workers (pull vs without)",
         "peer pull",
-        "prefill computed",
-        "vs minimum",
-        "hit tokens",
-        "pulled tokens",
-        "pulls committed",
-        "fallen back",
-        "TTFT p50 ms",
-        "TTFT p90 ms",
-        "failed",
+        {
+            "pulled_tokens": "pulled tokens",
+            "pulls_committed": "pulls committed",
+            "pulls_fallen_back": "fallen back",
+        },
+        {"ttft_p50_ms": "TTFT p50 ms", "ttft_p90_ms": "TTFT p90 ms"},
+        results,
+        {"pull/without": ratios},
     )
-    for column in columns:
-        table.add_column(column, justify="left" if column == columns[0] else "right")
-    for way, r in results.items():
-        table.add_row(
-            way,
-            str(r.computed_tokens),
-            f"{r.computed_vs_minimum:.2f}x",
-            str(r.hit_tokens),
-            str(r.pulled_tokens),
-            str(r.pulls_committed),
-            str(r.pulls_fallen_back),
-            f"{r.ttft_p50_ms:.1f}",
-            f"{r.ttft_p90_ms:.1f}",
-            str(r.failed),
-        )
-    table.add_section()
-    table.add_row(
-        "pull/without",
-        multi_turn_chat.ratio_text(ratios["computed_tokens"]),
-        *("",) * 5,
-        multi_turn_chat.ratio_text(ratios["ttft_p50_ms"]),
-        multi_turn_chat.ratio_text(ratios["ttft_p90_ms"]),
-        "",
-    )
-    return table
