@@ -97,14 +97,15 @@ def run(args: argparse.Namespace) -> int:
     ways = _ways(args.ways)
     model_dir, model_config = load_model(args)
     requests = multi_turn_chat.chat_requests(args, model_config)
-    distinct_blocks = _distinct_blocks([r.prompt for r in requests], args.block_size)
+    prompts = [r.prompt for r in requests]
+    distinct_blocks = _distinct_blocks(prompts, args.block_size)
     num_kv_blocks = _pool_blocks(args, requests, distinct_blocks)
     console = Console(width=150)
     console.print(
         f"multi-turn chat: {len(requests)} requests, "
         f"{sum(r.prompt_len for r in requests)} prompt tokens, {distinct_blocks} distinct "
         f"blocks over a pool of {num_kv_blocks} ({distinct_blocks / num_kv_blocks:.1f}x), "
-        f"minimum computed {multi_turn_chat.minimum_prefill_tokens([r.prompt for r in requests], args.block_size)}"
+        f"minimum computed {multi_turn_chat.minimum_prefill_tokens(prompts, args.block_size)}"
     )
     import ray
 

@@ -1,7 +1,7 @@
 """The multi-turn chat that `bench kv-tiers` and `bench peer-pull` serve, and what both
 measure of one way: its arguments, its requests, the least a cache could compute for it, the
-warm-up prompts, one run's figures and worker-stat deltas, the ratios over the way without, and
-the report."""
+warm-up prompts, one run's figures and worker-stat deltas, the ratios over the way without, the
+table and the report."""
 
 from __future__ import annotations
 
@@ -117,12 +117,12 @@ def serve_chat(app, requests: list, args: argparse.Namespace, stat_fields: tuple
     from pdserve.workloads.metrics import run_duration, summarize
 
     fields = ("prefill_tokens", "prefix_hit_tokens", *stat_fields)
-    before = worker_stat_sums(app, fields)
+    before = _worker_stat_sums(app, fields)
     records = asyncio.run(
         run_load(f"127.0.0.1:{app.port}", requests, max_concurrency=args.max_concurrency)
     )
     wait_idle(app)
-    after = worker_stat_sums(app, fields)
+    after = _worker_stat_sums(app, fields)
     computed, hits, *deltas = (b - a for a, b in zip(before, after, strict=True))
     summary = summarize(records, run_duration(records) or 1e-9)
     figures = {
@@ -136,7 +136,7 @@ def serve_chat(app, requests: list, args: argparse.Namespace, stat_fields: tuple
     return figures, summary, tuple(deltas)
 
 
-def worker_stat_sums(app, fields: tuple[str, ...]) -> tuple[int, ...]:
+def _worker_stat_sums(app, fields: tuple[str, ...]) -> tuple[int, ...]:
     import ray
 
     workers = app.app.pool.workers.values()
