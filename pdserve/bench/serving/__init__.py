@@ -10,6 +10,9 @@
   ranked on the real CPU system.
 - `kv_tiers_bench.py` — `bench kv-tiers`: a chat over 4x the KV pool, host tier on vs off.
 - `peer_pull_bench.py` — `bench peer-pull`: the chat on 2 workers, `--peer-pull` on vs off.
+- `multi_turn_chat.py` — what those two share: the chat's arguments and requests, its
+  minimum computed tokens, one way's run and stats, the ratios over the way without, the table
+  and the --json report.
 - `tracing_bench.py`, `span_receiver.py` — `bench tracing`: latency with tracing on vs off.
 - `soak_bench.py` — `bench soak`: does memory or anything held grow under sustained load?
 """

@@ -11,8 +11,8 @@ are copied back from host memory; in the disk way the host tier holds a quarter 
 pool (--disk-host-ratio), so most of them are read back from files. Reported each way: prompt
 tokens the worker computed (the `WorkerStats.prefill_tokens` delta, = prompt tokens - prefix
 hit tokens) against the minimum a cache that never evicts would reach
-(minimum_prefill_tokens), the prefix hit tokens (and those from the host and the disk tier),
-TTFT p50/p99, and each tiered way's ratios over the way without.
+(`multi_turn_chat.minimum_prefill_tokens`), the prefix hit tokens (and those from the host and
+the disk tier), TTFT p50/p99, and each tiered way's ratios over the way without.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import json
 import math
 import statistics
 import tempfile
@@ -28,21 +27,22 @@ import time
 from pathlib import Path
 
 from pdserve.bench.common.local_system import (
-    add_model_arguments,
-    eos_ids,
     load_model,
     serve_locally,
     start_ray,
     wait_idle,
 )
+from pdserve.bench.serving import multi_turn_chat
 
 WAYS = ("without", "host", "disk")  # no tier; the host tier; a small host tier over a disk tier
+RATIO_FIELDS = ("computed_tokens", "ttft_p50_ms", "ttft_p99_ms")
+# The `WorkerStats` fields measured each way besides the chat's: prefix hit tokens from the
+# host and from the disk tier.
+STAT_FIELDS = ("prefix_host_hit_tokens", "prefix_disk_hit_tokens")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_model_arguments(p, preset="tiny")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--block-size", type=int, default=16)
+    multi_turn_chat.add_model_arguments_first(p)
     p.add_argument(
         "--working-set-ratio",
         type=float,
@@ -74,26 +74,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"which systems to serve, comma-separated, of {','.join(WAYS)} (without first)",
     )
     p.add_argument("--max-concurrency", type=int, default=2, help="requests in flight")
-    chat = p.add_argument_group("multi-turn chat")
-    chat.add_argument("--conversations", type=int, default=16)
-    chat.add_argument("--turns", type=int, default=4)
-    chat.add_argument("--system-prompts", type=int, default=4)
-    chat.add_argument("--system-prompt-len", type=int, default=256)
-    chat.add_argument("--user-len", type=int, default=64)
-    chat.add_argument("--output-len", type=int, default=16)
-    p.add_argument("--json", help="write both results and the ratios to this file")
+    multi_turn_chat.add_chat_arguments(p)
 
 
 @dataclasses.dataclass
-class TierResult:
+class TierResult(multi_turn_chat.ChatResult):
     """The chat served one way."""
 
-    completed: int
-    failed: int
-    prompt_tokens: int
-    computed_tokens: int  # prompt tokens the worker ran through the model
-    minimum_tokens: int  # the least any cache could compute for this chat
-    hit_tokens: int  # prompt tokens found in a prefix cache, any tier
     host_hit_tokens: int  # of hit_tokens, those copied back from the host tier
     disk_hit_tokens: int  # of hit_tokens, those read back from the disk tier
     ttft_p50_ms: float
@@ -103,25 +90,22 @@ class TierResult:
     # can lower.
     ttft_floor_ms: float
 
-    @property
-    def computed_vs_minimum(self) -> float:
-        return self.computed_tokens / max(1, self.minimum_tokens)
-
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     ways = _ways(args.ways)
     model_dir, model_config = load_model(args)
-    requests = chat_requests(args, model_config)
-    distinct_blocks = _distinct_blocks([r.prompt for r in requests], args.block_size)
+    requests = multi_turn_chat.chat_requests(args, model_config)
+    prompts = [r.prompt for r in requests]
+    distinct_blocks = _distinct_blocks(prompts, args.block_size)
     num_kv_blocks = _pool_blocks(args, requests, distinct_blocks)
     console = Console(width=150)
     console.print(
         f"multi-turn chat: {len(requests)} requests, "
         f"{sum(r.prompt_len for r in requests)} prompt tokens, {distinct_blocks} distinct "
         f"blocks over a pool of {num_kv_blocks} ({distinct_blocks / num_kv_blocks:.1f}x), "
-        f"minimum computed {minimum_prefill_tokens([r.prompt for r in requests], args.block_size)}"
+        f"minimum computed {multi_turn_chat.minimum_prefill_tokens(prompts, args.block_size)}"
     )
     import ray
 
@@ -140,14 +124,8 @@ def run(args: argparse.Namespace) -> int:
                 results[way] = _measure(app, requests, args, floor_ms)
                 console.print(f"  {_line(results[way])}")
     ratios = _ratios(results)
-    console.print(_table(results, ratios))
-    if args.json:
-        document = {
-            way: dataclasses.asdict(r) | {"computed_vs_minimum": r.computed_vs_minimum}
-            for way, r in results.items()
-        } | {"over_without": ratios}
-        Path(args.json).write_text(json.dumps(document, indent=2) + "\n")
-    return 1 if any(r.failed for r in results.values()) else 0
+    table = _table(results, ratios)
+    return multi_turn_chat.report(console, table, results, "over_without", ratios, args.json)
 
 
 def _ways(text: str) -> list[str]:
@@ -173,52 +151,6 @@ def _tiers(
         "kv_disk_dir": disk_dir,
         "kv_disk_gb": args.kv_disk_gb,
     }
-
-
-def chat_requests(args: argparse.Namespace, model_config: dict) -> list:
-    from pdserve.workloads.datasets import DatasetConfig, generate_requests
-
-    dataset = DatasetConfig(
-        name="multi-turn",
-        mt_conversations=args.conversations,
-        mt_turns=args.turns,
-        mt_system_prompts=args.system_prompts,
-        mt_system_prompt_len=args.system_prompt_len,
-        mt_user_len=args.user_len,
-        mt_output_len=args.output_len,
-    )
-    try:
-        dataset.validate()
-    except ValueError as error:
-        raise SystemExit(str(error)) from error
-    return generate_requests(
-        dataset,
-        args.conversations * args.turns,
-        args.seed,
-        model_config["vocab_size"],
-        eos_ids(model_config),
-    )
-
-
-def minimum_prefill_tokens(prompts: list[list[int]], block_size: int) -> int:
-    """The least a cache that never evicts computes for these prompts in this order: each full
-    block the first time it is seen, each prompt's partial tail, and one token for a prompt whose
-    last full block is already cached (its last token runs again to sample the first output).
-    In order, unlike `bench router`'s bound: a turn's last block is not cached before the turn
-    that extends it, so the earlier turn computes it, with no extra token."""
-    from pdserve.core.block_hash import prompt_block_hashes
-
-    seen: set[int] = set()
-    total = 0
-    for prompt in prompts:
-        chain = prompt_block_hashes(prompt, block_size)
-        tail = len(prompt) % block_size
-        if not tail and chain and chain[-1] in seen:
-            total += 1
-        else:
-            total += sum(h not in seen for h in chain) * block_size + tail
-        seen.update(chain)
-    return total
 
 
 def _distinct_blocks(prompts: list[list[int]], block_size: int) -> int:
@@ -262,14 +194,8 @@ def _warm_up(app, model_config: dict, args: argparse.Namespace) -> float:
     right after itself, wholly in the device cache (one fits the pool; all of them may not):
     the repeats' TTFT p50 is returned (`TierResult.ttft_floor_ms`)."""
     from pdserve.bench.common.load_generator import run_load
-    from pdserve.workloads.datasets import DatasetConfig, generate_requests
 
-    warm = DatasetConfig(
-        name="random", random_input_len=args.system_prompt_len, random_output_len=4
-    )
-    requests = generate_requests(
-        warm, 4, args.seed + 1, model_config["vocab_size"], eos_ids(model_config)
-    )
+    requests = multi_turn_chat.warm_up_requests(model_config, args)
     target = f"127.0.0.1:{app.port}"
     asyncio.run(run_load(target, requests, max_concurrency=1))
     again = []
@@ -284,24 +210,10 @@ def _warm_up(app, model_config: dict, args: argparse.Namespace) -> float:
 
 
 def _measure(app, requests: list, args: argparse.Namespace, floor_ms: float) -> TierResult:
-    from pdserve.bench.common.load_generator import run_load
-    from pdserve.workloads.metrics import run_duration, summarize
-
-    before = _stats(app)
-    records = asyncio.run(
-        run_load(f"127.0.0.1:{app.port}", requests, max_concurrency=args.max_concurrency)
-    )
-    wait_idle(app)
-    after = _stats(app)
-    computed, hits, host_hits, disk_hits = (b - a for a, b in zip(before, after, strict=True))
-    summary = summarize(records, run_duration(records) or 1e-9)
+    figures, summary, deltas = multi_turn_chat.serve_chat(app, requests, args, STAT_FIELDS)
+    host_hits, disk_hits = deltas
     return TierResult(
-        completed=summary.completed,
-        failed=summary.failed,
-        prompt_tokens=sum(r.prompt_len for r in records),
-        computed_tokens=computed,
-        minimum_tokens=minimum_prefill_tokens([r.prompt for r in requests], args.block_size),
-        hit_tokens=hits,
+        **figures,
         host_hit_tokens=host_hits,
         disk_hit_tokens=disk_hits,
         ttft_p50_ms=summary.ttft.p50,
@@ -310,29 +222,11 @@ def _measure(app, requests: list, args: argparse.Namespace, floor_ms: float) -> 
     )
 
 
-def _stats(app) -> tuple[int, int, int, int]:
-    """Prompt tokens computed, prefix hit tokens, and those from the host and the disk tier,
-    all workers."""
-    import ray
-
-    workers = app.app.pool.workers.values()
-    stats = ray.get([w.actor.stats.remote() for w in workers])
-    return (
-        sum(s.prefill_tokens for s in stats),
-        sum(s.prefix_hit_tokens for s in stats),
-        sum(s.prefix_host_hit_tokens for s in stats),
-        sum(s.prefix_disk_hit_tokens for s in stats),
-    )
-
-
 def _ratios(results: dict[str, TierResult]) -> dict[str, dict[str, float | None]]:
     """Each tiered way's figures over the way without's."""
     without = results["without"]
     return {
-        way: {
-            name: (getattr(r, name) / getattr(without, name) if getattr(without, name) else None)
-            for name in ("computed_tokens", "ttft_p50_ms", "ttft_p99_ms")
-        }
+        way: multi_turn_chat.ratios_over(without, r, RATIO_FIELDS)
         for way, r in results.items()
         if way != "without"
     }
@@ -349,46 +243,11 @@ def _line(r: TierResult) -> str:
 
 
 def _table(results: dict[str, TierResult], ratios: dict[str, dict[str, float | None]]):
-    from rich.table import Table
-
-    table = Table(title="KV tiers: multi-turn chat, working set > device pool (vs without)")
-    columns = (
+    return multi_turn_chat.chat_table(
+        "KV tiers: multi-turn chat, working set > device pool (vs without)",
         "tiers",
-        "prefill computed",
-        "vs minimum",
-        "hit tokens",
-        "host hit tokens",
-        "disk hit tokens",
-        "TTFT p50 ms",
-        "TTFT p99 ms",
-        "failed",
+        {"host_hit_tokens": "host hit tokens", "disk_hit_tokens": "disk hit tokens"},
+        {"ttft_p50_ms": "TTFT p50 ms", "ttft_p99_ms": "TTFT p99 ms"},
+        results,
+        {f"{way}/without": ratio for way, ratio in ratios.items()},
     )
-    for column in columns:
-        table.add_column(column, justify="left" if column == columns[0] else "right")
-    for way, r in results.items():
-        table.add_row(
-            way,
-            str(r.computed_tokens),
-            f"{r.computed_vs_minimum:.2f}x",
-            str(r.hit_tokens),
-            str(r.host_hit_tokens),
-            str(r.disk_hit_tokens),
-            f"{r.ttft_p50_ms:.1f}",
-            f"{r.ttft_p99_ms:.1f}",
-            str(r.failed),
-        )
-    table.add_section()
-    for way, ratio in ratios.items():
-        table.add_row(
-            f"{way}/without",
-            _ratio_text(ratio["computed_tokens"]),
-            *("", "", "", ""),
-            _ratio_text(ratio["ttft_p50_ms"]),
-            _ratio_text(ratio["ttft_p99_ms"]),
-            "",
-        )
-    return table
-
-
-def _ratio_text(ratio: float | None) -> str:
-    return "-" if ratio is None else f"{ratio:.2f}"

@@ -19,76 +19,57 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import json
 import time
 from pathlib import Path
 
 from pdserve.bench.common.local_system import (
-    add_model_arguments,
-    eos_ids,
     load_model,
     serve_locally,
     start_ray,
     wait_idle,
 )
-from pdserve.bench.serving.kv_tiers_bench import chat_requests, minimum_prefill_tokens
+from pdserve.bench.serving import multi_turn_chat
 
 WAYS = ("without", "pull")  # --peer-pull off; on
 RATIO_FIELDS = ("computed_tokens", "ttft_p50_ms", "ttft_p90_ms")
+# The `WorkerStats` fields measured each way besides the chat's: pulled tokens, pulls
+# committed and fallen back.
+STAT_FIELDS = ("prefix_peer_hit_tokens", "peer_pulls_committed", "peer_pulls_fallen_back")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_model_arguments(p, preset="tiny")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--block-size", type=int, default=16)
+    multi_turn_chat.add_model_arguments_first(p)
     p.add_argument(
         "--policy",
         default="round_robin",
         help="the router's policy (round_robin: turns land on either worker)",
     )
     p.add_argument("--max-concurrency", type=int, default=1, help="requests in flight")
-    chat = p.add_argument_group("multi-turn chat")
-    chat.add_argument("--conversations", type=int, default=16)
-    chat.add_argument("--turns", type=int, default=4)
-    chat.add_argument("--system-prompts", type=int, default=4)
-    chat.add_argument("--system-prompt-len", type=int, default=256)
-    chat.add_argument("--user-len", type=int, default=64)
-    chat.add_argument("--output-len", type=int, default=16)
-    p.add_argument("--json", help="write both results and the ratios to this file")
+    multi_turn_chat.add_chat_arguments(p)
 
 
 @dataclasses.dataclass
-class PullResult:
+class PullResult(multi_turn_chat.ChatResult):
     """The chat served one way."""
 
-    completed: int
-    failed: int
-    prompt_tokens: int
-    computed_tokens: int  # prompt tokens the workers ran through the model
-    minimum_tokens: int  # the least one cache that never evicts could compute
-    hit_tokens: int  # prompt tokens found in a prefix cache, pulled ones included
     pulled_tokens: int  # of hit_tokens, those pulled from the other worker
     pulls_committed: int
     pulls_fallen_back: int
     ttft_p50_ms: float
     ttft_p90_ms: float
 
-    @property
-    def computed_vs_minimum(self) -> float:
-        return self.computed_tokens / max(1, self.minimum_tokens)
-
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     model_dir, model_config = load_model(args)
-    requests = chat_requests(args, model_config)
+    requests = multi_turn_chat.chat_requests(args, model_config)
     prompts = [r.prompt for r in requests]
     console = Console(width=150)
     console.print(
         f"multi-turn chat on 2 workers ({args.policy}): {len(requests)} requests, "
         f"{sum(len(p) for p in prompts)} prompt tokens, minimum computed "
-        f"{minimum_prefill_tokens(prompts, args.block_size)}"
+        f"{multi_turn_chat.minimum_prefill_tokens(prompts, args.block_size)}"
     )
     import ray
 
@@ -104,14 +85,8 @@ def run(args: argparse.Namespace) -> int:
             results[way] = _measure(app, requests, args)
             console.print(f"  {_line(results[way])}")
     ratios = pull_ratios(results)
-    console.print(_table(results, ratios))
-    if args.json:
-        document = {
-            way: dataclasses.asdict(r) | {"computed_vs_minimum": r.computed_vs_minimum}
-            for way, r in results.items()
-        } | {"pull_over_without": ratios}
-        Path(args.json).write_text(json.dumps(document, indent=2) + "\n")
-    return 1 if any(r.failed for r in results.values()) else 0
+    table = _table(results, ratios)
+    return multi_turn_chat.report(console, table, results, "pull_over_without", ratios, args.json)
 
 
 def _serve(model_dir: Path, args: argparse.Namespace, requests: list, peer_pull: bool):
@@ -133,14 +108,8 @@ def _serve(model_dir: Path, args: argparse.Namespace, requests: list, peer_pull:
 def _warm_up(app, model_config: dict, args: argparse.Namespace) -> None:
     """Unshared prompts on both workers, so first-call costs stay out of the figures."""
     from pdserve.bench.common.load_generator import run_load
-    from pdserve.workloads.datasets import DatasetConfig, generate_requests
 
-    warm = DatasetConfig(
-        name="random", random_input_len=args.system_prompt_len, random_output_len=4
-    )
-    requests = generate_requests(
-        warm, 4, args.seed + 1, model_config["vocab_size"], eos_ids(model_config)
-    )
+    requests = multi_turn_chat.warm_up_requests(model_config, args)
     records = asyncio.run(run_load(f"127.0.0.1:{app.port}", requests, max_concurrency=1))
     wait_idle(app)
     if not all(r.ok for r in records):
@@ -148,26 +117,10 @@ def _warm_up(app, model_config: dict, args: argparse.Namespace) -> None:
 
 
 def _measure(app, requests: list, args: argparse.Namespace) -> PullResult:
-    from pdserve.bench.common.load_generator import run_load
-    from pdserve.workloads.metrics import run_duration, summarize
-
-    before = _stats(app)
-    records = asyncio.run(
-        run_load(f"127.0.0.1:{app.port}", requests, max_concurrency=args.max_concurrency)
-    )
-    wait_idle(app)
-    after = _stats(app)
-    computed, hits, pulled, committed, fallen_back = (
-        b - a for a, b in zip(before, after, strict=True)
-    )
-    summary = summarize(records, run_duration(records) or 1e-9)
+    figures, summary, deltas = multi_turn_chat.serve_chat(app, requests, args, STAT_FIELDS)
+    pulled, committed, fallen_back = deltas
     return PullResult(
-        completed=summary.completed,
-        failed=summary.failed,
-        prompt_tokens=sum(r.prompt_len for r in records),
-        computed_tokens=computed,
-        minimum_tokens=minimum_prefill_tokens([r.prompt for r in requests], args.block_size),
-        hit_tokens=hits,
+        **figures,
         pulled_tokens=pulled,
         pulls_committed=committed,
         pulls_fallen_back=fallen_back,
@@ -176,29 +129,9 @@ def _measure(app, requests: list, args: argparse.Namespace) -> PullResult:
     )
 
 
-def _stats(app) -> tuple[int, int, int, int, int]:
-    """Prompt tokens computed, prefix hit tokens, pulled tokens, pulls committed and fallen
-    back, both workers."""
-    import ray
-
-    workers = app.app.pool.workers.values()
-    stats = ray.get([w.actor.stats.remote() for w in workers])
-    return (
-        sum(s.prefill_tokens for s in stats),
-        sum(s.prefix_hit_tokens for s in stats),
-        sum(s.prefix_peer_hit_tokens for s in stats),
-        sum(s.peer_pulls_committed for s in stats),
-        sum(s.peer_pulls_fallen_back for s in stats),
-    )
-
-
 def pull_ratios(results: dict[str, PullResult]) -> dict[str, float | None]:
     """The pull's figures over the way without's (None where the way without measured 0)."""
-    without, pull = results["without"], results["pull"]
-    return {
-        name: getattr(pull, name) / getattr(without, name) if getattr(without, name) else None
-        for name in RATIO_FIELDS
-    }
+    return multi_turn_chat.ratios_over(results["without"], results["pull"], RATIO_FIELDS)
 
 
 def _line(r: PullResult) -> str:
@@ -211,47 +144,15 @@ def _line(r: PullResult) -> str:
 
 
 def _table(results: dict[str, PullResult], ratios: dict[str, float | None]):
-    from rich.table import Table
-
-    table = Table(title="Peer pull: multi-turn chat on 2 workers (pull vs without)")
-    columns = (
+    return multi_turn_chat.chat_table(
+        "Peer pull: multi-turn chat on 2 workers (pull vs without)",
         "peer pull",
-        "prefill computed",
-        "vs minimum",
-        "hit tokens",
-        "pulled tokens",
-        "pulls committed",
-        "fallen back",
-        "TTFT p50 ms",
-        "TTFT p90 ms",
-        "failed",
+        {
+            "pulled_tokens": "pulled tokens",
+            "pulls_committed": "pulls committed",
+            "pulls_fallen_back": "fallen back",
+        },
+        {"ttft_p50_ms": "TTFT p50 ms", "ttft_p90_ms": "TTFT p90 ms"},
+        results,
+        {"pull/without": ratios},
     )
-    for column in columns:
-        table.add_column(column, justify="left" if column == columns[0] else "right")
-    for way, r in results.items():
-        table.add_row(
-            way,
-            str(r.computed_tokens),
-            f"{r.computed_vs_minimum:.2f}x",
-            str(r.hit_tokens),
-            str(r.pulled_tokens),
-            str(r.pulls_committed),
-            str(r.pulls_fallen_back),
-            f"{r.ttft_p50_ms:.1f}",
-            f"{r.ttft_p90_ms:.1f}",
-            str(r.failed),
-        )
-    table.add_section()
-    table.add_row(
-        "pull/without",
-        _ratio_text(ratios["computed_tokens"]),
-        *("",) * 5,
-        _ratio_text(ratios["ttft_p50_ms"]),
-        _ratio_text(ratios["ttft_p90_ms"]),
-        "",
-    )
-    return table
-
-
-def _ratio_text(ratio: float | None) -> str:
-    return "-" if ratio is None else f"{ratio:.2f}"
