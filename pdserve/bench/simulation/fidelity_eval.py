@@ -15,7 +15,7 @@ was not fitted on.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pdserve.workloads.datasets import DatasetConfig
@@ -80,8 +80,6 @@ def parse_eval_workloads(value: str) -> list[str]:
 
 
 def eval_requests(name: str, model_config: dict, num_requests: int, seed: int) -> list:
-    from dataclasses import replace
-
     from pdserve.bench.common.local_system import eos_ids
     from pdserve.workloads.datasets import generate_requests
 

@@ -1,10 +1,10 @@
 """`--suite --plot DIR`: per model and workload, goodput against offered rate of every layout
 family (one panel per SLO pair), and one summary table of every cell plotted in DIR.
 
-DIR/<model>-<workload>.json keeps the curves; a later run into the same DIR replaces the
+A `<model>-<workload>.json` in DIR keeps the curves; a later run into the same DIR replaces the
 families it measured and keeps the others, so families searched by separate commands (as the
-documented runs search each family at its own split) end up on one plot. DIR/summary.md is
-rewritten from every such file after each cell.
+documented runs search each family at its own split) end up on one plot. The summary table
+(SUMMARY, in DIR) is rewritten from every such file after each cell.
 """
 
 from __future__ import annotations
