@@ -9,7 +9,7 @@ import pytest
 
 from pdserve.bench.simulation.disagg_suite.curves import CURVE_FRACTIONS, cell_curves
 from pdserve.bench.simulation.disagg_suite.plots import SUMMARY, write_cell
-from pdserve.bench.simulation.disagg_suite.suite import Setting, SuiteOptions, run_cell
+from pdserve.bench.simulation.disagg_suite.suite import Cell, Setting, SuiteOptions, run_cell
 
 OPTIONS = SuiteOptions((Setting(512, 64),), requests_per_worker=30, precision=0.2,
                        families=("colocated", "split"), steady_probes=False)  # fmt: skip
@@ -58,3 +58,10 @@ def test_the_plot_and_the_summary_keep_families_of_earlier_runs(cell_and_curves,
     figure, ratio = cells[4].split()
     assert float(figure) == pytest.approx(split.goodput, abs=0.5)
     assert ratio == f"({split.goodput / colocated.goodput:.2f}x)"
+
+
+def test_a_later_run_offers_the_rates_of_the_families_measured_earlier(cell_and_curves):
+    cell, curves = cell_and_curves
+    split_only = Cell(cell.model, cell.workload, cell.slo, {"split": cell.families["split"]})
+    [curve] = cell_curves(split_only, OPTIONS, known=(cell.goodput("colocated"),))
+    assert curve.points == next(c for c in curves if c.family == "split").points

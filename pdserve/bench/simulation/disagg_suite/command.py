@@ -128,10 +128,11 @@ def run_suite(args: argparse.Namespace) -> int:
 
 def _plot(out_dir: Path, cell: Cell, options: SuiteOptions) -> None:
     from pdserve.bench.simulation.disagg_suite.curves import cell_curves
-    from pdserve.bench.simulation.disagg_suite.plots import SUMMARY, write_cell
+    from pdserve.bench.simulation.disagg_suite.plots import SUMMARY, known_goodputs, write_cell
 
     started = time.perf_counter()
-    png = write_cell(out_dir, cell, cell_curves(cell, options))
+    curves = cell_curves(cell, options, known_goodputs(out_dir, cell))
+    png = write_cell(out_dir, cell, curves)
     print(
         f"  -> goodput vs rate: {png}, table of every plotted cell: {out_dir / SUMMARY} "
         f"({time.perf_counter() - started:.0f} s)",

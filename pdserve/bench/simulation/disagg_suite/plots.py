@@ -37,6 +37,13 @@ def write_cell(out_dir: Path, cell: Cell, curves: list[Curve]) -> Path:
     return png
 
 
+def known_goodputs(out_dir: Path, cell: Cell) -> tuple[float, ...]:
+    """The goodputs of the cell's families that earlier runs left in out_dir."""
+    data_path = out_dir / f"{cell.model}-{cell.workload}.json"
+    data = json.loads(data_path.read_text()) if data_path.exists() else {}
+    return tuple(curve["goodput"] for curve in data.get(cell.slo, {}).values())
+
+
 def _draw(data: dict, title: str, path: Path) -> None:
     import matplotlib
 
