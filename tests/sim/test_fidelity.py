@@ -1,7 +1,8 @@
 """`pdserve bench fidelity` end to end on the tiny model: calibration inside real CPU workers,
-the same requests on sim workers with the fitted profile, and sim/real latencies within a
-looser bound than the benchmark's ±20% (few requests, a shared machine). Runs the command in
-a subprocess: it starts its own local Ray, and Ray allows one per process."""
+then an evaluation workload the profile was not fitted on, served twice by the real system
+around one sim run: sim/real latencies within a looser bound than the benchmark's ±20% (few
+requests, a shared machine), and the printed bands the real runs' min-max. Runs the command
+in a subprocess: it starts its own local Ray, and Ray allows one per process."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from pdserve.bench.simulation.fidelity_bench import METRICS, ratios
+from pdserve.bench.simulation.fidelity_eval import band, parse_eval_workloads, run_order
 from pdserve.sim.fit import fit_transfer
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -38,6 +40,10 @@ def test_sim_workers_reproduce_the_real_cpu_system_within_the_bound(tmp_path):
         "16",
         "--mixed-long-input-len",
         "512",
+        "--eval-workloads",
+        "short",
+        "--real-repeats",
+        "2",
         "--profile-out",
         str(profile),
         "--json",
@@ -49,12 +55,56 @@ def test_sim_workers_reproduce_the_real_cpu_system_within_the_bound(tmp_path):
     assert json.loads(profile.read_text())["kind"] == "linear"
     assert result["profile"]["device"] == "cpu"
     assert result["link_gbps"] > 0
-    for system in ("real", "sim"):
-        assert result[system]["4"]["completed"] == 16
-    measured = result["ratios"]["4"]
-    assert measured == ratios(result["real"]["4"], result["sim"]["4"])
+    runs = result["real_repeats"]["short"]
+    assert len(runs) == 2 and result["real"]["short"] == runs[0]
+    for summary in (*runs, result["sim"]["short"]):
+        assert summary["completed"] == 16
+    _check_printed_bands(done.stdout, result)
+    measured = result["ratios"]["short"]
+    assert measured == ratios(result["real"]["short"], result["sim"]["short"])
     for key in ("ttft_p50", "tpot_p50"):
         assert abs(measured[key] - 1) <= BOUND, (key, measured, done.stdout[-3000:])
+
+
+def _check_printed_bands(stdout: str, result: dict) -> None:
+    """Each printed band row: lo and hi the min and max of the two real runs, the sim's figure,
+    and ok exactly when the sim lies in [lo / 1.1, hi x 1.1]; the count line agrees."""
+    runs, sim = result["real_repeats"]["short"], result["sim"]["short"]
+    table = stdout[stdout.index("real band over 2 real runs") :]
+    rows = [
+        [cell.strip() for cell in line.split("│")[1:-1]]
+        for line in table.splitlines()
+        if line.startswith("│") and "short" in line
+    ]
+    assert len(rows) == len(METRICS), table
+    within = 0
+    for (metric, pct), row in zip(METRICS, rows, strict=True):
+        real = [run[metric][pct] for run in runs]
+        lo, hi, figure = min(real), max(real), sim[metric][pct]
+        ok = lo / 1.1 <= figure <= hi * 1.1
+        within += ok
+        expected = ["short", "6", f"{metric.upper()} {pct}", f"{lo:.2f}", f"{hi:.2f}"]
+        assert row == [*expected, f"{figure:.2f}", "ok" if ok else "OFF"], (row, real, figure)
+    assert f"widened by 10%: {within} of 4" in table
+    assert result["within_band"] == {"within": within, "of": 4}
+
+
+def test_the_band_is_the_real_runs_min_max_widened_by_a_tenth():
+    assert band([100.0, 120.0], 131.9)["within"] and not band([100.0, 120.0], 132.1)["within"]
+    assert band([120.0, 100.0], 91.0)["within"] and not band([120.0, 100.0], 90.9)["within"]
+    assert band([120.0, 100.0], 91.0) == {"lo": 100.0, "hi": 120.0, "sim": 91.0, "within": True}
+
+
+def test_the_sims_run_amid_the_real_repeats():
+    assert run_order(["real", "sim"], 1) == ["real", "sim"]
+    assert run_order(["real", "sim"], 2) == ["real", "sim", "real"]
+    assert run_order(["real", "sim", "sim_mean"], 3) == ["real", "real", "sim", "sim_mean", "real"]
+
+
+def test_an_unknown_eval_workload_names_the_flag():
+    assert parse_eval_workloads("short, prefix") == ["short", "prefix"]
+    with pytest.raises(ValueError, match="--eval-workloads: \\['chat'\\] not among short"):
+        parse_eval_workloads("short,chat")
 
 
 def test_ratios_are_sim_over_real_of_every_reported_percentile():

@@ -13,6 +13,8 @@
 - `fidelity_bench.py` — `bench fidelity`: sim workers with a profile calibrated on the CPU
   engine vs the real CPU system, same requests.
 - `fidelity_calibration.py` — records the steps and KV pushes of serving workers.
+- `fidelity_eval.py` — the evaluation workloads (not the calibration's) and the real runs'
+  bands the sim is judged against.
 - `disagg_suite/` — `bench sim-disagg --suite`: every layout, `auto` and the field's rules
   over workloads, models and SLOs on the planner's virtual cluster.
 - `role_switch_bench.py` — `bench sim-role-switching`: `--role-switching` on the

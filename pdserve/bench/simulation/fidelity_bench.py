@@ -15,6 +15,9 @@ In one run:
    drift in a shared machine's load hits both alike;
 4. the report: TTFT and TPOT p50/p90 of both, sim/real, each marked within --tolerance or
    not, and (in --json) what the steps and pushes of each system's measured runs cost.
+With --eval-workloads the measured requests are workloads other than the calibration's
+(fidelity_eval.py), and with --real-repeats K the real system serves each K times around the
+sim's run: each percentile is then judged against the real runs' own band, widened by 10 %.
 With --with-mean-sim a third system, sim workers with the same profile less its spread (every
 step the fitted mean, as profiles were before), serves the same requests interleaved with the
 other two: what the spread changes, under the same load.
@@ -41,8 +44,18 @@ from pdserve.bench.common.local_system import (
 )
 from pdserve.bench.simulation.child_system import ChildSystem
 from pdserve.bench.simulation.fidelity_calibration import install_recorders, pacing, take_samples
+from pdserve.bench.simulation.fidelity_eval import (
+    EVAL_WORKLOADS,
+    METRICS,
+    band_table,
+    bands,
+    eval_rate,
+    eval_requests,
+    parse_eval_workloads,
+    run_order,
+    within_count,
+)
 
-METRICS = (("ttft", "p50"), ("ttft", "p90"), ("tpot", "p50"), ("tpot", "p90"))
 GBIT = 10**9 / 8  # bytes per second in one Gbit/s
 # A worker slowed down by other processes on a shared CPU is not failed over here: this bench
 # measures latencies, not failover, and a retry would count twice in them.
@@ -73,6 +86,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also serve on sim workers with the profile less its spread (the fitted mean)",
     )
+    p.add_argument(
+        "--eval-workloads",
+        default="",
+        help="measure on these workloads instead of the calibration's mix at --rates: "
+        + "; ".join(f"{name}: {w.about}" for name, w in EVAL_WORKLOADS.items()),
+    )
+    p.add_argument(
+        "--real-repeats",
+        type=int,
+        default=1,
+        help="the real system serves each measured workload this many times, around the sim's "
+        "run; from 2, each percentile is judged against the real runs' band widened by 10%%",
+    )
     p.add_argument("--json", help="write both systems' summaries and the ratios to this file")
 
 
@@ -82,14 +108,28 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     if args.num_requests < 1:
         raise SystemExit("--num-requests must be >= 1")
+    if args.real_repeats < 1:
+        raise SystemExit("--real-repeats must be >= 1")
+    if args.eval_workloads:
+        try:
+            parse_eval_workloads(args.eval_workloads)
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
     result = measure(args, console.print)
     console.print(fidelity_table(result, args.tolerance))
     if "sim_mean" in result:
         console.print(fidelity_table(result, args.tolerance, "sim_mean"))
+    if "bands" in result:
+        console.print(band_table(result))
+        count = result["within_band"]
+        console.print(
+            f"sim within the real band widened by 10%: {count['within']} of {count['of']}"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
-    systems = [name for name in ("real", "sim", "sim_mean") if name in result]
-    failed = sum(s["failed"] for system in systems for s in result[system].values())
+    runs = [s for system in ("sim", "sim_mean") for s in result.get(system, {}).values()]
+    runs += [s for repeats in result["real_repeats"].values() for s in repeats]
+    failed = sum(s["failed"] for s in runs)
     return 0 if failed == 0 else 1
 
 
@@ -97,7 +137,10 @@ def measure(args: argparse.Namespace, say: Any = print) -> dict:
     """Calibrates on the real system, serves every rate on it and on the sim system; returns
     {"profile", "link_gbps", "real": {rate: summary}, "sim": {...}, "ratios": {rate:
     {"ttft_p50": sim/real, ...}}, "diagnosis": what each system's workers spent}, and with
-    --with-mean-sim "sim_mean" and "ratios_mean" of the sim without the profile's spread."""
+    --with-mean-sim "sim_mean" and "ratios_mean" of the sim without the profile's spread.
+    Keyed by rate ("4"), or with --eval-workloads by workload name; "rates" maps the keys to
+    their rates, "real_repeats" to every real run ("real" holds the first), and from 2 real
+    repeats "bands" ({key: {"ttft_p50": {"lo", "hi", "sim", "within"}}}) and "within_band"."""
     from pdserve.bench.engine.step_recorder import write_profile
     from pdserve.engine_config import SimConfig
     from pdserve.sim.profiles import parse_profile
@@ -108,7 +151,14 @@ def measure(args: argparse.Namespace, say: Any = print) -> dict:
     def workload(index: int, num_requests: int = args.num_requests) -> list:
         return mixed_requests(args, model_config, num_requests, args.seed + index)
 
-    workloads = {rate: workload(i) for i, rate in enumerate(rates)}
+    if args.eval_workloads:
+        measured = {
+            name: (eval_rate(name, rates), eval_requests(name, model_config, args.num_requests,
+                                                         args.seed + 100 + i))
+            for i, name in enumerate(parse_eval_workloads(args.eval_workloads))
+        }  # fmt: skip
+    else:
+        measured = {f"{rate:g}": (rate, workload(i)) for i, rate in enumerate(rates)}
     # Calibrated on requests of the same mix at the same rates that are never measured.
     calibration = {rate: workload(len(rates) + i) for i, rate in enumerate(rates)}
     warm_up = workload(2 * len(rates), 4)
@@ -143,15 +193,19 @@ def measure(args: argparse.Namespace, say: Any = print) -> dict:
                 served[name].call(install_recorders)
             paced_before = served["sim"].call(pacing)
             summaries: dict[str, dict] = {name: {} for name in served}
-            # Interleaved, rate by rate: drift in the machine's load hits every system alike.
-            for rate, requests in workloads.items():
-                for name, system in served.items():
-                    records = _load(system, requests, rate, args.seed)
-                    summaries[name][f"{rate:g}"] = {
-                        **_summary(records),
-                        "decode_pace": decode_pace(records),
-                    }
-                    say(f"  {name} rate {rate:g}/s: {_line(summaries[name][f'{rate:g}'])}")
+            repeats: dict[str, list[dict]] = {key: [] for key in measured}
+            # Interleaved, workload by workload: drift in the machine's load hits every system
+            # alike.
+            for key, (rate, requests) in measured.items():
+                for name in run_order(list(served), args.real_repeats):
+                    records = _load(served[name], requests, rate, args.seed)
+                    summary = {**_summary(records), "decode_pace": decode_pace(records)}
+                    if name == "real":
+                        repeats[key].append(summary)
+                    else:
+                        summaries[name][key] = summary
+                    say(f"  {name} {key} at {rate:g}/s: {_line(summary)}")
+            summaries["real"] = {key: runs[0] for key, runs in repeats.items()}
             sim_spent = served["sim"].call(take_samples)
             paced = served["sim"].call(pacing)
         real_spent = take_samples(real_app.app)
@@ -175,11 +229,16 @@ def measure(args: argparse.Namespace, say: Any = print) -> dict:
         "profile": json.loads(Path(profile).read_text()),
         "link_gbps": link_gbps,
         "calibration_pushes": pushes,
+        "rates": {key: rate for key, (rate, _) in measured.items()},
         "real": real,
+        "real_repeats": repeats,
         "sim": summaries["sim"],
-        "ratios": {rate: ratios(real[rate], summaries["sim"][rate]) for rate in real},
+        "ratios": {key: ratios(real[key], summaries["sim"][key]) for key in real},
         "diagnosis": diagnosis,
     }
+    if args.real_repeats >= 2:
+        result["bands"] = {key: bands(runs, summaries["sim"][key]) for key, runs in repeats.items()}
+        result["within_band"] = within_count(result["bands"])
     if "sim_mean" in summaries:
         result["sim_mean"] = summaries["sim_mean"]
         result["ratios_mean"] = {
@@ -309,18 +368,19 @@ def fidelity_table(result: dict, tolerance: float, system: str = "sim") -> Any:
 
     which = "sim" if system == "sim" else "sim without the spread (fitted mean)"
     table = Table(
-        title=f"{which} vs real CPU workers, 1P+1D, mixed workload (within ±{tolerance:.0%}: ok)"
+        title=f"{which} vs real CPU workers (first real run), 1P+1D (within ±{tolerance:.0%}: ok)"
     )
-    for column in ("rate req/s", "metric", "real ms", "sim ms", "sim/real", ""):
+    for column in ("workload", "rate/s", "metric", "real ms", "sim ms", "sim/real", ""):
         table.add_column(column, justify="right")
-    for rate, by_metric in result["ratios" if system == "sim" else "ratios_mean"].items():
+    for key, by_metric in result["ratios" if system == "sim" else "ratios_mean"].items():
         for metric, pct in METRICS:
             ratio = by_metric[f"{metric}_{pct}"]
             table.add_row(
-                rate,
+                key if key in EVAL_WORKLOADS else "mixed",
+                f"{result['rates'][key]:g}",
                 f"{metric.upper()} {pct}",
-                f"{result['real'][rate][metric][pct]:.1f}",
-                f"{result[system][rate][metric][pct]:.1f}",
+                f"{result['real'][key][metric][pct]:.1f}",
+                f"{result[system][key][metric][pct]:.1f}",
                 f"{ratio:.2f}",
                 "ok" if abs(ratio - 1) <= tolerance else "OFF",
             )

@@ -4,5 +4,7 @@ planner's virtual cluster (pdserve/planner).
 
 - `workloads.py` — the suite's workloads: chat, code, rag, agentic, their mix, phase-shifting.
 - `suite.py` — one cell (workload x model x SLOs): each layout family's best goodput.
+- `curves.py` — `--plot`: each family's best layout offered load below, at and past saturation.
+- `plots.py` — `--plot`: goodput vs rate per model and workload, and the summary table.
 - `command.py` — the `--suite` arguments, the run over every cell, the targets and the table.
 """

@@ -6,6 +6,10 @@ Ray actor per GPU and reaches a few hundred simulated requests/s on two cores, w
 serve thousands of chat requests/s. Probes are scaled down (`--requests-per-worker` requests per
 simulated worker, goodput within `--precision`): a cell costs CPU minutes, not hours.
 
+With --plot DIR, each cell's families are also offered load at fixed fractions of its
+goodput (curves.py) and drawn as goodput against rate, one PNG per model and workload, with a
+markdown summary table of every cell in DIR (plots.py).
+
 The report: per cell, each family's goodput (best split and engine setting), `auto` over the
 best static layout (colocated or a split, whichever is better) and over colocated, the rules
 against `auto`, and the targets of issue 49 checked: auto >= 0.95x the best static layout and
@@ -113,11 +117,27 @@ def run_suite(args: argparse.Namespace) -> int:
                 cell = run_cell(model, workload, slo, options, _print_family)
                 cells.append(cell)
                 print(cell_summary(cell), flush=True)
+                if args.plot:
+                    _plot(Path(args.plot), cell, options)
                 if args.json:
                     _write_json(Path(args.json), cells)
     print(summary_table(cells))
     print(f"suite: {time.perf_counter() - started:.0f} s")
     return 0
+
+
+def _plot(out_dir: Path, cell: Cell, options: SuiteOptions) -> None:
+    from pdserve.bench.simulation.disagg_suite.curves import cell_curves
+    from pdserve.bench.simulation.disagg_suite.plots import SUMMARY, known_goodputs, write_cell
+
+    started = time.perf_counter()
+    curves = cell_curves(cell, options, known_goodputs(out_dir, cell))
+    png = write_cell(out_dir, cell, curves)
+    print(
+        f"  -> goodput vs rate: {png}, table of every plotted cell: {out_dir / SUMMARY} "
+        f"({time.perf_counter() - started:.0f} s)",
+        flush=True,
+    )
 
 
 def _print_family(cell: Cell, best: FamilyBest) -> None:

@@ -109,20 +109,38 @@ class SuiteOptions:
 
 
 @cache
-def _deployment(model: str, tp: int, setting: Setting) -> Deployment:
+def deployment_of(model: str, tp: int, setting: Setting) -> Deployment:
     return Deployment(
         model, gpu="h100", tp=tp, max_num_seqs=setting.batch,
         max_num_batched_tokens=setting.chunk,
     )  # fmt: skip
 
 
-def _splits(setup: ModelSetup, family: str, only: tuple[str, ...] = ()) -> list[Split]:
+def family_splits(setup: ModelSetup, family: str, only: tuple[str, ...] = ()) -> list[Split]:
     splits = all_splits(setup.workers)
     tp = setup.tp
     splits = [Split(s.prefill, s.decode, tp, tp) for s in splits]
     if family == "colocated":
         return splits[:1]
     return [s for s in splits[1:] if not only or f"{s.prefill}:{s.decode}" in only]
+
+
+def cell_sample(model: str, workload: str, options: SuiteOptions) -> list:
+    """The probe sample every family of the cell is searched on."""
+    setup = MODELS[model]
+    per_worker = options.requests_per_worker
+    if options.steady_probes:
+        biggest = deployment_of(setup.model, setup.tp, max(options.settings, key=lambda s: s.batch))
+        per_worker = sampled_requests_per_worker(biggest, per_worker)
+    return suite_sample(workload, per_worker * setup.workers, options.seed)
+
+
+def family_router(family: str, slo_name: str, sample_size: int) -> RouterConfig:
+    ttft, tpot = SLOS[slo_name]
+    return RouterConfig(
+        disaggregate=FAMILIES[family], ttft_slo_ms=ttft, tpot_slo_ms=tpot,
+        max_pending_requests=max(RouterConfig().max_pending_requests, sample_size),
+    )  # fmt: skip
 
 
 def run_cell(
@@ -133,28 +151,20 @@ def run_cell(
     on_family: Callable[[Cell, FamilyBest], None] | None = None,
 ) -> Cell:
     setup = MODELS[model]
-    ttft, tpot = SLOS[slo_name]
-    slo = SLO(ttft, tpot)
-    per_worker = options.requests_per_worker
-    if options.steady_probes:
-        biggest = _deployment(setup.model, setup.tp, max(options.settings, key=lambda s: s.batch))
-        per_worker = sampled_requests_per_worker(biggest, per_worker)
-    sample = suite_sample(workload, per_worker * setup.workers, options.seed)
+    slo = SLO(*SLOS[slo_name])
+    sample = cell_sample(model, workload, options)
     cell = Cell(model, workload, slo_name)
     for family in options.families:
         best = FamilyBest(family)
-        router = RouterConfig(
-            disaggregate=FAMILIES[family], ttft_slo_ms=ttft, tpot_slo_ms=tpot,
-            max_pending_requests=max(RouterConfig().max_pending_requests, len(sample)),
-        )  # fmt: skip
+        router = family_router(family, slo_name, len(sample))
         for setting in options.settings:
-            deployment = _deployment(setup.model, setup.tp, setting)
+            deployment = deployment_of(setup.model, setup.tp, setting)
             search = Search(
                 deployment, sample, slo, router, precision=options.precision, top=1,
                 requests_per_worker=options.requests_per_worker, jobs=options.jobs,
                 index_lag_s=INDEX_LAG_S,
             )  # fmt: skip
-            for result in search.run(_splits(setup, family, options.splits)).results:
+            for result in search.run(family_splits(setup, family, options.splits)).results:
                 _keep(best, result, setting)
         cell.families[family] = best
         if on_family is not None:
