@@ -35,7 +35,7 @@ from pdserve.bench.simulation.disagg_suite.suite import (
     MODELS,
     SLOS,
     Setting,
-    _deployment,
+    deployment_of,
 )
 from pdserve.bench.simulation.disagg_suite.workloads import suite_sample
 from pdserve.config import RouterConfig
@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     setup = MODELS[args.model]
     ttft, tpot = SLOS[args.slo]
     slo = SLO(ttft, tpot)
-    deployment = _deployment(setup.model, setup.tp, Setting(args.chunk, args.batch))
+    deployment = deployment_of(setup.model, setup.tp, Setting(args.chunk, args.batch))
     trace = shaped(suite_sample("phases", args.requests, args.seed), args.phase_rates)
     workers = setup.workers
     started = time.perf_counter()
