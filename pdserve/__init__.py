@@ -16,8 +16,6 @@ Modules:
 - `ray_cluster.py` — a private Ray in its own session, or --ray-address checked for the pools.
 - `startup_progress.py` — `StartupProgress`: start-up's lines with elapsed time, a bar on a TTY.
 - `process_tree.py` — `kill_descendants`: what Ctrl-C during start-up leaves is killed.
-- `exit_watchdog.py` — `start_exit_watchdog`: a process that ends a start-up's tree when a
-  stop step blocks every thread of it (the GIL held).
 - `config.py` — the serving settings as dataclasses (`ServeConfig` gathers them all); CLI
   flags map onto them.
 - `engine_config.py` — the engine's settings: `EngineConfig`, `SimConfig`, `SpeculativeConfig`.

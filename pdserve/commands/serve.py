@@ -163,9 +163,6 @@ async def _stop_interrupted(app, verbose: bool) -> NoReturn:
     """Ctrl-C during start-up: stops what was started, kills whatever of it remains (a Ray
     still starting in its thread), says so in one line and exits at once (130, as a shell
     reports SIGINT). Errors of the half-started parts' shutdown are not news then."""
-    from pdserve.exit_watchdog import start_exit_watchdog
-    from pdserve.process_tree import KILL_WAIT_S
-
     app.progress.close()
     if not verbose:
         logging.disable(logging.ERROR)
@@ -175,8 +172,6 @@ async def _stop_interrupted(app, verbose: bool) -> NoReturn:
     deadline = threading.Timer(STOP_WAIT_S + 1.0, _exit_interrupted, args=(app,))
     deadline.daemon = True
     deadline.start()
-    # ... unless that step holds the GIL, when no thread here runs: see exit_watchdog.py.
-    start_exit_watchdog(STOP_WAIT_S + 1.0 + KILL_WAIT_S + 0.5)
     try:
         await asyncio.wait_for(app.stop(), STOP_WAIT_S)
     except Exception:
