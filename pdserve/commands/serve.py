@@ -182,7 +182,11 @@ async def _stop_interrupted(app, verbose: bool) -> NoReturn:
 def _exit_interrupted(app) -> NoReturn:
     from pdserve.process_tree import kill_descendants
 
-    kill_descendants()
+    # No wait for the killed: a start-up thread may still be waiting on a process Ray is
+    # spawning (its GCS), and then psutil's wait on that same child never returned (a CI run
+    # hung past 30 s here; faulthandler's stacks showed it). SIGKILL needs no confirmation
+    # from a process about to exit.
+    kill_descendants(wait=False)
     seconds = app.progress.elapsed_s
     print(
         f"pdserve serve: interrupted during start-up after {seconds:.1f} s; stopped",
