@@ -3,7 +3,13 @@ the modules themselves.
 Serving plumbing (Ray actors, the engine thread) lives in `pdserve.worker`; the plain request
 types in `pdserve.core`. This package imports none of ray, grpc or redis.
 
-- `engine.py` — `LLMEngine`: add_request / step / abort, and the disaggregation hooks.
+- `engine.py` — `LLMEngine`: add_request / step / abort, and the disaggregation hooks (each
+  delegated to its part below).
+- `kv_handoff.py` — `KVHandoff`, the decode side of a KV handoff: a prompt's block table
+  reserved for KV written from elsewhere, then committed with its first token.
+- `engine_stats.py` — what `LLMEngine.stats()` reports, gathered from the engine's parts.
+- `host_tier_config.py` — the host (and disk) tier an engine's config asks for, made for its
+  executor (torch, tensor-parallel, sim).
 - `request_admission.py` — `RequestAdmission`: a request checked and made its first `Sequence`;
   each sequence's detokenizer.
 - `step_outputs.py` — `StepOutputs`, the engine's steps from a step's sampled tokens to

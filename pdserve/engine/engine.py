@@ -18,7 +18,12 @@ requests with n > 1 and beam search as forked sequences sharing KV blocks; `step
 (`StepOutputs`, step_outputs.py), which turns a step's sampled tokens into sequences' tokens and
 outputs; `overlapped_steps` (`OverlappedSteps`, gpu_step/overlapped_steps.py), which with
 `async_scheduling` launches plain decode steps before the previous one's tokens are back, to land
-one step later; and speculative decoding (`Speculation`, speculation/speculative_step.py).
+one step later; speculative decoding (`Speculation`, speculation/speculative_step.py);
+`admission` (`RequestAdmission`, request_admission.py), which checks a request and makes its
+first sequence; `handoff` (`KVHandoff`, kv_handoff.py), the decode side's reserve and commit;
+`peer_prefixes` (`PeerPrefixes`, peer_prefixes.py), a peer pull's pins and commits; and the
+host tier its config asks for (host_tier_config.py). The engine's methods of the handoff and
+of peer pulls delegate to their part and emit the KV events; `stats()` is engine_stats.py's.
 """
 
 from __future__ import annotations
@@ -35,15 +40,17 @@ from pdserve.core.sampling_params import SamplingParams
 from pdserve.engine.block_manager import BlockManager
 from pdserve.engine.decoding.forked_choices import ForkedChoices
 from pdserve.engine.decoding.grammar import Grammars
+from pdserve.engine.engine_stats import engine_stats
 from pdserve.engine.executor import Executor, make_executor
 from pdserve.engine.gpu_step.overlapped_steps import OverlappedSteps
-from pdserve.engine.host_tier import HostTier, host_tier_stats
+from pdserve.engine.host_tier_config import host_tier_from_config
+from pdserve.engine.kv_handoff import KVHandoff
 from pdserve.engine.outputs import RequestOutput, Reservation
 from pdserve.engine.peer_prefixes import PeerPrefixes
 from pdserve.engine.request_admission import RequestAdmission
 from pdserve.engine.scheduler import ScheduledBatch, Scheduler
 from pdserve.engine.sequence import Sequence, SequenceStatus
-from pdserve.engine.speculation.speculative_step import make_speculation, speculation_stats
+from pdserve.engine.speculation.speculative_step import make_speculation
 from pdserve.engine.step_outputs import StepOutputs
 from pdserve.engine_config import EngineConfig
 from pdserve.models.builtin import default_model_dir
@@ -87,7 +94,7 @@ class LLMEngine:
         self.num_layers = self.executor.num_layers
         self.max_model_len = model_limits.max_model_len(self.model_config, config)
         num_blocks = model_limits.kv_pool_blocks(self.model_config, config)
-        self.host_tier = self._host_tier(config)
+        self.host_tier = host_tier_from_config(config, self.executor)
         self.block_manager = BlockManager(
             num_blocks, self.block_size, config.enable_prefix_caching, self.host_tier
         )
@@ -136,6 +143,18 @@ class LLMEngine:
         # Peer pulls (docs/design.md): prefixes pinned for a peer, pulled prefixes committed.
         self.peer_prefixes = PeerPrefixes(
             self._seqs, self.scheduler, self.block_manager, self.forks, self._fence_host_copies
+        )
+        # The decode side of a handoff: a reserved block table, then a commit (kv_handoff.py).
+        self.handoff = KVHandoff(
+            self._seqs,
+            self._new_sequence,
+            self.executor,
+            self.scheduler,
+            self.block_manager,
+            self.forks,
+            self.step_outputs,
+            self.peer_prefixes,
+            self._fence_host_copies,
         )
         # Plain decode steps launched before the previous one's tokens are back; not with
         # speculation, whose drafts need the last token.
@@ -280,7 +299,7 @@ class LLMEngine:
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
 
-    # ---- decode-side handoff ------------------------------------------------------------
+    # ---- decode-side handoff (kv_handoff.py) and peer pulls (peer_prefixes.py) ------------
     def reserve(
         self,
         request_id: str,
@@ -289,31 +308,11 @@ class LLMEngine:
         *,
         pull: bool = False,
     ) -> Reservation | None:
-        """Allocates the prompt's whole block table, reusing prefix-cache hits; None when
-        there is no room now. Blocks from `missing_block_indices` on must be written. A `pull`
-        (of a prefix from a peer) ends in `commit_prefix` or `fall_back`, which prefill at
-        least the last prompt token here, so its hits stop before that token."""
-        seq = self._new_sequence(request_id, prompt_token_ids, params, prefill_only=False)
-        reusable = seq.num_tokens - 1 if pull else seq.num_tokens
-        cached = self.block_manager.acquire_prefix(seq, reusable)
-        if not self.block_manager.ensure_blocks(seq, seq.num_tokens):
-            self.block_manager.release(seq)
-            self._emit_events()
-            return None
-        self._fence_host_copies()  # before the transfer writes the blocks (another thread)
-        seq.status = SequenceStatus.RESERVED
-        seq.admitted = True
-        seq.num_cached_tokens = cached
-        self.scheduler.prefix_hit_tokens += cached
-        self.scheduler.prefix_host_hit_tokens += seq.num_host_hit_tokens
-        self.scheduler.prefix_disk_hit_tokens += seq.num_disk_hit_tokens
-        self.scheduler.prefix_query_tokens += seq.num_prompt_tokens
-        self._seqs[request_id] = seq
-        self.forks.track(request_id, params)
-        self.peer_prefixes.pulls_started += pull
+        """The prompt's whole block table, for KV written from elsewhere; None when there is
+        no room now (KVHandoff.reserve)."""
+        reservation = self.handoff.reserve(request_id, prompt_token_ids, params, pull)
         self._emit_events()
-        missing = list(range(cached // self.block_size, len(seq.block_table)))
-        return Reservation(cached, list(seq.block_table), missing)
+        return reservation
 
     def write_kv(
         self, block_ids: list[int], layer_start: int, data: Any, head_start: int = 0
@@ -336,45 +335,11 @@ class LLMEngine:
         *,
         cache_blocks: bool = True,
     ) -> None:
-        """The reserved prompt's KV is complete: cache its full blocks (unless `cache_blocks`
-        is False: KV from an untrusted peer then serves only this request), append the first
-        token (whose text the prefill side already emitted) and join the running batch.
-        Raises ValueError for a first token outside the vocabulary, changing nothing."""
-        seq = self._seqs.get(request_id)
-        if seq is None or seq.status != SequenceStatus.RESERVED:
-            raise KeyError(f"request {request_id!r} has no reservation to commit")
-        vocab = self.executor.vocab_size
-        if not 0 <= first_token_id < vocab:
-            raise ValueError(
-                f"first_token_id {first_token_id} is outside the vocabulary [0, {vocab})"
-            )
-        seq.cache_blocks = cache_blocks
-        seq.num_computed_tokens = seq.num_prompt_tokens
-        self.block_manager.cache_full_blocks(seq)
-        if seq.params.beam_search:  # the search needs the last prompt position's candidates
-            seq.num_computed_tokens = seq.num_prompt_tokens - 1
-            self.forks.start_beams(seq)
-            self.scheduler.add_running(seq)
-            self._emit_events()
-            return
-        if seq.params.n > 1:  # choice 1 recomputes the last prompt position, then forks
-            second = self.forks.fork(seq, 1)
-            second.num_computed_tokens = seq.num_prompt_tokens - 1
-            second.pending_forks = list(range(2, seq.params.n))
-        out = self.step_outputs.append_tokens(seq, [first_token_id], [first_logprob])
-        if out.finished:  # the first token already ended it; report the end, not the token
-            self._pending.append(
-                RequestOutput(
-                    request_id,
-                    finished=True,
-                    finish_reason=out.finish_reason,
-                    num_prompt_tokens=seq.num_prompt_tokens,
-                    num_cached_tokens=seq.num_cached_tokens,
-                    open_choices=out.open_choices,
-                )
-            )
-        else:
-            self.scheduler.add_running(seq)
+        """The reserved prompt's KV is complete: it joins the running batch with its first
+        token (KVHandoff.commit: KeyError, ValueError change nothing)."""
+        ended = self.handoff.commit(request_id, first_token_id, first_logprob, cache_blocks)
+        if ended is not None:
+            self._pending.append(ended)
         self._emit_events()
 
     def commit_prefix(self, request_id: str, pulled_blocks: int, cache_blocks: bool) -> None:
@@ -407,63 +372,10 @@ class LLMEngine:
 
     # ---- introspection ------------------------------------------------------------------
     def stats(self) -> dict[str, int | float]:
-        bm, sched = self.block_manager, self.scheduler
-        by_status = {s: 0 for s in SequenceStatus}
-        for seq in self._seqs.values():
-            by_status[seq.status] += 1
-        return {
-            "num_blocks": bm.num_blocks,
-            "num_free_blocks": bm.num_free_blocks,
-            "num_used_blocks": bm.num_used_blocks,
-            "num_cached_blocks": bm.num_cached_blocks,
-            "num_waiting": len(sched.waiting),
-            "num_running": len(sched.running),
-            "num_reserved": by_status[SequenceStatus.RESERVED],
-            "num_held": by_status[SequenceStatus.HELD],
-            "waiting_prompt_tokens": sum(s.num_uncomputed_tokens for s in sched.waiting),
-            "prefix_hit_tokens": sched.prefix_hit_tokens,
-            "prefix_query_tokens": sched.prefix_query_tokens,
-            "prefix_host_hit_tokens": sched.prefix_host_hit_tokens,
-            "prefix_disk_hit_tokens": sched.prefix_disk_hit_tokens,
-            "prefix_peer_hit_tokens": self.peer_prefixes.peer_hit_tokens,
-            "peer_pulls_started": self.peer_prefixes.pulls_started,
-            "peer_pulls_committed": self.peer_prefixes.pulls_committed,
-            "peer_pulls_fallen_back": self.peer_prefixes.pulls_fallen_back,
-            **host_tier_stats(self.host_tier),
-            "num_preemptions": sched.num_preemptions,
-            "prefill_tokens_computed": self.step_outputs.prefill_tokens_computed,
-            "decode_tokens": self.step_outputs.decode_tokens,
-            "steps": self._steps,
-            "overlapped_steps": self.overlapped_steps.launched_steps,
-            **speculation_stats(self._speculation),
-            **self.executor.stats(),
-        }
+        """Every part's counters and gauges (engine_stats.py; docs/structures.md lists them)."""
+        return engine_stats(self, self._seqs.values(), self._steps, self._speculation)
 
     # ---- helpers ------------------------------------------------------------------------
-    def _host_tier(self, config: EngineConfig) -> HostTier | None:
-        """The host tier of --kv-offload-gb over the disk tier of --kv-disk-dir (None when off
-        or too small for one block)."""
-        if not config.kv_offload_gb or not config.enable_prefix_caching:
-            return None
-        if config.kind == "sim":
-            from pdserve.engine.sim_host_tier import make_sim_host_tier
-
-            return make_sim_host_tier(self.executor, config)
-        if config.kind != "torch":
-            raise ValueError("kv_offload_gb: needs the torch engine")
-        if config.tp > 1:  # every rank copies its heads (tp_executor.py); no disk tier yet
-            if config.kv_disk_gb:
-                raise ValueError("kv_disk_gb: not supported yet under tensor parallelism")
-            return self.executor.host_tier(int(config.kv_offload_gb * 2**30))
-        from pdserve.engine.host_kv_pool import make_host_tier
-
-        return make_host_tier(
-            self.kv_cache,
-            int(config.kv_offload_gb * 2**30),
-            config.kv_disk_dir,
-            int(config.kv_disk_gb * 2**30),
-        )
-
     def _fence_host_copies(self) -> None:
         """Device work queued from here on waits for the host tier's copies (host_kv_pool.py)."""
         if self.host_tier is not None:
