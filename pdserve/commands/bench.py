@@ -42,6 +42,10 @@ GROUPS: dict[str, dict[str, tuple[str, str]]] = {
             "pdserve.bench.transfer.transfer_bench",
             "KV transfer GB/s vs raw TCP on loopback",
         ),
+        "tp-handoff": (
+            "pdserve.bench.transfer.tp_handoff_bench",
+            "a tensor-parallel KV handoff per (P TP, D TP): bytes, descriptors, s vs grpc",
+        ),
     },
     "serving": {
         "serve": ("pdserve.bench.serving.serve_bench", "load generator against a running server"),

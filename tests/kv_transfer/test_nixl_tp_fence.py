@@ -18,14 +18,15 @@ import pytest
 from kv_transfer.grpc_common import SECRET_METADATA_KEY
 from kv_transfer.nixl_agent import make_agent, memory_type
 from kv_transfer.reservations import TransferState
+from pdserve.bench.transfer.tp_ranks import SMALL_CACHE, DecodeRanks, reference_cache
 from pdserve.pb import kv_transfer_pb2 as pb
 from tests.kv_transfer.test_nixl_transport import pull_call
-from tests.kv_transfer.tp_workers import BLOCKS, LAYERS, DecodeRanks, reference_cache
 
 pytest.importorskip("nixl_cu12")
 
 SRC, DEST = [1, 2, 5], [3, 7, 9]
 KV_HEADS = 4
+LAYERS, BLOCKS = SMALL_CACHE.layers, SMALL_CACHE.blocks
 
 
 def _hold_prefill_cache(conn) -> None:

@@ -19,18 +19,18 @@ from kv_transfer import CommitInfo, KVTransferError
 from kv_transfer.grpc_sender import ControlStub
 from kv_transfer.reservations import TransferState
 from kv_transfer.tp_handoff import SlicedSend, push_own_heads
-from pdserve.models.tp_layout import kv_head_range
-from pdserve.pb import kv_transfer_pb2 as pb
-from tests.kv_transfer.tp_workers import (
-    BLOCK_SIZE,
-    BLOCKS,
-    HEAD_DIM,
-    LAYERS,
+from pdserve.bench.transfer.tp_ranks import (
+    SMALL_CACHE,
     DecodeRanks,
     PrefillRanks,
     reference_cache,
 )
+from pdserve.models.tp_layout import kv_head_range
+from pdserve.pb import kv_transfer_pb2 as pb
 
+LAYERS, BLOCKS, BLOCK_SIZE, HEAD_DIM = (
+    SMALL_CACHE.layers, SMALL_CACHE.blocks, SMALL_CACHE.block_size, SMALL_CACHE.head_dim,
+)  # fmt: skip
 SRC, DEST = [1, 2, 5, 8], [3, 7, 9, 0]
 COMMIT = CommitInfo(first_token_id=42, first_logprob=-0.5, num_prompt_tokens=13)
 HEAD_BYTES = LAYERS * 2 * len(SRC) * BLOCK_SIZE * HEAD_DIM * 4  # one KV head, float32

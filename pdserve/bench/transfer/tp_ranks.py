@@ -3,7 +3,8 @@ rank's cache holds its heads of one reference (TP-1) cache, each decode rank ser
 real KV endpoint, each prefill rank pushes with its own real sender (on nixl: each rank's
 cache registered with its own agent, as every rank actor does). Rank 0 reaches the other
 ranks by direct calls where the server uses Ray calls between rank actors
-(pdserve/worker/rank_kv.py); everything else is the shipped code."""
+(pdserve/worker/rank_kv.py); everything else is the shipped code. `bench tp-handoff` measures
+handoffs over it; tests/kv_transfer/ checks them over it at `SMALL_CACHE`."""
 
 from __future__ import annotations
 
@@ -16,14 +17,56 @@ from kv_transfer import CommitInfo, KVLayout, TransferResult, make_receiver, mak
 from kv_transfer.tp_handoff import RankedReceiver, SlicedSend, push_own_heads, send_sliced
 from pdserve.config import KVTransferConfig
 from pdserve.models.tp_layout import kv_head_range
-from tests.kv_transfer.kv_helpers import TensorSink
-
-LAYERS, BLOCKS, BLOCK_SIZE, HEAD_DIM = 3, 12, 4, 8
 
 
-def reference_cache(kv_heads: int, seed: int = 7) -> torch.Tensor:
-    shape = (LAYERS, 2, BLOCKS, BLOCK_SIZE, kv_heads, HEAD_DIM)
-    return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+@dataclass(frozen=True)
+class CacheShape:
+    """A KV cache [layers, 2, blocks, block_size, kv_heads, head_dim] less its heads, which
+    each rank splits."""
+
+    layers: int
+    blocks: int
+    block_size: int
+    head_dim: int
+
+    def of(self, kv_heads: int) -> tuple[int, ...]:
+        return (self.layers, 2, self.blocks, self.block_size, kv_heads, self.head_dim)
+
+
+# Small enough for a test, with several layers and blocks.
+SMALL_CACHE = CacheShape(layers=3, blocks=12, block_size=4, head_dim=8)
+
+
+def reference_cache(kv_heads: int, seed: int = 7, shape: CacheShape = SMALL_CACHE) -> torch.Tensor:
+    return torch.randn(shape.of(kv_heads), generator=torch.Generator().manual_seed(seed))
+
+
+class RankCacheSink:
+    """A decode rank's KV sink: writes received heads into its cache, records commits and
+    expiries (as the decode worker's engine and reservation table would act on them)."""
+
+    def __init__(self, cache: torch.Tensor) -> None:
+        self.cache = cache
+        self.commits: dict[str, CommitInfo] = {}
+        self.expired: list[str] = []
+
+    def write_kv(
+        self,
+        transfer_id: str,
+        block_ids: list[int],
+        layer_start: int,
+        data: torch.Tensor,
+        head_start: int,
+    ) -> None:
+        layers = slice(layer_start, layer_start + data.shape[0])
+        heads = slice(head_start, head_start + data.shape[4])
+        self.cache[layers, :, block_ids, :, heads] = data
+
+    def on_commit(self, transfer_id: str, commit: CommitInfo) -> None:
+        self.commits[transfer_id] = commit
+
+    def on_expired(self, transfer_id: str) -> None:
+        self.expired.append(transfer_id)
 
 
 @dataclass
@@ -33,7 +76,8 @@ class DecodeRanks:
     config: KVTransferConfig
     kv_heads: int
     size: int
-    sinks: list[TensorSink] = field(default_factory=list)
+    shape: CacheShape = SMALL_CACHE
+    sinks: list[RankCacheSink] = field(default_factory=list)
     followers: list = field(default_factory=list)  # ranks 1.. receivers
     ranked: RankedReceiver | None = None
 
@@ -41,8 +85,8 @@ class DecodeRanks:
         layouts = []
         for rank in range(self.size):
             first, end = kv_head_range(self.kv_heads, rank, self.size)
-            cache = torch.zeros(LAYERS, 2, BLOCKS, BLOCK_SIZE, end - first, HEAD_DIM)
-            self.sinks.append(TensorSink(cache))
+            cache = torch.zeros(self.shape.of(end - first))
+            self.sinks.append(RankCacheSink(cache))
             layouts.append(KVLayout.of(cache, first))
         for rank in range(1, self.size):
             receiver = make_receiver(
@@ -89,7 +133,12 @@ class PrefillRanks:
         """Every rank pushes its heads (ranks > 0 on threads, as their actors would), rank 0
         commits: what the prefill worker's rank 0 runs (send_sliced)."""
         send = SlicedSend(
-            tuple(endpoints), transfer_id, src, LAYERS, self.reference.shape[4], self.size
+            tuple(endpoints),
+            transfer_id,
+            src,
+            self.reference.shape[0],  # layers
+            self.reference.shape[4],  # KV heads
+            self.size,
         )
 
         def start_followers():
