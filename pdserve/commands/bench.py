@@ -26,6 +26,10 @@ GROUPS: dict[str, dict[str, tuple[str, str]]] = {
             "pdserve.bench.engine.expert_parallel_bench",
             "an MoE model on TP ranks: experts all-reduced vs --expert-parallel's all_to_all",
         ),
+        "tp-decode": (
+            "pdserve.bench.engine.tp_decode_bench",
+            "decode tokens/s of one worker on TP ranks vs TP 1 (one thread, and as many)",
+        ),
     },
     "decoding": {
         "spec": (

@@ -8,6 +8,8 @@
   from the host tier to the disk tier, the file written there vs queued to the writer thread.
 - `expert_parallel_bench.py` — `bench moe-tp`: an MoE model on TP ranks, its experts run on
   every token and all-reduced vs `--expert-parallel`'s all_to_all dispatch.
+- `tp_decode_bench.py` — `bench tp-decode`: decode tokens/s at TP N (the served worker's
+  executors over spawned Gloo ranks) vs TP 1, rank 0's broadcast time, a handoff's bytes.
 - `op_profile.py` — torch.profiler self time per op as shares of a step's wall time, and the
   share outside weight matmuls (`bench engine --op-profile`).
 - `step_phases.py` — a decode step's wall time by the engine's phases (`bench engine
