@@ -7,7 +7,11 @@ runs while the forward does; "accept": advancing the 32 matchers by one token ea
 
     python docs/scripts/grammar_step_cost.py
 
-(Kept out of pdserve/bench while that package is being reorganised; docs/decoding.md quotes it.)
+A one-off diagnostic, not a benchmark: it found where the grammar's step cost lay when the
+mask fill moved into the forward, and "before" replays code the engine no longer
+has, so there is nothing for a user to rerun against. The figures it produced stay in
+docs/decoding.md and docs/benchmarks/decoding.md; `pdserve bench engine --decoding json` is the
+benchmark of structured output's cost.
 """
 
 from __future__ import annotations
