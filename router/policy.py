@@ -7,8 +7,8 @@ and picks one (the cost policy does the same on arrays, router/option_matrix.py)
                by the cached prefix (prefill side, then decode side), then by load, then in
                rotation: with a cheap model a cached prefix saves less than the tolerance, but
                reusing it still keeps the other workers' caches and time for other prefixes
-  least_loaded the least loaded D, then the P with the shortest prompt queue, exact ties in
-               rotation (baseline)
+  least_loaded the D with the fewest requests, then the P with the shortest prompt queue,
+               exact ties in rotation (baseline, as nginx's least_conn)
   round_robin  D and P in rotation (baseline)
   prefix       the longest cached prefix on the prefilling worker, ties to the least loaded
                option (baseline: prefix affinity alone, as a prefix-cache scorer)
@@ -296,9 +296,10 @@ class RoutingPolicy:
             by_decode.setdefault(o.decode_worker, []).append(o)
         loads = {w.worker_id: w for w in (*prefill, *decode)}
         if policy == "least_loaded":
-            # Exact ties in rotation, as nginx's least_conn: by name, replicas that each see
-            # only their own requests would all send to the first idle worker.
-            d_ids = _least(by_decode, lambda w: (loads[w].load, -loads[w].num_free_blocks))
+            # Requests alone, exact ties in rotation, as nginx's least_conn: by name (or by
+            # free KV blocks, which every replica reads from the same stats), replicas that
+            # each count only their own requests would all send to the same idle worker.
+            d_ids = _least(by_decode, lambda w: loads[w].load)
             choices = by_decode[d_ids[next(self._turn) % len(d_ids)]]
             ties = _least(choices, lambda o: self._prefill_load_key(o, loads))
             return ties[next(self._prefill_turn) % len(ties)]

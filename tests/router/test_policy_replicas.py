@@ -49,11 +49,14 @@ def test_round_robin_replicas_spread_when_their_turns_interleave() -> None:
 
 
 def test_least_loaded_breaks_exact_ties_in_rotation() -> None:
-    # The loads do not change between decisions (the rows are the same): every worker ties.
-    picks = decode_picks(replicas("least_loaded", 1)[0], 2 * len(WORKERS))
-    assert Counter(picks) == {w.worker_id: 2 for w in WORKERS}
-    first_picks = [decode_picks(p, 1)[0] for p in replicas("least_loaded", 8)]
-    assert len(set(first_picks)) > 1  # by name, all eight sent their first request to d0
+    # Idle workers whose caches fill different parts of their pools (as every replica reads
+    # them in the same stats): the loads tie, and do not change between decisions.
+    idle = [WorkerLoad(f"d{i}", num_blocks=4096, num_free_blocks=4096 - 100 * i) for i in range(16)]
+    policy = replicas("least_loaded", 1)[0]
+    picks = [policy.decide(REQUEST, [], idle).decode_worker for _ in range(32)]
+    assert Counter(picks) == {w.worker_id: 2 for w in idle}
+    first_picks = [p.decide(REQUEST, [], idle).decode_worker for p in replicas("least_loaded", 8)]
+    assert len(set(first_picks)) > 1  # by name or free blocks, all eight sent theirs to d0
 
 
 def test_least_loaded_still_prefers_the_least_loaded() -> None:
