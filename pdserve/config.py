@@ -148,6 +148,12 @@ class RouterConfig:
         minimum=1,
     )
     policy: str = setting("cost", "", choices=ROUTING_POLICIES)
+    # Router replicas must not pick alike: unset, each draws its own (router/policy.py).
+    policy_seed: int | None = setting(
+        None,
+        "seed of the policy's random picks and rotations, to repeat a run (default: system "
+        "entropy, so that router replicas do not send to the same workers in step)",
+    )
     disaggregate: str = setting(
         "auto",
         "prefill on a prefill worker: auto (by cost), always, never, threshold:N (when more "

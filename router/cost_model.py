@@ -214,11 +214,15 @@ class CostModel:
 
     def prefill_fits(self, local: bool) -> list[LinearFit]:
         """A decode worker shares its accelerator with decoding, so a prefill there is never
-        taken to be faster than on a prefill worker: estimates use the slower of the two lines.
-        They are measured differently (per request with overheads, vs engine step time from
-        counters), and the local line alone would price local prefills below the same work on
-        an idle prefill worker."""
+        taken to be faster than on a prefill worker: estimates use the slower of the two lines
+        once both have data. They are measured differently (per request with overheads, vs
+        engine step time from counters), and the local line alone would price local prefills
+        below the same work on an idle prefill worker. A line without data is only its prior:
+        in a colocated cluster the prefill workers' line never gets any, and its prior (4x an
+        8B's H100 prefill) would price every local prefill and queue for ever."""
         if local and self.local_prefill.samples:
+            if not self.prefill.samples:
+                return [self.local_prefill]
             return [self.prefill, self.local_prefill]
         return [self.prefill]
 

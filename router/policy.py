@@ -7,7 +7,8 @@ and picks one (the cost policy does the same on arrays, router/option_matrix.py)
                by the cached prefix (prefill side, then decode side), then by load, then in
                rotation: with a cheap model a cached prefix saves less than the tolerance, but
                reusing it still keeps the other workers' caches and time for other prefixes
-  least_loaded the least loaded D, then the P with the shortest prompt queue (baseline)
+  least_loaded the D with the fewest requests, then the P with the shortest prompt queue,
+               exact ties in rotation (baseline, as nginx's least_conn)
   round_robin  D and P in rotation (baseline)
   prefix       the longest cached prefix on the prefilling worker, ties to the least loaded
                option (baseline: prefix affinity alone, as a prefix-cache scorer)
@@ -29,8 +30,9 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from pdserve.config import ROUTING_POLICIES, RouterConfig
 from pdserve.disaggregate_modes import DisaggregateMode, parse_disaggregate
@@ -42,12 +44,16 @@ from router.option_matrix import LazyEstimates, Limits, OptionMatrix
 from router.peer_pull import peer_blocks
 
 POLICIES = ROUTING_POLICIES
+T = TypeVar("T")
 # The `approximate` policy's thresholds, sglang router's defaults for `cache_aware`: loads are
 # out of balance when the busiest option's exceeds the idlest's by more than ABS requests and
 # REL times; a cached prefix is followed when it covers more than the threshold of the prompt.
 APPROXIMATE_CACHE_THRESHOLD = 0.5
 APPROXIMATE_BALANCE_ABS = 32
 APPROXIMATE_BALANCE_REL = 1.0001
+# A rotation starts at a number drawn below this, which modulo a list of workers (far fewer)
+# falls on any of them about evenly.
+ROTATION_STARTS = 1 << 32
 
 
 @dataclass
@@ -89,11 +95,13 @@ class RoutingPolicy:
         weights: Weights | None = None,
         tie_tolerance: float = 0.005,
         vectorised: bool = True,
-        seed: int = 0,
+        seed: int | None = 0,
     ) -> None:
         """`vectorised`: the cost policy decides on router/option_matrix.py's arrays, O(P + D)
         Python; False enumerates every option as an Estimate (the reference it is tested against).
-        `seed`: the `random` policy's (routers side by side need different ones)."""
+        `seed`: of the policy's Random, which draws the `random` policy's picks and where the
+        rotations start; None seeds it from system entropy (a real router: replicas side by
+        side must not pick alike), a number repeats a run (tests, the simulation)."""
         if config.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {config.policy!r}")
         try:
@@ -114,9 +122,12 @@ class RoutingPolicy:
             weights=self.weights,
             peer_pull=config.peer_pull,
         )
-        self._turn = itertools.count()  # rotation among ties, and of decode workers
-        self._prefill_turn = itertools.count()  # rotation of prefill workers (round_robin)
-        self._random = random.Random(seed)  # `random`: seeded, so a run can be repeated
+        self._random = random.Random(seed)
+        # The rotations start at a drawn place, not at the first worker: router replicas that
+        # each count only their own requests would otherwise send to the same workers in step
+        # (grpc-java's round robin picker starts at a random index for the same reason).
+        self._turn = itertools.count(self._random.randrange(ROTATION_STARTS))  # ties, decode
+        self._prefill_turn = itertools.count(self._random.randrange(ROTATION_STARTS))
 
     @property
     def mode(self) -> DisaggregateMode:
@@ -285,8 +296,13 @@ class RoutingPolicy:
             by_decode.setdefault(o.decode_worker, []).append(o)
         loads = {w.worker_id: w for w in (*prefill, *decode)}
         if policy == "least_loaded":
-            d_id = min(by_decode, key=lambda w: (loads[w].load, -loads[w].num_free_blocks, w))
-            return min(by_decode[d_id], key=lambda o: self._prefill_load_key(o, loads))
+            # Requests alone, exact ties in rotation, as nginx's least_conn: by name (or by
+            # free KV blocks, which every replica reads from the same stats), replicas that
+            # each count only their own requests would all send to the same idle worker.
+            d_ids = _least(by_decode, lambda w: loads[w].load)
+            choices = by_decode[d_ids[next(self._turn) % len(d_ids)]]
+            ties = _least(choices, lambda o: self._prefill_load_key(o, loads))
+            return ties[next(self._prefill_turn) % len(ties)]
         # round_robin: decode and prefill workers each in their own rotation.
         d_ids = sorted(by_decode)
         choices = by_decode[d_ids[next(self._turn) % len(d_ids)]]
@@ -302,9 +318,16 @@ class RoutingPolicy:
     @staticmethod
     def _prefill_load_key(o: Estimate, loads: dict[str, WorkerLoad]) -> tuple:
         if o.prefill_worker is None:
-            return (1, 0, 0, "")  # baselines prefer disaggregating when both are allowed
+            return (1, 0, 0)  # baselines prefer disaggregating when both are allowed
         p = loads[o.prefill_worker]
-        return (0, p.queued_tokens, p.load, p.worker_id)
+        return (0, p.queued_tokens, p.load)
+
+
+def _least(items: Iterable[T], key: Callable[[T], Any]) -> list[T]:
+    """The items of the least key, in their given order."""
+    items = list(items)
+    least = min(map(key, items))
+    return [item for item in items if key(item) == least]
 
 
 def _pick_approximate(request: RoutingRequest, feasible: list[Estimate]) -> Estimate:

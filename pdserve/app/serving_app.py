@@ -141,7 +141,7 @@ class ServingApp:
 
         store_speculation_counts(self.pool, index)
         self._stack.append(("index maintenance", as_async(IndexMaintenance(index).start().stop)))
-        policy = RoutingPolicy(config.router)
+        policy = RoutingPolicy(config.router, seed=config.router.policy_seed)
         # Waiting prompts are packed into engine steps of this many tokens (queue estimates).
         policy.cost.step_tokens = config.engine.max_num_batched_tokens
         self.planner = start_planner(config, model_dir, self.pool, policy, index)

@@ -20,6 +20,9 @@ from router.worker_pool import WorkerPool
 from tests.router.toy_workers import BLOCK_SIZE, ToyDecodeWorker, ToyModel, ToyPrefillWorker
 
 VOCAB = 300
+# A policy seed whose rotations both start at a multiple of 12 (router/policy.py draws where
+# they start): with 1-4 workers of a role, the first attempt goes to decode-0 and prefill-0.
+ROTATIONS_FROM_THE_FIRST = 24
 
 
 PROMPT = [10, 11, 12, 13, 14, 15]  # 6 tokens: one full block of 4 and a partial one
@@ -88,7 +91,7 @@ async def cluster(
         disaggregate=disaggregate,
         max_pending_requests=max_pending_requests,
     )
-    routing = Routing(pool, RoutingPolicy(config), BLOCK_SIZE)
+    routing = Routing(pool, RoutingPolicy(config, seed=ROTATIONS_FROM_THE_FIRST), BLOCK_SIZE)
     flow = RequestFlow(
         pool,
         routing.choose_async,

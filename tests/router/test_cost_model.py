@@ -133,6 +133,20 @@ def test_a_local_prefill_is_never_estimated_cheaper_than_on_a_prefill_worker() -
     assert cost.prefill_seconds(288, local=True) > 1.5 > cost.prefill_seconds(288)
 
 
+def test_a_colocated_cluster_prices_local_prefills_by_its_measurements_not_a_prior() -> None:
+    # No prefill worker: the pool's line never gets a sample. Its prior (0.42 s for 4096
+    # tokens) outweighed the measured local line (an 8B on an H100: 0.11 s) in every estimate,
+    # a 4x overestimate of each cold prefix and of each queue behind one (issue 50).
+    cost = CostModel(step_tokens=8192)
+    for tokens in (64, 4160):
+        for _ in range(20):
+            cost.observe_prefill(tokens, 0.006 + 2.5e-5 * tokens, local=True)
+    assert not cost.prefill.samples
+    assert cost.prefill_seconds(4096, local=True) == pytest.approx(0.108, rel=0.05)
+    assert cost.prefill_queue_seconds(4096, 1, local=True) == pytest.approx(0.102, rel=0.05)
+    assert cost.stall_seconds(4096) == cost.prefill_seconds(4096, local=True)
+
+
 def test_a_queue_pays_the_fixed_cost_per_engine_step_not_per_request() -> None:
     cost = CostModel(step_tokens=512)
     for tokens in (32, 288, 512):
