@@ -136,3 +136,18 @@ def test_the_tenants_sweep_takes_one_arrival_mode(capsys) -> None:
     )
     assert routing_offline.run(wrong) == 2
     assert "--think-ms must be >= 0" in capsys.readouterr().err
+
+
+def test_a_closed_loop_past_the_routers_admission_limit_is_admitted(tmp_path) -> None:
+    # 300 clients on 264 one-turn conversations: all 264 pending at once, past the router's
+    # default limit of 256, which would refuse 8 of them at once.
+    out = tmp_path / "many.json"
+    args = bench_args(
+        routing_offline, workload="tenants", models="llama-3.1-8b:1", sizes="2",
+        concurrency="150", policies="random", tenant_kv_blocks=512, tenant_prefix_len=1024,
+        users_per_tenant=24, tenant_turns=1, json=out,
+    )  # fmt: skip
+    assert routing_offline.run(args) == 0
+    (result,) = json.loads(out.read_text())
+    assert result["requests"] == 264 and result["concurrency"] == 300
+    assert result["failed"] == 0

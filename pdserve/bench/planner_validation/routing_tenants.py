@@ -241,7 +241,8 @@ def run_policy_closed_loop(
         ProbeRequest(k, list(r.prompt), r.output_len, 0.0, r.tag) for k, r in enumerate(requests)
     ]
     runs, _ = run_closed_loop(
-        deployment, Split(0, size), probes, clients, _router(policy, args), args.think_ms / 1e3,
+        deployment, Split(0, size), probes, clients, _router(policy, args, clients),
+        args.think_ms / 1e3,
         index_lag_s=args.index_lag_ms / 1e3, router_replicas=args.router_replicas,
     )  # fmt: skip
     sent = len(runs) / max(1e-9, run_duration([r.record for r in runs]))
@@ -250,15 +251,21 @@ def run_policy_closed_loop(
     return result
 
 
-def _router(policy: str, args):
+def _router(policy: str, args, clients: int = 0):
+    """The router's settings; with `clients` (closed loop) its admission limit is raised to
+    them, as a deployment sized for that many clients would set it: a closed loop never has
+    more requests pending, and the default (256) would refuse the rest of a larger one at once,
+    under every policy alike, each refusal freeing its client for the next."""
     from pdserve.config import RouterConfig
 
-    return RouterConfig(
+    config = RouterConfig(
         policy=policy,
         disaggregate="never",
         ttft_slo_ms=args.ttft_slo_ms,
         tpot_slo_ms=args.tpot_slo_ms,
     )
+    config.max_pending_requests = max(config.max_pending_requests, clients)
+    return config
 
 
 def _result(model, size, rate, policy, tenants, runs, args) -> TenantResult:
