@@ -4,7 +4,9 @@ document), about U users per tenant asking short questions over several turns (e
 prompt: the prefix, the conversation so far, a new question; every user's turn k before any
 turn k+1); T chosen so that all prefixes together need `--prefix-kv-fraction` of the cluster's
 KV, which is many times one worker's. Six policies side by side, each on a fresh virtual
-cluster per rate, Poisson rates swept from light to well past round-robin's saturation.
+cluster per load: Poisson rates swept from light to well past round-robin's saturation (open
+loop, `--rates-per-worker`), or clients that wait for their answers (closed loop,
+`--concurrency`: pdserve/planner/closed_loop.py).
 
 Colocated workers (`disaggregate=never`: every worker prefills what it decodes, the setting of
 llm-d's and Dynamo's prefix-cache routing results). The event-fed policies (`cost`, `prefix`)
@@ -18,8 +20,9 @@ tokens/s of the requests that met both SLOs, `--ttft-slo-ms` and `--tpot-slo-ms`
 rate (1 - prompt tokens the workers computed / prompt tokens sent); then issue 50's targets at
 the highest rate where random still completes every request. Below saturation every policy
 delivers the offered load, so output tokens/s can only tie there; what random loses first, as
-its queues grow, is the requests served in time, which goodput counts: the throughput target is
-taken on goodput at that rate.
+its queues grow, is the requests served in time, which goodput counts. In the closed loop,
+where the published throughput gains are measured, output tokens/s follows each request's
+latency; the report ends with cost/random output tokens/s per concurrency against 1.5.
 """
 
 from __future__ import annotations
