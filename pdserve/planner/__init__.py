@@ -10,6 +10,7 @@ and router on a virtual clock (no Ray, no sleeping).
 - `virtual_pull.py` — a local prefill's peer pull (--peer-pull) on the virtual clock.
 - `cluster.py` — `VirtualCluster`: the workers behind the router's own `Routing`.
 - `probe.py` — `run_probe`: one split at one rate, and whether enough requests met the SLOs.
+- `closed_loop.py` — `run_closed_loop`: clients that wait for their answers (fixed concurrency).
 - `virtual_index.py` — the router's copy of the prefix index on the virtual clock, KV events applied after a lag.
 - `role_switching.py` — `VirtualRoleSwitcher`: `--role-switching`'s decision and drain on the virtual clock.
 - `splits.py` — `all_splits`, `tp_splits`: the splits compared; the replicas one is simulated as.

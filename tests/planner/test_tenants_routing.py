@@ -97,3 +97,57 @@ def test_router_replicas_each_route_their_share_on_the_same_workers_and_index(tm
         assert sum(routing._prefills_routed.values()) == share
     held = [sum(r.approximate.held_blocks(w) for w in cluster.workers) for r in cluster.routers]
     assert all(held) and sum(held) > max(held)  # three partial views, none of them the whole
+
+
+def test_the_tenants_sweep_in_closed_loop_reports_per_concurrency(tmp_path, capsys) -> None:
+    out = tmp_path / "closed.json"
+    args = bench_args(
+        routing_offline, workload="tenants", models="llama-3.1-8b:1", sizes="2",
+        concurrency="1,3", policies="cost,random", tenant_kv_blocks=512, tenant_prefix_len=1024,
+        users_per_tenant=2, tenant_turns=2, json=out,
+    )  # fmt: skip
+    assert routing_offline.run(args) == 0
+    printed = " ".join(capsys.readouterr().out.split())  # the console wraps long lines
+    results = {(r["concurrency"], r["policy"]): r for r in json.loads(out.read_text())}
+    assert set(results) == {(2, "cost"), (2, "random"), (6, "cost"), (6, "random")}
+    for r in results.values():
+        assert r["completed"] == r["requests"] == 11 * 2 * 2  # 11 tenants x 2 users x 2 turns
+        assert r["rate"] > 0 and r["output_tokens_per_s"] > 0
+    # Three times the clients, each waiting for its answers: more requests per second.
+    assert results[6, "random"]["rate"] > 1.5 * results[2, "random"]["rate"]
+    assert "2 workers, closed loop: 2 clients: output tok/s cost/random" in printed
+    assert "target (>= 1.5) holds at" in printed
+
+
+def test_the_tenants_sweep_takes_one_arrival_mode(capsys) -> None:
+    both = bench_args(
+        routing_offline, workload="tenants", sizes="2", concurrency="2", rates_per_worker="1"
+    )
+    assert routing_offline.run(both) == 2
+    error = capsys.readouterr().err
+    assert "--concurrency (closed loop) and --rates-per-worker (open loop)" in error
+    assert "give one of them" in error
+    for bad in ("0", "2,x"):
+        wrong = bench_args(routing_offline, workload="tenants", sizes="2", concurrency=bad)
+        assert routing_offline.run(wrong) == 2
+        assert "--concurrency: clients per worker, positive integers" in capsys.readouterr().err
+    wrong = bench_args(
+        routing_offline, workload="tenants", sizes="2", concurrency="2", think_ms="-1"
+    )
+    assert routing_offline.run(wrong) == 2
+    assert "--think-ms must be >= 0" in capsys.readouterr().err
+
+
+def test_a_closed_loop_past_the_routers_admission_limit_is_admitted(tmp_path) -> None:
+    # 300 clients on 264 one-turn conversations: all 264 pending at once, past the router's
+    # default limit of 256, which would refuse 8 of them at once.
+    out = tmp_path / "many.json"
+    args = bench_args(
+        routing_offline, workload="tenants", models="llama-3.1-8b:1", sizes="2",
+        concurrency="150", policies="random", tenant_kv_blocks=512, tenant_prefix_len=1024,
+        users_per_tenant=24, tenant_turns=1, json=out,
+    )  # fmt: skip
+    assert routing_offline.run(args) == 0
+    (result,) = json.loads(out.read_text())
+    assert result["requests"] == 264 and result["concurrency"] == 300
+    assert result["failed"] == 0

@@ -12,5 +12,5 @@ without an import cycle.
 - `routing_offline.py` — `bench sim-routing`'s policies and workloads on the virtual cluster.
 - `kv_tiers_offline.py` — `bench sim-kv-tiers`: `bench kv-tiers`' chat on 16 virtual H100s,
   without tiers vs host (PCIe 5) and disk (NVMe) tiers, rates swept.
-- `routing_tenants.py` — the multi-tenant workload: six policies per rate on the virtual cluster.
+- `routing_tenants.py` — the multi-tenant workload: six policies per rate (or per concurrency, closed loop) on the virtual cluster.
 """

@@ -4,7 +4,9 @@ document), about U users per tenant asking short questions over several turns (e
 prompt: the prefix, the conversation so far, a new question; every user's turn k before any
 turn k+1); T chosen so that all prefixes together need `--prefix-kv-fraction` of the cluster's
 KV, which is many times one worker's. Six policies side by side, each on a fresh virtual
-cluster per rate, Poisson rates swept from light to well past round-robin's saturation.
+cluster per load: Poisson rates swept from light to well past round-robin's saturation (open
+loop, `--rates-per-worker`), or clients that wait for their answers (closed loop,
+`--concurrency`: pdserve/planner/closed_loop.py).
 
 Colocated workers (`disaggregate=never`: every worker prefills what it decodes, the setting of
 llm-d's and Dynamo's prefix-cache routing results). The event-fed policies (`cost`, `prefix`)
@@ -18,8 +20,9 @@ tokens/s of the requests that met both SLOs, `--ttft-slo-ms` and `--tpot-slo-ms`
 rate (1 - prompt tokens the workers computed / prompt tokens sent); then issue 50's targets at
 the highest rate where random still completes every request. Below saturation every policy
 delivers the offered load, so output tokens/s can only tie there; what random loses first, as
-its queues grow, is the requests served in time, which goodput counts: the throughput target is
-taken on goodput at that rate.
+its queues grow, is the requests served in time, which goodput counts. In the closed loop,
+where the published throughput gains are measured, output tokens/s follows each request's
+latency; the report ends with cost/random output tokens/s per concurrency against 1.5.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+DEFAULT_RATES_PER_WORKER = "1,2,4,8,16"
 TENANT_POLICIES = ("cost", "prefix", "approximate", "least_loaded", "round_robin", "random")
 # A request that finds no room waits, then fails, as live; at these rates the run is short
 # enough that a failure means the cluster could not keep up.
@@ -40,8 +44,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", default="llama-3.1-8b:1,qwen2.5-32b:2",
                    help="tenants: shape:tp, comma separated (analytical profile of --gpu)")  # fmt: skip
     p.add_argument("--gpu", default="h100", help="tenants: the virtual GPU")
-    p.add_argument("--rates-per-worker", default="1,2,4,8,16",
-                   help="tenants: simulated req/s per worker, comma separated")  # fmt: skip
+    p.add_argument("--rates-per-worker", default=None,
+                   help="tenants: open loop, Poisson arrivals: simulated req/s per worker, "
+                   f"comma separated (default {DEFAULT_RATES_PER_WORKER})")  # fmt: skip
+    p.add_argument("--concurrency", default=None,
+                   help="tenants: closed loop instead of --rates-per-worker: clients per worker, "
+                   "comma separated; each waits for its answer before sending its next request "
+                   "and owns whole conversations (pdserve/planner/closed_loop.py)")  # fmt: skip
+    p.add_argument("--think-ms", type=float, default=0.0,
+                   help="tenants, --concurrency: a client's pause between an answer and its "
+                   "next request")  # fmt: skip
     p.add_argument("--tenant-prefix-len", type=int, default=4096, help="tenants: prefix tokens")
     p.add_argument("--users-per-tenant", type=int, default=4)
     p.add_argument("--tenant-turns", type=int, default=3)
@@ -81,6 +93,11 @@ class TenantResult:
     index_blocks_per_worker_s: float
     index_peak_entries: int
     router_replicas: int = 1  # routers side by side, each remembering only its own routes
+    # Closed loop (--concurrency): the clients, the whole cluster, and their pause between an
+    # answer and the next request; `rate` is then the requests sent over the run's duration.
+    # 0: open loop, Poisson arrivals at `rate`.
+    concurrency: int = 0
+    think_ms: float = 0.0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -95,12 +112,28 @@ def run(args: argparse.Namespace) -> int:
     unknown = sorted(set(policies) - set(TENANT_POLICIES))
     if unknown:
         return bench_error(f"--policies: unknown {', '.join(unknown)}", 2)
+    if args.concurrency is not None and args.rates_per_worker is not None:
+        return bench_error(
+            "--concurrency (closed loop) and --rates-per-worker (open loop) are two arrival "
+            "modes: give one of them",
+            2,
+        )
+    if args.concurrency is not None:
+        try:
+            if min(int(c) for c in args.concurrency.split(",")) < 1:
+                raise ValueError
+        except ValueError:
+            return bench_error(
+                f"--concurrency: clients per worker, positive integers; got {args.concurrency!r}", 2
+            )
+        if args.think_ms < 0:
+            return bench_error(f"--think-ms must be >= 0, got {args.think_ms:g}", 2)
     results: list[TenantResult] = []
     for spec in args.models.split(","):
         shape, _, tp = spec.partition(":")
         for size in (int(s) for s in args.sizes.split(",")):
             results += measure(shape, int(tp or 1), size, policies, args, console)
-    for line in target_lines(results):
+    for line in target_lines(results) + closed_loop_target_lines(results):
         console.print(line)
     if args.json:
         Path(args.json).write_text(json.dumps([asdict(r) for r in results], indent=2) + "\n")
@@ -131,10 +164,24 @@ def measure(shape: str, tp: int, size: int, policies, args, console) -> list[Ten
         f"{args.router_replicas} router(s)"
     )
     results = []
-    for per_worker in (float(r) for r in args.rates_per_worker.split(",")):
+    # Every policy on the same requests (and arrival times): the comparison is the routing.
+    requests = tenant_requests(deployment, tenants, args, seed=args.seed)
+    if args.concurrency is not None:
+        for per_worker in (int(c) for c in args.concurrency.split(",")):
+            clients = per_worker * size
+            for policy in policies:
+                result = run_policy_closed_loop(
+                    deployment, model, size, clients, policy, tenants, requests, args
+                )
+                results.append(result)
+                console.print(
+                    f"  {clients} clients ({result.rate:.1f} req/s) {policy}: {_line(result)}"
+                )
+        return results
+    for per_worker in (
+        float(r) for r in (args.rates_per_worker or DEFAULT_RATES_PER_WORKER).split(",")
+    ):
         rate = per_worker * size
-        # Every policy on the same requests and arrival times: the comparison is the routing.
-        requests = tenant_requests(deployment, tenants, args, seed=args.seed)
         for policy in policies:
             result = run_policy(deployment, model, size, rate, policy, tenants, requests, args)
             results.append(result)
@@ -169,27 +216,65 @@ def tenant_conversations(tenants: int, args, seed: int, vocab_size: int, special
 
 def run_policy(deployment, model, size, rate, policy, tenants, requests, args) -> TenantResult:
     from pdserve.bench.common.load_generator import arrival_times
-    from pdserve.config import RouterConfig
     from pdserve.planner.probe import SLO, Split, run_probe
     from pdserve.planner.workload import ProbeRequest
-    from pdserve.workloads.metrics import run_duration, summarize
 
     at = arrival_times(len(requests), rate, seed=args.seed)
     probes = [
         ProbeRequest(k, list(r.prompt), r.output_len, t * rate)
         for k, (r, t) in enumerate(zip(requests, at, strict=True))
     ]
-    router = RouterConfig(
+    slo = SLO(args.ttft_slo_ms, args.tpot_slo_ms)
+    _, runs = run_probe(
+        deployment, Split(0, size), probes, rate, slo, _router(policy, args), stop_when_certain=False,
+        index_lag_s=args.index_lag_ms / 1e3, router_replicas=args.router_replicas,
+    )  # fmt: skip
+    return _result(model, size, rate, policy, tenants, runs, args)
+
+
+def run_policy_closed_loop(
+    deployment, model, size, clients, policy, tenants, requests, args
+) -> TenantResult:
+    from pdserve.planner.closed_loop import run_closed_loop
+    from pdserve.planner.probe import Split
+    from pdserve.planner.workload import ProbeRequest
+    from pdserve.workloads.metrics import run_duration
+
+    probes = [
+        ProbeRequest(k, list(r.prompt), r.output_len, 0.0, r.tag) for k, r in enumerate(requests)
+    ]
+    runs, _ = run_closed_loop(
+        deployment, Split(0, size), probes, clients, _router(policy, args, clients),
+        args.think_ms / 1e3,
+        index_lag_s=args.index_lag_ms / 1e3, router_replicas=args.router_replicas,
+    )  # fmt: skip
+    sent = len(runs) / max(1e-9, run_duration([r.record for r in runs]))
+    result = _result(model, size, sent, policy, tenants, runs, args)
+    result.concurrency, result.think_ms = clients, args.think_ms
+    return result
+
+
+def _router(policy: str, args, clients: int = 0):
+    """The router's settings; with `clients` (closed loop) its admission limit is raised to
+    them, as a deployment sized for that many clients would set it: a closed loop never has
+    more requests pending, and the default (256) would refuse the rest of a larger one at once,
+    under every policy alike, each refusal freeing its client for the next."""
+    from pdserve.config import RouterConfig
+
+    config = RouterConfig(
         policy=policy,
         disaggregate="never",
         ttft_slo_ms=args.ttft_slo_ms,
         tpot_slo_ms=args.tpot_slo_ms,
     )
-    slo = SLO(args.ttft_slo_ms, args.tpot_slo_ms)
-    _, runs = run_probe(
-        deployment, Split(0, size), probes, rate, slo, router, stop_when_certain=False,
-        index_lag_s=args.index_lag_ms / 1e3, router_replicas=args.router_replicas,
-    )  # fmt: skip
+    config.max_pending_requests = max(config.max_pending_requests, clients)
+    return config
+
+
+def _result(model, size, rate, policy, tenants, runs, args) -> TenantResult:
+    """The figures of one run, its requests' records and its cluster's workers and index."""
+    from pdserve.workloads.metrics import run_duration, summarize
+
     records = [r.record for r in runs]
     summary = summarize(records, run_duration(records))
     workers = runs[0].cluster.workers.values()
@@ -237,6 +322,7 @@ def _line(r: TenantResult) -> str:
 def target_lines(results: list[TenantResult]) -> list[str]:
     """Issue 50's targets per model and size, at the highest rate where random completes."""
     lines = []
+    results = [r for r in results if not r.concurrency]  # open loop only
     groups = sorted({(r.model, r.size) for r in results})
     for model, size in groups:
         of = {(r.rate, r.policy): r for r in results if (r.model, r.size) == (model, size)}
@@ -276,4 +362,33 @@ def target_lines(results: list[TenantResult]) -> list[str]:
             if not lowest else f"cost's TTFT p90 NOT the lowest at {', '.join(f'{r:g}' for r in lowest)} req/s"
         )  # fmt: skip
         lines.append(f"{head}: " + "; ".join(parts))
+    return lines
+
+
+def closed_loop_target_lines(results: list[TenantResult]) -> list[str]:
+    """Issue 50's throughput target in the closed loop, per model, size and concurrency: cost's
+    output tokens/s at least 1.5x random's (with TTFT p90 cost/random beside it)."""
+    lines = []
+    closed = [r for r in results if r.concurrency]
+    for model, size in sorted({(r.model, r.size) for r in closed}):
+        of = {(r.concurrency, r.policy): r for r in closed if (r.model, r.size) == (model, size)}
+        ratios = []
+        for clients in sorted({c for c, _ in of}):
+            if (clients, "cost") in of and (clients, "random") in of:
+                cost, rnd = of[clients, "cost"], of[clients, "random"]
+                output = cost.output_tokens_per_s / max(1e-9, rnd.output_tokens_per_s)
+                ttft = cost.ttft_p90_ms / max(1e-9, rnd.ttft_p90_ms)
+                ratios.append((clients, output, ttft))
+        head = f"{model}, {size} workers, closed loop"
+        if not ratios:
+            lines.append(f"{head}: cost or random not run")
+            continue
+        parts = "; ".join(
+            f"{c} clients: output tok/s cost/random {o:.2f}, TTFT p90 {t:.3f}" for c, o, t in ratios
+        )
+        held = [str(c) for c, o, _ in ratios if o >= 1.5]
+        verdict = (
+            f"target (>= 1.5) holds at {', '.join(held)} clients" if held else "target (>= 1.5) holds at none"
+        )  # fmt: skip
+        lines.append(f"{head}: {parts}; {verdict}")
     return lines
