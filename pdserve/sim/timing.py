@@ -152,11 +152,14 @@ class AnalyticalTiming:
         return 2 * self.shape.layers * per_reduce
 
 
-# Steps are matched to measured ones of a like size: size classes half an octave wide of the
-# fitted seconds (a 512-token prefill chunk and a 64-token prompt differ ~6x, two decode batches
-# of 1 and 8 sequences ~2x). A class replays its own entries only when it holds enough of them
-# for a spread (a handful walked round and round would repeat one burst); a step of a class with
-# fewer takes the nearest class that has.
+# Prefill steps are matched to measured ones of a like size: size classes half an octave wide of
+# the fitted seconds (a 512-token chunk and a 64-token prompt differ ~6x). A class replays its
+# own entries only when it holds enough of them for a spread (a handful walked round and round
+# would repeat one burst); a step of a class with fewer takes the nearest class that has.
+# Decode steps are not: their ratio followed what else the worker's core did (KV arriving for
+# other requests) more than their size, and by size a calibration's long-context decodes, run
+# amid 1024-token prompts' KV, put a workload of long prompts at 1.26x its real decode time
+# against 0.98x with one table (one calibration, 2026-11-29; docs/simulation.md).
 SIZE_CLASSES_PER_OCTAVE = 2
 MIN_CLASS_ENTRIES = 32
 
@@ -179,13 +182,14 @@ class StepSpread:
     steps and whatever else took the worker's core meanwhile (its event loop thread streaming
     tokens, Ray calls); a step and the gap before it are kept together, so whatever ties the two
     stays as measured. A sim executor walks, in order from a seeded position and wrapping
-    around, the entries of its step's kind and size class (issue 49 point 0: the ratio depends
-    on the size: on a CPU a 768-token prefill ran at x0.66 of a fit where 64-token prompts ran
-    at x1.1, and replaying a calibration's mix onto another workload's steps misplaced it): its
-    steps get the measured distribution and the measured runs of slow steps (a neighbour's burst
-    of work on the core slows many steps in a row, and such runs, not single slow steps, move a
-    request's TPOT). An entry without its fitted seconds (profiles written before they were
-    kept) has no size: such a table is one class.
+    around, the entries of its step's kind and, for a prefill, size class (issue 49 point 0: a
+    prefill's ratio depends on its size: on a CPU a 768-token prefill ran at x0.66 of a fit
+    where 64-token prompts ran at x1.1, and replaying a calibration's mix onto another
+    workload's prompts misplaced them): its steps get the measured distribution and the
+    measured runs of slow steps (a neighbour's burst of work on the core slows many steps in a
+    row, and such runs, not single slow steps, move a request's TPOT). An entry without its
+    fitted seconds (profiles written before they were kept) has no size: such a table is one
+    class.
     Empty: not measured, no spread (every step lasts the mean, as before)."""
 
     decode: tuple[tuple[float, ...], ...] = ()  # steps without prompt tokens
@@ -194,7 +198,8 @@ class StepSpread:
 
     def table(self, work: StepWork, fitted_s: float) -> tuple[str, tuple[tuple[float, float], ...]]:
         """(a name of the table, its (ratio, gap) entries) of measured steps like `work`, which
-        the fit gives `fitted_s`: of its kind and of the nearest size class with enough entries."""
+        the fit gives `fitted_s`: of its kind and, for a prefill, of the nearest size class with
+        enough entries."""
         kind = "prefill" if work.prefill_tokens else "decode"
         classes = self._classes[kind]
         if len(classes) == 1:
@@ -206,13 +211,13 @@ class StepSpread:
 
     @cached_property
     def _classes(self) -> dict[str, dict[int | None, tuple[tuple[float, float], ...]]]:
-        """Per kind: {size class: its (ratio, gap) entries in recorded order}, the classes with
-        at least MIN_CLASS_ENTRIES, or all entries as class None when too few classes have that
-        many (or an entry has no size)."""
+        """Per kind: {size class: its (ratio, gap) entries in recorded order}, the prefill
+        classes with at least MIN_CLASS_ENTRIES; all entries as class None for decode steps, and
+        for prefills when no class has that many (or an entry has no size)."""
         grouped = {}
         for kind, entries in (("decode", self.decode), ("prefill", self.prefill)):
             whole = {None: tuple((e[0], e[1]) for e in entries)}
-            if any(len(e) < 3 for e in entries):
+            if kind == "decode" or any(len(e) < 3 for e in entries):
                 grouped[kind] = whole
                 continue
             by_class: dict[int | None, list[tuple[float, float]]] = {}

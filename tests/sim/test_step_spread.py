@@ -89,24 +89,35 @@ def test_a_profile_with_a_spread_round_trips_and_one_without_reads_as_before(tmp
         assert read.table(PREFILL, fitted)[1] == ((1.5, 0.0),)
 
 
-def test_a_step_replays_the_ratios_of_measured_steps_of_its_size():
-    # Calibration's small decode steps ran under the fit, its large ones over it, interleaved;
+def test_a_prefill_replays_the_ratios_of_measured_prefills_of_its_size():
+    # Calibration's small prompts ran under the fit, its large chunks over it, interleaved;
     # three huge steps are too few to replay on their own.
     small, large, huge = 0.0005, 0.004, 0.064
     entries = [(0.5, 0.0001, small), (2.0, 0.0002, large)] * MIN_CLASS_ENTRIES
     entries += [(9.0, 0.0, huge)] * 3
-    spread = StepSpread(decode=tuple(entries), prefill=((1.0, 0.0, small),))
+    spread = StepSpread(prefill=tuple(entries), decode=tuple(entries[:4]))
     for fitted, ratio, gap in ((small, 0.5, 0.0001), (large, 2.0, 0.0002)):
         # Anywhere in the half octave of the measured ones.
         for near in (fitted, fitted * 1.2):
-            name, table = spread.table(DECODE, near)
+            name, table = spread.table(PREFILL, near)
             assert table == ((ratio, gap),) * MIN_CLASS_ENTRIES, near
-            assert name == f"decode {size_class(fitted)}"
+            assert name == f"prefill {size_class(fitted)}"
     # A step bigger than any class that holds enough: the nearest that does (not the 3 huge).
-    assert spread.table(DECODE, huge)[1] == ((2.0, 0.0002),) * MIN_CLASS_ENTRIES
-    assert spread.table(DECODE, 1.0)[1] == ((2.0, 0.0002),) * MIN_CLASS_ENTRIES
+    assert spread.table(PREFILL, huge)[1] == ((2.0, 0.0002),) * MIN_CLASS_ENTRIES
+    assert spread.table(PREFILL, 1.0)[1] == ((2.0, 0.0002),) * MIN_CLASS_ENTRIES
+    # Decode steps: one table, whatever the size.
+    assert (
+        spread.table(DECODE, small)[1]
+        == spread.table(DECODE, large)[1]
+        == (
+            (0.5, 0.0001),
+            (2.0, 0.0002),
+        )
+        * 2
+    )
     # Too few steps in every class: the whole table, whatever the size.
-    assert spread.table(PREFILL, large)[1] == ((1.0, 0.0),)
+    few = StepSpread(prefill=((1.0, 0.0, small), (3.0, 0.0, large)))
+    assert few.table(PREFILL, large)[1] == few.table(PREFILL, small)[1] == ((1.0, 0.0), (3.0, 0.0))
     # Half an octave apart: 1 and 1.4 ms differ in class, 1 and 1.2 ms do not.
     assert size_class(0.001) != size_class(0.0014) and size_class(0.001) == size_class(0.0012)
 
