@@ -10,11 +10,11 @@ that much earlier, and the sim's steps last the modelled total, not that plus ev
 delay (issue 49 point 0: the owed time was 16 % of a fidelity run's steps). Steps whose Python
 work alone overran the scaled model are counted: a benchmark refuses figures from a saturated
 CPU. A measured profile with a `StepSpread` also scatters the steps as the measured engine's
-did: each step takes the next entry of the table of its kind and size, its modelled time is
-multiplied by the entry's measured / fitted ratio, and, if it follows a step sharing a request,
-it starts no earlier than the entry's gap after that step's end. Tables are walked in recorded
-order from a position the profile's seed picks (the same steps, the same times). Imports
-neither torch nor the rest of pdserve.
+did: each step takes the next entry of the table of its kind (and, for a prefill, its size
+class), its modelled time is multiplied by the entry's measured / fitted ratio, and, if it
+follows a step sharing a request, it starts no earlier than the entry's gap after that step's
+end. Tables are walked in recorded order from a position the profile's seed and the table's
+name pick (the same steps, the same times). Imports neither torch nor the rest of pdserve.
 """
 
 from __future__ import annotations
@@ -168,9 +168,9 @@ class SimExecutor:
         return any(seq.request_id in previous for seq in seqs)
 
     def _next_entry(self, work: StepWork, fitted_s: float) -> tuple[float, float]:
-        """The next (ratio, gap) of the spread table of steps like `work` (its kind, the size
-        class of `fitted_s`), walked in recorded order and wrapping around from a position the
-        seed picks; (1, 0) when that table is empty."""
+        """The next (ratio, gap) of the spread table of steps like `work` (its kind and, for a
+        prefill, the size class of `fitted_s`), walked in recorded order and wrapping around
+        from a position the seed picks; (1, 0) when that table is empty."""
         name, table = self._spread.table(work, fitted_s)
         if not table:
             return 1.0, 0.0

@@ -5,8 +5,8 @@ Least squares of step seconds on (1, prefill tokens, decode sequences, context t
 non-negative: a feature whose coefficient comes out negative is dropped (its coefficient is 0)
 and the rest refitted, until all are non-negative (an active-set NNLS, enough for 4 features).
 `fit_spread` keeps how served steps scattered around such a fit (a `StepSpread`: each step's
-measured / fitted time, the gap before it and its fitted time, in recorded order). `fit_transfer` fits KV pushes: a
-fixed cost and a cost per byte.
+measured / fitted time, the gap before it and its fitted time, in recorded order).
+`fit_transfer` fits KV pushes: a fixed cost and a cost per byte.
 """
 
 from __future__ import annotations
