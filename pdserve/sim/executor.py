@@ -3,13 +3,18 @@
 The engine's scheduler, block manager and prefix cache run as they do on the torch path; this
 executor produces each sampled token with `tokens.sim_token` and makes the step last what the
 timing model says: it sleeps until `step_started + modelled * time_scale` (Python work already
-done counts). Steps whose Python work alone overran the scaled model are counted: a benchmark
-refuses figures from a saturated CPU. A measured profile with a `StepSpread` also scatters the
-steps as the measured engine's did: each step takes the next entry of its kind's table, its
-modelled time is multiplied by the entry's measured / fitted ratio, and, if it follows a step
-sharing a request, it starts no earlier than the entry's gap after that step's end. Tables
-are walked in recorded order from a position the profile's seed picks (the same steps, the
-same times). Imports neither torch nor the rest of pdserve.
+done counts). A sleep wakes late (tens to hundreds of microseconds on a shared CPU, as much as a
+small CPU decode step's fitted cost), so what a step overshoots its deadline by is owed by the
+next one while the worker goes straight on (the next step shares a request): its deadline comes
+that much earlier, and the sim's steps last the modelled total, not that plus every wake-up's
+delay (issue 49 point 0: the owed time was 16 % of a fidelity run's steps). Steps whose Python
+work alone overran the scaled model are counted: a benchmark refuses figures from a saturated
+CPU. A measured profile with a `StepSpread` also scatters the steps as the measured engine's
+did: each step takes the next entry of the table of its kind (and, for a prefill, its size
+class), its modelled time is multiplied by the entry's measured / fitted ratio, and, if it
+follows a step sharing a request, it starts no earlier than the entry's gap after that step's
+end. Tables are walked in recorded order from a position the profile's seed and the table's
+name pick (the same steps, the same times). Imports neither torch nor the rest of pdserve.
 """
 
 from __future__ import annotations
@@ -66,6 +71,7 @@ class SimExecutor:
         time_scale: float = 1.0,
         link_gbps: float = 400.0,
         sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         shape = ModelShape.from_config(model_config, dtype)
         self.model_config = model_config
@@ -79,20 +85,23 @@ class SimExecutor:
         parsed = parse_profile(profile)
         self.timing = timing_model(parsed, model_config, dtype)
         self._spread = parsed.spread if isinstance(parsed, LinearTiming) else None
-        # Where the walk through each spread table starts; a generator of its own, as the
-        # token salts' (`_random`) must not depend on the timing.
-        starts = random.Random(self._spread.seed if self._spread else 0)
-        self._cursors = {name: starts.getrandbits(32) for name in ("decode", "prefill")}
-        self._previous_step: tuple[float, set[str]] | None = None  # (its end, its requests)
+        # Where the walk through each spread table is: {table name: position}.
+        self._cursors: dict[str, int] = {}
+        self._previous_step: tuple[float, list] | None = None  # (its end, its sequences)
+        self._owed = 0.0  # wall seconds the steps so far overshot their deadlines by
         self.time_scale = time_scale
         self._link_seconds_per_byte = time_scale / (link_gbps * GBIT)
         self._space = TokenSpace(shape.vocab, avoid_token_ids)
         self._random = random.Random()
         self._sleep = sleep
+        self._clock = clock  # the engine's step_started clock
         self._stats = {
             "sim_modelled_seconds": 0.0,
             "sim_measured_seconds": 0.0,
             "sim_overrun_steps": 0,
+            # Of the modelled seconds, the measured gaps a step waited before it (a real step's
+            # time excludes its gap: the sim's steps hold them, the real ones do not).
+            "sim_gap_seconds": 0.0,
             "sim_block_copies": 0,
         }
 
@@ -127,13 +136,21 @@ class SimExecutor:
             logprobs.append(logprob if params.logprobs else None)
         work = StepWork.of(chunks, len(sample_idx))
         modelled = self.timing.step_seconds(work)
+        # Whether the engine loop went straight on from the previous step (they share a request):
+        # only looked up when a gap or an overshoot depends on it (the planner's sim engines,
+        # which never sleep, step millions of times).
+        continues = (self._spread is not None or self._owed > 0) and self._continues(batch.seqs)
+        if not continues:
+            self._owed = 0.0  # idle or other requests in between: nobody waited on the overshoot
         if self._spread is None:
             self._pace(step_started, step_started, modelled)
-            return sample_idx, tokens, logprobs
-        requests = {seq.request_id for seq in batch.seqs}
-        ratio, gap = self._next_entry(work)
-        self._pace(self._after_gap(requests, gap, step_started), step_started, modelled * ratio)
-        self._previous_step = (time.perf_counter(), requests)
+        else:
+            ratio, gap = self._next_entry(work, modelled)
+            paced_from = step_started
+            if continues:  # the measured gap, less the engine loop's Python work since then
+                paced_from = max(step_started, self._previous_step[0] + gap * self.time_scale)
+            self._pace(paced_from, step_started, modelled * ratio)
+        self._previous_step = (self._clock(), batch.seqs)
         return sample_idx, tokens, logprobs
 
     def _salt(self, seq: Any) -> tuple[int, int]:
@@ -142,38 +159,47 @@ class SimExecutor:
         seed = params.seed if params.seed is not None else self._random.getrandbits(63)
         return seed, params.seed_offset + seq.num_output_tokens
 
-    def _next_entry(self, work: StepWork) -> tuple[float, float]:
-        """The next (ratio, gap) of the spread table of `work`'s kind, walked in recorded
-        order and wrapping around; (1, 0) when that table is empty."""
-        kind = "prefill" if work.prefill_tokens else "decode"
-        table = self._spread.table(work)
+    def _continues(self, seqs: list) -> bool:
+        """Whether a step of `seqs` shares a request with the previous step: the engine loop
+        went straight on (the case calibration measured gaps in)."""
+        if self._previous_step is None:
+            return False
+        previous = {seq.request_id for seq in self._previous_step[1]}
+        return any(seq.request_id in previous for seq in seqs)
+
+    def _next_entry(self, work: StepWork, fitted_s: float) -> tuple[float, float]:
+        """The next (ratio, gap) of the spread table of steps like `work` (its kind and, for a
+        prefill, the size class of `fitted_s`), walked in recorded order and wrapping around
+        from a position the seed picks; (1, 0) when that table is empty."""
+        name, table = self._spread.table(work, fitted_s)
         if not table:
             return 1.0, 0.0
-        self._cursors[kind] += 1
-        return table[self._cursors[kind] % len(table)]
-
-    def _after_gap(self, requests: set[str], gap: float, step_started: float) -> float:
-        """When the step may start: `gap` (scaled) after the previous step's end if the two
-        share a request (the engine loop went straight on, the case calibration measured);
-        its own start otherwise, or when the Python work since then took longer."""
-        previous = self._previous_step
-        if previous is None or not requests & previous[1]:
-            return step_started
-        return max(step_started, previous[0] + gap * self.time_scale)
+        if name not in self._cursors:
+            # Seeded by the table's name, not by the order tables are first used: the token
+            # salts' generator (`_random`) is apart, so tokens do not depend on the timing.
+            self._cursors[name] = random.Random(f"{self._spread.seed} {name}").getrandbits(32)
+        self._cursors[name] += 1
+        return table[self._cursors[name] % len(table)]
 
     def _pace(self, paced_from: float, step_started: float, modelled: float) -> None:
         """Sleeps out the rest of the scaled modelled step from `paced_from` (the step's start,
-        or later: a modelled gap before it); records both times in sim time."""
+        or later: a modelled gap before it), less what earlier steps owe; records both times in
+        sim time."""
         deadline = paced_from + modelled * self.time_scale
-        remaining = deadline - time.perf_counter()
-        if remaining > 0:
-            self._sleep(remaining)
-        else:
+        now = self._clock()
+        if now >= deadline:
             self._stats["sim_overrun_steps"] += 1
-        ended = time.perf_counter()
-        self._stats["sim_modelled_seconds"] += (
-            modelled + (paced_from - step_started) / self.time_scale
-        )
+        # Where the step would end had every step since the worker went busy ended on time.
+        due = deadline - self._owed
+        if due > now:
+            self._sleep(due - now)
+        ended = self._clock()
+        # Owed on: how late this step ended against that (never a credit: a step that ends
+        # early, its Python work done sooner, is not made up for by a longer next one).
+        self._owed = max(0.0, ended - due)
+        gap = (paced_from - step_started) / self.time_scale
+        self._stats["sim_modelled_seconds"] += modelled + gap
+        self._stats["sim_gap_seconds"] += gap
         self._stats["sim_measured_seconds"] += (ended - step_started) / self.time_scale
 
     def charge_tier_transfers(self) -> TierCharges:

@@ -5,8 +5,8 @@ Least squares of step seconds on (1, prefill tokens, decode sequences, context t
 non-negative: a feature whose coefficient comes out negative is dropped (its coefficient is 0)
 and the rest refitted, until all are non-negative (an active-set NNLS, enough for 4 features).
 `fit_spread` keeps how served steps scattered around such a fit (a `StepSpread`: each step's
-measured / fitted time and the gap before it, in recorded order). `fit_transfer` fits KV pushes: a
-fixed cost and a cost per byte.
+measured / fitted time, the gap before it and its fitted time, in recorded order).
+`fit_transfer` fits KV pushes: a fixed cost and a cost per byte.
 """
 
 from __future__ import annotations
@@ -44,22 +44,22 @@ def fit_spread(
     """`timing` with the `StepSpread` of `samples` (step work, measured seconds, in recorded
     order) around it. `gaps` holds, for each sample, the seconds from the previous step's end
     to its start when the two shared a request (else 0). Steps with and without prompt tokens
-    apart, the last SPREAD_LIMIT of each; a step the fit predicts no time for is left out."""
-    decode: list[tuple[float, float]] = []
-    prefill: list[tuple[float, float]] = []
+    apart, the last SPREAD_LIMIT of each, each with its fitted seconds (the sim matches steps
+    of a like size); a step the fit predicts no time for is left out."""
+    decode: list[tuple[float, float, float]] = []
+    prefill: list[tuple[float, float, float]] = []
     for (work, seconds), gap in zip(samples, gaps, strict=True):
         fitted = timing.step_seconds(work)
         if fitted > 0:
-            (prefill if work.prefill_tokens else decode).append((seconds / fitted, max(0.0, gap)))
+            entry = (seconds / fitted, max(0.0, gap), fitted)
+            (prefill if work.prefill_tokens else decode).append(entry)
     spread = StepSpread(decode=_kept(decode), prefill=_kept(prefill), seed=seed)
     return replace(timing, spread=spread)
 
 
-def _kept(entries: list[tuple[float, float]]) -> tuple[tuple[float, float], ...]:
+def _kept(entries: list[tuple[float, ...]]) -> tuple[tuple[float, ...], ...]:
     """The last SPREAD_LIMIT entries, to 4 significant digits (a readable profile file)."""
-    return tuple(
-        (float(f"{ratio:.4g}"), float(f"{gap:.4g}")) for ratio, gap in entries[-SPREAD_LIMIT:]
-    )
+    return tuple(tuple(float(f"{v:.4g}") for v in entry) for entry in entries[-SPREAD_LIMIT:])
 
 
 def fit_transfer(samples: Iterable[tuple[int, float]]) -> tuple[float, float]:

@@ -7,8 +7,9 @@
   load per GPU, at least 1; default timing.DEFAULT_EXPERT_IMBALANCE) or `{"kind": "linear", "step_s": ..., "prefill_token_s": ...,
   "decode_seq_s": ..., "context_token_s": ...}` (coefficients fitted on a real engine; other
   keys such as "device" are kept as notes), optionally with `"spread": {"decode": [[ratio,
-  gap_s], ...], "prefill": [...], "seed": 0}` (a `StepSpread`: how the served steps scattered
-  around the fit; absent, every step lasts the fitted mean).
+  gap_s, fitted_s], ...], "prefill": [...], "seed": 0}` (a `StepSpread`: how the served steps
+  scattered around the fit, each with the seconds the fit gives it, which older files lack:
+  [ratio, gap_s]; absent, every step lasts the fitted mean).
 
 Every mistake is a one-line `ProfileError` naming what is known.
 """
@@ -117,8 +118,8 @@ def _analytical(gpu: str, tp: int, efficiency: dict, spec: str) -> AnalyticalPro
 
 
 def _spread(data: Any, spec: str) -> StepSpread | None:
-    """The "spread" of a linear profile (None when absent): tables of [ratio, gap_s] pairs of
-    non-negative numbers."""
+    """The "spread" of a linear profile (None when absent): tables of [ratio, gap_s, fitted_s]
+    triples (or [ratio, gap_s] pairs, without a size) of non-negative numbers."""
     if data is None:
         return None
     if not isinstance(data, dict):
@@ -133,17 +134,17 @@ def _spread(data: Any, spec: str) -> StepSpread | None:
     tables = {}
     for name in SPREAD_TABLES:
         entries = data.get(name, [])
-        if not isinstance(entries, list) or not all(_pair(entry) for entry in entries):
+        if not isinstance(entries, list) or not all(_spread_entry(entry) for entry in entries):
             raise ProfileError(
-                f'{spec}: "spread" {name!r} must be a list of [ratio, gap_s] pairs of '
-                "non-negative numbers"
+                f'{spec}: "spread" {name!r} must be a list of [ratio, gap_s] pairs or '
+                "[ratio, gap_s, fitted_s] triples of non-negative numbers"
             )
-        tables[name] = tuple((float(ratio), float(gap)) for ratio, gap in entries)
+        tables[name] = tuple(tuple(float(value) for value in entry) for entry in entries)
     return StepSpread(**tables, seed=seed)
 
 
-def _pair(entry: Any) -> bool:
-    return isinstance(entry, list) and len(entry) == 2 and all(map(_non_negative, entry))
+def _spread_entry(entry: Any) -> bool:
+    return isinstance(entry, list) and len(entry) in (2, 3) and all(map(_non_negative, entry))
 
 
 def _non_negative(value: Any) -> bool:

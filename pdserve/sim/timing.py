@@ -8,8 +8,10 @@ derives it); `LinearTiming` applies coefficients fitted on a real engine, and ma
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import NamedTuple, Protocol
 
 from pdserve.sim.gpus import GPUSpec
@@ -150,6 +152,25 @@ class AnalyticalTiming:
         return 2 * self.shape.layers * per_reduce
 
 
+# Prefill steps are matched to measured ones of a like size: size classes half an octave wide of
+# the fitted seconds (a 512-token chunk and a 64-token prompt differ ~6x). A class replays its
+# own entries only when it holds enough of them for a spread (a handful walked round and round
+# would repeat one burst); a step of a class with fewer takes the nearest class that has.
+# Decode steps are not: their ratio followed what else the worker's core did (KV arriving for
+# other requests) more than their size, and by size a calibration's long-context decodes, run
+# amid 1024-token prompts' KV, put a workload of long prompts at 1.26x its real decode time
+# against 0.98x with one table (one calibration, 2026-11-29; docs/simulation.md).
+SIZE_CLASSES_PER_OCTAVE = 2
+MIN_CLASS_ENTRIES = 32
+
+
+def size_class(fitted_s: float) -> int:
+    """The half octave of `fitted_s` (seconds a fit predicts for a step); 0 s is in the lowest."""
+    if fitted_s <= 0:
+        return -(10**6)
+    return math.floor(SIZE_CLASSES_PER_OCTAVE * math.log2(fitted_s))
+
+
 @dataclass(frozen=True)
 class StepSpread:
     """How a served engine's steps scattered around its fitted mean, measured in calibration
@@ -157,22 +178,54 @@ class StepSpread:
 
     Each table holds one entry per measured step, in recorded order: (measured / fitted
     seconds, seconds from the previous step's end to its start when the two shared a request,
-    else 0). That gap is the engine loop's own work between steps and whatever else took the
-    worker's core meanwhile (its event loop thread streaming tokens, Ray calls); a step and the
-    gap before it are kept together, so whatever ties the two stays as measured. A sim executor
-    walks each table in order from a seeded position, wrapping around: its steps get the
-    measured distribution and the measured runs of slow steps (a neighbour's burst of work on
-    the core slows many steps in a row, and such runs, not single slow steps, move a request's
-    TPOT).
+    else 0, and the fitted seconds of the step). That gap is the engine loop's own work between
+    steps and whatever else took the worker's core meanwhile (its event loop thread streaming
+    tokens, Ray calls); a step and the gap before it are kept together, so whatever ties the two
+    stays as measured. A sim executor walks, in order from a seeded position and wrapping
+    around, the entries of its step's kind and, for a prefill, size class (issue 49 point 0: a
+    prefill's ratio depends on its size: on a CPU a 768-token prefill ran at x0.66 of a fit
+    where 64-token prompts ran at x1.1, and replaying a calibration's mix onto another
+    workload's prompts misplaced them): its steps get the measured distribution and the
+    measured runs of slow steps (a neighbour's burst of work on the core slows many steps in a
+    row, and such runs, not single slow steps, move a request's TPOT). An entry without its
+    fitted seconds (profiles written before they were kept) has no size: such a table is one
+    class.
     Empty: not measured, no spread (every step lasts the mean, as before)."""
 
-    decode: tuple[tuple[float, float], ...] = ()  # steps without prompt tokens
-    prefill: tuple[tuple[float, float], ...] = ()  # steps with prompt tokens
+    decode: tuple[tuple[float, ...], ...] = ()  # steps without prompt tokens
+    prefill: tuple[tuple[float, ...], ...] = ()  # steps with prompt tokens
     seed: int = 0
 
-    def table(self, work: StepWork) -> tuple[tuple[float, float], ...]:
-        """The (ratio, gap) entries of steps like `work`."""
-        return self.prefill if work.prefill_tokens else self.decode
+    def table(self, work: StepWork, fitted_s: float) -> tuple[str, tuple[tuple[float, float], ...]]:
+        """(a name of the table, its (ratio, gap) entries) of measured steps like `work`, which
+        the fit gives `fitted_s`: of its kind and, for a prefill, of the nearest size class with
+        enough entries."""
+        kind = "prefill" if work.prefill_tokens else "decode"
+        classes = self._classes[kind]
+        if len(classes) == 1:
+            (only,) = classes.items()
+            return f"{kind} {only[0]}", only[1]
+        wanted = size_class(fitted_s)
+        nearest = min(classes, key=lambda c: (abs(c - wanted), c))
+        return f"{kind} {nearest}", classes[nearest]
+
+    @cached_property
+    def _classes(self) -> dict[str, dict[int | None, tuple[tuple[float, float], ...]]]:
+        """Per kind: {size class: its (ratio, gap) entries in recorded order}, the prefill
+        classes with at least MIN_CLASS_ENTRIES; all entries as class None for decode steps, and
+        for prefills when no class has that many (or an entry has no size)."""
+        grouped = {}
+        for kind, entries in (("decode", self.decode), ("prefill", self.prefill)):
+            whole = {None: tuple((e[0], e[1]) for e in entries)}
+            if kind == "decode" or any(len(e) < 3 for e in entries):
+                grouped[kind] = whole
+                continue
+            by_class: dict[int | None, list[tuple[float, float]]] = {}
+            for ratio, gap, fitted_s in entries:
+                by_class.setdefault(size_class(fitted_s), []).append((ratio, gap))
+            rich = {c: tuple(e) for c, e in by_class.items() if len(e) >= MIN_CLASS_ENTRIES}
+            grouped[kind] = rich if rich else whole
+        return grouped
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,14 @@ from pdserve.core.sampling_params import SamplingParams
 from pdserve.engine_config import SimConfig
 from pdserve.sim.fit import SPREAD_LIMIT, fit_linear, fit_spread
 from pdserve.sim.profiles import ProfileError, parse_profile
-from pdserve.sim.timing import Chunk, LinearTiming, StepWork
+from pdserve.sim.timing import (
+    MIN_CLASS_ENTRIES,
+    Chunk,
+    LinearTiming,
+    StepSpread,
+    StepWork,
+    size_class,
+)
 
 COEFFICIENTS = dict(step_s=0.002, prefill_token_s=1e-5, decode_seq_s=1e-4, context_token_s=0.0)
 MEAN = LinearTiming(**COEFFICIENTS)
@@ -32,10 +39,15 @@ def test_fit_spread_keeps_each_step_with_its_gap_in_order_apart_for_decode_and_p
     fitted = fit_spread(MEAN, samples, gaps, seed=4)
     spread = fitted.spread
     assert (fitted.step_s, fitted.prefill_token_s) == (MEAN.step_s, MEAN.prefill_token_s)
-    assert [ratio for ratio, _ in spread.decode] == pytest.approx(decode_ratios)  # the run kept
-    assert [gap for _, gap in spread.decode] == [0.0] + [0.001] * 89 + [0.02] * 10
-    assert spread.prefill == ((1.1, 0.0),) and spread.seed == 4
-    assert spread.table(DECODE) is spread.decode and spread.table(PREFILL) is spread.prefill
+    assert [ratio for ratio, _, _ in spread.decode] == pytest.approx(decode_ratios)  # the run kept
+    assert [gap for _, gap, _ in spread.decode] == [0.0] + [0.001] * 89 + [0.02] * 10
+    # Each step with its fitted seconds: the sim matches steps of a like size.
+    assert {fitted for _, _, fitted in spread.decode} == {MEAN.step_seconds(DECODE)}
+    assert spread.prefill == ((1.1, 0.0, MEAN.step_seconds(PREFILL)),) and spread.seed == 4
+    assert spread.table(DECODE, MEAN.step_seconds(DECODE))[1] == tuple(
+        (ratio, gap) for ratio, gap, _ in spread.decode
+    )
+    assert spread.table(PREFILL, MEAN.step_seconds(PREFILL))[1] == ((1.1, 0.0),)
     count = SPREAD_LIMIT + 5
     many = fit_spread(MEAN, [(DECODE, 0.001 * (i + 1)) for i in range(count)], [0.0] * count)
     assert len(many.spread.decode) == SPREAD_LIMIT  # the last ones
@@ -53,7 +65,7 @@ def test_a_profile_with_a_spread_round_trips_and_one_without_reads_as_before(tmp
     assert isinstance(profile, LinearTiming) and profile.spread is not None
     assert (len(profile.spread.decode), len(profile.spread.prefill)) == (3 * 3, 2 * 3)
     assert {
-        gap for table in (profile.spread.decode, profile.spread.prefill) for _, gap in table
+        gap for table in (profile.spread.decode, profile.spread.prefill) for _, gap, _ in table
     } == {
         0.0,
         0.001,
@@ -66,6 +78,69 @@ def test_a_profile_with_a_spread_round_trips_and_one_without_reads_as_before(tmp
     old = tmp_path / "old.json"
     old.write_text(json.dumps({"kind": "linear", **COEFFICIENTS, "device": "cpu"}))
     assert parse_profile(str(old)) == MEAN and MEAN.spread is None
+    # A spread of [ratio, gap_s] pairs (written before entries kept their fitted seconds) reads
+    # as one table per kind, whatever a step's size.
+    pairs = tmp_path / "pairs.json"
+    spread = {"decode": [[0.5, 0.001], [2.0, 0.0]], "prefill": [[1.5, 0.0]]}
+    pairs.write_text(json.dumps({"kind": "linear", **COEFFICIENTS, "spread": spread}))
+    read = parse_profile(str(pairs)).spread
+    for fitted in (1e-4, 1.0):
+        assert read.table(DECODE, fitted)[1] == ((0.5, 0.001), (2.0, 0.0))
+        assert read.table(PREFILL, fitted)[1] == ((1.5, 0.0),)
+
+
+def test_a_prefill_replays_the_ratios_of_measured_prefills_of_its_size():
+    # Calibration's small prompts ran under the fit, its large chunks over it, interleaved;
+    # three huge steps are too few to replay on their own.
+    small, large, huge = 0.0005, 0.004, 0.064
+    entries = [(0.5, 0.0001, small), (2.0, 0.0002, large)] * MIN_CLASS_ENTRIES
+    entries += [(9.0, 0.0, huge)] * 3
+    spread = StepSpread(prefill=tuple(entries), decode=tuple(entries[:4]))
+    for fitted, ratio, gap in ((small, 0.5, 0.0001), (large, 2.0, 0.0002)):
+        # Anywhere in the half octave of the measured ones.
+        for near in (fitted, fitted * 1.2):
+            name, table = spread.table(PREFILL, near)
+            assert table == ((ratio, gap),) * MIN_CLASS_ENTRIES, near
+            assert name == f"prefill {size_class(fitted)}"
+    # A step bigger than any class that holds enough: the nearest that does (not the 3 huge).
+    assert spread.table(PREFILL, huge)[1] == ((2.0, 0.0002),) * MIN_CLASS_ENTRIES
+    assert spread.table(PREFILL, 1.0)[1] == ((2.0, 0.0002),) * MIN_CLASS_ENTRIES
+    # Decode steps: one table, whatever the size.
+    assert (
+        spread.table(DECODE, small)[1]
+        == spread.table(DECODE, large)[1]
+        == (
+            (0.5, 0.0001),
+            (2.0, 0.0002),
+        )
+        * 2
+    )
+    # Too few steps in every class: the whole table, whatever the size.
+    few = StepSpread(prefill=((1.0, 0.0, small), (3.0, 0.0, large)))
+    assert few.table(PREFILL, large)[1] == few.table(PREFILL, small)[1] == ((1.0, 0.0), (3.0, 0.0))
+    # Half an octave apart: 1 and 1.4 ms differ in class, 1 and 1.2 ms do not.
+    assert size_class(0.001) != size_class(0.0014) and size_class(0.001) == size_class(0.0012)
+
+
+def test_sim_steps_of_two_sizes_draw_the_ratios_measured_on_their_size(make_sim_engine, tmp_path):
+    # A 256-token prefill (4.56 ms fitted) and 1-token decodes (2.1 ms): more than an octave
+    # apart. Measured prefills of both sizes, each with its own ratio.
+    prompt_step = MEAN.step_seconds(StepWork.of([Chunk(0, 1, False)], 1))
+    big = MEAN.step_seconds(PREFILL)
+    entries = [[0.5, 0.0, prompt_step], [3.0, 0.0, big]] * MIN_CLASS_ENTRIES
+    path = tmp_path / "sized.json"
+    spread = {"prefill": entries, "decode": [[1.0, 0.0, MEAN.step_seconds(DECODE)]]}
+    path.write_text(json.dumps({"kind": "linear", **COEFFICIENTS, "spread": spread}))
+    engine = make_sim_engine(sim=SimConfig(profile=str(path), time_scale=0.001))
+    for request_id, prompt in (("short", [7]), ("long", list(range(10, 266)))):
+        engine.add_request(request_id, prompt, SamplingParams(max_tokens=1))
+        before = engine.stats()["sim_modelled_seconds"]
+        engine.step()
+        modelled = engine.stats()["sim_modelled_seconds"] - before
+        fitted = MEAN.step_seconds(StepWork.of([Chunk(0, len(prompt), False)], 1))
+        assert modelled / fitted == pytest.approx(0.5 if len(prompt) == 1 else 3.0)
+        while engine.has_unfinished():
+            engine.step()
 
 
 @pytest.mark.parametrize(

@@ -109,9 +109,9 @@ def _spread_summary(spread: StepSpread | None) -> str:
     parts = []
     for name, table in (("decode steps", spread.decode), ("prefill steps", spread.prefill)):
         if table:
-            ratios = [ratio for ratio, _ in table]
+            ratios = [entry[0] for entry in table]
             parts.append(f"{name} x{_pct(ratios, 0.5):.2f}/x{_pct(ratios, 0.9):.2f} of the fit")
-    gaps = [gap * 1e3 for table in (spread.decode, spread.prefill) for _, gap in table if gap]
+    gaps = [e[1] * 1e3 for table in (spread.decode, spread.prefill) for e in table if e[1]]
     if gaps:
         parts.append(f"gaps between steps {_pct(gaps, 0.5):.2f}/{_pct(gaps, 0.9):.2f} ms")
     return "; p50/p90: " + ", ".join(parts) if parts else ""

@@ -60,7 +60,7 @@ def _take(actor: Any) -> Samples:
     return Samples(steps, transfers, gaps)
 
 
-PACING = ("sim_modelled_seconds", "sim_measured_seconds", "sim_overrun_steps")
+PACING = ("sim_modelled_seconds", "sim_measured_seconds", "sim_gap_seconds", "sim_overrun_steps")
 
 
 def _pacing(actor: Any) -> dict[str, float]:
