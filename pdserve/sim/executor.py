@@ -14,18 +14,13 @@ did: each step takes the next entry of the table of its kind (and, for a prefill
 class), its modelled time is multiplied by the entry's measured / fitted ratio, and, if it
 follows a step sharing a request, it starts no earlier than the entry's gap after that step's
 end. Tables are walked in recorded order from a position the profile's seed and the table's
-name pick (the same steps, the same times). A profile's `kv_receive_byte_s` charges the KV
-bytes `write_kv` received since the previous step began to the next step that goes straight on
-(issue 49 point 0): a real decode worker's core receives, checks and copies them, which delays
-its engine loop, and a sim worker's receives only a header. Imports neither torch nor the rest
-of pdserve.
+name pick (the same steps, the same times). Imports neither torch nor the rest of pdserve.
 """
 
 from __future__ import annotations
 
 import json
 import random
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -90,11 +85,6 @@ class SimExecutor:
         parsed = parse_profile(profile)
         self.timing = timing_model(parsed, model_config, dtype)
         self._spread = parsed.spread if isinstance(parsed, LinearTiming) else None
-        self._kv_receive_byte_s = (
-            parsed.kv_receive_byte_s if isinstance(parsed, LinearTiming) else 0
-        )
-        self._arrived = 0  # KV bytes write_kv received since the last step began
-        self._arrived_lock = threading.Lock()  # write_kv runs on the KV receiver's threads
         # Where the walk through each spread table is: {table name: position}.
         self._cursors: dict[str, int] = {}
         self._previous_step: tuple[float, list] | None = None  # (its end, its sequences)
@@ -112,8 +102,6 @@ class SimExecutor:
             # Of the modelled seconds, the measured gaps a step waited before it (a real step's
             # time excludes its gap: the sim's steps hold them, the real ones do not).
             "sim_gap_seconds": 0.0,
-            # Of those gaps, what the KV bytes received before a step were charged.
-            "sim_kv_receive_seconds": 0.0,
             "sim_block_copies": 0,
         }
 
@@ -148,36 +136,22 @@ class SimExecutor:
             logprobs.append(logprob if params.logprobs else None)
         work = StepWork.of(chunks, len(sample_idx))
         modelled = self.timing.step_seconds(work)
-        receiving = self._receiving_seconds()
         # Whether the engine loop went straight on from the previous step (they share a request):
-        # only looked up when a gap, a receiving charge or an overshoot depends on it (the
-        # planner's sim engines, which never sleep, step millions of times).
-        continues = (self._spread is not None or receiving > 0 or self._owed > 0) and (
-            self._continues(batch.seqs)
-        )
+        # only looked up when a gap or an overshoot depends on it (the planner's sim engines,
+        # which never sleep, step millions of times).
+        continues = (self._spread is not None or self._owed > 0) and self._continues(batch.seqs)
         if not continues:
             self._owed = 0.0  # idle or other requests in between: nobody waited on the overshoot
-        ratio, gap = (1.0, 0.0) if self._spread is None else self._next_entry(work, modelled)
-        paced_from = step_started
-        if continues:
-            # The measured gap (less what receiving KV explained of it) and what this
-            # workload's received KV costs, less the engine loop's Python work since then.
-            self._stats["sim_kv_receive_seconds"] += receiving
-            paced_from = max(
-                step_started, self._previous_step[0] + (gap + receiving) * self.time_scale
-            )
-        self._pace(paced_from, step_started, modelled * ratio)
+        if self._spread is None:
+            self._pace(step_started, step_started, modelled)
+        else:
+            ratio, gap = self._next_entry(work, modelled)
+            paced_from = step_started
+            if continues:  # the measured gap, less the engine loop's Python work since then
+                paced_from = max(step_started, self._previous_step[0] + gap * self.time_scale)
+            self._pace(paced_from, step_started, modelled * ratio)
         self._previous_step = (self._clock(), batch.seqs)
         return sample_idx, tokens, logprobs
-
-    def _receiving_seconds(self) -> float:
-        """Simulated seconds of the core the KV received since the last step began cost; the
-        count starts afresh."""
-        if not self._kv_receive_byte_s:
-            return 0.0
-        with self._arrived_lock:
-            arrived, self._arrived = self._arrived, 0
-        return arrived * self._kv_receive_byte_s
 
     def _salt(self, seq: Any) -> tuple[int, int]:
         """(seed, token index) of a sampled (not greedy) sequence's next token."""
@@ -245,11 +219,7 @@ class SimExecutor:
     def write_kv(
         self, block_ids: list[int], layer_start: int, data: Any, head_start: int = 0
     ) -> None:
-        """Received KV has nowhere to go (the simulated model never reads it); its bytes are
-        counted, for the next step's receiving charge."""
-        if self._kv_receive_byte_s:
-            with self._arrived_lock:
-                self._arrived += data.nbytes
+        """Received KV has nowhere to go: the simulated model never reads it."""
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """No bytes to copy; counted (copy-on-write of forks)."""

@@ -6,8 +6,7 @@ non-negative: a feature whose coefficient comes out negative is dropped (its coe
 and the rest refitted, until all are non-negative (an active-set NNLS, enough for 4 features).
 `fit_spread` keeps how served steps scattered around such a fit (a `StepSpread`: each step's
 measured / fitted time, the gap before it and its fitted time, in recorded order).
-`fit_transfer` fits KV pushes: a fixed cost and a cost per byte. `fit_kv_receive` fits what
-each KV byte a decode worker receives costs the gap before its next step.
+`fit_transfer` fits KV pushes: a fixed cost and a cost per byte.
 """
 
 from __future__ import annotations
@@ -22,9 +21,6 @@ FEATURES = ("step_s", "prefill_token_s", "decode_seq_s", "context_token_s")
 # Values kept of each measured sequence (the last ones): a calibration's worth of steps of a
 # small model (a few thousand) in a profile file of tens of kB.
 SPREAD_LIMIT = 4096
-# Gaps `fit_kv_receive` fits a line to (evenly picked from the busy steps): its Theil-Sen line
-# compares every two, ~2 million pairs in a few seconds of Python.
-KV_RECEIVE_FIT_LIMIT = 2000
 
 
 def features(work: StepWork) -> list[float]:
@@ -43,48 +39,22 @@ def fit_spread(
     samples: Iterable[tuple[StepWork, float]],
     gaps: Iterable[float],
     *,
-    received: Iterable[int] | None = None,
     seed: int = 0,
 ) -> LinearTiming:
     """`timing` with the `StepSpread` of `samples` (step work, measured seconds, in recorded
     order) around it. `gaps` holds, for each sample, the seconds from the previous step's end
-    to its start when the two shared a request (else 0), `received` the KV bytes the worker
-    received since the step before it: what `timing.kv_receive_byte_s` charges them is taken
-    off the gap (the sim charges it afresh for the bytes its workload sends: nothing counted
-    twice). Steps with and without prompt tokens apart, the last SPREAD_LIMIT of each, each
-    with its fitted seconds (the sim matches steps of a like size); a step the fit predicts no
-    time for is left out."""
-    gaps = list(gaps)
-    received = [0] * len(gaps) if received is None else list(received)
-    if len(received) != len(gaps):
-        raise ValueError(f"{len(received)} received byte counts for {len(gaps)} gaps")
+    to its start when the two shared a request (else 0). Steps with and without prompt tokens
+    apart, the last SPREAD_LIMIT of each, each with its fitted seconds (the sim matches steps
+    of a like size); a step the fit predicts no time for is left out."""
     decode: list[tuple[float, float, float]] = []
     prefill: list[tuple[float, float, float]] = []
-    for (work, seconds), gap, nbytes in zip(samples, gaps, received, strict=True):
+    for (work, seconds), gap in zip(samples, gaps, strict=True):
         fitted = timing.step_seconds(work)
         if fitted > 0:
-            if gap > 0:
-                gap -= timing.kv_receive_byte_s * nbytes
             entry = (seconds / fitted, max(0.0, gap), fitted)
             (prefill if work.prefill_tokens else decode).append(entry)
     spread = StepSpread(decode=_kept(decode), prefill=_kept(prefill), seed=seed)
     return replace(timing, spread=spread)
-
-
-def fit_kv_receive(gaps: Iterable[float], received: Iterable[int]) -> float:
-    """Seconds per KV byte received: the slope of the gap before a step on the bytes the
-    worker received since the step before it, over the steps that went straight on from the
-    previous one (gap > 0; an idle worker waits on nothing). A Theil-Sen slope (fit_transfer),
-    kept non-negative; 0 when no step received bytes or too few steps were busy."""
-    busy = [(nbytes, gap) for gap, nbytes in zip(gaps, received, strict=True) if gap > 0]
-    if not any(nbytes for nbytes, _ in busy):
-        return 0.0
-    stride = max(1, len(busy) // KV_RECEIVE_FIT_LIMIT)
-    try:
-        _, byte_s = fit_transfer(busy[::stride])
-    except ValueError:
-        return 0.0
-    return byte_s
 
 
 def _kept(entries: list[tuple[float, ...]]) -> tuple[tuple[float, ...], ...]:

@@ -6,8 +6,7 @@
   {"compute": 0.5, ...}, "expert_imbalance": 1.2}` (the last: a mixture of experts' max / mean
   load per GPU, at least 1; default timing.DEFAULT_EXPERT_IMBALANCE) or `{"kind": "linear", "step_s": ..., "prefill_token_s": ...,
   "decode_seq_s": ..., "context_token_s": ...}` (coefficients fitted on a real engine; other
-  keys such as "device" are kept as notes), optionally with `"kv_receive_byte_s"` (the seconds
-  of a decode worker's core each received KV byte costs; absent: 0) and `"spread": {"decode": [[ratio,
+  keys such as "device" are kept as notes), optionally with `"spread": {"decode": [[ratio,
   gap_s, fitted_s], ...], "prefill": [...], "seed": 0}` (a `StepSpread`: how the served steps
   scattered around the fit, each with the seconds the fit gives it, which older files lack:
   [ratio, gap_s]; absent, every step lasts the fitted mean).
@@ -37,14 +36,7 @@ from pdserve.sim.timing import (
 
 ANALYTICAL = re.compile(r"analytical:(?P<gpu>[\w-]+)(?::tp(?P<tp>\d+))?")
 KINDS = ("analytical", "linear")
-# A linear profile's coefficients; the KV receiving cost is optional (files fitted before it was
-# measured read as 0: no charge).
-LINEAR_OPTIONAL_KEYS = ("kv_receive_byte_s",)
-LINEAR_KEYS = tuple(
-    f.name
-    for f in dataclasses.fields(LinearTiming)
-    if f.name != "spread" and f.name not in LINEAR_OPTIONAL_KEYS
-)
+LINEAR_KEYS = tuple(f.name for f in dataclasses.fields(LinearTiming) if f.name != "spread")
 SPREAD_TABLES = ("decode", "prefill")
 EFFICIENCY_KEYS = tuple(f.name for f in dataclasses.fields(Efficiency))
 
@@ -85,7 +77,6 @@ def parse_profile(spec: str) -> Profile:
         raise ProfileError(f'{spec}: needs an object with "kind": one of {", ".join(KINDS)}')
     if data["kind"] == "linear":
         coefficients = _numbers(data, LINEAR_KEYS, spec, required=True)
-        coefficients |= _numbers(data, LINEAR_OPTIONAL_KEYS, spec, required=False)
         return LinearTiming(**coefficients, spread=_spread(data.get("spread"), spec))
     efficiency = data.get("efficiency", {})
     if not isinstance(efficiency, dict):

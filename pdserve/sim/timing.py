@@ -232,19 +232,13 @@ class StepSpread:
 class LinearTiming:
     """step = step_s + prefill_token_s * prefill tokens + decode_seq_s * decode sequences
     + context_token_s * context tokens read: the per-step cost coefficients of a real engine.
-    `step_seconds` is the fitted mean; `spread`, when measured, is how the steps scattered.
-    `kv_receive_byte_s` is not part of a step's work: it is what each byte of KV a decode worker
-    receives costs that worker's core, delaying its next step (issue 49 point 0: on a CPU the
-    receiver's threads, checksums and copies share the engine loop's core; measured, the gap
-    between decode steps grew with the KV arriving). The sim executor charges it to the step
-    after the bytes arrive; 0 where not measured."""
+    `step_seconds` is the fitted mean; `spread`, when measured, is how the steps scattered."""
 
     step_s: float
     prefill_token_s: float
     decode_seq_s: float
     context_token_s: float
     spread: StepSpread | None = None
-    kv_receive_byte_s: float = 0.0
 
     def step_seconds(self, work: StepWork) -> float:
         if not work.chunks:

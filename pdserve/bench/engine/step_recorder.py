@@ -5,22 +5,19 @@
 and times each `execute` from the step's start, the span a sim executor paces: scheduling
 plus the model forward and sampling. With each step it keeps the gap from the previous step's
 end to its start when the two share a request (the engine loop went straight on; else 0):
-what the loop does between steps, and what else took the worker's core meanwhile; and the KV
-bytes the worker received (`write_kv`) since the previous step began, whose receiving took
-some of that core (issue 49 point 0: the fit charges them per byte, `fit_kv_receive`).
+what the loop does between steps, and what else took the worker's core meanwhile.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from pdserve.sim.executor import scheduled_chunk
-from pdserve.sim.fit import fit_kv_receive, fit_linear, fit_spread, profile_json
-from pdserve.sim.timing import LinearTiming, StepSpread, StepWork
+from pdserve.sim.fit import fit_linear, fit_spread, profile_json
+from pdserve.sim.timing import StepSpread, StepWork
 
 
 class StepRecorder:
@@ -34,8 +31,6 @@ class StepRecorder:
         self.inner = inner
         self.samples: list[tuple[StepWork, float]] = []
         self.gaps: list[float] = []  # one per sample: seconds since a step of the same request
-        self.received: list[int] = []  # one per sample: KV bytes written since the step before
-        self._arrived = 0  # KV bytes written since the last step began
         self._previous_step: tuple[float, set[str]] | None = None  # (its end, its requests)
         self._lock = threading.Lock()  # a sample and its gap are appended and taken together
 
@@ -45,8 +40,6 @@ class StepRecorder:
         chunks = [
             scheduled_chunk(seq, n) for seq, n in zip(batch.seqs, batch.num_tokens, strict=True)
         ]
-        with self._lock:
-            received, self._arrived = self._arrived, 0
         sampled = self.inner.execute(batch, step_started)
         ended = time.perf_counter()
         requests = {seq.request_id for seq in batch.seqs}
@@ -55,26 +48,17 @@ class StepRecorder:
         with self._lock:
             self.samples.append((StepWork.of(chunks, len(sampled[0])), ended - step_started))
             self.gaps.append(step_started - previous[0] if busy else 0.0)
-            self.received.append(received)
         return sampled
 
-    def write_kv(
-        self, block_ids: list[int], layer_start: int, data: Any, head_start: int = 0
-    ) -> None:
-        """The inner write (from a KV receiver's thread), its bytes counted for the next step."""
-        self.inner.write_kv(block_ids, layer_start, data, head_start)
+    def take(self) -> tuple[list[tuple[StepWork, float]], list[float]]:
+        """(samples, gaps) so far, from any thread; the recorder starts afresh."""
         with self._lock:
-            self._arrived += data.nbytes
-
-    def take(self) -> tuple[list[tuple[StepWork, float]], list[float], list[int]]:
-        """(samples, gaps, received bytes) so far, from any thread; the recorder starts afresh."""
-        with self._lock:
-            taken = self.samples, self.gaps, self.received
-            self.samples, self.gaps, self.received = [], [], []
+            taken = self.samples, self.gaps
+            self.samples, self.gaps = [], []
         return taken
 
     def __getattr__(self, name: str) -> Any:
-        """Everything else (KV cache, model config, read_kv, stats) is the inner one's."""
+        """Everything else (KV cache, model config, read/write_kv, stats) is the inner one's."""
         return getattr(self.inner, name)
 
 
@@ -93,7 +77,6 @@ def write_profile(
     *,
     every_sample: bool = False,
     gaps: list[float] | None = None,
-    received: list[int] | None = None,
     **notes: str,
 ) -> str:
     """Fits the fastest of `samples` per step work (or, with `every_sample`, all of them: steps
@@ -101,15 +84,11 @@ def write_profile(
     is part of the step's cost), writes the --sim-profile file at `path`; returns a one-line
     summary (the coefficients and the fit's median relative error). With `every_sample` the
     profile also keeps the spread of the samples around the fit and of `gaps`, one per sample
-    (fit_spread), and, given the KV bytes `received` before each sample, what a received byte
-    costs the gap (fit_kv_receive), taken off the gaps it explains."""
+    (fit_spread)."""
     steps = samples if every_sample else fastest_per_work(samples)
     timing = fit_linear(steps)
     if every_sample:
-        gaps = gaps if gaps is not None else [0.0] * len(steps)
-        if received is not None:
-            timing = replace(timing, kv_receive_byte_s=fit_kv_receive(gaps, received))
-        timing = fit_spread(timing, steps, gaps, received=received)
+        timing = fit_spread(timing, steps, gaps if gaps is not None else [0.0] * len(steps))
     Path(path).write_text(profile_json(timing, **notes) + "\n", encoding="utf-8")
     errors = sorted(abs(timing.step_seconds(w) - s) / s for w, s in steps)
     return (
@@ -117,17 +96,9 @@ def write_profile(
         f"step {timing.step_s * 1e3:.3f} ms "
         f"+ {timing.prefill_token_s * 1e6:.2f} us/prefill token "
         f"+ {timing.decode_seq_s * 1e6:.2f} us/decode sequence "
-        f"+ {timing.context_token_s * 1e9:.2f} ns/context token"
-        f"{_receive_summary(timing)}; "
+        f"+ {timing.context_token_s * 1e9:.2f} ns/context token; "
         f"median error {errors[len(errors) // 2]:.0%}{_spread_summary(timing.spread)}"
     )
-
-
-def _receive_summary(timing: LinearTiming) -> str:
-    """The KV receiving charge, per KiB received (e.g. ", KV received 3.10 us/KiB")."""
-    if not timing.kv_receive_byte_s:
-        return ""
-    return f", KV received {timing.kv_receive_byte_s * 1024 * 1e6:.2f} us/KiB"
 
 
 def _spread_summary(spread: StepSpread | None) -> str:

@@ -172,9 +172,9 @@ def measure(args: argparse.Namespace, say: Any = print) -> dict:
         install_recorders(real_app.app)
         for rate, requests in calibration.items():
             _load(real_app, requests, rate, args.seed)
-        steps, transfers, gaps, received = take_samples(real_app.app)
+        steps, transfers, gaps = take_samples(real_app.app)
         notes = {"device": "cpu", "model": str(model_dir), "dtype": args.dtype}
-        say(write_profile(steps, profile, every_sample=True, gaps=gaps, received=received, **notes))
+        say(write_profile(steps, profile, every_sample=True, gaps=gaps, **notes))
         pushes = push_costs(transfers)
         link_gbps = pushes["link_gbps"] or UNMEASURABLE_LINK_GBPS
         say(f"KV pushes: {pushes}")

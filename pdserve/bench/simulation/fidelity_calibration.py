@@ -6,8 +6,7 @@ in `TransferRecorder` (through Ray's `__ray_call__`, which runs a function on th
 step is thus timed where it really runs: in the worker process, pinned to its core next to
 the actor's event loop, the Ray token streams and the KV receiver's threads, whose CPU time on
 that core lengthens the forward on a CPU device. The steps fit a linear `--sim-profile` and,
-with the gaps between them, its spread, with the KV bytes the decode worker received before
-each step the cost of receiving them; the pushes the KV link's cost per byte
+with the gaps between them, its spread; the pushes the KV link's cost per byte
 (`fit_transfer`).
 """
 
@@ -25,7 +24,6 @@ class Samples(NamedTuple):
     steps: list[tuple[StepWork, float]]  # (work, seconds) of every step
     transfers: list[tuple[int, float]]  # (bytes, seconds) of every KV push
     gaps: list[float]  # one per step: seconds since the previous step if it shared a request
-    received: list[int]  # one per step: KV bytes its worker received since the step before
 
 
 class TransferRecorder:
@@ -54,21 +52,15 @@ def _install(actor: Any) -> None:
 
 
 def _take(actor: Any) -> Samples:
-    steps, gaps, received = actor._runtime.engine.executor.take()
+    steps, gaps = actor._runtime.engine.executor.take()
     sender = getattr(actor, "_sender", None)
     transfers: list[tuple[int, float]] = []
     if isinstance(sender, TransferRecorder):
         transfers, sender.samples = sender.samples, []
-    return Samples(steps, transfers, gaps, received)
+    return Samples(steps, transfers, gaps)
 
 
-PACING = (
-    "sim_modelled_seconds",
-    "sim_measured_seconds",
-    "sim_gap_seconds",
-    "sim_kv_receive_seconds",
-    "sim_overrun_steps",
-)
+PACING = ("sim_modelled_seconds", "sim_measured_seconds", "sim_gap_seconds", "sim_overrun_steps")
 
 
 def _pacing(actor: Any) -> dict[str, float]:
@@ -97,4 +89,4 @@ def take_samples(app: Any) -> Samples:
     import ray
 
     taken = ray.get([w.actor.__ray_call__.remote(_take) for w in app.pool.workers.values()])
-    return Samples(*([sample for worker in taken for sample in worker[i]] for i in range(4)))
+    return Samples(*([sample for worker in taken for sample in worker[i]] for i in range(3)))
