@@ -156,10 +156,9 @@ class AnalyticalTiming:
 # the fitted seconds (a 512-token chunk and a 64-token prompt differ ~6x). A class replays its
 # own entries only when it holds enough of them for a spread (a handful walked round and round
 # would repeat one burst); a step of a class with fewer takes the nearest class that has.
-# Decode steps are not: their ratio followed what else the worker's core did (KV arriving for
-# other requests) more than their size, and by size a calibration's long-context decodes, run
-# amid 1024-token prompts' KV, put a workload of long prompts at 1.26x its real decode time
-# against 0.98x with one table (one calibration, 2026-11-29; docs/simulation.md).
+# Decode steps are not: their ratio followed what else the worker's core did more than their
+# size, and by size a calibration's long-context decodes, run amid 1024-token prompts' KV, put
+# a workload of long prompts at 1.26x its real decode time against 0.98x with one table (one calibration, 2026-11-29; docs/simulation.md).
 SIZE_CLASSES_PER_OCTAVE = 2
 MIN_CLASS_ENTRIES = 32
 
