@@ -11,7 +11,7 @@ order the policy enumerates options.
 Every element is the same IEEE operations, in the same order, as router/estimates.py's
 `estimate` and `objective` (and router/cost_model.py's lines) compute for that option, so the
 objectives are equal bit for bit and the pick (minimum, ties within the tolerance, tie key,
-rotation) is the policy's own. tests/router/test_option_matrix.py checks it against the
+random draws) is the policy's own. tests/router/test_option_matrix.py checks it against the
 enumeration on random loads and caches. Only the chosen option becomes an Estimate; the
 estimate of every option (for tracing and tests) is built on first access.
 """
