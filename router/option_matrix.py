@@ -11,7 +11,7 @@ order the policy enumerates options.
 Every element is the same IEEE operations, in the same order, as router/estimates.py's
 `estimate` and `objective` (and router/cost_model.py's lines) compute for that option, so the
 objectives are equal bit for bit and the pick (minimum, ties within the tolerance, tie key,
-rotation) is the policy's own. tests/router/test_option_matrix.py checks it against the
+random draws) is the policy's own. tests/router/test_option_matrix.py checks it against the
 enumeration on random loads and caches. Only the chosen option becomes an Estimate; the
 estimate of every option (for tracing and tests) is built on first access.
 """
@@ -130,7 +130,7 @@ class OptionMatrix:
             p_ok = queue_ok[:n_p]
             keep = np.arange(n_p)
             if prune or (prune is None and n_p * n_d >= PRUNE_FROM_PAIRS):
-                keep = keep[_undominated(p_ttft, p_compute_term, p_ok, p.cached, p.load)]
+                keep = keep[_undominated(p_ttft, p_compute_term, p_ok, p.cached)]
         k = len(keep)
         columns = k + local
         ttft = np.empty((n_d, columns))
@@ -199,18 +199,23 @@ class OptionMatrix:
             prefill_positions=keep,
         )
 
-    def cost_ties(self, tolerance: float) -> np.ndarray:
+    def cost_ties(self, tolerance: float, kind_tolerance: float) -> np.ndarray:
         """Flat indices, in enumeration order, of the feasible options the cost policy ties
-        on: objective within `tolerance` of the best, then the longest prefix on the prefilling
-        worker, then on the decode worker, then the least load (RoutingPolicy._tie_key)."""
+        on: objective within `tolerance` of the best (`kind_tolerance` for an option of the
+        other kind, remote or local, than the first best), then the longest prefix on the
+        prefilling worker, then on the decode worker (RoutingPolicy._tie_key). Not the least
+        load: every router replica reads the same polled loads, so that key sent them all to
+        the same worker."""
         objective = np.where(self.feasible, self.objective, math.inf).ravel()
-        best = float(objective.min())
-        ties = np.flatnonzero(objective <= best + tolerance)
+        at_best = int(objective.argmin())
+        best = float(objective[at_best])
         columns = self.objective.shape[1]
+        remote = np.arange(objective.size) % columns < len(self.prefill_positions)
+        within = np.where(remote == remote[at_best], tolerance, kind_tolerance)
+        ties = np.flatnonzero(objective <= best + within)
         for key_of in (
             lambda at: -self.prefill_cached.ravel()[at],
             lambda at: -self.decode_cached[at // columns],
-            lambda at: self.load.ravel()[at],
         ):
             if len(ties) == 1:  # a key cannot split one option
                 break
@@ -226,18 +231,16 @@ class OptionMatrix:
 
 
 def _undominated(
-    ttft: np.ndarray, compute: np.ndarray, ok: np.ndarray, cached: np.ndarray, load: np.ndarray
+    ttft: np.ndarray, compute: np.ndarray, ok: np.ndarray, cached: np.ndarray
 ) -> np.ndarray:
     """Mask of the prefill workers no other one dominates. P dominates Q when, paired with any
     D, P is no worse on every input of the objective (its TTFT part, its compute term), is
-    admitted whenever Q is, and wins the cost policy's tie key (a longer cached prefix, or an
-    equal one and less load). Every rounded operation of the objective is monotone, so (P, D)
-    costs at most what (Q, D) does: Q is never the best, never changes the best TTFT, and never
+    admitted whenever Q is, and wins the cost policy's tie key (a longer cached prefix: with an
+    equal one Q may be within the tolerance and tie). Every rounded operation of the objective
+    is monotone, so (P, D) costs at most what (Q, D) does: Q is never the best, never changes the best TTFT, and never
     survives the tie key, so dropping it changes no pick. The relation is transitive and
     irreflexive, so every dropped worker has an undominated dominator that stays."""
-    better_key = (cached[:, None] > cached[None, :]) | (
-        (cached[:, None] == cached[None, :]) & (load[:, None] < load[None, :])
-    )
+    better_key = cached[:, None] > cached[None, :]
     dominates = (
         (ttft[:, None] <= ttft[None, :])
         & (compute[:, None] <= compute[None, :])

@@ -4,9 +4,14 @@
 estimates it (router/estimates.py), drops the ones that cannot be taken now (admission control)
 and picks one (the cost policy does the same on arrays, router/option_matrix.py):
   cost         minimum objective; options within `tie_tolerance` of the best are ties, broken
-               by the cached prefix (prefill side, then decode side), then by load, then in
-               rotation: with a cheap model a cached prefix saves less than the tolerance, but
-               reusing it still keeps the other workers' caches and time for other prefixes
+               by the cached prefix (prefill side, then decode side), then by the less loaded
+               of two drawn at random: with a cheap model a cached prefix saves less than the
+               tolerance, but reusing it still keeps the other workers' caches and time for
+               other prefixes. Among options of
+               the best's kind (remote or local) the tolerance is wide enough (0.05) that an
+               idle worker's small lead over one running a few decodes is a tie: router
+               replicas, each blind to the others' routes until the next poll, all sent to the
+               idle one (docs/benchmarks/routing.md, sixth part); between kinds it is 0.005
   least_loaded the D with the fewest requests, then the P with the shortest prompt queue,
                exact ties in rotation (baseline, as nginx's least_conn)
   round_robin  D and P in rotation (baseline)
@@ -93,7 +98,8 @@ class RoutingPolicy:
         config: RouterConfig,
         cost: CostModel | None = None,
         weights: Weights | None = None,
-        tie_tolerance: float = 0.005,
+        tie_tolerance: float = 0.05,
+        kind_tie_tolerance: float = 0.005,
         vectorised: bool = True,
         seed: int | None = 0,
     ) -> None:
@@ -114,6 +120,7 @@ class RoutingPolicy:
         self.cost = cost or CostModel()
         self.weights = weights or Weights(tpot=config.tpot_weight)
         self.tie_tolerance = tie_tolerance
+        self.kind_tie_tolerance = kind_tie_tolerance
         self.vectorised = vectorised
         self._limits = Limits(
             ttft_slo_s=config.ttft_slo_ms / 1e3,
@@ -235,8 +242,9 @@ class RoutingPolicy:
         )
         if not matrix.feasible.any():
             return None
-        ties = matrix.cost_ties(self.tie_tolerance)
-        p_at, d_at = matrix.workers(ties[next(self._turn) % len(ties)])
+        ties = matrix.cost_ties(self.tie_tolerance, self.kind_tie_tolerance)
+        load = matrix.load.ravel()
+        p_at, d_at = matrix.workers(self._two_choices(list(ties), lambda at: load[at]))
         p, d = (prefill[p_at] if p_at is not None else None), decode[d_at]
         peer = self._peer_blocks(request, decode, cached).get(d.worker_id) if p is None else None
         chosen = estimate(request, p, d, cached, self.cost, peer)
@@ -280,11 +288,11 @@ class RoutingPolicy:
     ) -> Estimate:
         policy = self.config.policy
         if policy == "cost":
-            best = min(o.objective for o in feasible)
-            ties = [o for o in feasible if o.objective <= best + self.tie_tolerance]
+            best = min(feasible, key=lambda o: o.objective)
+            ties = [o for o in feasible if o.objective <= best.objective + self._within(o, best)]
             first = min(map(self._tie_key, ties))
             ties = [o for o in ties if self._tie_key(o) == first]
-            return ties[next(self._turn) % len(ties)]
+            return self._two_choices(ties, lambda o: o.load)
         if policy == "prefix":
             return min(feasible, key=lambda o: (-o.prefill_cached_blocks, o.load, o.name))
         if policy == "approximate":
@@ -311,9 +319,24 @@ class RoutingPolicy:
             return choices[0]  # the local option
         return remote[next(self._prefill_turn) % len(remote)]
 
+    def _within(self, o: Estimate, best: Estimate) -> float:
+        """How far above the best `o` still ties: where to prefill (remote or local) keeps the
+        fine tolerance, only the choice among workers of the best's kind is widened."""
+        same_kind = (o.prefill_worker is None) == (best.prefill_worker is None)
+        return self.tie_tolerance if same_kind else self.kind_tie_tolerance
+
+    def _two_choices(self, ties: list[T], load_of: Callable[[T], int]) -> T:
+        """Of two ties drawn at random, the less loaded (the first drawn if equal): the power
+        of two choices, as Envoy's least-request balancer. The least loaded of all would be the
+        same worker in every router replica, which all read the same polled loads."""
+        if len(ties) == 1:
+            return ties[0]
+        a, b = self._random.sample(range(len(ties)), 2)
+        return ties[b] if load_of(ties[b]) < load_of(ties[a]) else ties[a]
+
     @staticmethod
-    def _tie_key(o: Estimate) -> tuple[int, int, int]:
-        return (-o.prefill_cached_blocks, -o.decode_cached_blocks, o.load)
+    def _tie_key(o: Estimate) -> tuple[int, int]:
+        return (-o.prefill_cached_blocks, -o.decode_cached_blocks)
 
     @staticmethod
     def _prefill_load_key(o: Estimate, loads: dict[str, WorkerLoad]) -> tuple:

@@ -202,6 +202,11 @@ class VirtualRequest:
             self._held.append(out)
             return
         if out.new_token_ids:
+            if not self.record.chunk_times and self.route.prefill_worker is None:
+                # A local prefill's first answer: as the live router does (RequestFlow's
+                # on_prefill_done), the prompt stops counting in the worker's queue now, not
+                # at the next poll, up to 0.25 s and two 4096-token prefills away.
+                self.routing.on_prompt_computed(self.route)
             self._token(out.new_token_ids)
         if out.finished:
             self._end(ok=True)

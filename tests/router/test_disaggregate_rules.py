@@ -43,7 +43,11 @@ def test_threshold_rule_prefills_remotely_above_n_uncached_tokens(vectorised: bo
 def test_conditional_rule_also_bounds_the_prefill_queue(vectorised: bool) -> None:
     policy = RoutingPolicy(RouterConfig(disaggregate="conditional:512:2"), vectorised=vectorised)
     decode = [worker("d0", num_running=32)]
-    short_queue = [worker("p0", num_waiting=1), worker("p1", num_waiting=5)]
+    # p1's queue is 5,000 tokens long: no tie with p0 within the cost policy's tolerance.
+    short_queue = [
+        worker("p0", num_waiting=1),
+        worker("p1", num_waiting=5, waiting_prompt_tokens=5000),
+    ]
     long_queues = [worker("p0", num_waiting=2), worker("p1", num_waiting=5)]
     assert policy.decide(request(513), short_queue, decode).prefill_worker == "p0"
     assert policy.decide(request(512), short_queue, decode).prefill_worker is None

@@ -138,8 +138,12 @@ def _assert_vectorised_is_the_enumeration(request, prefill, decode, cached, conf
             request, healthy_p, healthy_d, cached, cost, slow._limits, remote=remote,
             local=local, prune=True,
         )  # fmt: skip
-        ties = [matrix.workers(i) for i in matrix.cost_ties(fast.tie_tolerance)]
-        assert [pruned.workers(i) for i in pruned.cost_ties(fast.tie_tolerance)] == ties
+        ties = [
+            matrix.workers(i) for i in matrix.cost_ties(fast.tie_tolerance, fast.kind_tie_tolerance)
+        ]
+        assert [
+            pruned.workers(i) for i in pruned.cost_ties(fast.tie_tolerance, fast.kind_tie_tolerance)
+        ] == ties
 
 
 def test_estimates_are_built_only_when_read() -> None:

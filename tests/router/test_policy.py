@@ -130,8 +130,9 @@ def test_identical_workers_share_the_load() -> None:
     pol = policy()
     prefill = [worker("p0"), worker("p1")]
     decode = [worker("d0", num_running=32)]
-    picks = Counter(pol.decide(LONG, prefill, decode).prefill_worker for _ in range(6))
-    assert picks == {"p0": 3, "p1": 3}
+    # Ties go to the less loaded of two drawn at random (equal here: the first drawn).
+    picks = Counter(pol.decide(LONG, prefill, decode).prefill_worker for _ in range(100))
+    assert set(picks) == {"p0", "p1"} and min(picks.values()) >= 35, picks
 
 
 def test_measured_costs_change_the_decision() -> None:
