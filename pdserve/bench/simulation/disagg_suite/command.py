@@ -178,7 +178,12 @@ def cell_summary(cell: Cell) -> str:
     checks = targets(cell)
     failed = [name for name, ok in checks.items() if not ok]
     verdict = "all met" if not failed else "missed: " + ", ".join(failed)
-    return f"  -> vs best colocated: {', '.join(parts)}; targets {verdict}"
+    line = f"  -> vs best colocated: {', '.join(parts)}; targets {verdict}"
+    if cell.ceiling is not None:
+        line += f"; compute ceiling {cell.ceiling:.1f} req/s"
+    if cell.above_ceiling():
+        line += f" (above it, a burst: {', '.join(cell.above_ceiling())})"
+    return line
 
 
 def summary_table(cells: list[Cell]) -> str:
@@ -201,6 +206,10 @@ def summary_table(cells: list[Cell]) -> str:
 
 
 def _write_json(path: Path, cells: list[Cell]) -> None:
-    document = [{**asdict(c), "targets": targets(c), "best_static": c.best_static} for c in cells]
+    document = [
+        {**asdict(c), "targets": targets(c), "best_static": c.best_static,
+         "above_ceiling": c.above_ceiling()}
+        for c in cells
+    ]  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
