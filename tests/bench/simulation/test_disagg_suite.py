@@ -68,6 +68,10 @@ def test_targets() -> None:
         "auto>=1.0x colocated": False,
         "auto>=threshold": False,
     }
+    # The same rate reached along another product of steps still meets the target.
+    cell.families["threshold"] = FamilyBest("threshold", 96.0 * (1 + 1e-15))
+    assert targets(cell)["auto>=threshold"]
+    cell.families["threshold"] = FamilyBest("threshold", 97.0)
     assert cell.above_ceiling() == []  # no ceiling known
     cell.ceiling = 96.5
     assert cell.above_ceiling() == ["colocated", "threshold"]
