@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from pdserve.bench.simulation.disagg_suite.command import _split_names, targets
+from pdserve.bench.simulation.disagg_suite.command import _split_names
 from pdserve.bench.simulation.disagg_suite.suite import (
     Cell,
     FamilyBest,
@@ -15,6 +15,7 @@ from pdserve.bench.simulation.disagg_suite.suite import (
     SuiteOptions,
     run_cell,
 )
+from pdserve.bench.simulation.disagg_suite.targets import targets
 from pdserve.bench.simulation.disagg_suite.workloads import suite_sample
 
 

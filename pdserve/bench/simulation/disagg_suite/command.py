@@ -34,17 +34,13 @@ from pdserve.bench.simulation.disagg_suite.suite import (
     SuiteOptions,
     run_cell,
 )
+from pdserve.bench.simulation.disagg_suite.targets import targets
 from pdserve.bench.simulation.disagg_suite.workloads import WORKLOADS
 
 # --quick: one model, two workloads that sit on either side of the question, one SLO, two
 # chunk budgets.
 QUICK = {"models": "8b", "suite_workloads": "code,rag", "slos": "loose", "chunks": "512,2048",
          "batch_limits": "256"}  # fmt: skip
-AUTO_VS_STATIC, AUTO_VS_COLOCATED = 0.95, 1.0
-# Two searches that probed the same rates reach them along different products of steps
-# (each starts from its own estimate): equal goodputs may differ in the last bits (70B mix,
-# TPOT <= 20 ms: auto 28.55874371656338, threshold:16 28.558743716563388, the same probe).
-SAME_RATE = 1e-9
 
 
 def add_suite_arguments(p: argparse.ArgumentParser) -> None:
@@ -157,27 +153,6 @@ def _print_family(cell: Cell, best: FamilyBest) -> None:
 
 def _ratio(a: float, b: float) -> float:
     return a / b if b > 0 else float("inf") if a > 0 else 1.0
-
-
-def _at_least(goodput: float, bound: float) -> bool:
-    return goodput >= bound * (1 - SAME_RATE)
-
-
-def targets(cell: Cell) -> dict[str, bool]:
-    """Issue 49's checks on one cell, for the families it measured."""
-    auto, checks = cell.goodput("auto"), {}
-    if "auto" not in cell.families:
-        return checks
-    if {"colocated", "split"} <= cell.families.keys():
-        checks["auto>=0.95x best static"] = _at_least(auto, AUTO_VS_STATIC * cell.best_static)
-    if "colocated" in cell.families:
-        checks["auto>=1.0x colocated"] = _at_least(
-            auto, AUTO_VS_COLOCATED * cell.goodput("colocated")
-        )
-    for rule in ("threshold", "conditional"):
-        if rule in cell.families:
-            checks[f"auto>={rule}"] = _at_least(auto, cell.goodput(rule))
-    return checks
 
 
 def cell_summary(cell: Cell) -> str:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pdserve.bench.simulation.disagg_suite.command import targets
 from pdserve.bench.simulation.disagg_suite.suite import MODELS, SLOS, Cell, FamilyBest
+from pdserve.bench.simulation.disagg_suite.targets import targets
 from pdserve.bench.simulation.disagg_suite.workloads import WORKLOADS
 
 COVERAGE_DIR = "coverage"
