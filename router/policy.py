@@ -80,9 +80,10 @@ class RoutingDecision:
         return self.status == "ok"
 
     @classmethod
-    def reject(cls, reason: str, estimates: dict[str, Estimate] | None = None,
+    def reject(cls, reason: str, estimates: Mapping[str, Estimate] | None = None,
                status: str = "resource_exhausted") -> RoutingDecision:  # fmt: skip
-        return cls(status=status, reason=reason, estimates=estimates or {})
+        # `is None`, not `or`: a LazyEstimates would be built to be tested.
+        return cls(status=status, reason=reason, estimates={} if estimates is None else estimates)
 
 
 def _healthy(workers: Sequence[WorkerLoad]) -> Sequence[WorkerLoad]:
@@ -171,19 +172,25 @@ class RoutingPolicy:
         cached = dict(cached_blocks or {})
         if self.vectorised and self.config.policy == "cost":
             chosen = self._pick_vectorised(request, prefill, decode, cached)
+            # Built later, from the loads of now (the router's rows change as it routes).
+            p_now, d_now = list(prefill), list(decode)
+            everything = LazyEstimates(lambda: self._options(request, p_now, d_now, cached))
             if chosen is not None:
-                # Built later, from the loads of now (the router's rows change as it routes).
-                p_now, d_now = list(prefill), list(decode)
-                everything = LazyEstimates(lambda: self._options(request, p_now, d_now, cached))
                 return self._accept(request, chosen, everything)
+            # At capacity: the reasons alone, without pricing every option (in the offline
+            # planner an overloaded probe's waiting requests retry, and pricing each rejection's
+            # options took a quarter of its time). The same reasons as the enumeration's below,
+            # which decides should they ever find an option the matrix did not.
+            reasons = self._reasons(request, prefill, decode, cached)
+            if reasons and None not in reasons:
+                return RoutingDecision.reject(_at_capacity(reasons), everything,
+                                              status="at_capacity")  # fmt: skip
         options = self._options(request, prefill, decode, cached)
         estimates = {o.name: o for o in options}
         feasible = [o for o in options if o.infeasible is None]
         if not feasible:
-            reasons = sorted({o.infeasible for o in options if o.infeasible})
-            return RoutingDecision.reject(
-                "all workers at capacity: " + "; ".join(reasons), estimates, status="at_capacity"
-            )
+            reasons = {o.infeasible for o in options if o.infeasible}
+            return RoutingDecision.reject(_at_capacity(reasons), estimates, status="at_capacity")
         return self._accept(request, self._pick(request, feasible, prefill, decode), estimates)
 
     def _accept(
@@ -218,7 +225,9 @@ class RoutingPolicy:
                 pairs.append((None, d))
             for p, _ in pairs:
                 est = estimate(request, p, d, cached, self.cost, peers.get(d.worker_id))
-                est.infeasible = self._admission(request, est, p, d)
+                est.infeasible = self._admission(
+                    request, est.decode_cached_blocks, est.prefill_cached_blocks, p, d
+                )
                 options.append((est, d))
         feasible = [est for est, _ in options if est.infeasible is None]
         best_ttft = min(est.ttft_s for est in feasible or [est for est, _ in options])
@@ -261,17 +270,44 @@ class RoutingPolicy:
         workers = (d.worker_id for d in decode)
         return peer_blocks(workers, cached, request.prompt_tokens, request.block_size)
 
+    def _reasons(
+        self,
+        request: RoutingRequest,
+        prefill: list[WorkerLoad],
+        decode: list[WorkerLoad],
+        cached: dict[str, int],
+    ) -> set[str]:
+        """Why each option `_options` enumerates cannot be taken (None for those that can),
+        from the cached prefixes `estimate` counts, without pricing the options."""
+        remote, local = option_kinds(self.mode, request, prefill, decode, cached)
+        full = request.full_blocks
+        reasons = set()
+        for d in decode:
+            d_cached = min(cached.get(d.worker_id, 0), full)
+            for p in prefill if remote else []:
+                p_cached = min(cached.get(p.worker_id, 0), full)
+                reasons.add(self._admission(request, d_cached, p_cached, p, d))
+            if local:
+                reasons.add(self._admission(request, d_cached, d_cached, None, d))
+        return reasons
+
     def _admission(
-        self, request: RoutingRequest, est: Estimate, p: WorkerLoad | None, d: WorkerLoad
+        self,
+        request: RoutingRequest,
+        decode_cached_blocks: int,
+        prefill_cached_blocks: int,
+        p: WorkerLoad | None,
+        d: WorkerLoad,
     ) -> str | None:
         """Why the option cannot be taken now, or None. Queues are bounded so that overload
-        turns into fast rejections instead of ever-growing latency."""
-        needed = request.total_blocks - est.decode_cached_blocks
+        turns into fast rejections instead of ever-growing latency. The cached blocks: the
+        option's estimate's."""
+        needed = request.total_blocks - decode_cached_blocks
         if d.num_blocks and needed > d.num_free_blocks:
             return f"decode worker {d.worker_id} has {d.num_free_blocks} free KV blocks, needs {needed}"
         prefiller = p or d
         queued = prefiller.queued_tokens
-        new = request.uncached_tokens(est.prefill_cached_blocks)
+        new = request.uncached_tokens(prefill_cached_blocks)
         limit = self.config.max_queued_prefill_tokens
         if queued and queued + new > limit:
             return (
@@ -364,3 +400,8 @@ def _pick_approximate(request: RoutingRequest, feasible: list[Estimate]) -> Esti
     if best.prefill_cached_blocks > APPROXIMATE_CACHE_THRESHOLD * max(1, request.full_blocks):
         return best
     return least_loaded
+
+
+def _at_capacity(reasons: set[str | None]) -> str:
+    """The rejection of a request no option can take: every option's reason, once each."""
+    return "all workers at capacity: " + "; ".join(sorted(r for r in reasons if r))

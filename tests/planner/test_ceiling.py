@@ -6,12 +6,13 @@ from __future__ import annotations
 import pytest
 
 from pdserve.config import RouterConfig
+from pdserve.core.prompt_tokens import PromptTokens
 from pdserve.planner.ceiling import compute_ceiling
 from pdserve.planner.deployment import Deployment
 from pdserve.planner.probe import SLO, Split, run_probe
 from pdserve.planner.report import plan_table
 from pdserve.planner.search import Plan, SplitResult
-from pdserve.planner.workload import PlanRequest, probe_sample
+from pdserve.planner.workload import PlanRequest, ProbeRequest, probe_sample
 
 
 @pytest.mark.parametrize("split", [Split(0, 2), Split(1, 1)])
@@ -45,3 +46,20 @@ def test_the_plan_names_the_goodputs_above_the_ceiling():
     assert "compute ceiling: 100.00 req/s" in table
     assert "above the ceiling, so not sustainable: colocated 2 (" in table
     assert "compute ceiling" not in plan_table(plan, {**context, "compute_ceiling": None}, 2)
+
+
+def test_a_prefix_earlier_prompts_share_is_not_counted_again():
+    """Agentic sessions resend a long context: a cache could serve it, so it bounds nothing."""
+    deployment = Deployment("llama-3.1-8b", gpu="h100")
+    context = list(range(1, 1025))  # 64 blocks of 16 tokens
+
+    def sample(shared: bool) -> list[ProbeRequest]:
+        prompts = [
+            (context if shared else [t + 2000 * (i + 1) for t in context]) + [9000 + i] * 16
+            for i in range(20)
+        ]
+        return [ProbeRequest(i, PromptTokens(p), 8, float(i)) for i, p in enumerate(prompts)]
+
+    distinct, sharing = (compute_ceiling(deployment, sample(s), workers=1) for s in (False, True))
+    # 20 x 1040 prompt tokens against 1040 + 19 x 16: the prompts' FLOPs dominate.
+    assert sharing > 5 * distinct

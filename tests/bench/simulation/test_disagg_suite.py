@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from pdserve.bench.simulation.disagg_suite.command import _split_names, targets
+from pdserve.bench.simulation.disagg_suite.command import _split_names
 from pdserve.bench.simulation.disagg_suite.suite import (
     Cell,
     FamilyBest,
@@ -15,6 +15,7 @@ from pdserve.bench.simulation.disagg_suite.suite import (
     SuiteOptions,
     run_cell,
 )
+from pdserve.bench.simulation.disagg_suite.targets import targets
 from pdserve.bench.simulation.disagg_suite.workloads import suite_sample
 
 
@@ -54,6 +55,8 @@ def test_one_cell_searches_every_split_at_every_setting() -> None:
     assert split.goodput == max(split.searched.values()) > 0
     assert colocated.setting in settings and split.split.endswith(("1D (TP 4:4)", "3D (TP 4:4)",
                                                                     "2D (TP 4:4)"))  # fmt: skip
+    # 70B code on 16 H100s: the GPUs' FLOPs bound it to tens of requests/s, not thousands.
+    assert cell.ceiling is not None and 1 < cell.ceiling < 1000
 
 
 def test_targets() -> None:
@@ -66,6 +69,13 @@ def test_targets() -> None:
         "auto>=1.0x colocated": False,
         "auto>=threshold": False,
     }
+    # The same rate reached along another product of steps still meets the target.
+    cell.families["threshold"] = FamilyBest("threshold", 96.0 * (1 + 1e-15))
+    assert targets(cell)["auto>=threshold"]
+    cell.families["threshold"] = FamilyBest("threshold", 97.0)
+    assert cell.above_ceiling() == []  # no ceiling known
+    cell.ceiling = 96.5
+    assert cell.above_ceiling() == ["colocated", "threshold"]
 
 
 def test_splits_narrow_the_search_and_bad_ones_are_named() -> None:

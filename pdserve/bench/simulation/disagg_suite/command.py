@@ -34,13 +34,13 @@ from pdserve.bench.simulation.disagg_suite.suite import (
     SuiteOptions,
     run_cell,
 )
+from pdserve.bench.simulation.disagg_suite.targets import targets
 from pdserve.bench.simulation.disagg_suite.workloads import WORKLOADS
 
 # --quick: one model, two workloads that sit on either side of the question, one SLO, two
 # chunk budgets.
 QUICK = {"models": "8b", "suite_workloads": "code,rag", "slos": "loose", "chunks": "512,2048",
          "batch_limits": "256"}  # fmt: skip
-AUTO_VS_STATIC, AUTO_VS_COLOCATED = 0.95, 1.0
 
 
 def add_suite_arguments(p: argparse.ArgumentParser) -> None:
@@ -155,30 +155,18 @@ def _ratio(a: float, b: float) -> float:
     return a / b if b > 0 else float("inf") if a > 0 else 1.0
 
 
-def targets(cell: Cell) -> dict[str, bool]:
-    """Issue 49's checks on one cell, for the families it measured."""
-    auto, checks = cell.goodput("auto"), {}
-    if "auto" not in cell.families:
-        return checks
-    if {"colocated", "split"} <= cell.families.keys():
-        checks["auto>=0.95x best static"] = _ratio(auto, cell.best_static) >= AUTO_VS_STATIC
-    if "colocated" in cell.families:
-        checks["auto>=1.0x colocated"] = _ratio(auto, cell.goodput("colocated")) >= (
-            AUTO_VS_COLOCATED
-        )
-    for rule in ("threshold", "conditional"):
-        if rule in cell.families:
-            checks[f"auto>={rule}"] = auto >= cell.goodput(rule)
-    return checks
-
-
 def cell_summary(cell: Cell) -> str:
     colocated = cell.goodput("colocated")
     parts = [f"{f} {_ratio(cell.goodput(f), colocated):.2f}x" for f in cell.families]
     checks = targets(cell)
     failed = [name for name, ok in checks.items() if not ok]
     verdict = "all met" if not failed else "missed: " + ", ".join(failed)
-    return f"  -> vs best colocated: {', '.join(parts)}; targets {verdict}"
+    line = f"  -> vs best colocated: {', '.join(parts)}; targets {verdict}"
+    if cell.ceiling is not None:
+        line += f"; compute ceiling {cell.ceiling:.1f} req/s"
+    if cell.above_ceiling():
+        line += f" (above it, a burst: {', '.join(cell.above_ceiling())})"
+    return line
 
 
 def summary_table(cells: list[Cell]) -> str:
@@ -201,6 +189,10 @@ def summary_table(cells: list[Cell]) -> str:
 
 
 def _write_json(path: Path, cells: list[Cell]) -> None:
-    document = [{**asdict(c), "targets": targets(c), "best_static": c.best_static} for c in cells]
+    document = [
+        {**asdict(c), "targets": targets(c), "best_static": c.best_static,
+         "above_ceiling": c.above_ceiling()}
+        for c in cells
+    ]  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")

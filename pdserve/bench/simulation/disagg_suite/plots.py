@@ -4,7 +4,8 @@ family (one panel per SLO pair), and one summary table of every cell plotted in 
 A `<model>-<workload>.json` in DIR keeps the curves; a later run into the same DIR replaces the
 families it measured and keeps the others, so families searched by separate commands (as the
 documented runs search each family at its own split) end up on one plot. The summary table
-(SUMMARY, in DIR) is rewritten from every such file after each cell.
+(SUMMARY, in DIR) is rewritten from every such file after each cell, followed by the coverage
+table of the suite's `--json` files in DIR/coverage (coverage.py), when there are any.
 """
 
 from __future__ import annotations
@@ -13,6 +14,11 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+from pdserve.bench.simulation.disagg_suite.coverage import (
+    COVERAGE_DIR,
+    coverage_cells,
+    coverage_markdown,
+)
 from pdserve.bench.simulation.disagg_suite.curves import Curve
 from pdserve.bench.simulation.disagg_suite.suite import FAMILIES, SLOS, Cell
 
@@ -91,7 +97,14 @@ def summary_markdown(out_dir: Path) -> str:
             static = max(colocated, goodput.get("split", 0.0))
             auto = f"{goodput['auto'] / static:.2f}" if "auto" in goodput and static else "-"
             lines.append("| " + " | ".join([model, workload, slo, *cells, auto]) + " |")
-    return "\n".join(lines) + "\n"
+    table = "\n".join(lines) + "\n"
+    covered = coverage_cells(out_dir / COVERAGE_DIR) if (out_dir / COVERAGE_DIR).is_dir() else []
+    if not covered:
+        return table
+    return (
+        f"{table}\n## Every cell run ({COVERAGE_DIR}/*.json, no curves)\n\n"
+        f"{coverage_markdown(covered)}"
+    )
 
 
 def _figure(goodput: dict[str, float], family: str, colocated: float) -> str:

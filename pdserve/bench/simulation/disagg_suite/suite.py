@@ -18,6 +18,7 @@ from functools import cache
 
 from pdserve.bench.simulation.disagg_suite.workloads import suite_sample
 from pdserve.config import RouterConfig
+from pdserve.planner.ceiling import compute_ceiling
 from pdserve.planner.deployment import Deployment
 from pdserve.planner.probe import SLO, Split
 from pdserve.planner.search import Search, SplitResult, sampled_requests_per_worker
@@ -80,6 +81,10 @@ class Cell:
     workload: str
     slo: str
     families: dict[str, FamilyBest] = field(default_factory=dict)
+    # The sample's compute ceiling on all the cell's GPUs (pdserve/planner/ceiling.py): a
+    # goodput above it came from probes too short to build the load (a burst), not a rate the
+    # GPUs sustain. None: the profile has no FLOPs.
+    ceiling: float | None = None
 
     def goodput(self, family: str) -> float:
         best = self.families.get(family)
@@ -88,6 +93,11 @@ class Cell:
     @property
     def best_static(self) -> float:
         return max(self.goodput("colocated"), self.goodput("split"))
+
+    def above_ceiling(self) -> list[str]:
+        """The families whose goodput is a burst (above the compute ceiling)."""
+        ceiling = self.ceiling
+        return [f for f, b in self.families.items() if ceiling is not None and b.goodput > ceiling]
 
 
 @dataclass(frozen=True)
@@ -154,6 +164,10 @@ def run_cell(
     slo = SLO(*SLOS[slo_name])
     sample = cell_sample(model, workload, options)
     cell = Cell(model, workload, slo_name)
+    # FLOPs only: the same at every engine setting.
+    cell.ceiling = compute_ceiling(
+        deployment_of(setup.model, setup.tp, options.settings[0]), sample, setup.workers
+    )
     for family in options.families:
         best = FamilyBest(family)
         router = family_router(family, slo_name, len(sample))
