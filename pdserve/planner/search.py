@@ -72,6 +72,8 @@ FIRST_STEP = 1.2
 # knee a worker runs ~max_num_seqs requests, so that probe's arrivals span ~8 of their lives.
 STEADY_TRIGGER = 0.75
 STEADY_REQUESTS_PER_SEQ = 8
+# The fewest workers a simulated replica keeps by default (the module docstring, "Replicas").
+MIN_REPLICA_WORKERS = 2
 # A passing probe that used this share of the misses it was allowed is taken to lie just below
 # the knee (Search._near_edge): the next probe goes up by the precision alone.
 NEAR_EDGE = 0.85
@@ -138,7 +140,7 @@ class Search:
         precision: float = 0.05,
         top: int = 3,
         requests_per_worker: int = 500,
-        min_replica_workers: int = 2,
+        min_replica_workers: int = MIN_REPLICA_WORKERS,
         on_probe: Callable[[ProbeResult], None] | None = None,
         jobs: int = 1,
         rank_all: bool = True,

@@ -21,8 +21,13 @@ from pdserve.config import RouterConfig
 from pdserve.planner.ceiling import compute_ceiling
 from pdserve.planner.deployment import Deployment
 from pdserve.planner.probe import SLO, Split
-from pdserve.planner.search import Search, SplitResult, sampled_requests_per_worker
-from pdserve.planner.splits import all_splits
+from pdserve.planner.search import (
+    MIN_REPLICA_WORKERS,
+    Search,
+    SplitResult,
+    sampled_requests_per_worker,
+)
+from pdserve.planner.splits import all_splits, replica_count, simulated_workers
 
 
 @dataclass(frozen=True)
@@ -136,13 +141,20 @@ def family_splits(setup: ModelSetup, family: str, only: tuple[str, ...] = ()) ->
 
 
 def cell_sample(model: str, workload: str, options: SuiteOptions) -> list:
-    """The probe sample every family of the cell is searched on."""
+    """The probe sample every family of the cell is searched on, in blocks of the shortest
+    probe's size (its requests per worker x the workers of the smallest replica the search
+    simulates), so that every probe, a prefix of the sample, offers the whole workload."""
     setup = MODELS[model]
     per_worker = options.requests_per_worker
     if options.steady_probes:
         biggest = deployment_of(setup.model, setup.tp, max(options.settings, key=lambda s: s.batch))
         per_worker = sampled_requests_per_worker(biggest, per_worker)
-    return suite_sample(workload, per_worker * setup.workers, options.seed)
+    fewest = min(
+        simulated_workers(s, replica_count(s, MIN_REPLICA_WORKERS))
+        for s in all_splits(setup.workers)
+    )
+    block = options.requests_per_worker * fewest
+    return suite_sample(workload, per_worker * setup.workers, options.seed, block=block)
 
 
 def family_router(family: str, slo_name: str, sample_size: int) -> RouterConfig:

@@ -8,11 +8,17 @@ them) and unit-rate arrivals, offered by the planner's probes at any rate.
              token system prompt shared by 8 sessions each, then 128-token messages and
              128-token answers), so a session's shared context grows turn by turn
     mix      the four above in equal parts, shuffled (agentic turns keep their order)
-    phases   the four one after another, a quarter of the sample each: the mix changes every
-             quarter of the trace (at rate r, every N / (4 r) simulated seconds)
+    phases   the four one after another, a quarter of each block each: the mix changes every
+             quarter of a block (at rate r, every block / (4 r) simulated seconds)
 
-Arrivals are a Poisson process of unit rate; agentic turns arrive in rounds (every session's
-first turn, then every second ...), not after the previous turn's answer.
+A probe offers a prefix of the sample (its first `block` requests, or several blocks for the
+planner's longer steady probes), so agentic, mix and phases are built in consecutive blocks of
+the probe's size, each a whole trace of the workload on its own: its sessions (every turn, in
+rounds within the block) or its four phases. Built over the whole sample instead, a probe would
+offer only the trace's start: first turns alone, or chat alone.
+
+Arrivals are a Poisson process of unit rate over the whole sample; agentic turns arrive in
+rounds (every session's first turn, then every second ...), not after the previous turn's answer.
 """
 
 from __future__ import annotations
@@ -32,6 +38,9 @@ BASIC = {
 }
 AGENTIC_TURNS = 8
 WORKLOADS = ("chat", "code", "rag", "agentic", "mix", "phases")
+# Block b is generated from seed + BLOCK_SEED_STRIDE * b: block 0 keeps the one-block sample
+# (callers without blocks see the same trace), and blocks stay clear of the parts' seed + i.
+BLOCK_SEED_STRIDE = 1000
 # Token ids 0 and 1 are the built-in tokenizer's BOS and EOS.
 AVOID = (0, 1)
 
@@ -70,9 +79,27 @@ def _requests(name: str, n: int, seed: int) -> list[BenchRequest]:
     raise ValueError(f"workload {name!r}: one of {', '.join(WORKLOADS)}")
 
 
-def suite_sample(name: str, n: int, seed: int = 0) -> list[ProbeRequest]:
-    """`n` requests of workload `name` as a probe sample, the same for the same arguments."""
-    requests = _requests(name, n, seed)
+def _blocks(name: str, n: int, block: int, seed: int) -> list[BenchRequest]:
+    """`n` requests in consecutive blocks of `block`, each a whole trace of the workload; agentic
+    sessions are renumbered so that no two blocks share a session's tag."""
+    requests: list[BenchRequest] = []
+    for b, start in enumerate(range(0, n, block)):
+        requests += _requests(name, block, seed + BLOCK_SEED_STRIDE * b)[: n - start]
+    for index, r in enumerate(requests):
+        if r.tag.startswith("agentic:c"):
+            r.tag = f"agentic:c{index // block}.{r.tag.removeprefix('agentic:c')}"
+    return requests
+
+
+def suite_sample(name: str, n: int, seed: int = 0, block: int | None = None) -> list[ProbeRequest]:
+    """`n` requests of workload `name` as a probe sample, the same for the same arguments.
+
+    `block` is the probe's size (default `n`): agentic, mix and phases repeat their whole trace
+    every `block` requests, so that every prefix of whole blocks offers the workload."""
+    block = n if block is None else block
+    if block < 1:
+        raise ValueError(f"block: {block}, must be at least 1")
+    requests = _requests(name, n, seed) if name in BASIC else _blocks(name, n, block, seed)
     arrivals = np.cumsum(np.random.default_rng([seed, 1]).exponential(1.0, len(requests)))
     return [
         ProbeRequest(i, PromptTokens(r.prompt), r.output_len, float(t), r.tag)
