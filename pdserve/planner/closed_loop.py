@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pdserve.config import RouterConfig
 from pdserve.planner.cluster import RouterTiming, VirtualCluster
 from pdserve.planner.deployment import Deployment
-from pdserve.planner.probe import YOUNG_COLLECTION_ALLOCATIONS, Split, _young_collections_every
+from pdserve.planner.probe import YOUNG_COLLECTION_ALLOCATIONS, Split, young_collections_every
 from pdserve.planner.virtual_request import VirtualRequest
 from pdserve.planner.workload import ProbeRequest
 
@@ -90,7 +90,7 @@ def run_closed_loop(
     if clients < 1:
         raise ValueError(f"clients must be >= 1, got {clients}")
     # Fewer cyclic collections, as run_probe makes them (probe.py says why).
-    with _young_collections_every(YOUNG_COLLECTION_ALLOCATIONS):
+    with young_collections_every(YOUNG_COLLECTION_ALLOCATIONS):
         cluster = VirtualCluster(
             deployment, split.prefill, split.decode, router_config, timing, False,
             index_lag_s, router_replicas,

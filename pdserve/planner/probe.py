@@ -161,7 +161,7 @@ class _Verdict:
 
 
 @contextmanager
-def _young_collections_every(allocations: int) -> Iterator[None]:
+def young_collections_every(allocations: int) -> Iterator[None]:
     """The cyclic collector's youngest generation collected every `allocations` net
     allocations instead of its default, restored on exit."""
     threshold = gc.get_threshold()
@@ -193,7 +193,7 @@ def run_probe(
     pdserve/planner/role_switching.py)."""
     # The cluster and the requests too are made with fewer collections: each request brings
     # several containers, and making 8000 took 104 passes, 0.03-0.08 s (of 0.08-0.12 s).
-    with _young_collections_every(YOUNG_COLLECTION_ALLOCATIONS):
+    with young_collections_every(YOUNG_COLLECTION_ALLOCATIONS):
         cluster = VirtualCluster(
             deployment, split.prefill, split.decode, router_config, timing, keep_tokens,
             index_lag_s, router_replicas,
