@@ -227,7 +227,8 @@ def objective(
     + w.slo_penalty * (SLO overshoot of TTFT and TPOT,        a miss costs more than slowness
                        and of D's TPOT with the stall: its decode step plus the local
                        prefill's measured compute spread as in the interference term)
-    + w.kv_pressure * (KV occupancy above the soft limit)      preemption risk on D
+    + w.kv_pressure * (KV occupancy above the soft limit       preemption risk on D
+                       that this request adds)
 
     `best_ttft_s`: the lowest TTFT of any option that can be taken now. When even that misses the
     TTFT SLO the miss is unavoidable and charged to no option, so a long prompt whose prefill
@@ -257,9 +258,15 @@ def objective(
     if decode.num_blocks:
         generated_blocks = math.ceil(request.max_tokens / request.block_size)
         needed = request.total_blocks - est.decode_cached_blocks + generated_blocks
-        used = decode.num_blocks - decode.num_free_blocks + needed
-        over = used / decode.num_blocks - w.kv_soft_limit
-        terms["kv_pressure"] = w.kv_pressure * max(0.0, over) / (1 - w.kv_soft_limit)
+        held = (decode.num_blocks - decode.num_free_blocks) / decode.num_blocks
+        after = held + needed / decode.num_blocks
+        # What this request adds to the occupancy above the limit, not the occupancy: charged
+        # the whole of it, a worker whose running requests share a tenant's cached prefix
+        # looked riskier for a turn needing 12 blocks there than a worker that would compute
+        # and hold 260 (evicting other tenants' prefixes), and at saturation turns left their
+        # cache (docs/benchmarks/routing.md, seventh part).
+        over = max(0.0, after - w.kv_soft_limit) - max(0.0, held - w.kv_soft_limit)
+        terms["kv_pressure"] = w.kv_pressure * over / (1 - w.kv_soft_limit)
     est.terms = terms
     total = 0.0
     for value in terms.values():  # left to right, as router/option_matrix.py adds its vectors

@@ -178,9 +178,10 @@ class OptionMatrix:
         tpot_term, tpot_over = (w.tpot * tpot_n)[:, None], np.maximum(0.0, tpot_n - 1)[:, None]
         generated = math.ceil(request.max_tokens / request.block_size)
         size = np.maximum(d.num_blocks, 1)  # 0 = unknown size: no term (masked below)
-        used = d.num_blocks - d.free + (missing + generated)
-        over = used / size - w.kv_soft_limit
-        kv = w.kv_pressure * np.maximum(0.0, over) / (1 - w.kv_soft_limit)
+        held = d.num_blocks - d.free
+        over = np.maximum(0.0, (held + missing + generated) / size - w.kv_soft_limit)
+        over -= np.maximum(0.0, held / size - w.kv_soft_limit)  # what this request adds
+        kv = w.kv_pressure * over / (1 - w.kv_soft_limit)
         kv = np.where(d.num_blocks > 0, kv, 0.0)[:, None]
         # A miss even the best option makes is unavoidable: charged to no option (`objective`).
         avoidable = best_ttft <= slo_t

@@ -34,6 +34,7 @@ takes what the host evicts, and the walk reads its blocks back the same way.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from collections.abc import Iterable
 from collections.abc import Sequence as PySequence
 
 from pdserve.core.block_hash import ROOT_HASH, block_hash, prompt_block_hashes
@@ -124,6 +125,30 @@ class BlockManager:
                 seq.token_ids[: seq.num_prompt_tokens], self.block_size
             )
         return seq.prompt_block_hashes
+
+    def queued_prompt_tokens(self, waiting: Iterable[Sequence]) -> int:
+        """The prompt tokens `waiting` (in queue order) will compute: each sequence's
+        uncomputed tokens less the leading full blocks it will find cached, in this pool or
+        computed by a sequence queued ahead of it (the scheduler computes a shared prefix once).
+        Counting whole prompts made a worker whose queue shares one cached tenant prefix look
+        as busy as one computing them all, and the router moved turns off it, recomputing the
+        prefix elsewhere (docs/benchmarks/routing.md, seventh part). The host and disk tiers
+        are not counted: an estimate, and a hit there still costs its copy."""
+        total, ahead = 0, set()
+        for seq in waiting:
+            uncomputed = seq.num_uncomputed_tokens
+            if seq.block_table or not self.enable_prefix_caching:
+                total += uncomputed
+                continue
+            hashes = self.prompt_hashes(seq)
+            found = 0
+            for h in hashes:
+                if h not in self._cached and h not in ahead:
+                    break
+                found += 1
+            total += max(1, uncomputed - found * self.block_size)
+            ahead.update(hashes)
+        return total
 
     def is_cached(self, block_hash_value: int) -> bool:
         """Whether a full block with this hash is in the prefix cache (tokens not checked)."""

@@ -30,7 +30,7 @@ def engine_stats(
         "num_running": len(sched.running),
         "num_reserved": by_status[SequenceStatus.RESERVED],
         "num_held": by_status[SequenceStatus.HELD],
-        "waiting_prompt_tokens": sum(s.num_uncomputed_tokens for s in sched.waiting),
+        "waiting_prompt_tokens": bm.queued_prompt_tokens(sched.waiting),
         "prefix_hit_tokens": sched.prefix_hit_tokens,
         "prefix_query_tokens": sched.prefix_query_tokens,
         "prefix_host_hit_tokens": sched.prefix_host_hit_tokens,

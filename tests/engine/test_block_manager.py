@@ -309,3 +309,24 @@ def test_a_prefix_computed_twice_at_once_leaves_no_gap_when_evicted():
     bm.release(second)  # its blocks are unregistered: plain free space
     bm.check_invariants()
     assert bm.num_free_blocks == 3 and bm.num_cached_blocks == 0
+
+
+def test_queued_prompt_tokens_count_a_cached_or_shared_prefix_once():
+    # The router reads a worker's queue from this count: a queue of turns that share a cached
+    # tenant prefix is short work, not several whole prompts (docs/benchmarks/routing.md).
+    bm = BlockManager(16, BS)
+    prefix = list(range(100, 108))  # two full blocks
+    cached = seq(prefix + [1, 2])
+    assert compute(bm, cached)
+    bm.release(cached)
+    cold = list(range(200, 208))
+    waiting = [
+        seq(prefix + [3, 4, 5], 1),  # its 2 cached blocks found: 3 tokens to compute
+        seq(cold + [6], 2),  # nothing cached: 9 tokens
+        seq(cold + [7, 8], 3),  # the 2 blocks the request ahead computes: 2 tokens
+        seq(prefix, 4),  # wholly cached, but its last token is run: 1 token
+    ]
+    assert bm.queued_prompt_tokens(waiting) == 3 + 9 + 2 + 1
+    assert BlockManager(16, BS, enable_prefix_caching=False).queued_prompt_tokens(waiting) == (
+        sum(s.num_uncomputed_tokens for s in waiting)
+    )

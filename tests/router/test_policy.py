@@ -302,3 +302,23 @@ def test_a_prompt_that_misses_the_ttft_slo_anywhere_does_not_stall_a_decode_work
     # A short prompt on the same idle D meets the SLO locally and is still prefilled there.
     short = RoutingRequest(prompt_tokens=48, max_tokens=8, block_size=16, bytes_per_block=MiB // 4)
     assert pol.decide(short, [worker("p0")], [worker("d0")]).prefill_worker is None
+
+
+@pytest.mark.parametrize("vectorised", [True, False])
+def test_a_full_worker_holding_the_prefix_keeps_the_turn_that_adds_little_to_it(vectorised):
+    # Saturated multi-tenant serving (docs/benchmarks/routing.md, seventh part): the tenant's
+    # home worker runs its users on one cached 256-block prefix, its pool 95% held; another
+    # worker has room but would compute the prefix and hold 260 more blocks, evicting other
+    # tenants'. KV pressure charges what a request adds above the soft limit (12 blocks here),
+    # not the occupancy it finds: charged the occupancy, such turns left their cache and the
+    # recomputation fed every queue (cost's hit rate fell from 95% to 69%).
+    turn = RoutingRequest(prompt_tokens=260 * 16, max_tokens=64, block_size=16)
+    home = worker("home", num_blocks=2048, num_free_blocks=104, num_running=40, num_waiting=6,
+                  waiting_prompt_tokens=11_648)  # fmt: skip
+    roomy = worker("roomy", num_blocks=2048, num_free_blocks=672, num_running=40, num_waiting=6,
+                   waiting_prompt_tokens=4_928)  # fmt: skip
+    chooser = RoutingPolicy(RouterConfig(ttft_slo_ms=400), vectorised=vectorised)
+    decision = chooser.decide(turn, [], [home, roomy], {"home": 256})
+    assert (decision.decode_worker, decision.cached_tokens) == ("home", 256 * 16)
+    pressure = decision.chosen.terms["kv_pressure"]
+    assert 0 < pressure < 0.2  # 12 blocks past 95%: a small price, not the whole overshoot
