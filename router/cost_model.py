@@ -99,6 +99,11 @@ class LinearFit:
         return a + b * max(0.0, x)
 
 
+# Per poll of a prefill worker: the weight the drain rate's older polls keep (a half-life of
+# ~23 polls, a few seconds at the router's poll interval).
+DRAIN_DECAY = 0.97
+
+
 @dataclass
 class CostModel:
     """Costs of the pools. Priors are modest GPU-ish numbers; data replaces them within seconds.
@@ -130,6 +135,10 @@ class CostModel:
     step_tokens: int = EngineConfig.max_num_batched_tokens
     _last: dict[str, object] = field(default_factory=dict)  # worker_id -> previous stats
     _per_request: set[bool] = field(default_factory=set)  # `local` values measured per request
+    # The prefill workers' seconds and prompt tokens in steps that computed prompts, summed over
+    # their polls with DRAIN_DECAY's forgetting: how fast a queue of prompts drains there
+    # (`prefill_queue_seconds`). [seconds, tokens]
+    _drain: list[float] = field(default_factory=lambda: [0.0, 0.0])
 
     @classmethod
     def with_priors_scaled(cls, factor: float) -> CostModel:
@@ -177,6 +186,9 @@ class CostModel:
             return
         tokens = stats.prefill_tokens - prev.prefill_tokens
         seconds = stats.prefill_seconds - prev.prefill_seconds
+        if tokens > 0 and seconds > 0 and stats.role == "prefill":
+            self._drain = [DRAIN_DECAY * self._drain[0] + seconds,
+                           DRAIN_DECAY * self._drain[1] + tokens]  # fmt: skip
         if tokens > 0 and seconds > 0 and (stats.role == "decode") not in self._per_request:
             # One sample per interval: a prefill of the interval's mean size per step is not
             # known, so the interval counts as one prefill of all its tokens.
@@ -236,6 +248,15 @@ class CostModel:
         share steps with, and a prefill worker's samples for its step in progress)."""
         return min(fit.predict(tokens) for fit in self.prefill_fits(local=True))
 
+    def drain_seconds_per_token(self) -> float | None:
+        """Seconds per prompt token of the prefill workers' steps that computed prompts, as
+        measured over their polls (None before any): how fast a queue of prompts drains there.
+        The per-request line (its intercept a request's own overheads, paid once per full step
+        in `prefill_queue_seconds`) put 70B TP 4 queues at twice their wait, and `auto` kept
+        short prompts local beside a TPOT-bound batch (docs/benchmarks/simulation.md)."""
+        seconds, tokens = self._drain
+        return seconds / tokens if tokens else None
+
     def prefill_queue_seconds(self, tokens: int, requests: int, *, local: bool = False) -> float:
         """Wait behind `requests` queued prompts holding `tokens` uncomputed tokens.
 
@@ -245,6 +266,9 @@ class CostModel:
         therefore adds only its tokens' time, and a worker holding a group's prefix stays the
         cheaper choice for the group's next request.
         """
+        drain = None if local else self.drain_seconds_per_token()
+        if drain is not None:
+            return tokens * drain
         steps = min(requests, tokens // max(1, self.step_tokens))
         waits = []
         for fit in self.prefill_fits(local):

@@ -379,7 +379,11 @@ def _stall_seconds(cost: CostModel, tokens: np.ndarray) -> np.ndarray:
 def _queue_seconds(
     cost: CostModel, tokens: np.ndarray, requests: np.ndarray, *, local: bool
 ) -> np.ndarray:
-    """CostModel.prefill_queue_seconds over vectors: the slowest of its lines."""
+    """CostModel.prefill_queue_seconds over vectors: the measured drain, else the slowest of
+    its lines."""
+    drain = None if local else cost.drain_seconds_per_token()
+    if drain is not None:
+        return tokens * drain
     steps = np.minimum(requests, tokens // max(1, cost.step_tokens))
     waits = None
     for fit in cost.prefill_fits(local):

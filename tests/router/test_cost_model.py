@@ -158,3 +158,20 @@ def test_a_queue_pays_the_fixed_cost_per_engine_step_not_per_request() -> None:
     # 1200 tokens take two full steps before the newcomer's: two intercepts.
     assert cost.prefill_queue_seconds(1200, 1) == pytest.approx(a + b * 1200)
     assert cost.prefill_queue_seconds(1200, 3) == pytest.approx(2 * a + b * 1200)
+
+
+def test_a_prefill_workers_queue_drains_at_its_measured_prompt_rate() -> None:
+    # The per-request line's intercept is a lone request's overheads; paid per full step, it put
+    # 70B TP 4 queues at twice their wait (docs/benchmarks/simulation.md). Polls of the prefill
+    # workers measure how fast their prompt steps compute: 20,000 tokens in 1.5 s here.
+    cost = CostModel(step_tokens=512)
+    for tokens in (128, 256, 384):
+        cost.observe_request_prefill(tokens, 0.028 + 6.7e-5 * tokens)
+    assert cost.drain_seconds_per_token() is None
+    line_wait = cost.prefill_queue_seconds(8192, 32)
+    cost.observe_stats(stats("p0", "prefill"))
+    cost.observe_stats(stats("p0", "prefill", prefill_tokens=20_000, prefill_seconds=1.5))
+    assert cost.prefill_queue_seconds(8192, 32) == pytest.approx(8192 * 1.5 / 20_000)
+    assert cost.prefill_queue_seconds(8192, 32) < 0.6 * line_wait
+    # A local queue shares its worker's steps with decoding: still priced by its lines.
+    assert cost.prefill_queue_seconds(8192, 32, local=True) == pytest.approx(line_wait)

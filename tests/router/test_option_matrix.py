@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pdserve.config import RouterConfig
+from pdserve.core.messages import WorkerStats
 from router.cost_model import CostModel
 from router.disaggregate_rule import option_kinds
 from router.estimates import RoutingRequest, WorkerLoad
@@ -63,12 +64,17 @@ def situations(draw):
         peer_pull=draw(st.booleans()),  # local options may then pull a peer's longer prefix
     )
     cost = CostModel()
-    lines = draw(st.sampled_from(["prior", "measured", "cheap"]))
+    lines = draw(st.sampled_from(["prior", "measured", "cheap", "drained"]))
     if lines == "measured":  # the local line slower: both prefill fits count
         for tokens in (100, 1000, 3000):
             cost.observe_request_prefill(tokens, 0.002 + tokens * 3e-4, local=True)
             cost.observe_request_prefill(tokens, 0.001 + tokens * 1e-4)
         cost.observe_decode_step(32, 0.03)
+    if lines == "drained":  # prefill workers' polls measure how fast their queues drain
+        cost.observe_stats(WorkerStats("p0", "prefill", 1))
+        cost.observe_stats(
+            WorkerStats("p0", "prefill", 1, prefill_tokens=4096, prefill_seconds=0.3)
+        )
     if lines == "cheap":  # a cached prefix saves less than the tie tolerance: tie keys decide
         for _ in range(50):
             cost.observe_prefill(1024, 0.001)
