@@ -33,6 +33,7 @@ takes what the host evicts, and the walk reads its blocks back the same way.
 
 from __future__ import annotations
 
+import bisect
 from collections import OrderedDict, deque
 from collections.abc import Iterable
 from collections.abc import Sequence as PySequence
@@ -133,19 +134,24 @@ class BlockManager:
         Counting whole prompts made a worker whose queue shares one cached tenant prefix look
         as busy as one computing them all, and the router moved turns off it, recomputing the
         prefix elsewhere (docs/benchmarks/routing.md, seventh part). The host and disk tiers
-        are not counted: an estimate, and a hit there still costs its copy."""
-        total, ahead = 0, set()
+        are not counted: an estimate, and a hit there still costs its copy.
+
+        A prompt's found blocks are a binary search: the cache never holds a block without its
+        parent (`_evict` takes descendants first), nor does `ahead` (whole prompts), so along
+        a prompt's chain of hashes the held ones come first. Stats are polled a few times a
+        second, with queues of hundreds of thousand-block prompts."""
+        total, ahead, cached = 0, set(), self._cached
         for seq in waiting:
             uncomputed = seq.num_uncomputed_tokens
             if seq.block_table or not self.enable_prefix_caching:
                 total += uncomputed
                 continue
             hashes = self.prompt_hashes(seq)
-            found = 0
-            for h in hashes:
-                if h not in self._cached and h not in ahead:
-                    break
-                found += 1
+            found = bisect.bisect_left(
+                range(len(hashes)),
+                True,
+                key=lambda i: hashes[i] not in cached and hashes[i] not in ahead,
+            )
             total += max(1, uncomputed - found * self.block_size)
             ahead.update(hashes)
         return total

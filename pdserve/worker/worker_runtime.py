@@ -102,9 +102,10 @@ class WorkerRuntime:
     def _measure_step(self, outputs: list[RequestOutput], seconds: float) -> None:
         if self._waiting_since:
             self._note_scheduled(time.perf_counter() - seconds)
-        engine_stats = self.engine.stats()
-        computed = engine_stats["prefill_tokens_computed"] - self._last_prefill_tokens
-        self._last_prefill_tokens = engine_stats["prefill_tokens_computed"]
+        # The counter alone, not engine.stats(): every step reads it.
+        computed_so_far = self.engine.step_outputs.prefill_tokens_computed
+        computed = computed_so_far - self._last_prefill_tokens
+        self._last_prefill_tokens = computed_so_far
         if computed > 0:
             self._stats.prefill_tokens += computed
             self._stats.prefill_seconds += seconds

@@ -330,3 +330,30 @@ def test_queued_prompt_tokens_count_a_cached_or_shared_prefix_once():
     assert BlockManager(16, BS, enable_prefix_caching=False).queued_prompt_tokens(waiting) == (
         sum(s.num_uncomputed_tokens for s in waiting)
     )
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=14), min_size=1, max_size=6),
+    st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=14), min_size=1, max_size=6),
+)
+def test_queued_prompt_tokens_search_is_a_scan_of_each_prompt(computed, waiting):
+    # The binary search relies on held blocks coming first along a prompt's chain (the cache
+    # evicts descendants first; `ahead` holds whole prompts): the same as scanning block by
+    # block, with evictions from a small pool in between.
+    bm = BlockManager(6, BS)
+    for i, tokens in enumerate(computed):
+        s = seq(tokens, i)
+        if compute(bm, s):
+            bm.release(s)
+    queue = [seq(tokens, 100 + i) for i, tokens in enumerate(waiting)]
+    expected, ahead = 0, set()
+    for s in queue:
+        found = 0
+        for h in bm.prompt_hashes(s):
+            if not (bm.is_cached(h) or h in ahead):
+                break
+            found += 1
+        expected += max(1, s.num_uncomputed_tokens - found * BS)
+        ahead.update(bm.prompt_hashes(s))
+    assert bm.queued_prompt_tokens(queue) == expected
