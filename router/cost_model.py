@@ -8,6 +8,9 @@ from per-request timings (`observe_request_prefill`, `observe_transfer`). Per-re
 samples, once any arrive, replace the poll-interval ones for that kind of prefill: an interval
 lumps several prefills (and their per-step overheads) into one point, which inflates the
 intercept and flattens the slope, so a cached prefix would look like it saves almost nothing.
+A prefill worker's queue is priced by the poll intervals all the same, as a rate (seconds per
+prompt token of its prompt steps): how fast a busy worker drains, which the per-request line,
+measured on lone prompts, overstated.
 Pure Python, no I/O.
 """
 
@@ -260,9 +263,12 @@ class CostModel:
     def prefill_queue_seconds(self, tokens: int, requests: int, *, local: bool = False) -> float:
         """Wait behind `requests` queued prompts holding `tokens` uncomputed tokens.
 
-        The engine packs waiting prompts into steps of up to `step_tokens` (chunked prefill),
-        so a queue pays the fixed cost (the intercept) once per full step of its tokens, not
-        once per request: a newcomer shares the last, partial step. A short prompt queued
+        A prefill worker's queue, once its polls have measured the drain: its tokens at that
+        rate (`drain_seconds_per_token`). Otherwise (a decode worker's own queue, whose steps
+        also decode, or before any poll), by the prefill lines: the engine packs waiting
+        prompts into steps of up to `step_tokens` (chunked prefill), so a queue pays the fixed
+        cost (the intercept) once per full step of its tokens, not once per request: a
+        newcomer shares the last, partial step. A short prompt queued
         therefore adds only its tokens' time, and a worker holding a group's prefix stays the
         cheaper choice for the group's next request.
         """

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -215,20 +215,15 @@ class RoutingPolicy:
         decode: list[WorkerLoad],
         cached: dict[str, int],
     ) -> list[Estimate]:
-        remote, local = option_kinds(self.mode, request, prefill, decode, cached)
         ttft_slo, tpot_slo = self._limits.ttft_slo_s, self._limits.tpot_slo_s
         peers = self._peer_blocks(request, decode, cached)
         options = []
-        for d in decode:
-            pairs = [(p, d) for p in prefill] if remote else []
-            if local:
-                pairs.append((None, d))
-            for p, _ in pairs:
-                est = estimate(request, p, d, cached, self.cost, peers.get(d.worker_id))
-                est.infeasible = self._admission(
-                    request, est.decode_cached_blocks, est.prefill_cached_blocks, p, d
-                )
-                options.append((est, d))
+        for p, d in self._pairs(request, prefill, decode, cached):
+            est = estimate(request, p, d, cached, self.cost, peers.get(d.worker_id))
+            est.infeasible = self._admission(
+                request, est.decode_cached_blocks, est.prefill_cached_blocks, p, d
+            )
+            options.append((est, d))
         feasible = [est for est, _ in options if est.infeasible is None]
         best_ttft = min(est.ttft_s for est in feasible or [est for est, _ in options])
         for est, d in options:
@@ -279,17 +274,30 @@ class RoutingPolicy:
     ) -> set[str]:
         """Why each option `_options` enumerates cannot be taken (None for those that can),
         from the cached prefixes `estimate` counts, without pricing the options."""
-        remote, local = option_kinds(self.mode, request, prefill, decode, cached)
         full = request.full_blocks
         reasons = set()
-        for d in decode:
+        for p, d in self._pairs(request, prefill, decode, cached):
             d_cached = min(cached.get(d.worker_id, 0), full)
-            for p in prefill if remote else []:
-                p_cached = min(cached.get(p.worker_id, 0), full)
-                reasons.add(self._admission(request, d_cached, p_cached, p, d))
-            if local:
-                reasons.add(self._admission(request, d_cached, d_cached, None, d))
+            p_cached = min(cached.get(p.worker_id, 0), full) if p else d_cached
+            reasons.add(self._admission(request, d_cached, p_cached, p, d))
         return reasons
+
+    def _pairs(
+        self,
+        request: RoutingRequest,
+        prefill: Sequence[WorkerLoad],
+        decode: Sequence[WorkerLoad],
+        cached: Mapping[str, int],
+    ) -> Iterator[tuple[WorkerLoad | None, WorkerLoad]]:
+        """Every option as (prefill worker or None for local, decode worker), per decode
+        worker its remote pairs then its local one, as the `--disaggregate` mode allows."""
+        remote, local = option_kinds(self.mode, request, prefill, decode, cached)
+        for d in decode:
+            if remote:
+                for p in prefill:
+                    yield p, d
+            if local:
+                yield None, d
 
     def _admission(
         self,
