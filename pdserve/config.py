@@ -226,6 +226,13 @@ class RouterConfig:
         "move workers between prefill and decode, without a restart, towards the online "
         "planner's split (needs --plan-interval)",
     )
+    # Hybrid workers (router/worker_pool.py, docs/design.md "Hybrid workers").
+    hybrid: bool = setting(
+        False,
+        "every decode worker also prefills for the others: with --disaggregate auto the router "
+        "chooses per request between a local prefill and one on another worker, and no GPU "
+        "only prefills (the layout where a split does not pay)",
+    )
     role_switch_dwell_s: float = setting(
         60.0, "role switching: at least this many seconds between two switches", minimum=0
     )
@@ -398,6 +405,23 @@ class ServeConfig:
 
         if self.router.role_switching:
             self._check_role_switching()
+        if self.router.hybrid:
+            self._check_hybrid()
+
+    def _check_hybrid(self) -> None:
+        """A hybrid worker runs the prefill actor's sender beside the decode actor's receiver
+        (SwitchableWorker)."""
+        why = None
+        if self.router.role_switching:
+            why = "and --role-switching are not supported together"
+        elif self.kv.transport != "grpc":
+            why = "needs --kv-transport grpc"
+        elif self.engine.speculative.enabled:
+            why = "is not supported with speculative decoding"  # prefill_only with a draft
+        elif self.decode_tp > 1:
+            why = "is not supported yet with --decode-tp > 1 (each rank has one KV side)"
+        if why:
+            raise ConfigError("RouterConfig", "hybrid", why)
 
     def _check_role_switching(self) -> None:
         """A worker that changes role keeps its engine: both pools must run the same one."""

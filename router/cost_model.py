@@ -192,10 +192,12 @@ class CostModel:
         if tokens > 0 and seconds > 0 and stats.role == "prefill":
             self._drain = [DRAIN_DECAY * self._drain[0] + seconds,
                            DRAIN_DECAY * self._drain[1] + tokens]  # fmt: skip
-        if tokens > 0 and seconds > 0 and (stats.role == "decode") not in self._per_request:
+        # A hybrid worker's prompt steps also decode: they measure a decode worker's line.
+        local = stats.role != "prefill"
+        if tokens > 0 and seconds > 0 and local not in self._per_request:
             # One sample per interval: a prefill of the interval's mean size per step is not
             # known, so the interval counts as one prefill of all its tokens.
-            self.observe_prefill(tokens, seconds, local=stats.role == "decode")
+            self.observe_prefill(tokens, seconds, local=local)
         steps = stats.decode_steps - prev.decode_steps
         decode_s = stats.decode_seconds - prev.decode_seconds
         if steps > 0 and decode_s > 0:

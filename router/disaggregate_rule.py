@@ -23,8 +23,11 @@ def option_kinds(
     cached: Mapping[str, int],
 ) -> tuple[bool, bool]:
     """(remote, local): whether options pair a prefill worker, and whether D alone. Without a
-    healthy prefill worker every mode prefills locally."""
-    if not prefill:
+    healthy prefill worker every mode prefills locally; so it does when the only one is the
+    only decode worker, hybrid (a remote prefill pairs two workers)."""
+    if not prefill or (
+        len(prefill) == len(decode) == 1 and prefill[0].worker_id == decode[0].worker_id
+    ):
         return False, True
     if mode.kind == "auto":
         return True, True

@@ -29,13 +29,16 @@ class WorkerLoad:
     num_free_blocks: int = 0
     inflight: int = 0  # routed here after the snapshot (router-side)
     inflight_prompt_tokens: int = 0
-    # (num_running, queued_requests, queued_tokens, num_blocks, num_free_blocks, load): the
-    # option matrix's row of this worker (router/option_matrix.py).
+    # A hybrid worker (`--hybrid`): it decodes as well as prefills, so a prefill it runs for
+    # another worker stalls its own decodes, which the objective prices as a local prefill's.
+    hybrid: bool = False
+    # (num_running, queued_requests, queued_tokens, num_blocks, num_free_blocks, load, hybrid):
+    # the option matrix's row of this worker (router/option_matrix.py).
     numbers: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         numbers = (self.num_running, self.queued_requests, self.queued_tokens, self.num_blocks,
-                   self.num_free_blocks, self.load)  # fmt: skip
+                   self.num_free_blocks, self.load, int(self.hybrid))  # fmt: skip
         object.__setattr__(self, "numbers", numbers)  # frozen: set once, as __init__ does
 
     @classmethod
@@ -52,6 +55,7 @@ class WorkerLoad:
             num_free_blocks=stats.num_free_blocks,
             inflight=inflight,
             inflight_prompt_tokens=inflight_prompt_tokens,
+            hybrid=stats.role == "hybrid",
         )
 
     @property
@@ -138,6 +142,11 @@ class Estimate:
     # the prompt's blocks it has once the pull ends (0: no pull), and the pull's seconds.
     pulled_blocks: int = 0
     pull_s: float = 0.0
+    # A remote prefill on a hybrid worker: how long it pauses that worker's own decodes, the
+    # requests there now (running and queued), and their TPOT without it (0: not hybrid).
+    prefill_stall_s: float = 0.0
+    prefill_stalled: int = 0
+    prefill_tpot_s: float = 0.0
     load: int = 0
     terms: dict[str, float] = field(default_factory=dict)
 
@@ -163,6 +172,7 @@ def estimate(
     batch = decode.num_running + decode.queued_requests + 1  # D's batch once this one joins
     tpot = cost.decode_step_seconds(batch)
     pulled, pull_s = 0, 0.0
+    p_stall, p_before, p_tpot = 0.0, 0, 0.0
     if prefill is None:
         wait = cost.prefill_queue_seconds(decode.queued_tokens, decode.queued_requests, local=True)
         uncached = request.uncached_tokens(d_cached)
@@ -182,8 +192,13 @@ def estimate(
         ttft, blocks, p_cached = wait + pull_s + compute, 0, d_cached
     else:
         p_cached = min(cached.get(prefill.worker_id, 0), request.full_blocks)
-        wait = cost.prefill_queue_seconds(prefill.queued_tokens, prefill.queued_requests)
-        compute = cost.prefill_seconds(request.uncached_tokens(p_cached))
+        # A hybrid worker's steps also decode: its queue and prefill are priced as a decode
+        # worker's own (`local`).
+        hybrid = prefill.hybrid
+        wait = cost.prefill_queue_seconds(
+            prefill.queued_tokens, prefill.queued_requests, local=hybrid
+        )
+        compute = cost.prefill_seconds(request.uncached_tokens(p_cached), local=hybrid)
         blocks = request.total_blocks - d_cached  # only the blocks D lacks travel
         transfer = cost.transfer_seconds(blocks * request.bytes_per_block)
         # The first token reaches the client before the push (prefill_service/worker.py), but
@@ -192,6 +207,10 @@ def estimate(
         # The handoff's round trips (reserve, call, first answer) as measured: what a short
         # prompt's local prefill saves.
         ttft, stall = wait + compute + transfer + cost.handoff_seconds(), 0.0
+        if hybrid:  # its chunks share its own decodes' steps, as a local prefill's
+            p_before = prefill.num_running + prefill.queued_requests
+            p_stall = cost.stall_seconds(request.uncached_tokens(p_cached))
+            p_tpot = cost.decode_step_seconds(max(1, p_before))
     return Estimate(
         prefill_worker=prefill.worker_id if prefill else None,
         decode_worker=decode.worker_id,
@@ -205,6 +224,9 @@ def estimate(
         load=decode.load + (prefill.load if prefill else 0),
         pulled_blocks=pulled,
         pull_s=pull_s,
+        prefill_stall_s=p_stall,
+        prefill_stalled=p_before,
+        prefill_tpot_s=p_tpot,
     )
 
 
@@ -223,10 +245,12 @@ def objective(
     ttft/ttft_slo + w.tpot * tpot/tpot_slo                    this request
     + w.compute * prefill compute / ttft_slo                   later requests (pool throughput)
     + w.interference * (running * dTPOT + stalled * stall/S) / tpot_slo   D's other requests
-                  (stalled: D's requests now plus w.stall_newcomers arriving during the stall)
+                  (stalled: D's requests now plus w.stall_newcomers arriving during the stall;
+                  a remote prefill on a hybrid worker stalls that worker's requests alike)
     + w.slo_penalty * (SLO overshoot of TTFT and TPOT,        a miss costs more than slowness
                        and of D's TPOT with the stall: its decode step plus the local
-                       prefill's measured compute spread as in the interference term)
+                       prefill's measured compute spread as in the interference term; of a
+                       hybrid prefill worker's, for a remote prefill there)
     + w.kv_pressure * (KV occupancy above the soft limit       preemption risk on D
                        that this request adds)
 
@@ -248,6 +272,11 @@ def objective(
     # SLO, a long prompt beside a TPOT-bound batch costs the batch its SLO, not some speed.
     stalled_tpot_n = (est.tpot_s + est.stall_s / amortize) / tpot_slo_s
     stall_miss = max(0.0, stalled_tpot_n - 1) if est.stall_s else 0.0
+    if est.prefill_stall_s:  # a hybrid prefill worker's own decodes pause, as D's would
+        p_stalled = est.prefill_stalled + w.stall_newcomers
+        harm = harm + p_stalled * est.prefill_stall_s / amortize
+        p_tpot_n = (est.prefill_tpot_s + est.prefill_stall_s / amortize) / tpot_slo_s
+        stall_miss = max(0.0, p_tpot_n - 1)
     terms = {
         "ttft": ttft_n,
         "tpot": w.tpot * tpot_n,

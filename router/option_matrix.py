@@ -27,7 +27,7 @@ import numpy as np
 
 from router.cost_model import CostModel, LinearFit
 from router.estimates import Estimate, RoutingRequest, Weights, WorkerLoad
-from router.load_rows import LoadRows
+from router.load_rows import NUMBERS, LoadRows
 from router.peer_pull import PULL_MARGIN
 
 
@@ -120,16 +120,26 @@ class OptionMatrix:
         d_ok = (d.num_blocks == 0) | (missing <= d.free)
         slowdown = tpot - _line(cost.decode, np.maximum(1, before))
         interference = d.running * np.maximum(0.0, slowdown)  # to D's running requests
+        amortize = max(1, min(w.stall_amortize_tokens, request.max_tokens))
 
         keep = np.arange(0)  # the prefill workers paired, by position in `prefill`
         if n_p:  # remote: TTFT = (queue + compute on P) + transfer to D (see estimate); no stall
             p_compute = _prefill_seconds(cost, uncached[:n_p], local=False)
             p_wait = _queue_seconds(cost, p.queued_tokens, p.queued_requests, local=False)
+            hybrid = bool(p.hybrid.any())
+            if hybrid:  # priced as a decode worker's own queue and prefill (`estimate`)
+                is_hybrid = p.hybrid != 0
+                local_compute = _prefill_seconds(cost, uncached[:n_p], local=True)
+                local_wait = _queue_seconds(cost, p.queued_tokens, p.queued_requests, local=True)
+                p_compute = np.where(is_hybrid, local_compute, p_compute)
+                p_wait = np.where(is_hybrid, local_wait, p_wait)
             p_ttft = p_wait + p_compute
             p_compute_term = w.compute * p_compute / slo_t
             p_ok = queue_ok[:n_p]
+            p_harm, p_miss = _hybrid_stalls(cost, p, uncached[:n_p], amortize, limits)
             keep = np.arange(n_p)
-            if prune or (prune is None and n_p * n_d >= PRUNE_FROM_PAIRS):
+            # With hybrid workers an option is not P's alone to dominate: (P, P) is not one.
+            if not hybrid and (prune or (prune is None and n_p * n_d >= PRUNE_FROM_PAIRS)):
                 keep = keep[_undominated(p_ttft, p_compute_term, p_ok, p.cached)]
         k = len(keep)
         columns = k + local
@@ -145,8 +155,13 @@ class OptionMatrix:
             np.add(p_ttft[keep], transfer[:, None], out=ttft[:, :k])
             ttft[:, :k] += cost.handoff_seconds()
             compute[:, :k] = p_compute_term[keep]
-            harm_term[:, :k] = (w.interference * (interference + 0.0) / slo_p)[:, None]
+            np.add((interference + 0.0)[:, None], p_harm[keep], out=harm_term[:, :k])
+            harm_term[:, :k] *= w.interference
+            harm_term[:, :k] /= slo_p
+            stall_miss[:, :k] = p_miss[keep]
             np.logical_and(d_ok[:, None], p_ok[keep], out=feasible[:, :k])
+            if hybrid:  # a hybrid worker does not prefill remotely for itself
+                _exclude_self(feasible, prefill, decode, keep)
             p_cached[:, :k] = p.cached[keep]
             np.add(d.load[:, None], p.load[keep], out=load[:, :k])
         if local:  # D prefills itself: TTFT = its queue + compute, which stalls its decodes
@@ -159,7 +174,6 @@ class OptionMatrix:
                 )
                 l_wait = l_wait + l_pull
             l_stall = _stall_seconds(cost, l_uncached)
-            amortize = max(1, min(w.stall_amortize_tokens, request.max_tokens))
             stalled = np.where(l_stall != 0, before + w.stall_newcomers, 0.0)
             harm = interference + stalled * l_stall / amortize
             ttft[:, k] = l_wait + l_compute
@@ -231,6 +245,36 @@ class OptionMatrix:
         return (int(self.prefill_positions[column]) if remote else None), row
 
 
+def _hybrid_stalls(
+    cost: CostModel, p: _Workers, uncached: np.ndarray, amortize: int, limits: Limits
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per prefill worker, what a remote prefill there does to its own decodes when it is
+    hybrid (0 elsewhere), as `objective` prices it: the interference term's harm and the
+    SLO overshoot of their TPOT with the stall."""
+    stall = _stall_seconds(cost, uncached)
+    before = p.running + p.queued_requests
+    stalls = (p.hybrid != 0) & (stall != 0)
+    harm = np.where(stalls, (before + limits.weights.stall_newcomers) * stall / amortize, 0.0)
+    tpot_n = (_line(cost.decode, np.maximum(1, before)) + stall / amortize) / limits.tpot_slo_s
+    return harm, np.where(stalls, np.maximum(0.0, tpot_n - 1), 0.0)
+
+
+def _exclude_self(
+    feasible: np.ndarray,
+    prefill: Sequence[WorkerLoad],
+    decode: Sequence[WorkerLoad],
+    keep: np.ndarray,
+) -> None:
+    """Marks infeasible each remote option whose prefill worker is its decode worker."""
+    rows = decode.position if isinstance(decode, LoadRows) else {
+        w.worker_id: i for i, w in enumerate(decode)
+    }  # fmt: skip
+    for column, at in enumerate(keep):
+        row = rows.get(prefill[at].worker_id)
+        if row is not None:
+            feasible[row, column] = False
+
+
 def _undominated(
     ttft: np.ndarray, compute: np.ndarray, ok: np.ndarray, cached: np.ndarray
 ) -> np.ndarray:
@@ -256,11 +300,11 @@ class _Workers:
 
     def __init__(self, workers: Sequence[WorkerLoad], cached: dict[str, int], full: int) -> None:
         n = len(workers)
-        table = np.empty((7, n), dtype=np.int64)
+        table = np.empty((1 + NUMBERS, n), dtype=np.int64)
         table[0] = np.fromiter((cached.get(w.worker_id, 0) for w in workers), np.int64, n)
         np.minimum(table[0], full, out=table[0])
         numbers = chain.from_iterable(w.numbers for w in workers)
-        table[1:] = np.fromiter(numbers, np.int64, 6 * n).reshape(n, 6).T
+        table[1:] = np.fromiter(numbers, np.int64, NUMBERS * n).reshape(n, NUMBERS).T
         self._set(table)
 
     @classmethod
@@ -277,7 +321,7 @@ class _Workers:
         parts = [rows for rows in (prefill, decode) if len(rows)]
         if not all(isinstance(rows, LoadRows) for rows in parts):
             return cls([*prefill, *decode], cached, full)
-        table = np.empty((7, sum(map(len, parts))), dtype=np.int64)
+        table = np.empty((1 + NUMBERS, sum(map(len, parts))), dtype=np.int64)
         np.concatenate([rows.numbers for rows in parts], axis=1, out=table[1:])
         held, blocks, offset = [], [], 0
         for rows in parts:
@@ -297,7 +341,7 @@ class _Workers:
     def _set(self, table: np.ndarray) -> None:
         self._table = table
         self.cached, self.running, self.queued_requests, self.queued_tokens = table[:4]
-        self.num_blocks, self.free, self.load = table[4:]
+        self.num_blocks, self.free, self.load, self.hybrid = table[4:]
 
     def rows(self, part: slice) -> _Workers:
         """The workers in `part` (views of these vectors)."""

@@ -295,7 +295,8 @@ class RoutingPolicy:
         for d in decode:
             if remote:
                 for p in prefill:
-                    yield p, d
+                    if p.worker_id != d.worker_id:  # a hybrid worker's own prefill is local
+                        yield p, d
             if local:
                 yield None, d
 

@@ -219,8 +219,9 @@ class Routing:
             # queue, so it is not sampled here either.
             routed = route.prefills_routed
             if routed is not None and routed == self._prefills_routed.get(route.prefill_worker):
+                hybrid = self.pool.workers[route.prefill_worker].role == "hybrid"
                 self.policy.cost.observe_request_prefill(
-                    result.num_prompt_tokens - hit, result.prefill_s
+                    result.num_prompt_tokens - hit, result.prefill_s, local=hybrid
                 )
             if route.first_answer_at and route.routed is not None:
                 # Routed -> first answer, less what the prefill worker's queue and compute
@@ -297,9 +298,11 @@ class Routing:
     def _load(self, worker: Worker) -> WorkerLoad:
         """The worker's WorkerLoad now; made anew, and set as its row, when its inputs changed."""
         # A draining worker (role switching) is routable to nothing, as an unhealthy one.
-        stats, healthy, rows = worker.stats, worker.routable, self._rows[worker.role]
+        stats, healthy = worker.stats, worker.routable
+        # A hybrid worker has a row in both roles' loads, the same WorkerLoad.
+        rows = [self._rows[role] for role in ("decode", "prefill") if worker.serves(role)]
         if stats is None:  # never polled: its row is still the unhealthy placeholder
-            return rows.of(worker.worker_id)
+            return rows[0].of(worker.worker_id)
         routed = self._routed_since_poll.get(worker.worker_id)
         requests, tokens = (routed.requests, routed.tokens) if routed else (0, 0)
         known = self._load_inputs.get(worker.worker_id)
@@ -310,12 +313,13 @@ class Routing:
             and known[2] == requests
             and known[3] == tokens
         ):
-            return rows.of(worker.worker_id)
+            return rows[0].of(worker.worker_id)
         load = WorkerLoad.from_stats(
             stats, healthy=healthy, inflight=requests, inflight_prompt_tokens=tokens
         )
         self._load_inputs[worker.worker_id] = (stats, healthy, requests, tokens)
-        rows.set(load)
+        for role_rows in rows:
+            role_rows.set(load)
         return load
 
     def _learn_from_stats(

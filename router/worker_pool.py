@@ -46,7 +46,7 @@ def failure_reason(exc: BaseException) -> str:
 @dataclass
 class Worker:
     worker_id: str
-    role: str  # "prefill" | "decode"
+    role: str  # "prefill" | "decode" | "hybrid" (both: listed in each role, see `serves`)
     handle: WorkerHandle
     healthy: bool = False
     stats: WorkerStats | None = None
@@ -59,6 +59,10 @@ class Worker:
     poll_sent_at: float | None = None  # when the poll behind `stats` was sent (None: unknown)
     # Leaving its role (role switching): healthy, but routing sends it no new work.
     draining: bool = False
+
+    def serves(self, role: str) -> bool:
+        """Whether routing may give it work of `role` ("prefill" or "decode")."""
+        return self.role in (role, "hybrid")
 
     @property
     def routable(self) -> bool:
@@ -78,9 +82,12 @@ class WorkerPool:
         poll_interval_s: float = 0.25,
         call_timeout_s: float = 5.0,
         heartbeat_timeout_s: float = 2.0,
+        hybrid: dict[str, WorkerHandle] | None = None,
     ) -> None:
+        """`hybrid`: workers that serve both roles (`--hybrid`), listed in each."""
         self.workers: dict[str, Worker] = {}
-        for role, handles in (("prefill", prefill), ("decode", decode)):
+        roles = (("prefill", prefill), ("decode", decode), ("hybrid", hybrid or {}))
+        for role, handles in roles:
             for worker_id, handle in handles.items():
                 self.workers[worker_id] = Worker(worker_id, role, handle)
         # Each role's list, made again only when a worker changes role (routing reads it at
@@ -103,10 +110,15 @@ class WorkerPool:
 
     @classmethod
     def of_ray_actors(
-        cls, prefill: dict[str, Any], decode: dict[str, Any], **settings: float
+        cls,
+        prefill: dict[str, Any],
+        decode: dict[str, Any],
+        hybrid: dict[str, Any] | None = None,
+        **settings: float,
     ) -> WorkerPool:
         """A pool of worker actors (worker_id -> Ray actor handle); `settings` as __init__'s."""
-        return cls(ray_handles(prefill), ray_handles(decode), **settings)
+        handles = ray_handles(hybrid or {})
+        return cls(ray_handles(prefill), ray_handles(decode), hybrid=handles, **settings)
 
     async def start(
         self, ready_timeout_s: float = 300.0, on_ready: ReadyListener | None = None
@@ -141,8 +153,8 @@ class WorkerPool:
 
     def _list_roles(self) -> None:
         self._of_role = {
-            role: [w for w in self.workers.values() if w.role == role]
-            for role in ("prefill", "decode")
+            role: [w for w in self.workers.values() if w.serves(role)]
+            for role in ("prefill", "decode", "hybrid")
         }
 
     def drain(self, worker_id: str, draining: bool = True) -> None:
@@ -216,9 +228,15 @@ class WorkerPool:
 
     @contextmanager
     def occupied(self, worker_ids: list[str]) -> Iterator[None]:
-        """Counts a request as in flight on these workers while the block runs."""
-        # Each worker's role as the request found it: a worker may change role meanwhile.
-        taken = [(self.workers[w], self.workers[w].role) for w in worker_ids]
+        """Counts a request as in flight on these workers while the block runs: its decode
+        worker first, then its prefill worker if any."""
+        # Each worker's role as the request found it: a worker may change role meanwhile. A
+        # hybrid worker counts in the role it plays for this request.
+        taken = [
+            (worker, "decode" if i == 0 else "prefill") if worker.role == "hybrid"
+            else (worker, worker.role)
+            for i, worker in enumerate(self.workers[w] for w in worker_ids)
+        ]  # fmt: skip
         for worker, role in taken:
             worker.inflight += 1
             self._inflight[role] += 1

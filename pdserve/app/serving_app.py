@@ -121,9 +121,11 @@ class ServingApp:
         self._stack.append(("workers", as_async(lambda: kill_workers(ray, {**prefill, **decode}))))
         # A stats poll waits for the worker's current engine step: a simulated one lasts its
         # modelled time x --sim-time-scale, so the poll is given as long as progress is.
+        hybrid = config.router.hybrid  # the decode actors serve both roles
         self.pool = WorkerPool.of_ray_actors(
             prefill,
-            decode,
+            {} if hybrid else decode,
+            decode if hybrid else None,
             call_timeout_s=max(5.0, config.router.progress_timeout_s),
             heartbeat_timeout_s=config.router.heartbeat_timeout_s,
         )

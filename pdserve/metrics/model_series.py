@@ -125,7 +125,7 @@ def observe_request(
 
 def observe_model_load(model: str, stats: list[Any]) -> None:
     """Sets the served model's load gauges from every worker's latest `WorkerStats`."""
-    MODEL_RUNNING.labels(model).set(sum(s.num_running for s in stats if s.role == "decode"))
+    MODEL_RUNNING.labels(model).set(sum(s.num_running for s in stats if s.role != "prefill"))
     MODEL_WAITING.labels(model).set(sum(s.num_waiting for s in stats))
     blocks = sum(s.num_blocks for s in stats)
     used = sum(s.num_used_blocks for s in stats)

@@ -7,7 +7,8 @@ policy sees the same lagging snapshots plus its own in-flight counts. No prefix 
 takes part unless `index_lag_s` is given: then the router's copy of the index is a
 VirtualIndex fed by the workers' KV events `index_lag_s` after each step; without it the
 router knows cached prefixes only from what it routed itself. P = 0 is colocated serving:
-every request is prefilled on its decode worker.
+every request is prefilled on its decode worker; unless `hybrid`: then the D workers each
+serve both roles (`--hybrid`), and the router may prefill a request on any other of them.
 
 `router_replicas` > 1 runs that many routers side by side, as a service runs several for
 availability behind a load balancer that spreads requests over them (request k goes to
@@ -70,6 +71,7 @@ class VirtualCluster:
         keep_tokens: bool = False,
         index_lag_s: float | None = None,
         router_replicas: int = 1,
+        hybrid: bool = False,
     ) -> None:
         if router_replicas < 1:
             raise ValueError(f"router_replicas must be >= 1, got {router_replicas}")
@@ -80,8 +82,10 @@ class VirtualCluster:
         self.index = None if index_lag_s is None else VirtualIndex(self.loop, index_lag_s)
         self.workers: dict[str, VirtualWorker] = {}
         self._listeners: dict[str, dict[str, Listener]] = {}
+        if hybrid and prefill_workers:
+            raise ValueError("a hybrid cluster has no prefill-only workers")
         roles = [("prefill", i) for i in range(prefill_workers)]
-        roles += [("decode", i) for i in range(decode_workers)]
+        roles += [("hybrid" if hybrid else "decode", i) for i in range(decode_workers)]
         for role, i in roles:
             worker_id = f"{role}-{i}"
             sink = self.index.sink(worker_id) if self.index else None
@@ -93,10 +97,10 @@ class VirtualCluster:
             self._listeners[worker_id] = {}
         by_role = {
             role: {w.worker_id: w for w in self.workers.values() if w.role == role}
-            for role in ("prefill", "decode")
+            for role in ("prefill", "decode", "hybrid")
         }
         # The pool only holds snapshots here: it is never started, its handles never called.
-        self.pool = WorkerPool(by_role["prefill"], by_role["decode"])
+        self.pool = WorkerPool(by_role["prefill"], by_role["decode"], hybrid=by_role["hybrid"])
         self.routers = [self._router(router_config, timing, r) for r in range(router_replicas)]
         for worker in self.workers.values():
             self._poll(worker)
@@ -131,8 +135,9 @@ class VirtualCluster:
         return min(w.min_sampling_step_seconds() for w in self.workers.values())
 
     def utilisation(self, role: str, elapsed_s: float) -> float:
-        """Mean fraction of `elapsed_s` the workers of `role` spent in steps (0 without any)."""
-        busy = [w.busy_seconds for w in self.workers.values() if w.role == role]
+        """Mean fraction of `elapsed_s` the workers of `role` (hybrid ones serve both) spent
+        in steps (0 without any)."""
+        busy = [w.busy_seconds for w in self.workers.values() if w.role in (role, "hybrid")]
         if not busy or elapsed_s <= 0:
             return 0.0
         return min(1.0, sum(busy) / len(busy) / elapsed_s)

@@ -42,12 +42,14 @@ class SLO:
 @dataclass(frozen=True)
 class Split:
     """Prefill and decode workers; prefill = 0 is colocated serving (its workers at
-    decode_tp). Each pool's workers are tensor-parallel groups of its TP's GPUs."""
+    decode_tp), or with `hybrid` workers that each prefill and decode, and may prefill for
+    one another (`--hybrid`). Each pool's workers are tensor-parallel groups of its TP's GPUs."""
 
     prefill: int
     decode: int
     prefill_tp: int = 1
     decode_tp: int = 1
+    hybrid: bool = False
 
     @property
     def gpus(self) -> int:
@@ -57,7 +59,7 @@ class Split:
     def name(self) -> str:
         if self.prefill == 0:
             tp = f" (TP {self.decode_tp})" if self.decode_tp > 1 else ""
-            return f"colocated {self.decode}{tp}"
+            return f"{'hybrid' if self.hybrid else 'colocated'} {self.decode}{tp}"
         tp = (
             f" (TP {self.prefill_tp}:{self.decode_tp})"
             if self.gpus > self.prefill + self.decode
@@ -67,7 +69,9 @@ class Split:
 
     def replica(self, k: int) -> Split:
         """One of k identical replicas of this split."""
-        return Split(self.prefill // k, self.decode // k, self.prefill_tp, self.decode_tp)
+        return Split(
+            self.prefill // k, self.decode // k, self.prefill_tp, self.decode_tp, self.hybrid
+        )
 
 
 @dataclass
@@ -88,6 +92,9 @@ class ProbeResult:
     # batch fills up and requests queue behind it, a queue that a short probe ends before it
     # builds (Search._probe judges such a pass again on a longer probe).
     peak_batch: float = 0.0
+    # Requests prefilled on another worker than their decode worker, of those routed: how
+    # far `auto` disaggregated (0 colocated, 1 a split under `always`).
+    remote_share: float = 0.0
 
 
 class _Verdict:
@@ -160,6 +167,11 @@ class _Verdict:
             self.missed += 1
 
 
+def _remote_share(runs: list[VirtualRequest]) -> float:
+    routed = [run.route for run in runs if run.route is not None]
+    return sum(1 for r in routed if r.prefill_worker) / len(routed) if routed else 0.0
+
+
 @contextmanager
 def young_collections_every(allocations: int) -> Iterator[None]:
     """The cyclic collector's youngest generation collected every `allocations` net
@@ -196,7 +208,7 @@ def run_probe(
     with young_collections_every(YOUNG_COLLECTION_ALLOCATIONS):
         cluster = VirtualCluster(
             deployment, split.prefill, split.decode, router_config, timing, keep_tokens,
-            index_lag_s, router_replicas,
+            index_lag_s, router_replicas, hybrid=split.hybrid,
         )  # fmt: skip
         verdict = _Verdict(cluster, slo, len(requests))
         runs = [VirtualRequest(cluster, r, verdict) for r in requests]
@@ -232,5 +244,6 @@ def run_probe(
         prefill_utilisation=cluster.utilisation("prefill", elapsed),
         decode_utilisation=cluster.utilisation("decode", elapsed),
         peak_batch=cluster.peak_running() / deployment.engine_config.max_num_seqs,
+        remote_share=_remote_share(runs),
     )
     return result, runs

@@ -111,7 +111,9 @@ class Plan:
     @property
     def recommended(self) -> SplitResult:
         """The best split, or colocated when disaggregating gains no more than the precision."""
-        colocated = next((r for r in self.results if r.split.prefill == 0), None)
+        colocated = next(
+            (r for r in self.results if r.split.prefill == 0 and not r.split.hybrid), None
+        )
         best = self.best
         if colocated is not None and best.goodput <= colocated.goodput * (1 + self.precision):
             return colocated

@@ -34,7 +34,8 @@ def create_workers(
     group (one node): the handle is rank 0's, which starts the other ranks itself
     (rank_group.py); each rank takes 1/N of the pool unit and its own CPUs and GPUs.
     With --role-switching every actor is a SwitchableWorker started in its pool's role (it
-    stays on that pool's node whatever role it serves later).
+    stays on that pool's node whatever role it serves later); with --hybrid the decode pool's
+    actors are SwitchableWorkers serving both roles at once ("hybrid").
     """
     model_dir = Path(config.engine.model or default_model_dir())
     check_tensor_parallel(config, model_dir, ray.nodes())
@@ -44,10 +45,11 @@ def create_workers(
     )
     created: list[dict[str, Any]] = []
     position = 0  # the worker's index over both pools, for CPU pinning
-    switchable = config.router.role_switching
+    switchable, hybrid = config.router.role_switching, config.router.hybrid
     for role, cls, count, resource in pools:
-        actor_cls = ray.remote(SwitchableWorker if switchable else cls)
-        role_args = (role,) if switchable else ()
+        both = hybrid and role == "decode"
+        actor_cls = ray.remote(SwitchableWorker if switchable or both else cls)
+        role_args = ("hybrid",) if both else (role,) if switchable else ()
         handles = {}
         tp = config.engine_for(role).tp
         for index in range(count):

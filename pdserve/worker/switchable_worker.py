@@ -25,12 +25,14 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ROLES = ("prefill", "decode")
+# A hybrid worker (--hybrid) serves both roles at once, for good: the router lists it in both.
+START_ROLES = (*ROLES, "hybrid")
 
 
 class SwitchableWorker(PrefillWorker, DecodeWorker):
     def __init__(self, worker_id: str, spec: WorkerSpec, role: str) -> None:
-        if role not in ROLES:
-            raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
+        if role not in START_ROLES:
+            raise ValueError(f"role must be one of {', '.join(START_ROLES)}, got {role!r}")
         super().__init__(worker_id, spec)
         self.role = role  # shadows the class attribute: this worker's current role
 

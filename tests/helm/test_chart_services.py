@@ -238,3 +238,10 @@ def test_peer_pull_is_off_by_default_and_reaches_the_router_when_on():
     assert "--peer-pull" in router_argv(render({"router": {"peerPull": True}}))
     with helm.Chart.load(CHART_DIR) as chart, pytest.raises(helm.HelmValuesError):
         chart.validate_schema({"router": {"peerPull": "yes"}})
+
+
+def test_hybrid_workers_are_off_by_default_and_reach_the_router_when_on():
+    assert "--hybrid" not in router_argv(render())
+    assert "--hybrid" in router_argv(render({"router": {"hybrid": True}}))
+    with helm.Chart.load(CHART_DIR) as chart, pytest.raises(helm.HelmValuesError):
+        chart.validate_schema({"router": {"hybrid": "yes"}})

@@ -31,7 +31,14 @@ def _requests(count: int) -> list[PlanRequest]:
 
 @pytest.mark.parametrize(
     ("split", "disaggregate"),
-    [(Split(0, 2), "never"), (Split(1, 1), "always"), (Split(2, 2), "auto")],
+    [
+        (Split(0, 2), "never"),
+        (Split(1, 1), "always"),
+        (Split(2, 2), "auto"),
+        # Hybrid workers (--hybrid): every prefill on another worker, then the router's choice.
+        (Split(0, 3, hybrid=True), "always"),
+        (Split(0, 3, hybrid=True), "auto"),
+    ],
 )
 def test_every_split_produces_the_in_process_sim_engines_tokens(
     deployment, planner_model_dir, split, disaggregate
@@ -61,6 +68,9 @@ def test_every_split_produces_the_in_process_sim_engines_tokens(
         assert len(remote) == len(runs)
     if disaggregate == "never":
         assert not remote
+    assert all(run.route.prefill_worker != run.route.decode_worker for run in remote)
+    if split.hybrid and disaggregate == "always":  # every worker prefilled for the others
+        assert {run.route.prefill_worker for run in remote} == {"hybrid-0", "hybrid-1", "hybrid-2"}
     cluster_workers = runs[0].cluster.workers.values()
     assert all(w.engine.stats()["num_used_blocks"] == 0 for w in cluster_workers)
 

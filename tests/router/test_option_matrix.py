@@ -48,6 +48,9 @@ def worker_loads(draw, prefix: str, count: int) -> list[WorkerLoad]:
 def situations(draw):
     prefill = draw(worker_loads("p", draw(st.integers(0, 5))))
     decode = draw(worker_loads("d", draw(st.integers(1, 5))))
+    if draw(st.booleans()):  # hybrid decode workers (--hybrid), listed as prefill workers too
+        decode = [dataclasses.replace(d, hybrid=True) for d in decode]
+        prefill = prefill[: draw(st.integers(0, len(prefill)))] + decode
     request = RoutingRequest(
         prompt_tokens=draw(st.integers(1, 6000)),
         max_tokens=draw(st.sampled_from([1, 16, 256])),
@@ -134,11 +137,17 @@ def _assert_vectorised_is_the_enumeration(request, prefill, decode, cached, conf
         prune=False,
     )  # fmt: skip
     options = list(want.estimates.values())
-    assert matrix.objective.size == len(options)
+    # The matrix has a cell for a hybrid worker paired with itself, never feasible; the
+    # enumeration has no such option.
+    pairs = [matrix.workers(i) for i in range(matrix.objective.size)]
+    own = [p is not None and healthy_p[p].worker_id == healthy_d[d].worker_id for p, d in pairs]
+    assert not matrix.feasible.ravel()[own].any()
+    kept = ~np.array(own, dtype=bool)
+    assert int(kept.sum()) == len(options)
     feasible = [o for o in options if o.infeasible is None]
-    assert matrix.feasible.ravel().tolist() == [o.infeasible is None for o in options]
+    assert matrix.feasible.ravel()[kept].tolist() == [o.infeasible is None for o in options]
     if feasible:  # objectives depend on the best feasible TTFT
-        assert matrix.objective.ravel().tolist() == [o.objective for o in options]
+        assert matrix.objective.ravel()[kept].tolist() == [o.objective for o in options]
         # Dropping dominated prefill workers leaves the same options tied, in the same order.
         pruned = OptionMatrix.build(
             request, healthy_p, healthy_d, cached, cost, slow._limits, remote=remote,

@@ -322,3 +322,36 @@ def test_a_full_worker_holding_the_prefix_keeps_the_turn_that_adds_little_to_it(
     assert (decision.decode_worker, decision.cached_tokens) == ("home", 256 * 16)
     pressure = decision.chosen.terms["kv_pressure"]
     assert 0 < pressure < 0.2  # 12 blocks past 95%: a small price, not the whole overshoot
+
+
+@pytest.mark.parametrize("vectorised", [True, False])
+def test_a_remote_prefill_on_a_hybrid_worker_is_priced_as_the_stall_of_its_decodes(
+    vectorised,
+) -> None:
+    # Three hybrid workers (--hybrid): each is a prefill and a decode worker. d0 decodes 32
+    # requests, so a local prefill there stalls them; h1 decodes 32 too, h2 nothing. A prefill
+    # on h1 stalls h1's decodes as much as a local one stalls d0's: only h2's is cheap.
+    busy, idle = dict(num_running=32, hybrid=True), dict(hybrid=True)
+    workers = [worker("d0", **busy), worker("h1", **busy), worker("h2", **idle)]
+    decision = RoutingPolicy(RouterConfig(), vectorised=vectorised).decide(
+        LONG, workers, workers[:1]
+    )
+    assert (decision.prefill_worker, decision.decode_worker) == ("h2", "d0")
+    options = decision.estimates
+    assert "d0->d0" not in options  # its own prefill is the local option
+    on_busy, on_idle = options["h1->d0"], options["h2->d0"]
+    assert on_busy.prefill_stall_s > 0 and on_busy.prefill_stalled == 32
+    assert on_busy.terms["interference"] > on_idle.terms["interference"] > 0
+    # The same busy worker as a prefill-only worker stalls no decodes: what is left is d0's
+    # slowdown with one more request, less than even the idle hybrid's stall of newcomers.
+    plain = RoutingPolicy(RouterConfig(), vectorised=vectorised).decide(
+        LONG, [worker("h1", num_running=32)], workers[:1]
+    )
+    assert plain.estimates["h1->d0"].terms["interference"] < on_idle.terms["interference"]
+
+
+def test_a_lone_hybrid_worker_prefills_locally_whatever_the_mode() -> None:
+    alone = [worker("h0", hybrid=True)]
+    for mode in ("always", "auto", "threshold:16"):
+        decision = policy(disaggregate=mode).decide(LONG, alone, alone)
+        assert decision.accepted and decision.prefill_worker is None

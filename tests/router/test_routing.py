@@ -252,3 +252,24 @@ def test_each_workers_row_is_its_load_after_polls_routes_failures_and_retries() 
     poll(pool.workers["decode-1"], 2)  # healthy again
     poll(pool.workers[routes[2].decode_worker], 0)
     rows_are_loads()
+
+
+def test_a_hybrid_worker_is_one_row_in_both_roles_and_counts_in_the_role_it_plays() -> None:
+    pool = WorkerPool({}, {}, hybrid={"h0": None, "h1": None})  # no actor is ever called
+    for worker in pool.workers.values():
+        worker.healthy = True
+        worker.stats = WorkerStats(worker.worker_id, "hybrid", epoch=1, bytes_per_block=8192)
+    r = Routing(pool, RoutingPolicy(RouterConfig(disaggregate="always")), BLOCK)
+    assert [w.worker_id for w in pool.of_role("prefill")] == ["h0", "h1"]
+    assert [w.worker_id for w in pool.of_role("decode")] == ["h0", "h1"]
+    route = r.choose(SYSTEM, 8, set())
+    assert {route.prefill_worker, route.decode_worker} == {"h0", "h1"}  # never one for both
+    # The prefilling worker's new row, in both roles' loads (the same WorkerLoad).
+    prefiller = route.prefill_worker
+    assert r._rows["prefill"].of(prefiller) is r._rows["decode"].of(prefiller)
+    assert r._rows["decode"].of(prefiller).inflight_prompt_tokens == len(SYSTEM)
+    assert r._rows["decode"].of(prefiller).hybrid
+    with pool.occupied([route.decode_worker, route.prefill_worker]):
+        assert (pool.inflight("decode"), pool.inflight("prefill")) == (1, 1)
+        assert r.pending() == 1
+    assert (pool.inflight("decode"), pool.inflight("prefill")) == (0, 0)

@@ -426,6 +426,12 @@ involved. The Redis URL comes from the env (PDSERVE_REDIS_URL), never from argv.
 {{- if $v.router.peerPull }}
 - --peer-pull
 {{- end }}
+{{- if $v.router.hybrid }}
+{{- if $v.router.roleSwitching.enabled }}
+{{- fail "router.hybrid and router.roleSwitching.enabled are not supported together" }}
+{{- end }}
+- --hybrid
+{{- end }}
 {{- if $v.router.roleSwitching.enabled }}
 {{- if not $v.router.planIntervalSeconds }}
 {{- fail "router.roleSwitching.enabled needs router.planIntervalSeconds (the plan it acts on)" }}

@@ -90,3 +90,18 @@ def test_splits_narrow_the_search_and_bad_ones_are_named() -> None:
     with pytest.raises(ValueError, match="--splits: 'x' is not P:D"):
         _split_names("x", ["8b"])
     assert _split_names("1:7, 2:6", ["8b"]) == ("1:7", "2:6")
+
+
+def test_auto_also_searches_every_worker_hybrid_and_says_how_much_it_disaggregated() -> None:
+    options = SuiteOptions((Setting(2048, 64),), requests_per_worker=30, precision=0.2,
+                           families=("colocated", "split", "auto"), steady_probes=False,
+                           splits=("3:1", "hybrid"))  # fmt: skip
+    cell = run_cell("70b", "code", "loose", options)
+    assert list(cell.families["auto"].searched) == [
+        "3P:1D (TP 4:4) chunk 2048 batch 64", "hybrid 4 (TP 4) chunk 2048 batch 64",
+    ]  # fmt: skip
+    assert list(cell.families["split"].searched) == ["3P:1D (TP 4:4) chunk 2048 batch 64"]
+    assert cell.families["colocated"].remote_share == 0.0
+    assert cell.families["split"].remote_share == 1.0  # `always`: every prompt on P
+    assert 0.0 <= cell.families["auto"].remote_share <= 1.0
+    assert _split_names("hybrid,1:7", ["8b"]) == ("hybrid", "1:7")

@@ -50,7 +50,11 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--suite-workloads", default=",".join(WORKLOADS), help="--suite: workloads")
     p.add_argument("--slos", default=",".join(SLOS), help="--suite: loose, tight-tpot, tight-ttft")
     p.add_argument("--families", default=",".join(FAMILIES), help="--suite: layout families")
-    p.add_argument("--splits", default="", help="--suite: P:D splits searched (default: all)")
+    p.add_argument(
+        "--splits",
+        default="",
+        help="--suite: P:D splits searched, and hybrid (auto's every worker hybrid) (default: all)",
+    )
     p.add_argument("--chunks", default="256,512,1024,2048", help="--suite: chunk budgets swept")
     p.add_argument("--batch-limits", default="128,256", help="--suite: max_num_seqs swept")
     p.add_argument("--requests-per-worker", type=int, default=150, help="--suite: probe size")
@@ -70,6 +74,8 @@ def _split_names(value: str, models: list[str]) -> tuple[str, ...]:
     """--splits as "P:D" names, each a split of every model's workers."""
     names = tuple(n.strip() for n in value.split(",") if n.strip())
     for name in names:
+        if name == "hybrid":  # every worker hybrid (`auto` only)
+            continue
         p, _, d = name.partition(":")
         if not (p.isdigit() and d.isdigit() and int(p) > 0 and int(d) > 0):
             raise ValueError(f"--splits: {name!r} is not P:D (e.g. 1:7)")
@@ -146,7 +152,7 @@ def _print_family(cell: Cell, best: FamilyBest) -> None:
     print(
         f"  {cell.model} {cell.workload} {cell.slo}: {best.family:<11} {best.goodput:9.2f} "
         f"req/s ({where}; mean TTFT {best.ttft_mean_ms:.0f} ms, TPOT p90 "
-        f"{best.tpot_p90_ms:.1f} ms)",
+        f"{best.tpot_p90_ms:.1f} ms, {best.remote_share:.1%} prefilled remotely)",
         flush=True,
     )
 

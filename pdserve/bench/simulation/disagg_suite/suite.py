@@ -78,6 +78,7 @@ class FamilyBest:
     searched: dict[str, float] = field(default_factory=dict)
     ttft_mean_ms: float = 0.0  # of the best's passing probe
     tpot_p90_ms: float = 0.0
+    remote_share: float = 0.0  # of its requests prefilled on another worker
 
 
 @dataclass
@@ -132,12 +133,22 @@ def deployment_of(model: str, tp: int, setting: Setting) -> Deployment:
 
 
 def family_splits(setup: ModelSetup, family: str, only: tuple[str, ...] = ()) -> list[Split]:
+    """The layouts a family is searched on: colocated its one; the others every P:D split
+    (`only`: those named "P:D"); `auto` also every worker hybrid ("hybrid"), where it chooses
+    per request between a local prefill and one on another worker, and no GPU only prefills."""
     splits = all_splits(setup.workers)
     tp = setup.tp
     splits = [Split(s.prefill, s.decode, tp, tp) for s in splits]
     if family == "colocated":
         return splits[:1]
-    return [s for s in splits[1:] if not only or f"{s.prefill}:{s.decode}" in only]
+    if family == "auto":
+        splits.append(Split(0, setup.workers, tp, tp, hybrid=True))
+    return [s for s in splits[1:] if not only or split_key(s) in only]
+
+
+def split_key(split: Split) -> str:
+    """A layout's name for --splits: "P:D", or "hybrid"."""
+    return "hybrid" if split.hybrid else f"{split.prefill}:{split.decode}"
 
 
 def cell_sample(model: str, workload: str, options: SuiteOptions) -> list:
@@ -206,3 +217,4 @@ def _keep(best: FamilyBest, result: SplitResult, setting: Setting) -> None:
         probe = result.best
         best.ttft_mean_ms = probe.ttft.mean if probe else 0.0
         best.tpot_p90_ms = probe.tpot.p90 if probe else 0.0
+        best.remote_share = probe.remote_share if probe else 0.0
