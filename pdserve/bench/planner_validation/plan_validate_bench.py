@@ -5,7 +5,8 @@ workers serving the same requests (issue 20 point 2).
 
 Each scenario is a workload preset of the planner (`chat`, `rag`, `mixed`: pdserve/planner/
 workload.py over the `chat-rag` generator of datasets.py) on a small split (`chat=0:2`:
-colocated on 2 workers, `rag=1:1`, `mixed=1:2`). For each:
+colocated on 2 workers, `rag=1:1`, `mixed=1:2`; `mixed=hybrid:2`: 2 hybrid workers, `--hybrid`).
+For each:
 
 1. Offline, on the virtual clock (pdserve/planner): the planner's `Search` gives the split's
    goodput G, every probe the same `--requests` requests; then `run_probe` serves that sample
@@ -47,6 +48,7 @@ import json
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import NamedTuple
 
 from pdserve.bench.planner_validation.rates import bracketed_sweep
 from pdserve.bench.planner_validation.report import (
@@ -63,12 +65,24 @@ from pdserve.bench.simulation.sim_run import add_cluster_arguments
 DEFAULT_SCENARIOS = "chat=0:2,rag=1:1,mixed=1:2"
 
 
+class Scenario(NamedTuple):
+    preset: str
+    prefill: int
+    decode: int
+    hybrid: bool = False  # the decode workers also prefill for one another (`--hybrid`)
+
+    @property
+    def split(self) -> str:
+        return f"hybrid {self.decode}" if self.hybrid else f"{self.prefill}P:{self.decode}D"
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_cluster_arguments(p, time_scale=0.0)
     p.add_argument(
         "--scenarios",
         default=DEFAULT_SCENARIOS,
-        help="comma separated PRESET=P:D (P = 0: colocated on D workers); presets chat, rag, mixed",
+        help="comma separated PRESET=P:D (P = 0: colocated on D workers; PRESET=hybrid:D: D "
+        "hybrid workers); presets chat, rag, mixed",
     )
     p.add_argument("--requests", type=int, default=160, help="requests per rate (and per probe)")
     p.add_argument(
@@ -109,15 +123,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", help="write every figure to this file")
 
 
-def parse_scenarios(spec: str) -> list[tuple[str, int, int]]:
-    """(preset, prefill, decode) of each `PRESET=P:D`; ValueError naming a bad one."""
+def parse_scenarios(spec: str) -> list[Scenario]:
+    """The Scenario of each `PRESET=P:D` (or `PRESET=hybrid:D`); ValueError naming a bad one."""
     from pdserve.planner.workload import PRESETS
 
     scenarios = []
     for item in spec.split(","):
         preset, _, split = item.strip().partition("=")
+        hybrid = split.startswith("hybrid:")
         try:
-            prefill, decode = (int(n) for n in split.split(":"))
+            prefill, decode = (int(n) for n in split.replace("hybrid:", "0:", 1).split(":"))
         except ValueError:
             raise ValueError(f"--scenarios {item.strip()!r}: expected PRESET=P:D") from None
         if preset not in PRESETS:
@@ -126,7 +141,7 @@ def parse_scenarios(spec: str) -> list[tuple[str, int, int]]:
             )
         if prefill < 0 or decode < 1:
             raise ValueError(f"--scenarios {item.strip()!r}: needs P >= 0 and D >= 1")
-        scenarios.append((preset, prefill, decode))
+        scenarios.append(Scenario(preset, prefill, decode, hybrid))
     return scenarios
 
 
@@ -145,14 +160,14 @@ def run(args: argparse.Namespace) -> int:
     import ray
 
     started_ray = not ray.is_initialized()
-    ensure_ray(max(p for _, p, _ in scenarios), max(d for _, _, d in scenarios))
+    ensure_ray(max(s.prefill for s in scenarios), max(s.decode for s in scenarios))
     results, refused = [], []
     began = time.perf_counter()
     try:
-        for preset, prefill, decode in scenarios:
-            print(f"{preset} on {prefill}P:{decode}D", flush=True)
+        for scenario in scenarios:
+            print(f"{scenario.preset} on {scenario.split}", flush=True)
             try:
-                results.append(validate(model_dir, preset, prefill, decode, fractions, args))
+                results.append(validate(model_dir, scenario, fractions, args))
             except (Saturated, ValueError) as e:  # the others still count, not this one
                 print(f"  refused: {e}", flush=True)
                 refused.append(str(e))
@@ -169,15 +184,16 @@ def run(args: argparse.Namespace) -> int:
     return 3 if refused else 0
 
 
-def validate(model_dir: Path, preset, prefill, decode, fractions, args) -> ScenarioResult:
+def validate(model_dir: Path, scenario: Scenario, fractions, args) -> ScenarioResult:
     """Offline prediction, then the live sweep at the same rates, of one scenario."""
     from pdserve.planner.workload import load_workload
     from pdserve.workloads.metrics import goodput_rate
 
+    preset, prefill, decode = scenario.preset, scenario.prefill, scenario.decode
     workload = load_workload(preset, max(args.requests * 4, 1000), args.seed)
     sample = _sample(workload, args.requests, args.seed)
     began = time.perf_counter()
-    planner = OfflineCluster(model_dir, prefill, decode, args)
+    planner = OfflineCluster(model_dir, scenario, args)
     # The planner's own prediction (a router polling every 0.25 s) sets the time scale; the
     # prediction compared is then made at the live router's pace in simulated time.
     unscaled = planner.search(sample).goodput
@@ -187,7 +203,7 @@ def validate(model_dir: Path, preset, prefill, decode, fractions, args) -> Scena
     plan = planner.search(sample)
     goodput = plan.goodput
     if goodput <= 0:
-        raise ValueError(f"{preset} on {prefill}P:{decode}D: no rate meets the SLOs offline")
+        raise ValueError(f"{preset} on {scenario.split}: no rate meets the SLOs offline")
     planned = Side(goodput, plan.saturated)
     planned.points = bracketed_sweep(
         lambda rate: planner.probe(sample, rate, args.jitter),
@@ -199,6 +215,7 @@ def validate(model_dir: Path, preset, prefill, decode, fractions, args) -> Scena
         offline_sweep_goodput=goodput_rate(_attainment(planned), args.attainment),
         unscaled_goodput=unscaled,
         search_probes=len(plan.probes), offline_seconds=time.perf_counter() - began,
+        hybrid=scenario.hybrid,
     )  # fmt: skip
     print(
         f"  planned goodput {goodput:.2f} req/s ({len(plan.probes)} probes; {unscaled:.2f} at "
@@ -211,7 +228,7 @@ def validate(model_dir: Path, preset, prefill, decode, fractions, args) -> Scena
         print(f"  planned {point_line(point)}", flush=True)
     began = time.perf_counter()
     result.live.points, result.saturation = live_sweep(
-        model_dir, preset, prefill, decode, sample, planned.points, scale, args
+        model_dir, scenario, sample, planned.points, scale, args
     )
     attainment = _attainment(result.live)
     result.live.goodput = goodput_rate(attainment, args.attainment)
@@ -245,14 +262,14 @@ def _sample(workload, size: int, seed: int):
 class OfflineCluster:
     """The planner's deployment, router settings and searches for one split."""
 
-    def __init__(self, model_dir: Path, prefill: int, decode: int, args) -> None:
+    def __init__(self, model_dir: Path, scenario: Scenario, args) -> None:
         from pdserve.bench.simulation.sim_run import gpu_kv_blocks
         from pdserve.config import RouterConfig
         from pdserve.planner.deployment import Deployment
         from pdserve.planner.probe import SLO, Split
         from pdserve.sim.profiles import AnalyticalProfile, parse_profile
 
-        cluster = _cluster(prefill, decode, args, scale=1.0)
+        cluster = _cluster(scenario, args, scale=1.0)
         profile = parse_profile(args.sim_profile)
         blocks = args.num_kv_blocks or gpu_kv_blocks(
             json.loads((model_dir / "config.json").read_text()), cluster
@@ -266,7 +283,7 @@ class OfflineCluster:
             block_size=args.block_size,
             num_kv_blocks=blocks,
         )
-        self.split = Split(prefill, decode)
+        self.split = Split(scenario.prefill, scenario.decode, hybrid=scenario.hybrid)
         self.slo = SLO(args.slo_ttft_ms, args.slo_tpot_ms, args.attainment)
         self.router = RouterConfig(
             policy=args.policy,
@@ -325,12 +342,14 @@ class OfflineCluster:
         )  # fmt: skip
 
 
-def _cluster(prefill: int, decode: int, args, scale: float):
+def _cluster(scenario: Scenario, args, scale: float):
     from pdserve.bench.simulation.sim_run import cluster_from_args
 
-    fields = dict(prefill_workers=prefill, decode_workers=decode, policy=args.policy)
+    fields = dict(prefill_workers=scenario.prefill, decode_workers=scenario.decode)
+    fields |= dict(policy=args.policy, hybrid=scenario.hybrid)
     fields |= dict(ttft_slo_ms=args.slo_ttft_ms, tpot_slo_ms=args.slo_tpot_ms)
-    fields["disaggregate"] = "never" if prefill == 0 else "auto"
+    colocated = scenario.prefill == 0 and not scenario.hybrid
+    fields["disaggregate"] = "never" if colocated else "auto"
     # One KV chunk per push (up to 1 GiB, 8192 tokens of the 8B shape): with the default 4 MiB
     # a rag prompt's push was 32 chunks, whose thread and gRPC hops on this loaded machine
     # added ~10 ms (of ~16) to every live push at time scale 10; the planner models the link.
@@ -338,7 +357,7 @@ def _cluster(prefill: int, decode: int, args, scale: float):
     return replace(cluster_from_args(args, **fields), time_scale=scale)
 
 
-def live_sweep(model_dir, preset, prefill, decode, sample, planned, scale, args):
+def live_sweep(model_dir, scenario: Scenario, sample, planned, scale, args):
     """Every rate of the `planned` points on one started cluster of sim workers; (points,
     saturation summaries). The sample's arrivals at each rate are the load generator's
     schedule of `--seed`, as offline."""
@@ -356,7 +375,7 @@ def live_sweep(model_dir, preset, prefill, decode, sample, planned, scale, args)
     checked_args = argparse.Namespace(**vars(args) | {"sim_time_scale": scale})
     points, saturation = [], []
     rates = [p.rate for p in planned]
-    with serve_sim(model_dir, _cluster(prefill, decode, args, scale), config) as app:
+    with serve_sim(model_dir, _cluster(scenario, args, scale), config) as app:
         if args.warmup_requests:
             warm = _live_requests(sample[: args.warmup_requests], config, (args.seed, 99))
             run_sim_load(app, warm, rates[0], scale, seed=args.seed)
@@ -369,7 +388,7 @@ def live_sweep(model_dir, preset, prefill, decode, sample, planned, scale, args)
                 set_routing(app, forget_costs=True)
                 return run_sim_load(app, requests, rate, scale, seed=args.seed)
 
-            label = f"{preset} {prefill}P:{decode}D at {rate:.2f} req/s"
+            label = f"{scenario.preset} {scenario.split} at {rate:.2f} req/s"
             records, check = checked_run(app, checked_args, attempt, label)
             summary = summarize(records, run_duration(records))
             point = RatePoint(

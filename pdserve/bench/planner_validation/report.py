@@ -52,10 +52,13 @@ class ScenarioResult:
     offline_seconds: float = 0.0
     live_seconds: float = 0.0
     saturation: list[dict] = field(default_factory=list)
+    hybrid: bool = False  # the decode workers also prefill for one another (`--hybrid`)
 
     @property
     def split(self) -> str:
         p, d = self.prefill_workers, self.decode_workers
+        if self.hybrid:
+            return f"hybrid {d}"
         return f"colocated {d}" if p == 0 else f"{p}P:{d}D"
 
 

@@ -46,6 +46,7 @@ class SimCluster:
     # chunk only adds this machine's thread and gRPC hops to the push, counted in simulated
     # time at 1 / time_scale of their wall time.
     kv_chunk_bytes: int | None = None
+    hybrid: bool = False  # the decode workers also prefill for one another (`--hybrid`)
 
 
 def add_cluster_arguments(
@@ -203,6 +204,7 @@ def serve_sim(model_dir: Path, cluster: SimCluster, model_config: dict | None = 
             tpot_slo_ms=cluster.tpot_slo_ms * scale,
             max_pending_requests=4096,
             progress_timeout_s=5.0 * max(1.0, scale),
+            hybrid=cluster.hybrid,
         ),
         prefill_workers=cluster.prefill_workers,
         decode_workers=cluster.decode_workers,

@@ -62,7 +62,11 @@ def test_rag_on_one_prefill_and_one_decode_worker_agrees_with_the_plan(
 
 @pytest.mark.parametrize(
     ("spec", "expected"),
-    [("chat=0:2", [("chat", 0, 2)]), ("rag=1:1, mixed=1:2", [("rag", 1, 1), ("mixed", 1, 2)])],
+    [
+        ("chat=0:2", [("chat", 0, 2, False)]),
+        ("rag=1:1, mixed=1:2", [("rag", 1, 1, False), ("mixed", 1, 2, False)]),
+        ("mixed=hybrid:2", [("mixed", 0, 2, True)]),
+    ],
 )
 def test_scenario_specs(spec, expected):
     assert plan_validation_bench.parse_scenarios(spec) == expected
