@@ -151,3 +151,22 @@ def test_a_closed_loop_past_the_routers_admission_limit_is_admitted(tmp_path) ->
     (result,) = json.loads(out.read_text())
     assert result["requests"] == 264 and result["concurrency"] == 300
     assert result["failed"] == 0
+
+
+def test_the_tenants_sweep_times_a_model_by_a_measured_profile(tmp_path, planner_model_dir):
+    # A linear profile as `bench fidelity --profile-out` writes it, 1 ms of prefill a token:
+    # a 512-token prefix computed cold takes at least half a second of simulated time.
+    profile = tmp_path / "cpu.json"
+    profile.write_text(json.dumps({"kind": "linear", "step_s": 1e-3, "prefill_token_s": 1e-3,
+                                   "decode_seq_s": 1e-4, "context_token_s": 0.0}))  # fmt: skip
+    out = tmp_path / "tenants.json"
+    args = bench_args(
+        routing_offline, workload="tenants", models=f"{planner_model_dir}:1", sizes="2",
+        rates_per_worker="1", tenant_kv_blocks=128, tenant_prefix_len=512, users_per_tenant=2,
+        tenant_turns=2, policies="cost,random", sim_profile=str(profile), json=out,
+    )  # fmt: skip
+    assert routing_offline.run(args) == 0
+    results = {r["policy"]: r for r in json.loads(out.read_text())}
+    assert all(r["failed"] == 0 for r in results.values())
+    # The slowest tenth are cold prefixes: at the profile's rate, not an H100's few ms.
+    assert all(r["ttft_p90_ms"] >= 500 for r in results.values())

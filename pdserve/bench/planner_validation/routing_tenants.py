@@ -42,7 +42,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", choices=("multi-turn", "tenants"), default="multi-turn",
                    help="tenants: issue 50's multi-tenant sweep (the options below)")  # fmt: skip
     p.add_argument("--models", default="llama-3.1-8b:1,qwen2.5-32b:2",
-                   help="tenants: shape:tp, comma separated (analytical profile of --gpu)")  # fmt: skip
+                   help="tenants: shape:tp, comma separated (analytical profile of --gpu; with "
+                   "a measured --sim-profile FILE.json, the model directory it was measured "
+                   "on)")  # fmt: skip
     p.add_argument("--gpu", default="h100", help="tenants: the virtual GPU")
     p.add_argument("--rates-per-worker", default=None,
                    help="tenants: open loop, Poisson arrivals: simulated req/s per worker, "
@@ -143,10 +145,14 @@ def run(args: argparse.Namespace) -> int:
 def measure(shape: str, tp: int, size: int, policies, args, console) -> list[TenantResult]:
     from pdserve.planner.deployment import Deployment
 
+    # A measured profile (`bench fidelity --profile-out`) times the model it was measured on,
+    # named in --models; otherwise --gpu's analytical one.
+    measured = not args.sim_profile.startswith("analytical:")
     deployment = Deployment(
         shape,
         gpu=args.gpu,
         tp=tp,
+        profile=args.sim_profile if measured else None,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         block_size=args.block_size,
