@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import random
 
-import grpc
 import pytest
 import ray
 
-from pdserve.pb import generate_pb2_grpc
 from tests.e2e.conftest import serve_config
 from tests.e2e.test_disaggregated_serving import (
     VOCAB_HIGH,
@@ -30,12 +28,6 @@ def served(ray_cluster):
     config.router.hybrid = True
     with BackgroundApp(config) as app:
         yield app
-
-
-@pytest.fixture()
-def stub(served):
-    with grpc.insecure_channel(f"127.0.0.1:{served.port}") as channel:
-        yield generate_pb2_grpc.GenerationStub(channel)
 
 
 def test_hybrid_workers_are_listed_in_both_roles(served):
