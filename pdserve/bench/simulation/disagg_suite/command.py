@@ -28,6 +28,7 @@ from pdserve.bench.simulation.disagg_suite.suite import (
     FAMILIES,
     MODELS,
     SLOS,
+    SUITE_SLOS,
     Cell,
     FamilyBest,
     Setting,
@@ -48,7 +49,8 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="--suite: a small subset")
     p.add_argument("--models", default="8b,70b", help="--suite: 8b (8 H100, TP 1), 70b (16, TP 4)")
     p.add_argument("--suite-workloads", default=",".join(WORKLOADS), help="--suite: workloads")
-    p.add_argument("--slos", default=",".join(SLOS), help="--suite: loose, tight-tpot, tight-ttft")
+    p.add_argument("--slos", default=",".join(SUITE_SLOS),
+                   help="--suite: loose, tight-tpot, tight-ttft (also: tighter-tpot)")  # fmt: skip
     p.add_argument("--families", default=",".join(FAMILIES), help="--suite: layout families")
     p.add_argument(
         "--splits",

@@ -45,8 +45,12 @@ MODELS = {
     "8b": ModelSetup("llama-3.1-8b", gpus=8, tp=1),
     "70b": ModelSetup("llama-3.1-70b", gpus=16, tp=4),
 }
-# name -> (TTFT ms, TPOT ms)
-SLOS = {"loose": (1000.0, 50.0), "tight-tpot": (1000.0, 20.0), "tight-ttft": (200.0, 50.0)}
+# name -> (TTFT ms, TPOT ms): the suite's three pairs, then pairs run by name only
+# (`--slos tighter-tpot`): TPOT <= 15 ms, a few ms above a 70B TP 4 H100's lone decode step,
+# where no chunk budget lets colocated serving fit a prefill into the TPOT.
+SLOS = {"loose": (1000.0, 50.0), "tight-tpot": (1000.0, 20.0), "tight-ttft": (200.0, 50.0),
+        "tighter-tpot": (1000.0, 15.0)}  # fmt: skip
+SUITE_SLOS = ("loose", "tight-tpot", "tight-ttft")
 # family -> --disaggregate. The rules at their projects' shipped settings: llm-d's threshold
 # of 16 uncached tokens, Dynamo's max local prefill length 1000 and prefill queue size 2.
 FAMILIES = {
