@@ -47,7 +47,7 @@ MODELS = {
 }
 # name -> (TTFT ms, TPOT ms): the suite's three pairs, then pairs run by name only
 # (`--slos tighter-tpot`): TPOT <= 18 ms, just above the 3P:1D split's decode steps on 70B
-# TP 4 at its goodput (18.0 ms p90 at 20 ms); at 15 ms no layout serves rag or code.
+# TP 4 at its goodput (18.0 ms p90 at 20 ms); at 15 ms no layout serves rag.
 SLOS = {"loose": (1000.0, 50.0), "tight-tpot": (1000.0, 20.0), "tight-ttft": (200.0, 50.0),
         "tighter-tpot": (1000.0, 18.0)}  # fmt: skip
 SUITE_SLOS = ("loose", "tight-tpot", "tight-ttft")
