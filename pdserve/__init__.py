@@ -19,6 +19,7 @@ Modules:
 - `config.py` — the serving settings as dataclasses (`ServeConfig` gathers them all); CLI
   flags map onto them.
 - `engine_config.py` — the engine's settings: `EngineConfig`, `SimConfig`, `SpeculativeConfig`.
+- `config_switchable.py` — the settings `--role-switching` and `--hybrid` need, checked at start.
 - `config_fields.py` — `setting()`: a field's default, help, flag and bounds; `check_fields`.
 - `cli.py` — the `pdserve` command; subcommands are imported only when run.
 - `client.py` — `GenerationClient` / `AsyncGenerationClient` for the Generation API.

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from pdserve.config_fields import ConfigError, MiB, check_fields, port_setting, setting
+from pdserve.config_switchable import check_switchable_workers
 from pdserve.disaggregate_modes import parse_disaggregate
 from pdserve.engine_config import ENGINE_KINDS, EngineConfig
 
@@ -403,43 +404,7 @@ class ServeConfig:
                     "(analytical:GPU:tpN), not with rank actors",
                 )
 
-        if self.router.role_switching:
-            self._check_role_switching()
-        if self.router.hybrid:
-            self._check_hybrid()
-
-    def _check_hybrid(self) -> None:
-        """A hybrid worker runs the prefill actor's sender beside the decode actor's receiver
-        (SwitchableWorker)."""
-        why = None
-        if self.router.role_switching:
-            why = "and --role-switching are not supported together"
-        elif self.kv.transport != "grpc":
-            why = "needs --kv-transport grpc"
-        elif self.engine.speculative.enabled:
-            why = "is not supported with speculative decoding"  # prefill_only with a draft
-        elif self.decode_tp > 1:
-            why = "is not supported yet with --decode-tp > 1 (each rank has one KV side)"
-        if why:
-            raise ConfigError("RouterConfig", "hybrid", why)
-
-    def _check_role_switching(self) -> None:
-        """A worker that changes role keeps its engine: both pools must run the same one."""
-        same = (self.prefill_engine or self.engine.kind) == (self.decode_engine or self.engine.kind)
-        if not same or self.prefill_tp != self.decode_tp:
-            raise ConfigError(
-                "RouterConfig",
-                "role_switching",
-                "needs the same engine and TP in both pools (--prefill-engine/--decode-engine, "
-                "--prefill-tp/--decode-tp)",
-            )
-        if self.kv.transport != "grpc":
-            raise ConfigError("RouterConfig", "role_switching", "needs --kv-transport grpc")
-        if self.engine.speculative.enabled:
-            # A prefill worker loads no draft model, a decode worker does (pools.py).
-            raise ConfigError(
-                "RouterConfig", "role_switching", "is not supported with speculative decoding"
-            )
+        check_switchable_workers(self)
 
     def engine_for(self, role: str) -> EngineConfig:
         """The engine config of the workers of `role` ("prefill" or "decode")."""
