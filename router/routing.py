@@ -82,6 +82,12 @@ class Routing:
             role: LoadRows(w.worker_id for w in self.pool.of_role(role, healthy_only=False))
             for role in ("prefill", "decode")
         }
+        # The rows each worker's load is kept in (a hybrid worker's: both roles'), found once
+        # here rather than at each of `_load`'s calls (every poll answer and routed prompt).
+        self._rows_of = {
+            worker_id: [rows for rows in self._rows.values() if worker_id in rows.position]
+            for worker_id in self.pool.workers
+        }
         self._load_inputs.clear()
         for worker in self.pool.workers.values():
             self._load(worker)
@@ -299,8 +305,7 @@ class Routing:
         """The worker's WorkerLoad now; made anew, and set as its row, when its inputs changed."""
         # A draining worker (role switching) is routable to nothing, as an unhealthy one.
         stats, healthy = worker.stats, worker.routable
-        # A hybrid worker has a row in both roles' loads, the same WorkerLoad.
-        rows = [self._rows[role] for role in ("decode", "prefill") if worker.serves(role)]
+        rows = self._rows_of[worker.worker_id]  # a hybrid worker's: both roles', one WorkerLoad
         if stats is None:  # never polled: its row is still the unhealthy placeholder
             return rows[0].of(worker.worker_id)
         routed = self._routed_since_poll.get(worker.worker_id)
