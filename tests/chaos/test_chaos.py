@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import grpc
@@ -42,23 +43,23 @@ PROGRESS_TIMEOUT_S = 2.0
 FAILOVER_S = 15.0  # far longer than the progress timeout: a frozen worker must be left
 
 
-@pytest.fixture(scope="module", params=["grpc", "collective"])
-def served(request, ray_cluster) -> Iterator:
+@contextmanager
+def chaos_app(config) -> Iterator:
+    """`config` served for chaos: the seed printed, a frozen worker left after
+    PROGRESS_TIMEOUT_S (one request may meet two frozen workers in turn, and still ends while
+    they are frozen)."""
     from pdserve.app import BackgroundApp
 
     print(f"chaos seed {SEED} (PDSERVE_CHAOS_SEED={SEED} replays it)")
-    config = serve_config(request.param)
-    # A frozen worker is left after this long; one request may meet both frozen workers in
-    # turn, and still ends while they are frozen.
     config.router.progress_timeout_s = PROGRESS_TIMEOUT_S
     with BackgroundApp(config) as app:
         yield app
 
 
-@pytest.fixture()
-def rng(request) -> random.Random:
-    # One stream per test, so a test's victims do not depend on which tests ran before it.
-    return random.Random(f"{SEED}-{request.node.name}")
+@pytest.fixture(scope="module", params=["grpc", "collective"])
+def served(request, ray_cluster) -> Iterator:
+    with chaos_app(serve_config(request.param)) as app:
+        yield app
 
 
 @dataclass

@@ -19,10 +19,10 @@ from pdserve.bench.common.system_probe import worker_pids
 from tests.chaos.test_chaos import (
     FAILOVER_S,
     MAX_TOKENS,
-    PROGRESS_TIMEOUT_S,
     SEED,
     assert_exact_or_clear,
     assert_recovered_clean_and_exact,
+    chaos_app,
     random_prompts,
     run_load,
 )
@@ -32,19 +32,10 @@ from tests.e2e.test_disaggregated_serving import reference_outputs
 
 @pytest.fixture(scope="module")
 def served(ray_cluster) -> Iterator:
-    from pdserve.app import BackgroundApp
-
-    print(f"chaos seed {SEED} (PDSERVE_CHAOS_SEED={SEED} replays it)")
     config = serve_config("grpc", prefill_workers=0, decode_workers=3)
     config.router.hybrid = True
-    config.router.progress_timeout_s = PROGRESS_TIMEOUT_S
-    with BackgroundApp(config) as app:
+    with chaos_app(config) as app:
         yield app
-
-
-@pytest.fixture()
-def rng(request) -> random.Random:
-    return random.Random(f"{SEED}-{request.node.name}")
 
 
 def victim(served, rng: random.Random) -> str:
