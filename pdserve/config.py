@@ -155,6 +155,15 @@ class RouterConfig:
         "seed of the policy's random picks and rotations, to repeat a run (default: system "
         "entropy, so that router replicas do not send to the same workers in step)",
     )
+    # The cost policy's ties widen with replicas, which see only their own routes between two
+    # polls (router/policy.py); one router sees all of them.
+    router_replicas: int = setting(
+        1,
+        "routers sending to these workers side by side (behind one load balancer); with more "
+        "than one, the cost policy takes options within 0.05 of the best as ties (0.01 for one "
+        "router), so that replicas, which cannot see each other's routes, do not pick alike",
+        minimum=1,
+    )
     disaggregate: str = setting(
         "auto",
         "prefill on a prefill worker: auto (by cost), always, never, threshold:N (when more "

@@ -59,6 +59,15 @@ APPROXIMATE_BALANCE_REL = 1.0001
 # A rotation starts at a number drawn below this, which modulo a list of workers (far fewer)
 # falls on any of them about evenly.
 ROTATION_STARTS = 1 << 32
+# Options whose objectives differ by less than this tie (router/option_matrix.py `cost_ties`).
+# One router counts every request it routed since the last poll (`WorkerLoad.inflight`), so a
+# gap of 0.01 (4 ms of TTFT at a 400 ms SLO) is real: at 0.05 a tenant's cold prefix landed on
+# a worker whose warm turns then queued behind it, TTFT p90 34 against 17 ms for least-loaded
+# cold picks (docs/benchmarks/routing.md, ninth part). Replicas each see only their own
+# routes: 0.05 covers an idle worker's lead over one decoding a few requests, which all four
+# replicas otherwise read alike and herd onto (sixth part).
+TIE_TOLERANCE = 0.01
+REPLICAS_TIE_TOLERANCE = 0.05
 
 
 @dataclass
@@ -99,13 +108,15 @@ class RoutingPolicy:
         config: RouterConfig,
         cost: CostModel | None = None,
         weights: Weights | None = None,
-        tie_tolerance: float = 0.05,
+        tie_tolerance: float | None = None,
         kind_tie_tolerance: float = 0.005,
         vectorised: bool = True,
         seed: int | None = 0,
     ) -> None:
         """`vectorised`: the cost policy decides on router/option_matrix.py's arrays, O(P + D)
         Python; False enumerates every option as an Estimate (the reference it is tested against).
+        `tie_tolerance`: None takes TIE_TOLERANCE, or REPLICAS_TIE_TOLERANCE when the config
+        names router replicas.
         `seed`: of the policy's Random, which draws the `random` policy's picks and where the
         rotations start; None seeds it from system entropy (a real router: replicas side by
         side must not pick alike), a number repeats a run (tests, the simulation)."""
@@ -120,6 +131,9 @@ class RoutingPolicy:
         self.config = config
         self.cost = cost or CostModel()
         self.weights = weights or Weights(tpot=config.tpot_weight)
+        if tie_tolerance is None:
+            replicas = config.router_replicas > 1
+            tie_tolerance = REPLICAS_TIE_TOLERANCE if replicas else TIE_TOLERANCE
         self.tie_tolerance = tie_tolerance
         self.kind_tie_tolerance = kind_tie_tolerance
         self.vectorised = vectorised

@@ -20,7 +20,7 @@ workers' polls and the same index.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pdserve.config import RouterConfig
 from pdserve.engine.engine import RequestOutput
@@ -101,6 +101,8 @@ class VirtualCluster:
         }
         # The pool only holds snapshots here: it is never started, its handles never called.
         self.pool = WorkerPool(by_role["prefill"], by_role["decode"], hybrid=by_role["hybrid"])
+        if router_replicas > 1:  # so each replica's policy knows it has peers
+            router_config = replace(router_config, router_replicas=router_replicas)
         self.routers = [self._router(router_config, timing, r) for r in range(router_replicas)]
         for worker in self.workers.values():
             self._poll(worker)

@@ -2,7 +2,7 @@
 poll. The cost policy's pick among workers that differ only by a few running decodes must not
 be the same in every replica: four replicas sending four cold prompts to the one idle worker of
 16 made them wait behind each other (311-414 ms instead of 107; docs/benchmarks/routing.md,
-"Many tenants, sixth part")."""
+"Many tenants, sixth part"). One router, which sees all its routes, takes the idle worker."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def measured() -> CostModel:
 
 
 def replicas(n: int, vectorised: bool = True) -> list[RoutingPolicy]:
-    config = RouterConfig(policy="cost", disaggregate="never")
+    config = RouterConfig(policy="cost", disaggregate="never", router_replicas=n)
     return [RoutingPolicy(config, measured(), seed=k, vectorised=vectorised) for k in range(n)]
 
 
@@ -40,6 +40,17 @@ def test_replicas_do_not_all_send_a_cold_prompt_to_the_idle_worker() -> None:
     for vectorised in (True, False):
         picks = [p.decide(COLD, [], LOADS).decode_worker for p in replicas(4, vectorised)]
         assert len(set(picks)) > 1, picks
+
+
+def test_one_router_sends_a_cold_prompt_to_the_idle_worker() -> None:
+    """Alone, the router counts every request it routed since the poll: the idle worker's lead
+    is real, and a cold prefix sent to a worker that is decoding makes its requests, and the
+    warm turns arriving there, wait behind it (docs/benchmarks/routing.md, ninth part)."""
+    for vectorised in (True, False):
+        for seed in range(8):
+            config = RouterConfig(policy="cost", disaggregate="never")
+            policy = RoutingPolicy(config, measured(), seed=seed, vectorised=vectorised)
+            assert policy.decide(COLD, [], LOADS).decode_worker == "decode-0"
 
 
 def test_a_cached_prefix_still_decides_between_replicas() -> None:
