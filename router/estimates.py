@@ -29,16 +29,24 @@ class WorkerLoad:
     num_free_blocks: int = 0
     inflight: int = 0  # routed here after the snapshot (router-side)
     inflight_prompt_tokens: int = 0
+    # Of num_free_blocks, those holding cached prefixes (taken by evicting them), and the
+    # worker's prefix hits and lookups in tokens (cumulative): how much of that cache its
+    # requests reuse (`reused_blocks`).
+    num_evictable_blocks: int = 0
+    prefix_hit_tokens: int = 0
+    prefix_query_tokens: int = 0
     # A hybrid worker (`--hybrid`): it decodes as well as prefills, so a prefill it runs for
     # another worker stalls its own decodes, which the objective prices as a local prefill's.
     hybrid: bool = False
-    # (num_running, queued_requests, queued_tokens, num_blocks, num_free_blocks, load, hybrid):
-    # the option matrix's row of this worker (router/option_matrix.py).
+    # (num_running, queued_requests, queued_tokens, num_blocks, num_free_blocks, load, hybrid,
+    # num_evictable_blocks, prefix_hit_tokens, prefix_query_tokens): the option matrix's row
+    # of this worker (router/option_matrix.py).
     numbers: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         numbers = (self.num_running, self.queued_requests, self.queued_tokens, self.num_blocks,
-                   self.num_free_blocks, self.load, int(self.hybrid))  # fmt: skip
+                   self.num_free_blocks, self.load, int(self.hybrid), self.num_evictable_blocks,
+                   self.prefix_hit_tokens, self.prefix_query_tokens)  # fmt: skip
         object.__setattr__(self, "numbers", numbers)  # frozen: set once, as __init__ does
 
     @classmethod
@@ -56,6 +64,9 @@ class WorkerLoad:
             inflight=inflight,
             inflight_prompt_tokens=inflight_prompt_tokens,
             hybrid=stats.role == "hybrid",
+            num_evictable_blocks=stats.num_evictable_blocks,
+            prefix_hit_tokens=stats.prefix_hit_tokens,
+            prefix_query_tokens=stats.prefix_query_tokens,
         )
 
     @property
@@ -70,6 +81,15 @@ class WorkerLoad:
     def load(self) -> int:
         """Requests on the worker, the tie-breaker between equally good options."""
         return self.num_waiting + self.num_running + self.inflight
+
+    @property
+    def reused_blocks(self) -> float:
+        """The cached blocks no request holds, as many as its requests reuse (its prefix hit
+        rate): counted free, yet a tenant's prefix cached there is taken by the next turn, so
+        filling them evicts what is about to be needed (`objective`'s KV pressure)."""
+        return self.num_evictable_blocks * (
+            self.prefix_hit_tokens / max(1, self.prefix_query_tokens)
+        )
 
 
 @dataclass(frozen=True)
@@ -287,13 +307,16 @@ def objective(
     if decode.num_blocks:
         generated_blocks = math.ceil(request.max_tokens / request.block_size)
         needed = request.total_blocks - est.decode_cached_blocks + generated_blocks
-        held = (decode.num_blocks - decode.num_free_blocks) / decode.num_blocks
+        held_blocks = decode.num_blocks - decode.num_free_blocks + decode.reused_blocks
+        held = held_blocks / decode.num_blocks
         after = held + needed / decode.num_blocks
         # What this request adds to the occupancy above the limit, not the occupancy: charged
         # the whole of it, a worker whose running requests share a tenant's cached prefix
         # looked riskier for a turn needing 12 blocks there than a worker that would compute
         # and hold 260 (evicting other tenants' prefixes), and at saturation turns left their
-        # cache (docs/benchmarks/routing.md, seventh part).
+        # cache (docs/benchmarks/routing.md, seventh part). Held counts the cached prefixes
+        # that requests there reuse: counted free, a worker caching four tenants' prefixes in
+        # its whole pool took a fifth cold one, and its turns queued for KV (ninth part).
         over = max(0.0, after - w.kv_soft_limit) - max(0.0, held - w.kv_soft_limit)
         terms["kv_pressure"] = w.kv_pressure * over / (1 - w.kv_soft_limit)
     est.terms = terms

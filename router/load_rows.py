@@ -18,7 +18,7 @@ import numpy as np
 
 from router.estimates import WorkerLoad
 
-NUMBERS = 7  # WorkerLoad.numbers
+NUMBERS = 10  # WorkerLoad.numbers
 
 
 class LoadRows(list[WorkerLoad]):

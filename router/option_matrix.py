@@ -192,9 +192,10 @@ class OptionMatrix:
         tpot_term, tpot_over = (w.tpot * tpot_n)[:, None], np.maximum(0.0, tpot_n - 1)[:, None]
         generated = math.ceil(request.max_tokens / request.block_size)
         size = np.maximum(d.num_blocks, 1)  # 0 = unknown size: no term (masked below)
-        held = d.num_blocks - d.free
-        over = np.maximum(0.0, (held + missing + generated) / size - w.kv_soft_limit)
-        over -= np.maximum(0.0, held / size - w.kv_soft_limit)  # what this request adds
+        reused = d.evictable * (d.hits / np.maximum(d.queries, 1))  # WorkerLoad.reused_blocks
+        held = (d.num_blocks - d.free + reused) / size
+        over = np.maximum(0.0, held + (missing + generated) / size - w.kv_soft_limit)
+        over -= np.maximum(0.0, held - w.kv_soft_limit)  # what this request adds
         kv = w.kv_pressure * over / (1 - w.kv_soft_limit)
         kv = np.where(d.num_blocks > 0, kv, 0.0)[:, None]
         # A miss even the best option makes is unavoidable: charged to no option (`objective`).
@@ -341,7 +342,8 @@ class _Workers:
     def _set(self, table: np.ndarray) -> None:
         self._table = table
         self.cached, self.running, self.queued_requests, self.queued_tokens = table[:4]
-        self.num_blocks, self.free, self.load, self.hybrid = table[4:]
+        self.num_blocks, self.free, self.load, self.hybrid = table[4:8]
+        self.evictable, self.hits, self.queries = table[8:]
 
     def rows(self, part: slice) -> _Workers:
         """The workers in `part` (views of these vectors)."""

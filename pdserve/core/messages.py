@@ -93,6 +93,7 @@ ENGINE_COUNT_FIELDS = (
     "num_free_blocks",
     "num_used_blocks",
     "num_cached_blocks",
+    "num_evictable_blocks",
     "prefix_hit_tokens",
     "prefix_query_tokens",
     "prefix_host_hit_tokens",
@@ -130,6 +131,8 @@ class WorkerStats:
     num_free_blocks: int = 0
     num_used_blocks: int = 0
     num_cached_blocks: int = 0
+    # Of num_free_blocks, those holding a cached prefix that an allocation would evict.
+    num_evictable_blocks: int = 0
     block_size: int = 16
     bytes_per_block: int = 0  # KV bytes of one block over all layers (for transfer estimates)
     # Cumulative measurements: the router's cost model differentiates them between polls.

@@ -80,6 +80,11 @@ class BlockManager:
     def num_cached_blocks(self) -> int:
         return len(self._cached)
 
+    @property
+    def num_evictable_blocks(self) -> int:
+        """Cached blocks no request holds: counted free, taken by evicting their prefix."""
+        return len(self._evictable)
+
     def ref_count(self, block_id: int) -> int:
         return self._ref[block_id]
 

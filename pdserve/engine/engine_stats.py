@@ -26,6 +26,7 @@ def engine_stats(
         "num_free_blocks": bm.num_free_blocks,
         "num_used_blocks": bm.num_used_blocks,
         "num_cached_blocks": bm.num_cached_blocks,
+        "num_evictable_blocks": bm.num_evictable_blocks,
         "num_waiting": len(sched.waiting),
         "num_running": len(sched.running),
         "num_reserved": by_status[SequenceStatus.RESERVED],

@@ -26,8 +26,10 @@ MiB = 1 << 20
 def worker_loads(draw, prefix: str, count: int) -> list[WorkerLoad]:
     workers = []
     for i in range(count):
-        num_blocks = draw(st.sampled_from([0, 64, 512, 4096]))
+        num_blocks = draw(st.sampled_from([0, 64, 500, 4096]))
+        free = draw(st.integers(0, num_blocks))
         waiting = draw(st.integers(0, 2))
+        queries = draw(st.sampled_from([0, 3000, 100_000]))
         workers.append(
             WorkerLoad(
                 f"{prefix}{i}",
@@ -36,9 +38,13 @@ def worker_loads(draw, prefix: str, count: int) -> list[WorkerLoad]:
                 num_running=draw(st.sampled_from([0, 1, 8, 64])),
                 waiting_prompt_tokens=waiting * draw(st.sampled_from([0, 100, 2000, 9000])),
                 num_blocks=num_blocks,
-                num_free_blocks=draw(st.integers(0, num_blocks)),
+                num_free_blocks=free,
                 inflight=draw(st.integers(0, 2)),
                 inflight_prompt_tokens=draw(st.sampled_from([0, 512, 4096])),
+                # Cached prefixes among the free blocks, and how much of them requests reuse.
+                num_evictable_blocks=draw(st.integers(0, free)),
+                prefix_hit_tokens=draw(st.integers(0, queries)),
+                prefix_query_tokens=queries,
             )
         )
     return workers
