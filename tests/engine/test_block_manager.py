@@ -40,9 +40,11 @@ def test_hit_reuses_blocks_and_stores_are_reported():
     assert bm.acquire_prefix(b, b.num_tokens - 1) == 2 * BS
     assert b.block_table == a.block_table[:2]
     assert bm.ref_count(a.block_table[0]) == 2
+    assert bm.num_evictable_blocks == 0  # both cached blocks are held
     bm.release(a)
     bm.release(b)
     assert bm.num_free_blocks == 8 and bm.num_cached_blocks == 2
+    assert bm.num_evictable_blocks == 2  # free, but an allocation takes them by eviction
     bm.check_invariants()
 
 
@@ -115,6 +117,9 @@ def test_blocks_are_never_both_free_and_used(ops, num_blocks):
         bm.check_invariants()
         used = {b for x in live.values() for b in x.block_table}
         assert bm.num_used_blocks == len(used)
+        assert bm.num_evictable_blocks == bm.num_cached_blocks - len(
+            used & set(bm._cached.values())
+        )
         for x in live.values():
             assert len(x.block_table) == -(-x.num_tokens // BS)
     for s in live.values():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 import pytest
@@ -322,6 +323,31 @@ def test_a_full_worker_holding_the_prefix_keeps_the_turn_that_adds_little_to_it(
     assert (decision.decode_worker, decision.cached_tokens) == ("home", 256 * 16)
     pressure = decision.chosen.terms["kv_pressure"]
     assert 0 < pressure < 0.2  # 12 blocks past 95%: a small price, not the whole overshoot
+
+
+@pytest.mark.parametrize("vectorised", [True, False])
+def test_a_cold_prefix_goes_where_it_evicts_no_reused_prefix(vectorised):
+    # Three workers of 1024 blocks, all idle between turns: their pools hold tenants' cached
+    # prefixes (256 blocks each), which count as free (an allocation evicts them). "crowded"
+    # caches three tenants, "roomy" two, and their turns find 90% of their prompts cached.
+    # A new tenant's cold 260-block prefix on "crowded" would evict a prefix its next turn
+    # needs: charged as held, the reused cache steers it to "roomy" under every seed (counted
+    # free, it was a tie, and one run put four tenants on one worker: routing.md, ninth part).
+    cold = RoutingRequest(prompt_tokens=260 * 16, max_tokens=64, block_size=16)
+    reuse = dict(num_blocks=1024, num_free_blocks=1000, prefix_hit_tokens=9, prefix_query_tokens=10)
+    crowded = worker("crowded", num_evictable_blocks=768, **reuse)
+    roomy = worker("roomy", num_evictable_blocks=512, **reuse)
+    for seed in range(8):
+        chooser = RoutingPolicy(RouterConfig(ttft_slo_ms=400), seed=seed, vectorised=vectorised)
+        decision = chooser.decide(cold, [], [crowded, roomy])
+        assert decision.decode_worker == "roomy"
+        assert decision.estimates["local@crowded"].terms["kv_pressure"] > 1
+    # A cache nobody reuses (no hits) is free room: it does not count.
+    unused = dict(reuse, prefix_hit_tokens=0)
+    crowded, roomy = (dataclasses.replace(w, **unused) for w in (crowded, roomy))
+    chooser = RoutingPolicy(RouterConfig(ttft_slo_ms=400), vectorised=vectorised)
+    options = chooser.decide(cold, [], [crowded, roomy]).estimates
+    assert options["local@crowded"].terms == options["local@roomy"].terms
 
 
 @pytest.mark.parametrize("vectorised", [True, False])
