@@ -29,6 +29,9 @@ class WorkerLoad:
     num_free_blocks: int = 0
     inflight: int = 0  # routed here after the snapshot (router-side)
     inflight_prompt_tokens: int = 0
+    # KV blocks those requests will hold here (their prompt blocks not cached here and their
+    # output's): a cold prefix routed here a moment ago is not in the snapshot's free blocks.
+    inflight_blocks: int = 0
     # Of num_free_blocks, those holding cached prefixes (taken by evicting them), and the
     # worker's prefix hits and lookups in tokens (cumulative): how much of that cache its
     # requests reuse (`reused_blocks`).
@@ -39,19 +42,20 @@ class WorkerLoad:
     # another worker stalls its own decodes, which the objective prices as a local prefill's.
     hybrid: bool = False
     # (num_running, queued_requests, queued_tokens, num_blocks, num_free_blocks, load, hybrid,
-    # num_evictable_blocks, prefix_hit_tokens, prefix_query_tokens): the option matrix's row
-    # of this worker (router/option_matrix.py).
+    # num_evictable_blocks, prefix_hit_tokens, prefix_query_tokens, inflight_blocks): the
+    # option matrix's row of this worker (router/option_matrix.py).
     numbers: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         numbers = (self.num_running, self.queued_requests, self.queued_tokens, self.num_blocks,
                    self.num_free_blocks, self.load, int(self.hybrid), self.num_evictable_blocks,
-                   self.prefix_hit_tokens, self.prefix_query_tokens)  # fmt: skip
+                   self.prefix_hit_tokens, self.prefix_query_tokens,
+                   self.inflight_blocks)  # fmt: skip
         object.__setattr__(self, "numbers", numbers)  # frozen: set once, as __init__ does
 
     @classmethod
     def from_stats(cls, stats, *, healthy: bool = True, inflight: int = 0,
-                   inflight_prompt_tokens: int = 0) -> WorkerLoad:  # fmt: skip
+                   inflight_prompt_tokens: int = 0, inflight_blocks: int = 0) -> WorkerLoad:  # fmt: skip
         """From a pdserve.core.messages.WorkerStats (reservations count as waiting requests)."""
         return cls(
             worker_id=stats.worker_id,
@@ -63,6 +67,7 @@ class WorkerLoad:
             num_free_blocks=stats.num_free_blocks,
             inflight=inflight,
             inflight_prompt_tokens=inflight_prompt_tokens,
+            inflight_blocks=inflight_blocks,
             hybrid=stats.role == "hybrid",
             num_evictable_blocks=stats.num_evictable_blocks,
             prefix_hit_tokens=stats.prefix_hit_tokens,
@@ -307,16 +312,21 @@ def objective(
     if decode.num_blocks:
         generated_blocks = math.ceil(request.max_tokens / request.block_size)
         needed = request.total_blocks - est.decode_cached_blocks + generated_blocks
-        held_blocks = decode.num_blocks - decode.num_free_blocks + decode.reused_blocks
+        held_blocks = (
+            decode.num_blocks - decode.num_free_blocks + decode.inflight_blocks
+            + decode.reused_blocks
+        )  # fmt: skip
         held = held_blocks / decode.num_blocks
         after = held + needed / decode.num_blocks
         # What this request adds to the occupancy above the limit, not the occupancy: charged
         # the whole of it, a worker whose running requests share a tenant's cached prefix
         # looked riskier for a turn needing 12 blocks there than a worker that would compute
         # and hold 260 (evicting other tenants' prefixes), and at saturation turns left their
-        # cache (docs/benchmarks/routing.md, seventh part). Held counts the cached prefixes
-        # that requests there reuse: counted free, a worker caching four tenants' prefixes in
-        # its whole pool took a fifth cold one, and its turns queued for KV (ninth part).
+        # cache (docs/benchmarks/routing.md, seventh part). Held also counts what the router
+        # sent there since the snapshot and the cached prefixes requests there reuse: without
+        # them a worker whose pool its tenants' prefixes filled took one more cold prefix
+        # (three routed within one poll interval, each seeing the same free blocks), and its
+        # turns then queued for KV (ninth part).
         over = max(0.0, after - w.kv_soft_limit) - max(0.0, held - w.kv_soft_limit)
         terms["kv_pressure"] = w.kv_pressure * over / (1 - w.kv_soft_limit)
     est.terms = terms

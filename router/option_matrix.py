@@ -193,7 +193,7 @@ class OptionMatrix:
         generated = math.ceil(request.max_tokens / request.block_size)
         size = np.maximum(d.num_blocks, 1)  # 0 = unknown size: no term (masked below)
         reused = d.evictable * (d.hits / np.maximum(d.queries, 1))  # WorkerLoad.reused_blocks
-        held = (d.num_blocks - d.free + reused) / size
+        held = (d.num_blocks - d.free + d.inflight_blocks + reused) / size
         over = np.maximum(0.0, held + (missing + generated) / size - w.kv_soft_limit)
         over -= np.maximum(0.0, held - w.kv_soft_limit)  # what this request adds
         kv = w.kv_pressure * over / (1 - w.kv_soft_limit)
@@ -343,7 +343,7 @@ class _Workers:
         self._table = table
         self.cached, self.running, self.queued_requests, self.queued_tokens = table[:4]
         self.num_blocks, self.free, self.load, self.hybrid = table[4:8]
-        self.evictable, self.hits, self.queries = table[8:]
+        self.evictable, self.hits, self.queries, self.inflight_blocks = table[8:]
 
     def rows(self, part: slice) -> _Workers:
         """The workers in `part` (views of these vectors)."""

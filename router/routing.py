@@ -12,6 +12,7 @@ alone (router/approximate_prefixes.py), as routers without KV events do.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -65,11 +66,11 @@ class Routing:
         # Prefills routed to each worker so far: a prefill's timing is a sample of its compute
         # cost only if it ran alone (nothing queued when routed, nothing routed there until done).
         self._prefills_routed: dict[str, int] = {}
-        # What each worker's last WorkerLoad was made of (stats snapshot, health, routed requests
-        # and tokens), to make it again only when one changed. The snapshot is compared by
+        # What each worker's last WorkerLoad was made of (stats snapshot, health, routed requests,
+        # tokens and blocks), to make it again only when one changed. The snapshot is compared by
         # identity: a poll stores a new WorkerStats (Ray and the planner's VirtualWorker.stats
         # both make one), never edits one.
-        self._load_inputs: dict[str, tuple[WorkerStats, bool, int, int]] = {}
+        self._load_inputs: dict[str, tuple[WorkerStats, bool, int, int, int]] = {}
         # Each role's loads in pool order, a worker's row replaced as its load changes (a poll's
         # answer, a routed or computed prompt, a change of health: `_load`'s callers), so a
         # decision reads every worker without touching each one.
@@ -274,15 +275,24 @@ class Routing:
 
     def _remember(
         self, decision: RoutingDecision, request: RoutingRequest, hashes: Sequence[int]
-    ) -> tuple[float, int]:
+    ) -> tuple[float, int, int]:
         """What the chosen workers will hold and compute, before any poll or index shows it.
-        Returns the prefilling worker's entry (when, prompt tokens to compute)."""
+        Returns the prefilling worker's entry (when, prompt tokens to compute, KV blocks)."""
         prefiller = decision.prefill_worker or decision.decode_worker
-        entry = (self.clock(), request.uncached_tokens(decision.chosen.prefill_cached_blocks))
+        chosen, now = decision.chosen, self.clock()
+        # The decode worker holds the prompt's blocks it lacks and the output's; a prefill
+        # worker's are its cache once pushed (free to allocate, as the snapshot counts them).
+        blocks = (
+            request.total_blocks - chosen.decode_cached_blocks
+            + math.ceil(request.max_tokens / request.block_size)
+        )  # fmt: skip
+        tokens = request.uncached_tokens(chosen.prefill_cached_blocks)
+        local = decision.decode_worker == prefiller
+        entry = (now, tokens, blocks if local else 0)
         self._routed(prefiller).add(entry)
         self._load(self.pool.workers[prefiller])
-        if decision.decode_worker != prefiller:
-            self._routed(decision.decode_worker).add((entry[0], 0))  # joins its batch later
+        if not local:
+            self._routed(decision.decode_worker).add((now, 0, blocks))  # joins its batch later
             self._load(self.pool.workers[decision.decode_worker])
         self._prefills_routed[prefiller] = self._prefills_routed.get(prefiller, 0) + 1
         # The prefilling worker caches the prompt's full blocks, and a request queued behind it
@@ -309,20 +319,22 @@ class Routing:
         if stats is None:  # never polled: its row is still the unhealthy placeholder
             return rows[0].of(worker.worker_id)
         routed = self._routed_since_poll.get(worker.worker_id)
-        requests, tokens = (routed.requests, routed.tokens) if routed else (0, 0)
+        requests, tokens, blocks = (
+            (routed.requests, routed.tokens, routed.blocks) if routed else (0, 0, 0)
+        )
         known = self._load_inputs.get(worker.worker_id)
         if (
             known is not None
             and known[0] is stats
             and known[1] == healthy
-            and known[2] == requests
-            and known[3] == tokens
+            and known[2:] == (requests, tokens, blocks)
         ):
             return rows[0].of(worker.worker_id)
         load = WorkerLoad.from_stats(
-            stats, healthy=healthy, inflight=requests, inflight_prompt_tokens=tokens
-        )
-        self._load_inputs[worker.worker_id] = (stats, healthy, requests, tokens)
+            stats, healthy=healthy, inflight=requests, inflight_prompt_tokens=tokens,
+            inflight_blocks=blocks,
+        )  # fmt: skip
+        self._load_inputs[worker.worker_id] = (stats, healthy, requests, tokens, blocks)
         for role_rows in rows:
             role_rows.set(load)
         return load
@@ -345,20 +357,22 @@ class Routing:
 @dataclass
 class _Routed:
     """Routed to one worker and not yet in its stats snapshot: (when, prompt tokens to
-    compute there) each."""
+    compute there, KV blocks it will hold there) each."""
 
-    entries: list[tuple[float, int]] = field(default_factory=list)
-    # The entries' count and prompt tokens, kept as they change: every routing decision reads
-    # them for every worker, polls change them a few times a second.
+    entries: list[tuple[float, int, int]] = field(default_factory=list)
+    # The entries' count, prompt tokens and blocks, kept as they change: every routing
+    # decision reads them for every worker, polls change them a few times a second.
     requests: int = 0
     tokens: int = 0
+    blocks: int = 0
 
-    def add(self, entry: tuple[float, int]) -> None:
+    def add(self, entry: tuple[float, int, int]) -> None:
         self.entries.append(entry)
         self.requests += 1
         self.tokens += entry[1]
+        self.blocks += entry[2]
 
-    def computed(self, entry: tuple[float, int], stays: bool) -> None:
+    def computed(self, entry: tuple[float, int, int], stays: bool) -> None:
         """The prompt of `entry` is computed: its tokens no longer queue here, nor does its
         request unless it `stays` (a local prefill goes on to decode here). Nothing when a
         poll has dropped it already (equal entries are interchangeable)."""
@@ -367,13 +381,16 @@ class _Routed:
         except ValueError:
             return
         self.tokens -= entry[1]
-        if stays:
-            self.entries[i] = (entry[0], 0)
+        if stays:  # its blocks too: held there until a snapshot shows them
+            self.entries[i] = (entry[0], 0, entry[2])
         else:
             del self.entries[i]
             self.requests -= 1
+            self.blocks -= entry[2]
 
     def forget_until(self, sent_at: float | None) -> None:
         """Drops what a snapshot from a poll sent at `sent_at` includes (None: everything)."""
         self.entries = [e for e in self.entries if sent_at is not None and e[0] > sent_at]
-        self.requests, self.tokens = len(self.entries), sum(t for _, t in self.entries)
+        self.requests = len(self.entries)
+        self.tokens = sum(e[1] for e in self.entries)
+        self.blocks = sum(e[2] for e in self.entries)

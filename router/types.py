@@ -114,9 +114,9 @@ class Route:
     # Prefills routed to the prefill worker so far, set when it was idle at routing time: if
     # the count is unchanged when this prefill ends, it ran alone and its timing is a sample.
     prefills_routed: int | None = None
-    # The (when, prompt tokens to compute) the router counts on the prefilling worker until a
-    # poll shows this request, or its prompt is computed (Routing.on_prompt_computed).
-    routed: tuple[float, int] | None = None
+    # The (when, prompt tokens to compute, KV blocks held) the router counts on the prefilling
+    # worker until a poll shows this request, or its prompt is computed (on_prompt_computed).
+    routed: tuple[float, int, int] | None = None
     # When a remote prefill's first answer came (Routing.on_prompt_computed; a list, the one
     # thing set after routing on this frozen route): with `routed`, what its handoff took.
     first_answer_at: list[float] = field(default_factory=list)

@@ -41,6 +41,7 @@ def worker_loads(draw, prefix: str, count: int) -> list[WorkerLoad]:
                 num_free_blocks=free,
                 inflight=draw(st.integers(0, 2)),
                 inflight_prompt_tokens=draw(st.sampled_from([0, 512, 4096])),
+                inflight_blocks=draw(st.sampled_from([0, 20, 300])),
                 # Cached prefixes among the free blocks, and how much of them requests reuse.
                 num_evictable_blocks=draw(st.integers(0, free)),
                 prefix_hit_tokens=draw(st.integers(0, queries)),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from pdserve.config import RouterConfig
 from pdserve.core.messages import PrefillResult, WorkerStats
 from router.estimates import WorkerLoad
@@ -148,6 +150,10 @@ def test_a_computed_prompt_stops_counting_as_queued_before_the_next_poll() -> No
     r.on_prefill_done(remote, done(remote, prompt))  # once pushed: nothing more to take back
     assert (r._load(prefill).inflight, r._load(prefill).inflight_prompt_tokens) == (0, 0)
     assert r._load(decode).inflight == 1  # it decodes there now; the next poll shows it
+    # Its KV blocks (prompt and output) count on the decode worker until a poll shows them;
+    # on the prefill worker they are its cache, which its snapshot counts as free.
+    blocks = math.ceil(len(prompt) / BLOCK) + math.ceil(8 / BLOCK)
+    assert (r._load(decode).inflight_blocks, r._load(prefill).inflight_blocks) == (blocks, 0)
 
     r = routing(disaggregate="never")
     decode = r.pool.workers["decode-0"]
@@ -155,9 +161,11 @@ def test_a_computed_prompt_stops_counting_as_queued_before_the_next_poll() -> No
     r.on_prefill_done(local, done(local, prompt))
     # A local prefill stays to decode: its request counts until a poll shows it, not its prompt.
     assert (r._load(decode).inflight, r._load(decode).inflight_prompt_tokens) == (1, 0)
+    assert r._load(decode).inflight_blocks == blocks  # computed, and held there
     r.pool.record_stats(decode, decode.stats)  # a poll that shows it
     r.on_prefill_done(local, done(local, prompt))  # already dropped: nothing to take back
     assert (r._load(decode).inflight, r._load(decode).inflight_prompt_tokens) == (0, 0)
+    assert r._load(decode).inflight_blocks == 0
 
 
 def test_a_workers_load_follows_its_stats_health_and_routes() -> None:
@@ -231,6 +239,7 @@ def test_each_workers_row_is_its_load_after_polls_routes_failures_and_retries() 
                         healthy=worker.healthy,
                         inflight=routed.requests if routed else 0,
                         inflight_prompt_tokens=routed.tokens if routed else 0,
+                        inflight_blocks=routed.blocks if routed else 0,
                     )
                 )
             assert list(rows) == expected
