@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -70,6 +71,13 @@ class ServeProcess:
         os.killpg(self.process.pid, signal.SIGINT)
         try:
             self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            # Rare (a few CI runs in dozens, never reproduced by hand): what each thread was
+            # doing is what tells where the Ctrl-C went, so it is taken before the kill.
+            raise AssertionError(
+                f"still running {timeout:.0f} s after Ctrl-C; its threads:\n"
+                f"{_thread_stacks(self.process.pid)}\nits output:\n{self.text()}"
+            ) from None
         finally:
             exited = time.monotonic() - sent
             self.kill()
@@ -86,6 +94,19 @@ class ServeProcess:
         if self.process.poll() is None:
             self.process.kill()
         self.process.wait(10)
+
+
+def _thread_stacks(pid: int) -> str:
+    """Every thread's Python and native stack (py-spy, which Ray's default extra installs)."""
+    py_spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
+    try:
+        dump = subprocess.run(
+            [py_spy, "dump", "--native", "--pid", str(pid)],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"(no stacks: {e})"
+    return dump.stdout + dump.stderr
 
 
 def _alive(process: psutil.Process) -> bool:
