@@ -113,6 +113,17 @@ class RoutingRequest:
         """Blocks of the prompt's block table, the trailing partial block included."""
         return math.ceil(self.prompt_tokens / self.block_size)
 
+    @property
+    def output_blocks(self) -> int:
+        """Blocks its output may take on the decode worker."""
+        return math.ceil(self.max_tokens / self.block_size)
+
+    def decode_blocks(self, decode_cached_blocks: int) -> int:
+        """Blocks it will hold on a decode worker that has `decode_cached_blocks` of its prompt:
+        the prompt's others and its output's (what KV pressure and the router's in-flight
+        count of a worker's blocks charge)."""
+        return self.total_blocks - decode_cached_blocks + self.output_blocks
+
     def uncached_tokens(self, cached_blocks: int) -> int:
         """Tokens to compute given a cached prefix; never 0 (the last prompt token is always
         run to sample the first output token)."""
@@ -310,8 +321,7 @@ def objective(
         "slo_penalty": w.slo_penalty * (ttft_miss + max(0.0, tpot_n - 1) + stall_miss),
     }
     if decode.num_blocks:
-        generated_blocks = math.ceil(request.max_tokens / request.block_size)
-        needed = request.total_blocks - est.decode_cached_blocks + generated_blocks
+        needed = request.decode_blocks(est.decode_cached_blocks)
         held_blocks = (
             decode.num_blocks - decode.num_free_blocks + decode.inflight_blocks
             + decode.reused_blocks

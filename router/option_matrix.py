@@ -190,7 +190,7 @@ class OptionMatrix:
         # Per decode worker: TPOT, its SLO overshoot, KV pressure.
         tpot_n = tpot / slo_p
         tpot_term, tpot_over = (w.tpot * tpot_n)[:, None], np.maximum(0.0, tpot_n - 1)[:, None]
-        generated = math.ceil(request.max_tokens / request.block_size)
+        generated = request.output_blocks
         size = np.maximum(d.num_blocks, 1)  # 0 = unknown size: no term (masked below)
         reused = d.evictable * (d.hits / np.maximum(d.queries, 1))  # WorkerLoad.reused_blocks
         held = (d.num_blocks - d.free + d.inflight_blocks + reused) / size

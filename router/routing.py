@@ -12,7 +12,6 @@ alone (router/approximate_prefixes.py), as routers without KV events do.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -282,10 +281,7 @@ class Routing:
         chosen, now = decision.chosen, self.clock()
         # The decode worker holds the prompt's blocks it lacks and the output's; a prefill
         # worker's are its cache once pushed (free to allocate, as the snapshot counts them).
-        blocks = (
-            request.total_blocks - chosen.decode_cached_blocks
-            + math.ceil(request.max_tokens / request.block_size)
-        )  # fmt: skip
+        blocks = request.decode_blocks(chosen.decode_cached_blocks)
         tokens = request.uncached_tokens(chosen.prefill_cached_blocks)
         local = decision.decode_worker == prefiller
         entry = (now, tokens, blocks if local else 0)
