@@ -4,6 +4,7 @@ output lines as they come, Ctrl-C sent to the whole group, and its process tree.
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import re
 import shutil
@@ -74,9 +75,13 @@ class ServeProcess:
         except subprocess.TimeoutExpired:
             # Rare (a few CI runs in dozens, never reproduced by hand): what each thread was
             # doing is what tells where the Ctrl-C went, so it is taken before the kill.
+            # One such run printed its "stopped" line 1.1 s after the signal, then was not
+            # reaped for 30 s and py-spy found nothing to read: a process stuck exiting, which
+            # the kernel's view of its threads (state, wait channel) shows.
             raise AssertionError(
                 f"still running {timeout:.0f} s after Ctrl-C; its threads:\n"
-                f"{_thread_stacks(self.process.pid)}\nits output:\n{self.text()}"
+                f"{_thread_states(self.process.pid)}\n{_thread_stacks(self.process.pid)}\n"
+                f"its output:\n{self.text()}"
             ) from None
         finally:
             exited = time.monotonic() - sent
@@ -107,6 +112,23 @@ def _thread_stacks(pid: int) -> str:
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"(no stacks: {e})"
     return dump.stdout + dump.stderr
+
+
+def _thread_states(pid: int) -> str:
+    """Each thread's state and kernel wait channel (/proc), which a process stuck exiting
+    still has when py-spy can no longer read its memory."""
+    lines = []
+    for task in sorted(glob.glob(f"/proc/{pid}/task/*")):
+        try:
+            with open(f"{task}/stat") as stat, open(f"{task}/wchan") as wchan:
+                comm_state = stat.read().split(") ", 1)
+                state = comm_state[1].split()[0] if len(comm_state) == 2 else "?"
+                lines.append(
+                    f"thread {os.path.basename(task)} {comm_state[0]}) {state} {wchan.read()}"
+                )
+        except OSError as e:
+            lines.append(f"thread {os.path.basename(task)}: {e}")
+    return "\n".join(lines) or f"(no threads under /proc/{pid})"
 
 
 def _alive(process: psutil.Process) -> bool:
