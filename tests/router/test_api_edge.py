@@ -126,28 +126,57 @@ def test_health_answers_while_a_long_prompt_is_tokenized(tmp_path):
     assert latency < 0.25
 
 
+def _signal_when_tokenizing(server: ApiServer) -> threading.Event:
+    """An event set when the server's Tokenize servicer starts encoding a request."""
+    started = threading.Event()
+    tokenizer = server.service._tokenizer
+    encode = tokenizer.encode
+
+    async def encode_and_signal(*args, **kwargs):
+        started.set()
+        return await encode(*args, **kwargs)
+
+    tokenizer.encode = encode_and_signal
+    return started
+
+
+def _first_refusal(target: str, timeout_s: float) -> GenerationError:
+    """The error of the first new RPC refused by a server that is starting to stop (the stop
+    thread may not have run yet on a loaded machine: the RPCs before it succeed)."""
+    deadline = time.monotonic() + timeout_s
+    with GenerationClient(target, timeout=10) as late:
+        while time.monotonic() < deadline:
+            try:
+                late.model_info()
+            except GenerationError as error:
+                # A call that reaches gRPC's core in the instant its shutdown begins is
+                # cancelled there, not refused; the calls after it are refused.
+                if error.code != grpc.StatusCode.CANCELLED:
+                    return error
+            time.sleep(0.05)
+    raise AssertionError(f"the server took new RPCs for {timeout_s} s after its stop began")
+
+
 def test_stop_refuses_new_rpcs_and_lets_running_ones_finish(tmp_path):
     with (
         ApiServer(tmp_path, shutdown_grace_s=60) as server,
         GenerationClient(server.target, timeout=60) as client,
     ):
+        tokenizing = _signal_when_tokenizing(server)
         results: list = []
         worker = threading.Thread(
             target=lambda: results.append(client.tokenize(LONG_TEXT)), daemon=True
         )
         worker.start()
-        time.sleep(0.2)  # the Tokenize RPC is in the server
+        # On a loaded machine the RPC can take longer than any fixed sleep to reach the
+        # server, and a stop that begins first refuses it; so wait for the servicer to run.
+        assert tokenizing.wait(30)
         stopping = threading.Thread(target=server.stop, daemon=True)
         stopping.start()
-        time.sleep(0.2)
-        with (
-            GenerationClient(server.target, timeout=10) as late,
-            pytest.raises(GenerationError) as error,
-        ):
-            late.model_info()
+        refused = _first_refusal(server.target, timeout_s=30)
         worker.join(60)
         stopping.join(60)
-    assert error.value.code == grpc.StatusCode.UNAVAILABLE
+    assert refused.code == grpc.StatusCode.UNAVAILABLE
     assert results and len(results[0]) > 100_000
 
 
