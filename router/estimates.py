@@ -38,24 +38,28 @@ class WorkerLoad:
     num_evictable_blocks: int = 0
     prefix_hit_tokens: int = 0
     prefix_query_tokens: int = 0
+    # The distinct blocks this router sent here within seconds (router/recent_prefixes.py):
+    # the prefixes its requests are using, cached here whether or not a request holds them.
+    recent_blocks: int = 0
     # A hybrid worker (`--hybrid`): it decodes as well as prefills, so a prefill it runs for
     # another worker stalls its own decodes, which the objective prices as a local prefill's.
     hybrid: bool = False
     # (num_running, queued_requests, queued_tokens, num_blocks, num_free_blocks, load, hybrid,
-    # num_evictable_blocks, prefix_hit_tokens, prefix_query_tokens, inflight_blocks): the
-    # option matrix's row of this worker (router/option_matrix.py).
+    # num_evictable_blocks, prefix_hit_tokens, prefix_query_tokens, inflight_blocks,
+    # recent_blocks): the option matrix's row of this worker (router/option_matrix.py).
     numbers: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         numbers = (self.num_running, self.queued_requests, self.queued_tokens, self.num_blocks,
                    self.num_free_blocks, self.load, int(self.hybrid), self.num_evictable_blocks,
                    self.prefix_hit_tokens, self.prefix_query_tokens,
-                   self.inflight_blocks)  # fmt: skip
+                   self.inflight_blocks, self.recent_blocks)  # fmt: skip
         object.__setattr__(self, "numbers", numbers)  # frozen: set once, as __init__ does
 
     @classmethod
     def from_stats(cls, stats, *, healthy: bool = True, inflight: int = 0,
-                   inflight_prompt_tokens: int = 0, inflight_blocks: int = 0) -> WorkerLoad:  # fmt: skip
+                   inflight_prompt_tokens: int = 0, inflight_blocks: int = 0,
+                   recent_blocks: int = 0) -> WorkerLoad:  # fmt: skip
         """From a pdserve.core.messages.WorkerStats (reservations count as waiting requests)."""
         return cls(
             worker_id=stats.worker_id,
@@ -72,6 +76,7 @@ class WorkerLoad:
             num_evictable_blocks=stats.num_evictable_blocks,
             prefix_hit_tokens=stats.prefix_hit_tokens,
             prefix_query_tokens=stats.prefix_query_tokens,
+            recent_blocks=recent_blocks,
         )
 
     @property
@@ -89,12 +94,19 @@ class WorkerLoad:
 
     @property
     def reused_blocks(self) -> float:
-        """The cached blocks no request holds, as many as its requests reuse (its prefix hit
-        rate): counted free, yet a tenant's prefix cached there is taken by the next turn, so
-        filling them evicts what is about to be needed (`objective`'s KV pressure)."""
-        return self.num_evictable_blocks * (
+        """The cached blocks no request holds that requests are about to reuse: counted free,
+        yet a tenant's prefix cached there is taken by its next turn, so filling them evicts
+        what is about to be needed (`objective`'s KV pressure). As many as the worker's prefix
+        hit rate says, or as the blocks routed here within seconds beyond those requests hold
+        (held or in flight), if more: a worker that just took three tenants' cold first turns
+        has a low hit rate, and their next turns reuse all three prefixes."""
+        by_rate = self.num_evictable_blocks * (
             self.prefix_hit_tokens / max(1, self.prefix_query_tokens)
         )
+        unheld = (
+            self.recent_blocks - (self.num_blocks - self.num_free_blocks) - self.inflight_blocks
+        )
+        return max(by_rate, min(self.num_evictable_blocks, max(0, unheld)))
 
 
 @dataclass(frozen=True)
@@ -147,6 +159,13 @@ class Weights:
     # at 0.25, 1.00x (docs/benchmarks/simulation.md, issue 49).
     interference: float = 0.25
     slo_penalty: float = 4.0  # extra cost per unit beyond an SLO: misses are worse than slowness
+    # The TTFT penalty starts this share of the SLO below it, the error of a predicted TTFT at
+    # p90 (queues grow between polls): an option predicted just under the SLO is a likely
+    # miss. With none, `auto` sent 70B rag prompts to a prefill queue predicted at 0.9-1.2 s
+    # (they came out +0.09 s at the median, +0.28 s at p90; 38% missed 1 s) to spare decodes a
+    # stall within their TPOT SLO, and trailed Dynamo's conditional rule, 10.3 against 11.0
+    # req/s; at 0.3, 11.3 (docs/benchmarks/simulation.md, session 9).
+    ttft_margin: float = 0.3
     kv_pressure: float = 2.0  # cost when D's KV occupancy after admission exceeds kv_soft_limit
     kv_soft_limit: float = 0.9
     # A one-off stall is spread over this many decode tokens of each stalled request, or over
@@ -283,7 +302,8 @@ def objective(
     + w.interference * (running * dTPOT + stalled * stall/S) / tpot_slo   D's other requests
                   (stalled: D's requests now plus w.stall_newcomers arriving during the stall;
                   a remote prefill on a hybrid worker stalls that worker's requests alike)
-    + w.slo_penalty * (SLO overshoot of TTFT and TPOT,        a miss costs more than slowness
+    + w.slo_penalty * (SLO overshoot of TTFT (from            a miss costs more than slowness
+                       w.ttft_margin below its SLO) and TPOT,
                        and of D's TPOT with the stall: its decode step plus the local
                        prefill's measured compute spread as in the interference term; of a
                        hybrid prefill worker's, for a remote prefill there)
@@ -297,7 +317,8 @@ def objective(
     milliseconds.
     """
     ttft_n, tpot_n = est.ttft_s / ttft_slo_s, est.tpot_s / tpot_slo_s
-    ttft_miss = max(0.0, ttft_n - 1) if best_ttft_s <= ttft_slo_s else 0.0
+    bar = 1 - w.ttft_margin  # the TTFT the penalty starts at, in SLO units
+    ttft_miss = max(0.0, ttft_n - bar) if best_ttft_s <= ttft_slo_s else 0.0
     before = decode.num_running + decode.queued_requests  # D's batch without this request
     slowdown = est.tpot_s - cost.decode_step_seconds(max(1, before))
     # A local prefill pauses D's running decodes, and the requests queued behind it too.

@@ -18,7 +18,7 @@ import numpy as np
 
 from router.estimates import WorkerLoad
 
-NUMBERS = 11  # WorkerLoad.numbers
+NUMBERS = 12  # WorkerLoad.numbers
 
 
 class LoadRows(list[WorkerLoad]):

@@ -192,17 +192,20 @@ class OptionMatrix:
         tpot_term, tpot_over = (w.tpot * tpot_n)[:, None], np.maximum(0.0, tpot_n - 1)[:, None]
         generated = request.output_blocks
         size = np.maximum(d.num_blocks, 1)  # 0 = unknown size: no term (masked below)
-        reused = d.evictable * (d.hits / np.maximum(d.queries, 1))  # WorkerLoad.reused_blocks
+        by_rate = d.evictable * (d.hits / np.maximum(d.queries, 1))  # WorkerLoad.reused_blocks
+        unheld = np.maximum(0, d.recent - (d.num_blocks - d.free) - d.inflight_blocks)
+        reused = np.maximum(by_rate, np.minimum(d.evictable, unheld))
         held = (d.num_blocks - d.free + d.inflight_blocks + reused) / size
         over = np.maximum(0.0, held + (missing + generated) / size - w.kv_soft_limit)
         over -= np.maximum(0.0, held - w.kv_soft_limit)  # what this request adds
         kv = w.kv_pressure * over / (1 - w.kv_soft_limit)
         kv = np.where(d.num_blocks > 0, kv, 0.0)[:, None]
         # A miss even the best option makes is unavoidable: charged to no option (`objective`).
+        bar = 1 - w.ttft_margin
         avoidable = best_ttft <= slo_t
         # The terms in `objective`'s order.
         ttft_n = ttft / slo_t
-        ttft_miss = np.maximum(0.0, ttft_n - 1) if avoidable else 0.0
+        ttft_miss = np.maximum(0.0, ttft_n - bar) if avoidable else 0.0
         total_ = ttft_n + tpot_term + compute + harm_term
         objective = total_ + w.slo_penalty * (ttft_miss + tpot_over + stall_miss) + kv
         return cls(
@@ -343,7 +346,7 @@ class _Workers:
         self._table = table
         self.cached, self.running, self.queued_requests, self.queued_tokens = table[:4]
         self.num_blocks, self.free, self.load, self.hybrid = table[4:8]
-        self.evictable, self.hits, self.queries, self.inflight_blocks = table[8:]
+        self.evictable, self.hits, self.queries, self.inflight_blocks, self.recent = table[8:]
 
     def rows(self, part: slice) -> _Workers:
         """The workers in `part` (views of these vectors)."""

@@ -118,6 +118,14 @@ class RecentPrefixes:
             found[worker_id] = low
         return found
 
+    def remembered_blocks(self, worker_id: str) -> int:
+        """The distinct blocks routed to the worker within the TTL: the prefixes its requests
+        use now, cached there once computed, held by a request or not. A scan of the worker's
+        table, so made when the worker's load is made anew (router/routing.py), not per option."""
+        self._expire()
+        held = self._held.get(worker_id)
+        return sum(map(self._oldest.__le__, held.serials.values())) if held else 0
+
     def forget(self, worker_id: str) -> None:
         """The worker restarted: whatever it was sent is gone with its old cache."""
         self._held.pop(worker_id, None)  # its remembered routes keep the old table, alone

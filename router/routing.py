@@ -326,9 +326,11 @@ class Routing:
             and known[2:] == (requests, tokens, blocks)
         ):
             return rows[0].of(worker.worker_id)
+        # The recent blocks are read when another input changed (each poll, each route there):
+        # a scan of the worker's remembered blocks, too slow for every worker of every decision.
         load = WorkerLoad.from_stats(
             stats, healthy=healthy, inflight=requests, inflight_prompt_tokens=tokens,
-            inflight_blocks=blocks,
+            inflight_blocks=blocks, recent_blocks=self.recent.remembered_blocks(worker.worker_id),
         )  # fmt: skip
         self._load_inputs[worker.worker_id] = (stats, healthy, requests, tokens, blocks)
         for role_rows in rows:

@@ -46,6 +46,7 @@ def worker_loads(draw, prefix: str, count: int) -> list[WorkerLoad]:
                 num_evictable_blocks=draw(st.integers(0, free)),
                 prefix_hit_tokens=draw(st.integers(0, queries)),
                 prefix_query_tokens=queries,
+                recent_blocks=draw(st.sampled_from([0, 300, num_blocks + 100])),
             )
         )
     return workers

@@ -306,6 +306,28 @@ def test_a_prompt_that_misses_the_ttft_slo_anywhere_does_not_stall_a_decode_work
 
 
 @pytest.mark.parametrize("vectorised", [True, False])
+def test_a_remote_prefill_predicted_just_under_the_ttft_slo_is_priced_as_a_likely_miss(vectorised):
+    # The prefill worker's queue puts a remote TTFT at 0.93 s of a 1 s SLO; a local prefill
+    # takes 0.26 s and stalls D's 24 decodes, whose TPOT stays far under 50 ms. Predictions
+    # run short (70B rag: +0.28 s at p90, docs/benchmarks/simulation.md, session 9), so the
+    # TTFT penalty starts 30% below the SLO: the request is prefilled locally, where with no
+    # margin the stall's price sent it to the queue.
+    cost, slos = calibrated(), RouterConfig(ttft_slo_ms=1000, tpot_slo_ms=50)
+    decode = [worker("d0", num_running=24)]
+
+    def prefilled_on(weights: Weights, queued_tokens: int) -> str | None:
+        queued = [worker("p0", num_waiting=4, waiting_prompt_tokens=queued_tokens)]
+        pol = RoutingPolicy(slos, cost, weights, vectorised=vectorised)
+        return pol.decide(LONG, queued, decode).prefill_worker
+
+    assert Weights().ttft_margin == 0.3
+    assert prefilled_on(Weights(), 2400) is None
+    assert prefilled_on(Weights(ttft_margin=0), 2400) == "p0"
+    # Further from the SLO (0.72 s predicted, near the penalty's start) the queue still wins.
+    assert prefilled_on(Weights(), 1600) == "p0"
+
+
+@pytest.mark.parametrize("vectorised", [True, False])
 def test_a_full_worker_holding_the_prefix_keeps_the_turn_that_adds_little_to_it(vectorised):
     # Saturated multi-tenant serving (docs/benchmarks/routing.md, seventh part): the tenant's
     # home worker runs its users on one cached 256-block prefix, its pool 95% held; another
@@ -348,6 +370,13 @@ def test_a_cold_prefix_goes_where_it_evicts_no_reused_prefix(vectorised):
     chooser = RoutingPolicy(RouterConfig(ttft_slo_ms=400), vectorised=vectorised)
     options = chooser.decide(cold, [], [crowded, roomy]).estimates
     assert options["local@crowded"].terms == options["local@roomy"].terms
+    # Unless the router just sent those prefixes there: at the start, the workers' first
+    # turns were all cold (no hits yet), and the tenants' next turns reuse every prefix.
+    crowded = dataclasses.replace(crowded, recent_blocks=3 * 260)
+    roomy = dataclasses.replace(roomy, recent_blocks=2 * 260)
+    for seed in range(8):
+        chooser = RoutingPolicy(RouterConfig(ttft_slo_ms=400), seed=seed, vectorised=vectorised)
+        assert chooser.decide(cold, [], [crowded, roomy]).decode_worker == "roomy"
 
 
 @pytest.mark.parametrize("vectorised", [True, False])

@@ -39,6 +39,20 @@ def test_a_routed_prefix_counts_for_its_worker_until_it_expires() -> None:
     assert recent.lookup(HASHES, ["p0"]) == {}
 
 
+def test_remembered_blocks_count_each_block_sent_to_a_worker_once() -> None:
+    clock = Clock()
+    recent = RecentPrefixes(ttl_s=5.0, clock=clock)
+    recent.add("p0", HASHES[:3])
+    recent.add("p0", HASHES)  # a longer prompt of the same prefix: one more block
+    recent.add("p1", HASHES[:2])
+    assert (recent.remembered_blocks("p0"), recent.remembered_blocks("p1")) == (4, 2)
+    assert recent.remembered_blocks("p2") == 0
+    clock.now = 4.0
+    recent.add("p0", HASHES[:1])
+    clock.now = 6.0  # the first three routes expired; the renewed block counts
+    assert recent.remembered_blocks("p0") == 1
+
+
 def test_a_restarted_worker_is_forgotten_and_memory_is_bounded() -> None:
     recent = RecentPrefixes(max_blocks=4)
     recent.add("p0", HASHES)
@@ -122,3 +136,5 @@ def test_lookup_answers_what_the_remembered_routes_hold(slack, steps, max_blocks
                     if count:
                         expected[w] = count
                 assert recent.lookup(hashes, ["w0", "w2"]) == expected
+                for w in ("w0", "w1", "w2"):  # the distinct blocks each worker was sent
+                    assert recent.remembered_blocks(w) == sum(1 for v, _ in pairs if v == w)

@@ -240,6 +240,7 @@ def test_each_workers_row_is_its_load_after_polls_routes_failures_and_retries() 
                         inflight=routed.requests if routed else 0,
                         inflight_prompt_tokens=routed.tokens if routed else 0,
                         inflight_blocks=routed.blocks if routed else 0,
+                        recent_blocks=r.recent.remembered_blocks(worker.worker_id),
                     )
                 )
             assert list(rows) == expected
