@@ -201,11 +201,10 @@ class OptionMatrix:
         kv = w.kv_pressure * over / (1 - w.kv_soft_limit)
         kv = np.where(d.num_blocks > 0, kv, 0.0)[:, None]
         # A miss even the best option makes is unavoidable: charged to no option (`objective`).
-        bar = 1 - w.ttft_margin
         avoidable = best_ttft <= slo_t
-        # The terms in `objective`'s order.
+        # The terms in `objective`'s order; the TTFT penalty starts w.ttft_margin below the SLO.
         ttft_n = ttft / slo_t
-        ttft_miss = np.maximum(0.0, ttft_n - bar) if avoidable else 0.0
+        ttft_miss = np.maximum(0.0, ttft_n - (1 - w.ttft_margin)) if avoidable else 0.0
         total_ = ttft_n + tpot_term + compute + harm_term
         objective = total_ + w.slo_penalty * (ttft_miss + tpot_over + stall_miss) + kv
         return cls(

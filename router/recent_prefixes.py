@@ -121,7 +121,7 @@ class RecentPrefixes:
     def remembered_blocks(self, worker_id: str) -> int:
         """The distinct blocks routed to the worker within the TTL: the prefixes its requests
         use now, cached there once computed, held by a request or not. A scan of the worker's
-        table, so made when the worker's load is made anew (router/routing.py), not per option."""
+        table: the router counts them as each poll arrives (router/routing.py), not per decision."""
         self._expire()
         held = self._held.get(worker_id)
         return sum(map(self._oldest.__le__, held.serials.values())) if held else 0

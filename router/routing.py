@@ -70,6 +70,9 @@ class Routing:
         # identity: a poll stores a new WorkerStats (Ray and the planner's VirtualWorker.stats
         # both make one), never edits one.
         self._load_inputs: dict[str, tuple[WorkerStats, bool, int, int, int]] = {}
+        # The distinct blocks routed to each worker within RecentPrefixes' TTL, as of its last
+        # poll (WorkerLoad.recent_blocks).
+        self._recent_blocks: dict[str, int] = {}
         # Each role's loads in pool order, a worker's row replaced as its load changes (a poll's
         # answer, a routed or computed prompt, a change of health: `_load`'s callers), so a
         # decision reads every worker without touching each one.
@@ -326,11 +329,9 @@ class Routing:
             and known[2:] == (requests, tokens, blocks)
         ):
             return rows[0].of(worker.worker_id)
-        # The recent blocks are read when another input changed (each poll, each route there):
-        # a scan of the worker's remembered blocks, too slow for every worker of every decision.
         load = WorkerLoad.from_stats(
             stats, healthy=healthy, inflight=requests, inflight_prompt_tokens=tokens,
-            inflight_blocks=blocks, recent_blocks=self.recent.remembered_blocks(worker.worker_id),
+            inflight_blocks=blocks, recent_blocks=self._recent_blocks.get(worker.worker_id, 0),
         )  # fmt: skip
         self._load_inputs[worker.worker_id] = (stats, healthy, requests, tokens, blocks)
         for role_rows in rows:
@@ -349,6 +350,10 @@ class Routing:
             self.recent.forget(worker.worker_id)
             self.approximate.forget(worker.worker_id)
         self.policy.cost.observe_stats(stats)
+        # Counted as each poll arrives, with the snapshot it goes with: a scan of the worker's
+        # remembered blocks, which made the decision p99 at 64 workers 0.42 -> 0.56-0.81 ms when
+        # made with every route (the blocks routed since the poll are `inflight_blocks`).
+        self._recent_blocks[worker.worker_id] = self.recent.remembered_blocks(worker.worker_id)
         self._load(worker)  # as its answer arrives: no decision makes it
 
 

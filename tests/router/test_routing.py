@@ -168,6 +168,19 @@ def test_a_computed_prompt_stops_counting_as_queued_before_the_next_poll() -> No
     assert r._load(decode).inflight_blocks == 0
 
 
+def test_the_blocks_routed_within_seconds_count_from_the_next_poll() -> None:
+    # WorkerLoad.recent_blocks: the prefixes a worker's requests are using, counted as reused
+    # cache once a poll shows them (until then the routed blocks are `inflight_blocks`).
+    r = routing(disaggregate="never")
+    decode = r.pool.workers["decode-0"]
+    shared = list(range(1000, 1064))  # 4 full blocks every prompt below shares
+    r.choose(shared + list(range(64)), 8, set())
+    r.choose(shared + list(range(100, 164)), 8, set())
+    assert r._load(decode).recent_blocks == 0
+    r.pool.record_stats(decode, decode.stats)
+    assert r._load(decode).recent_blocks == 4 + 4 + 4  # the shared prefix once, two tails
+
+
 def test_a_workers_load_follows_its_stats_health_and_routes() -> None:
     # Routing reuses a worker's WorkerLoad while nothing it is made of changed: each of a new
     # snapshot, a health change and a route must show at the next decision.
@@ -240,7 +253,7 @@ def test_each_workers_row_is_its_load_after_polls_routes_failures_and_retries() 
                         inflight=routed.requests if routed else 0,
                         inflight_prompt_tokens=routed.tokens if routed else 0,
                         inflight_blocks=routed.blocks if routed else 0,
-                        recent_blocks=r.recent.remembered_blocks(worker.worker_id),
+                        recent_blocks=r._recent_blocks.get(worker.worker_id, 0),
                     )
                 )
             assert list(rows) == expected
