@@ -352,8 +352,12 @@ class Routing:
         self.policy.cost.observe_stats(stats)
         # Counted as each poll arrives, with the snapshot it goes with: a scan of the worker's
         # remembered blocks, which made the decision p99 at 64 workers 0.42 -> 0.56-0.81 ms when
-        # made with every route (the blocks routed since the poll are `inflight_blocks`).
-        self._recent_blocks[worker.worker_id] = self.recent.remembered_blocks(worker.worker_id)
+        # made with every route (the blocks routed since the poll are `inflight_blocks`). Not
+        # for a prefill-only worker: KV pressure is charged where requests decode, and its
+        # table, every prompt sent there, is the longest to scan.
+        decodes = worker.role != "prefill"
+        recent = self.recent.remembered_blocks(worker.worker_id) if decodes else 0
+        self._recent_blocks[worker.worker_id] = recent
         self._load(worker)  # as its answer arrives: no decision makes it
 
 

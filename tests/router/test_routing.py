@@ -179,6 +179,13 @@ def test_the_blocks_routed_within_seconds_count_from_the_next_poll() -> None:
     assert r._load(decode).recent_blocks == 0
     r.pool.record_stats(decode, decode.stats)
     assert r._load(decode).recent_blocks == 4 + 4 + 4  # the shared prefix once, two tails
+    # A prefill-only worker holds no request's KV: nothing to count (nor to scan) there.
+    r = routing(disaggregate="always")
+    prefill = r.pool.workers["prefill-0"]
+    r.choose(shared + list(range(64)), 8, set())
+    r.pool.record_stats(prefill, prefill.stats)
+    assert r.recent.remembered_blocks("prefill-0") == 8
+    assert r._load(prefill).recent_blocks == 0
 
 
 def test_a_workers_load_follows_its_stats_health_and_routes() -> None:
