@@ -91,6 +91,10 @@ GROUPS: dict[str, dict[str, tuple[str, str]]] = {
             "pdserve.bench.simulation.fidelity_bench",
             "sim workers vs the real CPU system they model",
         ),
+        "fidelity-worker": (
+            "pdserve.bench.simulation.worker_fidelity",
+            "one real worker (CPU or GPU) vs a sim worker with the profile fitted on it",
+        ),
         "sim-memory": (
             "pdserve.bench.simulation.sim_memory",
             "RSS of sim vs torch workers; 64 sim workers",

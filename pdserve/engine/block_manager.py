@@ -88,6 +88,15 @@ class BlockManager:
     def ref_count(self, block_id: int) -> int:
         return self._ref[block_id]
 
+    def reset_prefix_cache(self) -> None:
+        """Evicts every cached block no request holds, as a new pool would be (vLLM's
+        reset_prefix_cache): a benchmark that serves the same requests twice starts both runs
+        cold. Blocks requests hold stay theirs (and cached)."""
+        while self._evictable:
+            block_id, _ = self._evictable.popitem(last=False)
+            self._evict(block_id)
+            self._free.append(block_id)
+
     # ---- sequence-level operations ------------------------------------------------------
     def acquire_prefix(self, seq: Sequence, max_tokens: int) -> int:
         """Gives a sequence with no blocks the longest cached run of full blocks within its

@@ -1,9 +1,10 @@
 """Fits a `LinearTiming` profile to measured engine steps (issue 14 point 2b: a real engine's
 per-step costs become a `--sim-profile` JSON file).
 
-Least squares of step seconds on (1, prefill tokens, decode sequences, context tokens), kept
-non-negative: a feature whose coefficient comes out negative is dropped (its coefficient is 0)
-and the rest refitted, until all are non-negative (an active-set NNLS, enough for 4 features).
+Least squares of step seconds on (1, prefill tokens, decode sequences, context tokens, whether
+the step computes prompt tokens), kept non-negative: a feature whose coefficient comes out
+negative is dropped (its coefficient is 0) and the rest refitted, until all are non-negative
+(an active-set NNLS, enough for 5 features).
 `fit_spread` keeps how served steps scattered around such a fit (a `StepSpread`: each step's
 measured / fitted time, the gap before it and its fitted time, in recorded order).
 `fit_transfer` fits KV pushes: a fixed cost and a cost per byte.
@@ -17,21 +18,43 @@ from dataclasses import asdict, replace
 
 from pdserve.sim.timing import LinearTiming, StepSpread, StepWork
 
-FEATURES = ("step_s", "prefill_token_s", "decode_seq_s", "context_token_s")
+FEATURES = ("step_s", "prefill_token_s", "decode_seq_s", "context_token_s", "prefill_step_s")
 # Values kept of each measured sequence (the last ones): a calibration's worth of steps of a
 # small model (a few thousand) in a profile file of tens of kB.
 SPREAD_LIMIT = 4096
 
 
 def features(work: StepWork) -> list[float]:
-    return [1.0, work.prefill_tokens, work.decode_seqs, work.context_tokens]
+    return [
+        1.0,
+        work.prefill_tokens,
+        work.decode_seqs,
+        work.context_tokens,
+        1.0 if work.prefill_tokens else 0.0,
+    ]
 
 
-def fit_linear(samples: Iterable[tuple[StepWork, float]]) -> LinearTiming:
+# Reweightings of the median fit: its coefficients settle to a few digits well before.
+MEDIAN_FIT_ROUNDS = 30
+
+
+def fit_linear(samples: Iterable[tuple[StepWork, float]], *, median: bool = False) -> LinearTiming:
     """The non-negative linear step-cost model closest (least squares) to the samples of
-    (step work, measured seconds). ValueError when the samples cannot determine it."""
+    (step work, measured seconds); with `median`, the one of least absolute error (each row
+    reweighted by 1 / sqrt(|its residual|), MEDIAN_FIT_ROUNDS times): the typical step, which
+    a few steps stalled by the host (a GPU engine's launches wait for the CPU) do not drag,
+    where least squares charges their time to whatever feature they happen to share.
+    ValueError when the samples cannot determine it."""
     rows = [(features(work), seconds) for work, seconds in samples]
-    return LinearTiming(**_non_negative_fit(rows, FEATURES))
+    coefficients = _non_negative_fit(rows, FEATURES)
+    for _ in range(MEDIAN_FIT_ROUNDS if median else 0):
+        weighted = []
+        for x, y in rows:
+            residual = abs(y - sum(c * v for c, v in zip(coefficients.values(), x, strict=True)))
+            w = 1 / max(residual, 1e-6 * max(abs(y), 1e-9)) ** 0.5
+            weighted.append(([v * w for v in x], y * w))
+        coefficients = _non_negative_fit(weighted, FEATURES)
+    return LinearTiming(**coefficients)
 
 
 def fit_spread(
@@ -93,10 +116,19 @@ def _median(values: list[float]) -> float:
 
 def _non_negative_fit(rows: list[tuple[list[float], float]], names: tuple[str, ...]) -> dict:
     """{name: coefficient}: least squares over the features of `rows`; a feature whose
-    coefficient comes out negative is dropped (0) and the rest refitted."""
-    active = list(range(len(names)))
+    coefficient comes out negative is dropped (0) and the rest refitted. So is prefill_step_s
+    where no row has it or the others already explain it (every step with prompt tokens has
+    no decode sequence and every other exactly one, say)."""
+    optional = names.index("prefill_step_s") if "prefill_step_s" in names else None
+    active = [i for i in range(len(names)) if i != optional or any(x[i] for x, _ in rows)]
     while True:
-        solution = _least_squares(rows, active, names)
+        try:
+            solution = _least_squares(rows, active, names)
+        except ValueError:
+            if optional not in active:
+                raise
+            active.remove(optional)
+            continue
         negative = [i for i, value in zip(active, solution, strict=True) if value < 0]
         if not negative:
             break

@@ -37,6 +37,8 @@ from pdserve.sim.timing import (
 ANALYTICAL = re.compile(r"analytical:(?P<gpu>[\w-]+)(?::tp(?P<tp>\d+))?")
 KINDS = ("analytical", "linear")
 LINEAR_KEYS = tuple(f.name for f in dataclasses.fields(LinearTiming) if f.name != "spread")
+# Keys a linear profile may leave out (0): files fitted before the coefficient existed.
+OPTIONAL_LINEAR_KEYS = ("prefill_step_s",)
 SPREAD_TABLES = ("decode", "prefill")
 EFFICIENCY_KEYS = tuple(f.name for f in dataclasses.fields(Efficiency))
 
@@ -76,7 +78,9 @@ def parse_profile(spec: str) -> Profile:
     if not isinstance(data, dict) or data.get("kind") not in KINDS:
         raise ProfileError(f'{spec}: needs an object with "kind": one of {", ".join(KINDS)}')
     if data["kind"] == "linear":
-        coefficients = _numbers(data, LINEAR_KEYS, spec, required=True)
+        required = tuple(key for key in LINEAR_KEYS if key not in OPTIONAL_LINEAR_KEYS)
+        coefficients = _numbers(data, required, spec, required=True)
+        coefficients |= _numbers(data, OPTIONAL_LINEAR_KEYS, spec, required=False)
         return LinearTiming(**coefficients, spread=_spread(data.get("spread"), spec))
     efficiency = data.get("efficiency", {})
     if not isinstance(efficiency, dict):

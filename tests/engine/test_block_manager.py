@@ -75,6 +75,21 @@ def test_lru_eviction_emits_removed_and_keeps_recent_prefixes():
     bm.check_invariants()
 
 
+def test_reset_prefix_cache_frees_unheld_blocks_and_keeps_held_ones():
+    bm = BlockManager(8, BS)
+    done, running = seq([1] * 9), seq([2] * 9, 1)
+    for s in (done, running):
+        compute(bm, s)
+    bm.release(done)
+    bm.take_events()
+    bm.reset_prefix_cache()
+    assert [e.kind for e in bm.take_events()] == ["removed"]
+    assert bm.acquire_prefix(seq([1] * 9, 2), 8) == 0  # the released prompt starts cold
+    assert bm.acquire_prefix(seq([2] * 9, 3), 8) == 8  # a running one's blocks stay cached
+    assert bm.num_free_blocks == 8 - len(running.block_table)
+    bm.check_invariants()
+
+
 def test_allocation_is_all_or_nothing():
     bm = BlockManager(3, BS)
     s = seq([1] * 20)

@@ -133,3 +133,15 @@ def test_per_pool_engines():
     assert config.engine_for("prefill").sim.profile == "analytical:a100:tp2"
     assert parse("--engine", "sim").engine_for("decode").kind == "sim"
     assert set(GPUS) == {"a100", "h100", "h200", "l40s"}
+
+
+def test_a_linear_profile_without_the_prompt_step_cost_reads_as_zero(tmp_path):
+    path = tmp_path / "older.json"
+    coefficients = {"step_s": 0.01, "prefill_token_s": 1e-5, "decode_seq_s": 1e-4}
+    path.write_text(json.dumps({"kind": "linear", **coefficients, "context_token_s": 0}))
+    assert parse_profile(str(path)).prefill_step_s == 0.0
+    prompt_step = StepWork.of([Chunk(0, 10, decode=False)], 1)
+    path.write_text(
+        json.dumps({"kind": "linear", **coefficients, "context_token_s": 0, "prefill_step_s": 0.02})
+    )
+    assert parse_profile(str(path)).step_seconds(prompt_step) == pytest.approx(0.01 + 1e-4 + 0.02)

@@ -17,14 +17,17 @@ import math
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from pdserve.client import AsyncGenerationClient, Completion, GenerateParams, GenerationError
 from pdserve.workloads.datasets import BenchRequest
 from pdserve.workloads.metrics import RequestRecord
+
+if TYPE_CHECKING:  # `drive` alone serves `bench fidelity-worker` where no gRPC stack is installed
+    from pdserve.client import AsyncGenerationClient, GenerateParams
 
 
 def arrival_times(
@@ -68,6 +71,8 @@ async def run_load(
     and the gRPC status name in `error_code`, never dropped. `params` adds sampling settings
     (default greedy). The run's duration is `metrics.run_duration(records)`.
     """
+    from pdserve.client import AsyncGenerationClient
+
     async with AsyncGenerationClient(target, api_key=api_key, timeout=timeout) as client:
 
         async def send(request: BenchRequest, record: RequestRecord, slots, on_done) -> None:
@@ -133,6 +138,8 @@ async def _send(
     on_done: Callable[[RequestRecord], None],
 ) -> None:
     async with slots or contextlib.nullcontext():
+        from pdserve.client import Completion, GenerationError
+
         completion = Completion()
         record.send_time = time.perf_counter()
         try:

@@ -76,6 +76,7 @@ def write_profile(
     path: str,
     *,
     every_sample: bool = False,
+    median: bool = False,
     gaps: list[float] | None = None,
     **notes: str,
 ) -> str:
@@ -84,9 +85,10 @@ def write_profile(
     is part of the step's cost), writes the --sim-profile file at `path`; returns a one-line
     summary (the coefficients and the fit's median relative error). With `every_sample` the
     profile also keeps the spread of the samples around the fit and of `gaps`, one per sample
-    (fit_spread)."""
+    (fit_spread); with `median` the fit is the typical step's, least absolute error
+    (fit_linear), and the spread carries the rest."""
     steps = samples if every_sample else fastest_per_work(samples)
-    timing = fit_linear(steps)
+    timing = fit_linear(steps, median=median)
     if every_sample:
         timing = fit_spread(timing, steps, gaps if gaps is not None else [0.0] * len(steps))
     Path(path).write_text(profile_json(timing, **notes) + "\n", encoding="utf-8")
@@ -96,7 +98,8 @@ def write_profile(
         f"step {timing.step_s * 1e3:.3f} ms "
         f"+ {timing.prefill_token_s * 1e6:.2f} us/prefill token "
         f"+ {timing.decode_seq_s * 1e6:.2f} us/decode sequence "
-        f"+ {timing.context_token_s * 1e9:.2f} ns/context token; "
+        f"+ {timing.context_token_s * 1e9:.2f} ns/context token "
+        f"+ {timing.prefill_step_s * 1e3:.3f} ms/step with prompt tokens; "
         f"median error {errors[len(errors) // 2]:.0%}{_spread_summary(timing.spread)}"
     )
 

@@ -12,6 +12,8 @@
   workers started together.
 - `fidelity_bench.py` — `bench fidelity`: sim workers with a profile calibrated on the CPU
   engine vs the real CPU system, same requests.
+- `worker_fidelity.py` — `bench fidelity-worker`: one real worker's engine (CPU or GPU) vs a
+  sim worker with the profile fitted on it, without Ray (runs where only torch is installed).
 - `fidelity_calibration.py` — records the steps and KV pushes of serving workers.
 - `fidelity_eval.py` — the evaluation workloads (not the calibration's) and the real runs'
   bands the sim is judged against.

@@ -199,12 +199,12 @@ def measure(args: argparse.Namespace, say: Any = print) -> dict:
             for key, (rate, requests) in measured.items():
                 for name in run_order(list(served), args.real_repeats):
                     records = _load(served[name], requests, rate, args.seed)
-                    summary = {**_summary(records), "decode_pace": decode_pace(records)}
+                    summary = {**run_summary(records), "decode_pace": decode_pace(records)}
                     if name == "real":
                         repeats[key].append(summary)
                     else:
                         summaries[name][key] = summary
-                    say(f"  {name} {key} at {rate:g}/s: {_line(summary)}")
+                    say(f"  {name} {key} at {rate:g}/s: {summary_line(summary)}")
             summaries["real"] = {key: runs[0] for key, runs in repeats.items()}
             sim_spent = served["sim"].call(take_samples)
             paced = served["sim"].call(pacing)
@@ -347,29 +347,29 @@ def _load(app: Any, requests: list, rate: float | None, seed: int) -> list:
     return asyncio.run(run_load(target, requests, request_rate=rate, seed=seed))
 
 
-def _summary(records: list) -> dict:
+def run_summary(records: list) -> dict:
     from pdserve.workloads.metrics import run_duration, summarize
 
     return summarize(records, run_duration(records)).to_dict()
 
 
-def _line(summary: dict) -> str:
+def summary_line(summary: dict) -> str:
     ttft, tpot, pace = summary["ttft"], summary["tpot"], summary["decode_pace"]
     return (
-        f"TTFT p50 {ttft['p50']:.0f} ms p90 {ttft['p90']:.0f} ms, TPOT p50 {tpot['p50']:.1f} "
+        f"TTFT p50 {ttft['p50']:.1f} ms p90 {ttft['p90']:.1f} ms, TPOT p50 {tpot['p50']:.1f} "
         f"ms p90 {tpot['p90']:.1f} ms (after the 2nd token {pace['p50']:.1f}/{pace['p90']:.1f} "
         f"ms), failed {summary['failed']}"
     )
 
 
-def fidelity_table(result: dict, tolerance: float, system: str = "sim") -> Any:
-    """The table of `system` ("sim", or "sim_mean": the profile without its spread)."""
+def fidelity_table(result: dict, tolerance: float, system: str = "sim", title: str = "") -> Any:
+    """The table of `system` ("sim", or "sim_mean": the profile without its spread); `title`
+    names what was compared (default: sim vs the 1P+1D real CPU system)."""
     from rich.table import Table
 
     which = "sim" if system == "sim" else "sim without the spread (fitted mean)"
-    table = Table(
-        title=f"{which} vs real CPU workers (first real run), 1P+1D (within ±{tolerance:.0%}: ok)"
-    )
+    title = title or f"{which} vs real CPU workers (first real run), 1P+1D"
+    table = Table(title=f"{title} (within ±{tolerance:.0%}: ok)")
     for column in ("workload", "rate/s", "metric", "real ms", "sim ms", "sim/real", ""):
         table.add_column(column, justify="right")
     for key, by_metric in result["ratios" if system == "sim" else "ratios_mean"].items():

@@ -1,0 +1,367 @@
+"""`pdserve bench fidelity-worker`: one real worker's engine against a sim worker whose profile
+was fitted on it, the same requests at the same arrivals (issue 49 point 6, the GPU half).
+
+`bench fidelity` compares whole 1P+1D systems on Ray and needs Ray, Redis and gRPC; this one
+needs only the engine, so it runs where those cannot be installed (a lent GPU machine reaches
+no package registry). In one process:
+1. the real worker: the torch engine on `--device`, run as a serving worker runs it, on its own
+   thread behind `EngineLoop` (pdserve/worker/engine_loop.py), which takes requests between
+   steps and streams each step's tokens to asyncio consumers; its executor is wrapped in
+   `StepRecorder`. Eager steps, one at a time (no compiled decode, no async scheduling): a
+   compiled decode graph is built at the first step of each new shape, mid-run, and a sim
+   step models one step at a time;
+2. calibration: after a warm-up (other requests of every workload below), it serves the mixed
+   workload at `--rates` (requests never measured); every step and the gap before it fit a
+   linear `--sim-profile` with its spread (`write_profile(..., every_sample=True,
+   median=True)`): the typical step by least absolute error, since a GPU engine's steps stall
+   now and then on the host and least squares would charge those stalls to whichever feature
+   they share; the spread walks them back in;
+3. the sim worker: the same engine with `SimExecutor` and that profile (time scale 1), the same
+   KV pool, step budget and batch limit, behind its own `EngineLoop` in the same process;
+4. the evaluation workloads (`fidelity_eval.py`: other lengths, rates and prefix sharing than
+   the calibration's) are served by the real worker `--real-repeats` times around the sim's
+   run; TTFT and TPOT p50/p90 of each, sim / first real run within `--tolerance`, and the sim
+   against the real runs' band widened by 10 %.
+Client times are taken where a worker's token stream hands a step's tokens to its consumer,
+so the router's and gRPC's hops are not in them: they are the same code on both systems.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pdserve.bench.common.local_system import (
+    add_mixed_arguments,
+    add_model_arguments,
+    load_model,
+    mixed_requests,
+)
+from pdserve.bench.simulation.fidelity_eval import (
+    EVAL_WORKLOADS,
+    band_table,
+    bands,
+    eval_rate,
+    eval_requests,
+    parse_eval_workloads,
+    run_order,
+    within_count,
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_model_arguments(p, preset="small")
+    p.add_argument("--device", default="cpu", help="the real worker's device: cpu, cuda, cuda:N")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--rates", default="2,4", help="calibration rates (req/s), comma separated")
+    p.add_argument("--num-requests", type=int, default=100, help="requests per run")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--warm-up-requests",
+        type=int,
+        default=32,
+        help="of the calibration mix and of each measured workload, other requests served "
+        "before anything is recorded",
+    )
+    add_mixed_arguments(
+        p, long_fraction=0.2, long_input=1024, long_output=16, short_input=64, short_output=64
+    )
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048, help="step token budget")
+    p.add_argument("--max-num-seqs", type=int, default=128, help="sequences per step at most")
+    p.add_argument(
+        "--num-kv-blocks", type=int, default=4096, help="KV blocks of both workers (16 tokens)"
+    )
+    p.add_argument(
+        "--eval-workloads",
+        default="short,long,prefix",
+        help="the measured workloads: "
+        + "; ".join(f"{name}: {w.about}" for name, w in EVAL_WORKLOADS.items()),
+    )
+    p.add_argument(
+        "--real-repeats",
+        type=int,
+        default=2,
+        help="the real worker serves each measured workload this many times, around the sim's "
+        "run; from 2, each percentile is also judged against the real runs' band widened by 10%%",
+    )
+    p.add_argument(
+        "--tolerance", type=float, default=0.1, help="sim/real within 1 +- this counts as agreeing"
+    )
+    p.add_argument("--profile-out", help="keep the fitted profile in this file")
+    p.add_argument("--json", help="write both workers' summaries and the ratios to this file")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from pdserve.bench.simulation.fidelity_bench import fidelity_table
+
+    console = Console()
+    if min(args.num_requests, args.real_repeats, args.warm_up_requests) < 1:
+        raise SystemExit("--num-requests, --real-repeats and --warm-up-requests must be >= 1")
+    try:
+        parse_eval_workloads(args.eval_workloads)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    if args.profile_out and not Path(args.profile_out).parent.is_dir():
+        raise SystemExit(f"--profile-out {args.profile_out}: no such directory")
+    result = asyncio.run(measure(args, console.print))
+    title = f"sim vs one real worker on {result['device']} (first real run)"
+    console.print(fidelity_table(result, args.tolerance, title=title))
+    if "bands" in result:
+        console.print(band_table(result))
+        count = result["within_band"]
+        console.print(
+            f"sim within the real band widened by 10%: {count['within']} of {count['of']}"
+        )
+    within = sum(
+        abs(ratio - 1) <= args.tolerance for rows in result["ratios"].values() for ratio in
+        rows.values()
+    )  # fmt: skip
+    total = sum(len(rows) for rows in result["ratios"].values())
+    console.print(f"sim / first real run within ±{args.tolerance:.0%}: {within} of {total}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    runs = [*result["sim"].values(), *(s for r in result["real_repeats"].values() for s in r)]
+    return 0 if sum(s["failed"] for s in runs) == 0 else 1
+
+
+async def measure(args: argparse.Namespace, say: Callable[[str], Any] = print) -> dict:
+    """Calibrates a profile on the real worker, then serves every evaluation workload on both;
+    returns the summaries, ratios and bands in `bench fidelity`'s layout ("real", "sim",
+    "real_repeats", "ratios", "rates", "bands", "within_band", "diagnosis"), plus the profile,
+    the device and what each worker's measured steps cost."""
+    from pdserve.bench.engine.step_recorder import StepRecorder, write_profile
+    from pdserve.bench.simulation.fidelity_bench import (
+        decode_pace,
+        ratios,
+        run_summary,
+        spread_of,
+        step_costs,
+        summary_line,
+    )
+    from pdserve.engine_config import SimConfig
+    from pdserve.sim.profiles import parse_profile
+
+    model_dir, model_config = load_model(args)
+    rates = [float(r) for r in args.rates.split(",")]
+    names = parse_eval_workloads(args.eval_workloads)
+    measured = {
+        name: (eval_rate(name, rates), eval_requests(name, model_config, args.num_requests,
+                                                     args.seed + 100 + i))
+        for i, name in enumerate(names)
+    }  # fmt: skip
+    calibration = {
+        rate: mixed_requests(args, model_config, args.num_requests, args.seed + i)
+        for i, rate in enumerate(rates)
+    }
+    # Other requests of the calibration mix and of every measured workload, each at its rate:
+    # what a GPU engine pays the first time it meets a shape (kernel selection, compilations,
+    # the allocator growing) is paid before anything is recorded, as in a server that has
+    # served such traffic before.
+    warm_up = [
+        (max(rates), mixed_requests(args, model_config, args.warm_up_requests, args.seed + 7_000))
+    ]
+    warm_up += [
+        (rate, eval_requests(name, model_config, args.warm_up_requests, args.seed + 7_001 + i))
+        for i, (name, (rate, _)) in enumerate(measured.items())
+    ]
+    profile = args.profile_out or str(Path(tempfile.mkdtemp()) / "worker-profile.json")
+    with contextlib.ExitStack() as stack:
+        real = stack.enter_context(_served(_engine(args, model_dir)))
+        say(f"[bold]real[/bold]: one torch worker on {args.device}, eager steps; calibrating")
+        for rate, requests in warm_up:
+            await _serve(real, requests, rate, args.seed)
+        real.engine.executor = recorder = StepRecorder(real.engine.executor)
+        spent: list[tuple[str, str, list, list]] = []  # (system, run, steps, gaps) of each run
+        for rate, requests in calibration.items():
+            records = await _serve(real, requests, rate, args.seed)
+            summary = {**run_summary(records), "decode_pace": decode_pace(records)}
+            say(f"  calibration at {rate:g}/s: {summary_line(summary)}")
+            spent.append(("real", f"calibration at {rate:g}/s", *recorder.take()))
+        steps = [step for run in spent for step in run[2]]
+        gaps = [gap for run in spent for gap in run[3]]
+        notes = {"device": args.device, "model": str(model_dir), "dtype": args.dtype}
+        say(write_profile(steps, profile, every_sample=True, median=True, gaps=gaps, **notes))
+        sim = stack.enter_context(_served(_engine(args, model_dir, sim=SimConfig(profile=profile))))
+        for rate, requests in warm_up:
+            await _serve(sim, requests, rate, args.seed)
+        sim.engine.executor = sim_recorder = StepRecorder(sim.engine.executor)
+        paced_before = _pacing(sim.engine)
+        served = {"real": (real, recorder), "sim": (sim, sim_recorder)}
+        summaries: dict[str, dict] = {}
+        repeats: dict[str, list[dict]] = {name: [] for name in measured}
+        for name, (rate, requests) in measured.items():
+            for system in run_order(list(served), args.real_repeats):
+                records = await _serve(served[system][0], requests, rate, args.seed)
+                summary = {**run_summary(records), "decode_pace": decode_pace(records)}
+                if system == "real":
+                    repeats[name].append(summary)
+                else:
+                    summaries[name] = summary
+                say(f"  {system} {name} at {rate:g}/s: {summary_line(summary)}")
+                spent.append((system, name, *served[system][1].take()))
+        paced = _pacing(sim.engine)
+    timing = parse_profile(profile)
+    diagnosis = {}
+    for system in served:
+        measured_runs = [run for run in spent if run[0] == system and run[1] in measured]
+        steps = [step for run in measured_runs for step in run[2]]
+        gaps = [gap for run in measured_runs for gap in run[3]]
+        diagnosis[system] = {
+            "steps": step_costs(steps, timing),
+            "spread": spread_of(steps, gaps, timing),
+        }
+    diagnosis["sim"]["pacing"] = {key: round(paced[key] - paced_before[key], 4) for key in paced}
+    say(f"measured runs: {diagnosis}")
+    first_real = {name: runs[0] for name, runs in repeats.items()}
+    result = {
+        "device": _device_name(args.device),
+        "profile": json.loads(Path(profile).read_text()),
+        "rates": {name: rate for name, (rate, _) in measured.items()},
+        "real": first_real,
+        "real_repeats": repeats,
+        "sim": summaries,
+        "ratios": {name: ratios(first_real[name], summaries[name]) for name in measured},
+        "diagnosis": diagnosis,
+        "runs": [
+            _run_steps(system, run, steps, gaps, timing) for system, run, steps, gaps in spent
+        ],
+        "sample_fields": SAMPLE_FIELDS,
+    }
+    if args.real_repeats >= 2:
+        result["bands"] = {name: bands(runs, summaries[name]) for name, runs in repeats.items()}
+        result["within_band"] = within_count(result["bands"])
+    return result
+
+
+def _run_steps(system: str, run: str, steps: list, gaps: list[float], timing: Any) -> dict:
+    """One run's steps: their measured seconds against the profile's, and (the real worker's)
+    every step as SAMPLE_FIELDS, so another step model can be fitted and judged on them
+    afterwards."""
+    from pdserve.bench.simulation.fidelity_bench import step_costs
+
+    steps_of_run = {"system": system, "run": run, **step_costs(steps, timing)}
+    if system == "real":
+        steps_of_run["samples"] = [_sample(w, s, g) for (w, s), g in zip(steps, gaps, strict=True)]
+    return steps_of_run
+
+
+SAMPLE_FIELDS = (
+    "prompt tokens",
+    "decode sequences",
+    "context tokens",
+    "prompt chunks",
+    "longest prompt chunk",
+    "ms",
+    "ms of gap before it",
+)
+
+
+def _sample(work: Any, seconds: float, gap: float) -> list:
+    prompt_chunks = [chunk.new for chunk in work.chunks if not chunk.decode]
+    return [
+        work.prefill_tokens,
+        work.decode_seqs,
+        work.context_tokens,
+        len(prompt_chunks),
+        max(prompt_chunks, default=0),
+        round(seconds * 1e3, 3),
+        round(gap * 1e3, 3),
+    ]
+
+
+def _engine(args: argparse.Namespace, model_dir: Path, sim: Any = None) -> Any:
+    """The real worker's engine, or with `sim` (a SimConfig) the sim worker's: the same limits."""
+    from pdserve.engine.engine import LLMEngine
+    from pdserve.engine_config import EngineConfig
+
+    limits = {
+        "model": str(model_dir),
+        "block_size": 16,
+        "num_kv_blocks": args.num_kv_blocks,
+        "max_num_seqs": args.max_num_seqs,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "dtype": args.dtype,
+    }
+    if sim is not None:
+        config = EngineConfig(**limits, kind="sim", sim=sim)
+    else:
+        config = EngineConfig(**limits, device=args.device, compile=False, async_scheduling=False)
+    # As the serving workers run it (pdserve/worker/worker_runtime.py): token ids out.
+    return LLMEngine(config, emit_text=False)
+
+
+@contextlib.contextmanager
+def _served(engine: Any) -> Any:
+    """`engine` on its own thread behind an EngineLoop bound to the running event loop."""
+    from pdserve.worker.engine_loop import EngineLoop
+
+    loop = EngineLoop(engine, asyncio.get_running_loop())
+    try:
+        yield loop
+    finally:
+        loop.stop()
+
+
+async def _serve(loop: Any, requests: list, rate: float, seed: int) -> list:
+    """The records of `requests` sent open-loop (Poisson) at `rate`, from a cold
+    prefix cache: each run of the same requests finds what its own requests cached, no more."""
+    from pdserve.bench.common.load_generator import drive
+
+    await loop.acall(loop.engine.block_manager.reset_prefix_cache)
+
+    async def send(request: Any, record: Any, slots: Any, on_done: Callable) -> None:
+        async with slots or contextlib.nullcontext():
+            await _send(loop, request, record)
+            on_done(record)
+
+    return await drive(requests, send, request_rate=rate, seed=seed)
+
+
+async def _send(loop: Any, request: Any, record: Any) -> None:
+    """One request through the worker's engine loop, each step's tokens stamped as they reach
+    this consumer (what a worker's token stream hands on)."""
+    from pdserve.core.sampling_params import SamplingParams
+    from pdserve.worker.engine_loop import END_OF_STREAM
+
+    params = SamplingParams(max_tokens=request.output_len, ignore_eos=True)
+    stream = loop.open_stream(record.request_id)
+    record.send_time = time.perf_counter()
+    await loop.acall(lambda: loop.engine.add_request(record.request_id, request.prompt, params))
+    while True:
+        item = await stream.get()
+        now = time.perf_counter()
+        if item is END_OF_STREAM:
+            record.error_code, record.error = "FINISH_ABORT", loop.failure or "aborted"
+            break
+        if item.new_token_ids:
+            record.chunk_times.append(now)
+            record.chunk_tokens.append(len(item.new_token_ids))
+        if item.ends_request:
+            record.finish_reason = item.finish_reason
+            record.ok = item.finish_reason in ("stop", "length")
+            break
+    record.end_time = time.perf_counter()
+
+
+def _pacing(engine: Any) -> dict[str, float]:
+    from pdserve.bench.simulation.fidelity_calibration import PACING
+
+    stats = engine.executor.stats()
+    return {key: stats.get(key, 0.0) for key in PACING}
+
+
+def _device_name(device: str) -> str:
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.get_device_name(torch.device(device))
+    return "cpu"
