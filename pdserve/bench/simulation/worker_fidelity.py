@@ -7,9 +7,9 @@ no package registry). In one process:
 1. the real worker: the torch engine on `--device`, run as a serving worker runs it, on its own
    thread behind `EngineLoop` (pdserve/worker/engine_loop.py), which takes requests between
    steps and streams each step's tokens to asyncio consumers; its executor is wrapped in
-   `StepRecorder`. Eager steps, one at a time (no compiled decode, no async scheduling): a
-   compiled decode graph is built at the first step of each new shape, mid-run, and a sim
-   step models one step at a time;
+   `StepRecorder`. Steps one at a time (no async scheduling: a sim step models one step at a
+   time), eager unless `--compile` (a compiled decode graph is built at the first step of each
+   new batch size, mid-run, unless the warm-up met it);
 2. calibration: after a warm-up (other requests of every workload below), it serves the mixed
    workload at `--rates` (requests never measured); every step and the gap before it fit a
    linear `--sim-profile` with its spread (`write_profile(..., every_sample=True,
@@ -44,6 +44,15 @@ from pdserve.bench.common.local_system import (
     load_model,
     mixed_requests,
 )
+from pdserve.bench.simulation.fidelity_bench import (
+    decode_pace,
+    fidelity_table,
+    ratios,
+    run_summary,
+    spread_of,
+    step_costs,
+    summary_line,
+)
 from pdserve.bench.simulation.fidelity_eval import (
     EVAL_WORKLOADS,
     band_table,
@@ -53,6 +62,24 @@ from pdserve.bench.simulation.fidelity_eval import (
     parse_eval_workloads,
     run_order,
     within_count,
+)
+
+# What decides a run's requests and the workers' limits: kept in --json, read back by --replay.
+WORKLOAD_ARGS = (
+    "rates",
+    "num_requests",
+    "seed",
+    "warm_up_requests",
+    "mixed_long_fraction",
+    "mixed_long_input_len",
+    "mixed_long_output_len",
+    "mixed_short_input_len",
+    "mixed_short_output_len",
+    "max_num_batched_tokens",
+    "max_num_seqs",
+    "num_kv_blocks",
+    "eval_workloads",
+    "dtype",
 )
 
 
@@ -94,14 +121,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--tolerance", type=float, default=0.1, help="sim/real within 1 +- this counts as agreeing"
     )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="the real worker's decode-only steps as compiled CUDA graphs (the warm-up builds "
+        "the graphs of the batch sizes it meets; still one step at a time)",
+    )
     p.add_argument("--profile-out", help="keep the fitted profile in this file")
+    p.add_argument(
+        "--replay",
+        metavar="JSON",
+        help="serve only the sim worker, on the requests of this earlier --json file, judged "
+        "against its real runs (a step model tried on a lent GPU's runs after the lease)",
+    )
+    p.add_argument("--sim-profile", help="with --replay: the sim's profile (default: the file's)")
+    p.add_argument(
+        "--refit",
+        action="store_true",
+        help="with --replay: the profile fitted now, as this bench fits, on the file's recorded "
+        "calibration steps",
+    )
     p.add_argument("--json", help="write both workers' summaries and the ratios to this file")
 
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
-
-    from pdserve.bench.simulation.fidelity_bench import fidelity_table
 
     console = Console()
     if min(args.num_requests, args.real_repeats, args.warm_up_requests) < 1:
@@ -112,7 +156,9 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(str(e)) from None
     if args.profile_out and not Path(args.profile_out).parent.is_dir():
         raise SystemExit(f"--profile-out {args.profile_out}: no such directory")
-    result = asyncio.run(measure(args, console.print))
+    if args.replay and not Path(args.replay).is_file():
+        raise SystemExit(f"--replay {args.replay}: no such file")
+    result = asyncio.run((replay if args.replay else measure)(args, console.print))
     title = f"sim vs one real worker on {result['device']} (first real run)"
     console.print(fidelity_table(result, args.tolerance, title=title))
     if "bands" in result:
@@ -139,51 +185,22 @@ async def measure(args: argparse.Namespace, say: Callable[[str], Any] = print) -
     "real_repeats", "ratios", "rates", "bands", "within_band", "diagnosis"), plus the profile,
     the device and what each worker's measured steps cost."""
     from pdserve.bench.engine.step_recorder import StepRecorder, write_profile
-    from pdserve.bench.simulation.fidelity_bench import (
-        decode_pace,
-        ratios,
-        run_summary,
-        spread_of,
-        step_costs,
-        summary_line,
-    )
     from pdserve.engine_config import SimConfig
     from pdserve.sim.profiles import parse_profile
 
     model_dir, model_config = load_model(args)
-    rates = [float(r) for r in args.rates.split(",")]
-    names = parse_eval_workloads(args.eval_workloads)
-    measured = {
-        name: (eval_rate(name, rates), eval_requests(name, model_config, args.num_requests,
-                                                     args.seed + 100 + i))
-        for i, name in enumerate(names)
-    }  # fmt: skip
-    calibration = {
-        rate: mixed_requests(args, model_config, args.num_requests, args.seed + i)
-        for i, rate in enumerate(rates)
-    }
-    # Other requests of the calibration mix and of every measured workload, each at its rate:
-    # what a GPU engine pays the first time it meets a shape (kernel selection, compilations,
-    # the allocator growing) is paid before anything is recorded, as in a server that has
-    # served such traffic before.
-    warm_up = [
-        (max(rates), mixed_requests(args, model_config, args.warm_up_requests, args.seed + 7_000))
-    ]
-    warm_up += [
-        (rate, eval_requests(name, model_config, args.warm_up_requests, args.seed + 7_001 + i))
-        for i, (name, (rate, _)) in enumerate(measured.items())
-    ]
+    measured, calibration, warm_up = _workloads(args, model_config)
     profile = args.profile_out or str(Path(tempfile.mkdtemp()) / "worker-profile.json")
     with contextlib.ExitStack() as stack:
         real = stack.enter_context(_served(_engine(args, model_dir)))
-        say(f"[bold]real[/bold]: one torch worker on {args.device}, eager steps; calibrating")
+        kind = "compiled decode" if args.compile else "eager steps"
+        say(f"[bold]real[/bold]: one torch worker on {args.device}, {kind}; calibrating")
         for rate, requests in warm_up:
             await _serve(real, requests, rate, args.seed)
         real.engine.executor = recorder = StepRecorder(real.engine.executor)
         spent: list[tuple[str, str, list, list]] = []  # (system, run, steps, gaps) of each run
         for rate, requests in calibration.items():
-            records = await _serve(real, requests, rate, args.seed)
-            summary = {**run_summary(records), "decode_pace": decode_pace(records)}
+            summary = await _served_summary(real, requests, rate, args.seed)
             say(f"  calibration at {rate:g}/s: {summary_line(summary)}")
             spent.append(("real", f"calibration at {rate:g}/s", *recorder.take()))
         steps = [step for run in spent for step in run[2]]
@@ -200,8 +217,7 @@ async def measure(args: argparse.Namespace, say: Callable[[str], Any] = print) -
         repeats: dict[str, list[dict]] = {name: [] for name in measured}
         for name, (rate, requests) in measured.items():
             for system in run_order(list(served), args.real_repeats):
-                records = await _serve(served[system][0], requests, rate, args.seed)
-                summary = {**run_summary(records), "decode_pace": decode_pace(records)}
+                summary = await _served_summary(served[system][0], requests, rate, args.seed)
                 if system == "real":
                     repeats[name].append(summary)
                 else:
@@ -221,33 +237,120 @@ async def measure(args: argparse.Namespace, say: Callable[[str], Any] = print) -
         }
     diagnosis["sim"]["pacing"] = {key: round(paced[key] - paced_before[key], 4) for key in paced}
     say(f"measured runs: {diagnosis}")
-    first_real = {name: runs[0] for name, runs in repeats.items()}
-    result = {
+    return {
+        "args": {key: getattr(args, key) for key in WORKLOAD_ARGS},
         "device": _device_name(args.device),
         "profile": json.loads(Path(profile).read_text()),
-        "rates": {name: rate for name, (rate, _) in measured.items()},
-        "real": first_real,
-        "real_repeats": repeats,
-        "sim": summaries,
-        "ratios": {name: ratios(first_real[name], summaries[name]) for name in measured},
+        **_judged(measured, repeats, summaries),
         "diagnosis": diagnosis,
         "runs": [
             _run_steps(system, run, steps, gaps, timing) for system, run, steps, gaps in spent
         ],
         "sample_fields": SAMPLE_FIELDS,
     }
-    if args.real_repeats >= 2:
-        result["bands"] = {name: bands(runs, summaries[name]) for name, runs in repeats.items()}
-        result["within_band"] = within_count(result["bands"])
-    return result
+
+
+async def replay(args: argparse.Namespace, say: Callable[[str], Any] = print) -> dict:
+    """The sim worker alone, with `--sim-profile` (default: the file's own), on the requests of
+    a previous run's `--json` file (`--replay`), judged against that run's real worker: a step
+    model is tried against a lent GPU's real runs on any machine, after the lease."""
+    from pdserve.engine_config import SimConfig
+
+    previous = {**json.loads(Path(args.replay).read_text()), "replayed_from": args.replay}
+    for key, value in previous.get("args", {}).items():
+        setattr(args, key, value)  # the requests and limits of that run
+    model_dir, model_config = load_model(args)
+    measured, _, warm_up = _workloads(args, model_config)
+    rates = {name: rate for name, (rate, _) in measured.items()}
+    if rates != previous["rates"]:
+        raise SystemExit(
+            f"--replay {args.replay}: measured {previous['rates']}, these args {rates}"
+        )
+    profile = args.sim_profile
+    if args.refit:
+        profile = str(Path(tempfile.mkdtemp()) / "refitted-profile.json")
+        say(_refit(previous, profile))
+    elif not profile:
+        profile = str(Path(tempfile.mkdtemp()) / "replayed-profile.json")
+        Path(profile).write_text(json.dumps(previous["profile"]), encoding="utf-8")
+    summaries = {}
+    with _served(_engine(args, model_dir, sim=SimConfig(profile=profile))) as sim:
+        for rate, requests in warm_up:
+            await _serve(sim, requests, rate, args.seed)
+        for name, (rate, requests) in measured.items():
+            summaries[name] = await _served_summary(sim, requests, rate, args.seed)
+            say(f"  sim {name} at {rate:g}/s: {summary_line(summaries[name])}")
+    return {
+        "replayed_from": args.replay,
+        "device": previous["device"],
+        "profile": json.loads(Path(profile).read_text()),
+        **_judged(measured, previous["real_repeats"], summaries),
+    }
+
+
+def _refit(previous: dict, path: str) -> str:
+    """Fits the recorded calibration steps of a `--json` file as this bench fits them now
+    (`write_profile`, median fit, spread) into `path`; returns write_profile's summary. The
+    linear model reads only a step's totals, which the samples hold, so the fit is exact."""
+    from pdserve.bench.engine.step_recorder import write_profile
+
+    fields = previous.get("sample_fields", SAMPLE_FIELDS[:3] + SAMPLE_FIELDS[-2:])
+    recorded = [
+        dict(zip(fields, sample, strict=True))
+        for run in previous.get("runs", [])
+        if run["system"] == "real" and run["run"].startswith("calibration")
+        for sample in run["samples"]
+    ]
+    if not recorded:
+        raise SystemExit(f"--refit: {previous['replayed_from']} holds no calibration steps")
+    steps = [(_work_of(sample), sample["ms"] / 1e3) for sample in recorded]
+    gaps = [sample["ms of gap before it"] / 1e3 for sample in recorded]
+    notes = {key: previous["profile"][key] for key in ("device", "model", "dtype")}
+    return write_profile(steps, path, every_sample=True, median=True, gaps=gaps, **notes)
+
+
+def _work_of(sample: dict) -> Any:
+    """A StepWork with a sample's totals: its prompt chunks (one, in files from before chunks
+    were recorded) and decode sequences, the context beyond the prompt tokens shared among the
+    decodes (or, with none, before the first chunk)."""
+    from pdserve.sim.timing import Chunk, StepWork
+
+    prompt, decodes = sample["prompt tokens"], sample["decode sequences"]
+    count = sample.get("prompt chunks", 1 if prompt else 0)
+    context = sample["context tokens"] - prompt
+    chunks = [
+        Chunk(
+            context if i == 0 and not decodes else 0, prompt // count + (i < prompt % count), False
+        )
+        for i in range(count)
+    ]
+    chunks += [
+        Chunk(context // decodes + (i < context % decodes) - 1, 1, True) for i in range(decodes)
+    ]
+    return StepWork.of(chunks, decodes + count)
+
+
+def _judged(measured: dict, repeats: dict[str, list[dict]], sims: dict[str, dict]) -> dict:
+    """Rates, the real runs (the first and all), the sim's, sim / first real run, and from two
+    real runs the bands."""
+    first_real = {name: runs[0] for name, runs in repeats.items()}
+    judged = {
+        "rates": {name: rate for name, (rate, _) in measured.items()},
+        "real": first_real,
+        "real_repeats": repeats,
+        "sim": sims,
+        "ratios": {name: ratios(first_real[name], sims[name]) for name in measured},
+    }
+    if min(len(runs) for runs in repeats.values()) >= 2:
+        judged["bands"] = {name: bands(runs, sims[name]) for name, runs in repeats.items()}
+        judged["within_band"] = within_count(judged["bands"])
+    return judged
 
 
 def _run_steps(system: str, run: str, steps: list, gaps: list[float], timing: Any) -> dict:
     """One run's steps: their measured seconds against the profile's, and (the real worker's)
     every step as SAMPLE_FIELDS, so another step model can be fitted and judged on them
     afterwards."""
-    from pdserve.bench.simulation.fidelity_bench import step_costs
-
     steps_of_run = {"system": system, "run": run, **step_costs(steps, timing)}
     if system == "real":
         steps_of_run["samples"] = [_sample(w, s, g) for (w, s), g in zip(steps, gaps, strict=True)]
@@ -278,6 +381,34 @@ def _sample(work: Any, seconds: float, gap: float) -> list:
     ]
 
 
+def _workloads(args: argparse.Namespace, model_config: dict) -> tuple:
+    """({workload: (rate, requests)} measured, {rate: requests} of the calibration, [(rate,
+    requests)] of the warm-up): the same arguments give the same requests."""
+    rates = [float(r) for r in args.rates.split(",")]
+    names = parse_eval_workloads(args.eval_workloads)
+    measured = {
+        name: (eval_rate(name, rates), eval_requests(name, model_config, args.num_requests,
+                                                     args.seed + 100 + i))
+        for i, name in enumerate(names)
+    }  # fmt: skip
+    calibration = {
+        rate: mixed_requests(args, model_config, args.num_requests, args.seed + i)
+        for i, rate in enumerate(rates)
+    }
+    # Other requests of the calibration mix and of every measured workload, each at its rate:
+    # what a GPU engine pays the first time it meets a shape (kernel selection, compilations,
+    # the allocator growing) is paid before anything is recorded, as in a server that has
+    # served such traffic before.
+    warm_up = [
+        (max(rates), mixed_requests(args, model_config, args.warm_up_requests, args.seed + 7_000))
+    ]
+    warm_up += [
+        (rate, eval_requests(name, model_config, args.warm_up_requests, args.seed + 7_001 + i))
+        for i, (name, (rate, _)) in enumerate(measured.items())
+    ]
+    return measured, calibration, warm_up
+
+
 def _engine(args: argparse.Namespace, model_dir: Path, sim: Any = None) -> Any:
     """The real worker's engine, or with `sim` (a SimConfig) the sim worker's: the same limits."""
     from pdserve.engine.engine import LLMEngine
@@ -294,7 +425,9 @@ def _engine(args: argparse.Namespace, model_dir: Path, sim: Any = None) -> Any:
     if sim is not None:
         config = EngineConfig(**limits, kind="sim", sim=sim)
     else:
-        config = EngineConfig(**limits, device=args.device, compile=False, async_scheduling=False)
+        config = EngineConfig(
+            **limits, device=args.device, compile=args.compile, async_scheduling=False
+        )
     # As the serving workers run it (pdserve/worker/worker_runtime.py): token ids out.
     return LLMEngine(config, emit_text=False)
 
@@ -324,6 +457,12 @@ async def _serve(loop: Any, requests: list, rate: float, seed: int) -> list:
             on_done(record)
 
     return await drive(requests, send, request_rate=rate, seed=seed)
+
+
+async def _served_summary(loop: Any, requests: list, rate: float, seed: int) -> dict:
+    """`bench fidelity`'s summary of one run (with the decode pace after the second token)."""
+    records = await _serve(loop, requests, rate, seed)
+    return {**run_summary(records), "decode_pace": decode_pace(records)}
 
 
 async def _send(loop: Any, request: Any, record: Any) -> None:
