@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import math
+import statistics
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -95,6 +96,10 @@ class ProbeResult:
     # Requests prefilled on another worker than their decode worker, of those routed: how
     # far `auto` disaggregated (0 colocated, 1 a split under `always`).
     remote_share: float = 0.0
+    # The median TTFT of the last quarter of the arrivals over that of the second quarter
+    # (`ttft_growth`): near 1 while queues hold steady, well above it while one builds through
+    # the probe, which a longer probe would carry past the SLO (Search._probe).
+    ttft_growth: float = 1.0
 
 
 class _Verdict:
@@ -245,5 +250,26 @@ def run_probe(
         decode_utilisation=cluster.utilisation("decode", elapsed),
         peak_batch=cluster.peak_running() / deployment.engine_config.max_num_seqs,
         remote_share=_remote_share(runs),
+        ttft_growth=ttft_growth(runs, rate, cluster.loop.now),
     )
     return result, runs
+
+
+def ttft_growth(runs: list[VirtualRequest], rate: float, now: float) -> float:
+    """Median TTFT of the requests that arrived in the last quarter of the probe's arrivals over
+    that of the second quarter (the first fills an empty cluster); a request still without its
+    first token at `now` counts the time it has waited. 1.0 with fewer than 8 arrivals."""
+    arrived = sorted(
+        (r.probe.unit_arrival / rate, r.record.ttft)
+        for r in runs
+        if r.probe.unit_arrival / rate <= now
+    )
+    n = len(arrived)
+    if n < 8:
+        return 1.0
+
+    def waited(quarter: list[tuple[float, float | None]]) -> float:
+        return statistics.median(now - sent if ttft is None else ttft for sent, ttft in quarter)
+
+    second = waited(arrived[n // 4 : n // 2])
+    return waited(arrived[3 * n // 4 :]) / second if second > 0 else 1.0

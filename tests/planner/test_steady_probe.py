@@ -1,13 +1,19 @@
-"""A pass whose busiest worker came near a full batch is judged again on a longer probe, and the
-split on probes that long from then on (Search._probe): a short probe ends before the queue
-behind a full batch builds."""
+"""A pass whose busiest worker came near a full batch, or whose last arrivals waited much longer
+for their first token than earlier ones, is judged again on a longer probe, and the split on
+probes that long from then on (Search._probe): a short probe ends before the queue behind a
+full batch, or before a prefill queue, builds past the SLO."""
 
 from __future__ import annotations
 
 from pdserve.config import RouterConfig
 from pdserve.planner.deployment import Deployment
 from pdserve.planner.probe import SLO, ProbeResult, Split, run_probe
-from pdserve.planner.search import STEADY_TRIGGER, Search, steady_requests_per_worker
+from pdserve.planner.search import (
+    STEADY_GROWTH,
+    STEADY_TRIGGER,
+    Search,
+    steady_requests_per_worker,
+)
 from pdserve.planner.workload import PlanRequest, probe_sample
 
 SHORT = 8  # requests per worker of the search's probes
@@ -38,3 +44,42 @@ def test_a_pass_near_a_full_batch_is_judged_again_on_a_longer_probe(planner_mode
     # higher.
     short, _ = run_probe(deployment, Split(0, 1), sample[:SHORT], result.failed_at, slo, router)
     assert short.passed and short.peak_batch >= STEADY_TRIGGER
+
+
+def _prefill_bound(planner_model_dir):
+    """One worker whose batches stay small (long prompts, 4 tokens out): its queue is the
+    prompts waiting for their prefill."""
+    deployment = Deployment(str(planner_model_dir), max_num_seqs=64, max_num_batched_tokens=2048)
+    workload = [PlanRequest(1800 + 16 * (i % 7), 4) for i in range(600)]
+    slo = SLO(ttft_ms=1000, tpot_ms=100)
+    router = RouterConfig(ttft_slo_ms=slo.ttft_ms, tpot_slo_ms=slo.tpot_ms)
+    return deployment, probe_sample(workload, len(workload), seed=3), slo, router
+
+
+def test_ttft_growth_is_near_one_below_the_knee_and_grows_past_it(planner_model_dir):
+    deployment, sample, slo, router = _prefill_bound(planner_model_dir)
+    below, _ = run_probe(deployment, Split(0, 1), sample[:512], 10, slo, router)
+    assert 0.9 <= below.ttft_growth <= 1.1
+    past, _ = run_probe(
+        deployment, Split(0, 1), sample[:512], 30, slo, router, stop_when_certain=False
+    )
+    assert past.ttft_growth > 1.4
+
+
+def test_a_pass_whose_queue_builds_before_any_batch_fills_is_judged_again(planner_model_dir):
+    deployment, sample, slo, router = _prefill_bound(planner_model_dir)
+    steady = steady_requests_per_worker(deployment)
+    probed: list[ProbeResult] = []
+    search = Search(
+        deployment, sample, slo, router, precision=0.1, requests_per_worker=16,
+        on_probe=probed.append,
+    )  # fmt: skip
+    result = search.run([Split(0, 1)]).best
+    first = next(i for i, p in enumerate(probed) if p.passed and p.ttft_growth >= STEADY_GROWTH)
+    assert probed[first].requests == 16 and probed[first].peak_batch < STEADY_TRIGGER
+    assert (probed[first + 1].rate, probed[first + 1].requests) == (probed[first].rate, steady)
+    assert result.steady and result.best.requests == steady
+    # The short probe passes where the long ones put the knee: it would have rated the split
+    # higher.
+    short, _ = run_probe(deployment, Split(0, 1), sample[:16], result.failed_at, slo, router)
+    assert short.passed and short.peak_batch < STEADY_TRIGGER
