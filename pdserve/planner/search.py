@@ -34,10 +34,10 @@ keeps at least `min_replica_workers` workers, so the router still chooses among 
 A probe offers `requests_per_worker` requests per simulated worker (at most the sample). A
 pass in which some worker's batch came near max_num_seqs (`STEADY_TRIGGER`), or whose last
 arrivals waited much longer for their first token than earlier ones (`STEADY_GROWTH`: a queue
-building), is judged again on `steady_requests_per_worker` requests per worker: near a full
-batch, requests queue behind it
-and lengthen the batch's steps, which lengthens their lives and fills the batch further, over
-many request lifetimes; a shorter probe ends before that builds. Measured on 8 H100s, chat,
+building), is judged again on `steady_requests_per_worker` requests per worker, and so is the
+goodput a split's short probes bracketed (`Search._confirm`): near a full batch, requests queue
+behind it and lengthen the batch's steps, which lengthens their lives and fills the batch
+further, over many request lifetimes; a shorter probe ends before that builds. Measured on 8 H100s, chat,
 colocated, as replicas of 2 workers (the most sequences one worker ran, and the share that met
 the SLOs): at 600 req/s 205 and 100% with 500 requests per worker, 256 and 100% with 2048; at
 630 req/s 233 and 100% with 500, 256 and 57% with 2048.
@@ -248,12 +248,17 @@ class Search:
         for result, done in zip(wave, searched, strict=True):
             result.__dict__.update(done.__dict__)
 
-    def _probe(self, result: SplitResult, rate: float) -> bool:
-        k, split = result.replicas, result.split
-        replica = split.replica(k)
+    def _sizes(self, result: SplitResult) -> tuple[int, int]:
+        """(short, steady): the requests of the split's probes, before and once `steady`."""
+        replica = result.split.replica(result.replicas)
         workers = replica.prefill + replica.decode
         steady = min(len(self.sample), steady_requests_per_worker(self.deployment) * workers)
-        size = steady if result.steady else self.requests_per_worker * workers
+        return self.requests_per_worker * workers, steady
+
+    def _probe(self, result: SplitResult, rate: float) -> bool:
+        replica = result.split.replica(result.replicas)
+        short, steady = self._sizes(result)
+        size = steady if result.steady else short
         probe = self._run(result, replica, size, rate)
         building = probe.peak_batch >= STEADY_TRIGGER or probe.ttft_growth >= STEADY_GROWTH
         if probe.passed and building and steady > size:
@@ -289,6 +294,11 @@ class Search:
         return probe
 
     def _search(self, result: SplitResult, bar: float, best: float, start: float) -> None:
+        """Brackets the split's goodput (`_bracket`), then confirms it on the steady probe."""
+        self._bracket(result, bar, best, start)
+        self._confirm(result, best)
+
+    def _bracket(self, result: SplitResult, bar: float, best: float, start: float) -> None:
         """With a bar (> 0): probes at `start` first when it lies well above the bar (a pass
         there is a pass at the bar), then at the bar, and prunes the split if it fails there.
         Then brackets the goodput from `start` (or just above the highest rate that passed)
@@ -341,6 +351,23 @@ class Search:
             if self._near_edge(result.best):
                 rate = min(rate, result.goodput * edge)
             self._probe(result, rate)
+
+    def _confirm(self, result: SplitResult, best: float) -> None:
+        """A goodput bracketed on short probes alone is judged again on the steady probe, and
+        if it fails there searched down on steady probes: a short probe can pass on a burst
+        that neither fills a batch nor shows a queue growing within it, where the workload
+        itself changes over a longer one (agentic sessions' later turns, on longer contexts:
+        70B on 1P:3D passed 600-request probes at 110 req/s with the busiest batch at 0.60 of
+        max_num_seqs and TTFT growth 1.08, and failed 8192-request probes from 96). So every
+        goodput the search reports passed a probe of `steady` length."""
+        short, steady = self._sizes(result)
+        if result.steady or result.goodput == 0.0 or result.below_best or steady <= short:
+            return
+        result.steady = True
+        rate, result.goodput, result.best = result.goodput, 0.0, None
+        if not self._probe(result, rate):
+            result.saturated = False
+            self._bracket(result, 0.0, best, rate)
 
     def _near_edge(self, probe: ProbeResult | None) -> bool:
         """Whether `probe` passed with at least NEAR_EDGE of the misses it was allowed."""

@@ -83,3 +83,30 @@ def test_a_pass_whose_queue_builds_before_any_batch_fills_is_judged_again(planne
     # higher.
     short, _ = run_probe(deployment, Split(0, 1), sample[:16], result.failed_at, slo, router)
     assert short.passed and short.peak_batch < STEADY_TRIGGER
+
+
+def test_a_goodput_found_on_short_probes_is_confirmed_on_a_steady_one(planner_model_dir):
+    """The short probes offer the sample's first requests only, short prompts that pass at any
+    rate without filling a batch or building a queue; the rest of the sample is long prompts.
+    The goodput they bracket is judged again on the steady probe, fails there, and is searched
+    down on steady probes: the split is rated by what it sustains on the whole workload."""
+    deployment = Deployment(str(planner_model_dir), max_num_seqs=64, max_num_batched_tokens=2048)
+    steady = steady_requests_per_worker(deployment)
+    workload = [PlanRequest(64, 4)] * 64 + [PlanRequest(1800 + 16 * (i % 7), 4) for i in range(536)]
+    sample = probe_sample(workload, len(workload), seed=3)
+    slo = SLO(ttft_ms=1000, tpot_ms=100)
+    router = RouterConfig(ttft_slo_ms=slo.ttft_ms, tpot_slo_ms=slo.tpot_ms)
+    probed: list[ProbeResult] = []
+    search = Search(
+        deployment, sample, slo, router, precision=0.1, requests_per_worker=64,
+        on_probe=probed.append,
+    )  # fmt: skip
+    result = search.run([Split(0, 1)]).best
+    shorts = [p for p in probed if p.requests == 64]
+    assert shorts and all(p.passed and p.ttft_growth < STEADY_GROWTH for p in shorts)
+    assert all(p.peak_batch < STEADY_TRIGGER for p in shorts)
+    confirming = probed[len(shorts)]
+    assert (confirming.requests, confirming.rate) == (steady, max(p.rate for p in shorts))
+    assert not confirming.passed
+    assert result.steady and result.best.requests == steady and not result.saturated
+    assert result.goodput < confirming.rate / 2
