@@ -37,10 +37,10 @@ arrivals waited much longer for their first token than earlier ones (`STEADY_GRO
 building), is judged again on `steady_requests_per_worker` requests per worker, and so is the
 goodput a split's short probes bracketed (`Search._confirm`): near a full batch, requests queue
 behind it and lengthen the batch's steps, which lengthens their lives and fills the batch
-further, over many request lifetimes; a shorter probe ends before that builds. Measured on 8 H100s, chat,
-colocated, as replicas of 2 workers (the most sequences one worker ran, and the share that met
-the SLOs): at 600 req/s 205 and 100% with 500 requests per worker, 256 and 100% with 2048; at
-630 req/s 233 and 100% with 500, 256 and 57% with 2048.
+further, over many request lifetimes; a shorter probe ends before that builds. Measured on 8
+H100s, chat, colocated, as replicas of 2 workers (the most sequences one worker ran, and the
+share that met the SLOs): at 600 req/s 205 and 100% with 500 requests per worker, 256 and 100%
+with 2048; at 630 req/s 233 and 100% with 500, 256 and 57% with 2048.
 """
 
 from __future__ import annotations
@@ -77,8 +77,9 @@ STEADY_REQUESTS_PER_SEQ = 8
 # A pass whose last arrivals waited this many times as long for their first token as its
 # second quarter's (ProbeResult.ttft_growth) is judged again on the longer probe too: a queue
 # that builds before any batch fills (a prefill worker's, say) carries a longer probe past the
-# TTFT SLO. 70B agentic on 1P:3D (2026-11-29): 600-request probes passed at 142 req/s with the
-# busiest batch at 0.67 of max_num_seqs, 8192-request probes failed from 96.
+# TTFT SLO. 70B agentic, `auto` on 1P:3D (2026-11-29): 600-request probes passed at 125 and 142
+# req/s with growth 2.0 and 3.5, 8192-request probes failed from 96; below the knee chat and rag
+# read 0.89-1.11 (docs/benchmarks/simulation.md, session 10).
 STEADY_GROWTH = 1.5
 # The fewest workers a simulated replica keeps by default (the module docstring, "Replicas").
 MIN_REPLICA_WORKERS = 2
