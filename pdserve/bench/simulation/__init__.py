@@ -14,6 +14,8 @@
   engine vs the real CPU system, same requests.
 - `worker_fidelity.py` — `bench fidelity-worker`: one real worker's engine (CPU or GPU) vs a
   sim worker with the profile fitted on it, without Ray (runs where only torch is installed).
+- `worker_serving.py` — one worker's engine served in-process behind `EngineLoop` (the
+  real and sim workers of `bench fidelity-worker`).
 - `fidelity_calibration.py` — records the steps and KV pushes of serving workers.
 - `fidelity_eval.py` — the evaluation workloads (not the calibration's) and the real runs'
   bands the sim is judged against.

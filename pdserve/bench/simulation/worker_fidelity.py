@@ -33,7 +33,6 @@ import asyncio
 import contextlib
 import json
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -44,11 +43,10 @@ from pdserve.bench.common.local_system import (
     load_model,
     mixed_requests,
 )
+from pdserve.bench.simulation import worker_serving as serving
 from pdserve.bench.simulation.fidelity_bench import (
-    decode_pace,
     fidelity_table,
     ratios,
-    run_summary,
     spread_of,
     step_costs,
     summary_line,
@@ -192,39 +190,41 @@ async def measure(args: argparse.Namespace, say: Callable[[str], Any] = print) -
     measured, calibration, warm_up = _workloads(args, model_config)
     profile = args.profile_out or str(Path(tempfile.mkdtemp()) / "worker-profile.json")
     with contextlib.ExitStack() as stack:
-        real = stack.enter_context(_served(_engine(args, model_dir)))
+        real = stack.enter_context(serving.served(serving.engine(args, model_dir)))
         kind = "compiled decode" if args.compile else "eager steps"
         say(f"[bold]real[/bold]: one torch worker on {args.device}, {kind}; calibrating")
         for rate, requests in warm_up:
-            await _serve(real, requests, rate, args.seed)
+            await serving.serve(real, requests, rate, args.seed)
         real.engine.executor = recorder = StepRecorder(real.engine.executor)
         spent: list[tuple[str, str, list, list]] = []  # (system, run, steps, gaps) of each run
         for rate, requests in calibration.items():
-            summary = await _served_summary(real, requests, rate, args.seed)
+            summary = await serving.served_summary(real, requests, rate, args.seed)
             say(f"  calibration at {rate:g}/s: {summary_line(summary)}")
             spent.append(("real", f"calibration at {rate:g}/s", *recorder.take()))
         steps = [step for run in spent for step in run[2]]
         gaps = [gap for run in spent for gap in run[3]]
         notes = {"device": args.device, "model": str(model_dir), "dtype": args.dtype}
         say(write_profile(steps, profile, every_sample=True, median=True, gaps=gaps, **notes))
-        sim = stack.enter_context(_served(_engine(args, model_dir, sim=SimConfig(profile=profile))))
+        sim = stack.enter_context(
+            serving.served(serving.engine(args, model_dir, sim=SimConfig(profile=profile)))
+        )
         for rate, requests in warm_up:
-            await _serve(sim, requests, rate, args.seed)
+            await serving.serve(sim, requests, rate, args.seed)
         sim.engine.executor = sim_recorder = StepRecorder(sim.engine.executor)
-        paced_before = _pacing(sim.engine)
+        paced_before = serving.pacing(sim.engine)
         served = {"real": (real, recorder), "sim": (sim, sim_recorder)}
         summaries: dict[str, dict] = {}
         repeats: dict[str, list[dict]] = {name: [] for name in measured}
         for name, (rate, requests) in measured.items():
             for system in run_order(list(served), args.real_repeats):
-                summary = await _served_summary(served[system][0], requests, rate, args.seed)
+                summary = await serving.served_summary(served[system][0], requests, rate, args.seed)
                 if system == "real":
                     repeats[name].append(summary)
                 else:
                     summaries[name] = summary
                 say(f"  {system} {name} at {rate:g}/s: {summary_line(summary)}")
                 spent.append((system, name, *served[system][1].take()))
-        paced = _pacing(sim.engine)
+        paced = serving.pacing(sim.engine)
     timing = parse_profile(profile)
     diagnosis = {}
     for system in served:
@@ -274,11 +274,11 @@ async def replay(args: argparse.Namespace, say: Callable[[str], Any] = print) ->
         profile = str(Path(tempfile.mkdtemp()) / "replayed-profile.json")
         Path(profile).write_text(json.dumps(previous["profile"]), encoding="utf-8")
     summaries = {}
-    with _served(_engine(args, model_dir, sim=SimConfig(profile=profile))) as sim:
+    with serving.served(serving.engine(args, model_dir, sim=SimConfig(profile=profile))) as sim:
         for rate, requests in warm_up:
-            await _serve(sim, requests, rate, args.seed)
+            await serving.serve(sim, requests, rate, args.seed)
         for name, (rate, requests) in measured.items():
-            summaries[name] = await _served_summary(sim, requests, rate, args.seed)
+            summaries[name] = await serving.served_summary(sim, requests, rate, args.seed)
             say(f"  sim {name} at {rate:g}/s: {summary_line(summaries[name])}")
     return {
         "replayed_from": args.replay,
@@ -407,95 +407,6 @@ def _workloads(args: argparse.Namespace, model_config: dict) -> tuple:
         for i, (name, (rate, _)) in enumerate(measured.items())
     ]
     return measured, calibration, warm_up
-
-
-def _engine(args: argparse.Namespace, model_dir: Path, sim: Any = None) -> Any:
-    """The real worker's engine, or with `sim` (a SimConfig) the sim worker's: the same limits."""
-    from pdserve.engine.engine import LLMEngine
-    from pdserve.engine_config import EngineConfig
-
-    limits = {
-        "model": str(model_dir),
-        "block_size": 16,
-        "num_kv_blocks": args.num_kv_blocks,
-        "max_num_seqs": args.max_num_seqs,
-        "max_num_batched_tokens": args.max_num_batched_tokens,
-        "dtype": args.dtype,
-    }
-    if sim is not None:
-        config = EngineConfig(**limits, kind="sim", sim=sim)
-    else:
-        config = EngineConfig(
-            **limits, device=args.device, compile=args.compile, async_scheduling=False
-        )
-    # As the serving workers run it (pdserve/worker/worker_runtime.py): token ids out.
-    return LLMEngine(config, emit_text=False)
-
-
-@contextlib.contextmanager
-def _served(engine: Any) -> Any:
-    """`engine` on its own thread behind an EngineLoop bound to the running event loop."""
-    from pdserve.worker.engine_loop import EngineLoop
-
-    loop = EngineLoop(engine, asyncio.get_running_loop())
-    try:
-        yield loop
-    finally:
-        loop.stop()
-
-
-async def _serve(loop: Any, requests: list, rate: float, seed: int) -> list:
-    """The records of `requests` sent open-loop (Poisson) at `rate`, from a cold
-    prefix cache: each run of the same requests finds what its own requests cached, no more."""
-    from pdserve.bench.common.load_generator import drive
-
-    await loop.acall(loop.engine.block_manager.reset_prefix_cache)
-
-    async def send(request: Any, record: Any, slots: Any, on_done: Callable) -> None:
-        async with slots or contextlib.nullcontext():
-            await _send(loop, request, record)
-            on_done(record)
-
-    return await drive(requests, send, request_rate=rate, seed=seed)
-
-
-async def _served_summary(loop: Any, requests: list, rate: float, seed: int) -> dict:
-    """`bench fidelity`'s summary of one run (with the decode pace after the second token)."""
-    records = await _serve(loop, requests, rate, seed)
-    return {**run_summary(records), "decode_pace": decode_pace(records)}
-
-
-async def _send(loop: Any, request: Any, record: Any) -> None:
-    """One request through the worker's engine loop, each step's tokens stamped as they reach
-    this consumer (what a worker's token stream hands on)."""
-    from pdserve.core.sampling_params import SamplingParams
-    from pdserve.worker.engine_loop import END_OF_STREAM
-
-    params = SamplingParams(max_tokens=request.output_len, ignore_eos=True)
-    stream = loop.open_stream(record.request_id)
-    record.send_time = time.perf_counter()
-    await loop.acall(lambda: loop.engine.add_request(record.request_id, request.prompt, params))
-    while True:
-        item = await stream.get()
-        now = time.perf_counter()
-        if item is END_OF_STREAM:
-            record.error_code, record.error = "FINISH_ABORT", loop.failure or "aborted"
-            break
-        if item.new_token_ids:
-            record.chunk_times.append(now)
-            record.chunk_tokens.append(len(item.new_token_ids))
-        if item.ends_request:
-            record.finish_reason = item.finish_reason
-            record.ok = item.finish_reason in ("stop", "length")
-            break
-    record.end_time = time.perf_counter()
-
-
-def _pacing(engine: Any) -> dict[str, float]:
-    from pdserve.bench.simulation.fidelity_calibration import PACING
-
-    stats = engine.executor.stats()
-    return {key: stats.get(key, 0.0) for key in PACING}
 
 
 def _device_name(device: str) -> str:
