@@ -62,6 +62,22 @@ def join_ray(config: ServeConfig) -> None:
         time.sleep(RESOURCES_POLL_S)
 
 
+async def stop_ray() -> None:
+    """Leaves Ray (stops a private one) once nothing of ours still holds a Ray reference: an
+    ObjectRef freed after `ray.shutdown()` makes Ray end the process at once, exit status 1
+    and no traceback (a SIGTERM with streams in flight exited so: their background reads,
+    and the garbage collector's unreachable cycles, freed theirs after the shutdown)."""
+    import gc
+
+    import ray
+
+    from router.ray_worker import stop_draining
+
+    await stop_draining()
+    gc.collect()
+    ray.shutdown()
+
+
 def pool_resources(config: ServeConfig) -> dict[str, float]:
     """The custom resources a private Ray advertises: one unit per worker of each pool."""
     return {

@@ -116,6 +116,16 @@ def _drain_later(refs: Any, current: Any) -> None:
     task.add_done_callback(_draining.discard)
 
 
+async def stop_draining() -> None:
+    """Cancels the background reads and waits for them to end, so the Ray references they
+    hold are released while Ray still runs: Ray ends the process (exit status 1, no
+    traceback) when one is freed after `ray.shutdown()`."""
+    tasks = list(_draining)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 async def _drain(refs: Any, current: Any) -> None:
     """Reads (and drops) what is left of a stream, errors included."""
     with contextlib.suppress(TimeoutError):

@@ -148,8 +148,11 @@ class WorkerPool:
         ]
 
     async def stop(self) -> None:
+        """Ends the pollers, and waits for them: one cancelled mid-call still holds that
+        call's Ray reference until it runs again."""
         for poller in self._pollers:
             poller.cancel()
+        await asyncio.gather(*self._pollers, return_exceptions=True)
 
     def _list_roles(self) -> None:
         self._of_role = {

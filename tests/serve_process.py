@@ -86,19 +86,21 @@ class ServeProcess:
         finally:
             exited = time.monotonic() - sent
             self.kill()
-        self._reader.join(5)
         # Returns as soon as the whole tree is gone; what still runs a second later is left.
         _, running = psutil.wait_procs(tree, timeout=1.0)
         return exited, [ln for t, ln in self.lines if t >= sent], [p for p in running if _alive(p)]
 
     def kill(self) -> None:
-        """Whatever of the tree is still there (a failed test's cleanup; none normally)."""
+        """Whatever of the tree is still there (a failed test's cleanup; none normally), then
+        the rest of its output: lines written just before it exited (a traceback printed at
+        exit) are still in the pipe when the process is reaped."""
         for process in self.descendants():
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.kill()
         if self.process.poll() is None:
             self.process.kill()
         self.process.wait(10)
+        self._reader.join(5)
 
 
 def _thread_stacks(pid: int) -> str:

@@ -28,7 +28,7 @@ from pdserve.app.stats_listeners import export_worker_stats, store_speculation_c
 from pdserve.config import ServeConfig
 from pdserve.prefix_index.lookup import PrefixIndex
 from pdserve.prefix_index.maintenance import IndexMaintenance
-from pdserve.ray_cluster import join_ray, start_private_ray
+from pdserve.ray_cluster import join_ray, start_private_ray, stop_ray
 from pdserve.startup_checks import (
     StartupError,
     check_ports_free,
@@ -243,11 +243,11 @@ class ServingApp:
         config = self.config
         if config.ray_address:
             join_ray(config)
-            self._stack.append(("ray", as_async(ray.shutdown)))
+            self._stack.append(("ray", stop_ray))
             self.progress.phase(f"joined the Ray cluster at {config.ray_address}")
             return
         start_private_ray(config, self.verbose_ray)
-        self._stack.append(("ray", as_async(ray.shutdown)))
+        self._stack.append(("ray", stop_ray))
         cpus = ray.cluster_resources().get("CPU", 0)
         self.progress.phase(f"Ray started (private to this server, {cpus:g} CPUs)")
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import re
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -28,6 +27,7 @@ RAY_DAEMONS = ("gcs_server", "raylet", "dashboard")
 class Served:
     process: subprocess.Popen
     port: int
+    http_port: int
     serving: ServeProcess
 
     @property
@@ -48,7 +48,8 @@ def pdserve_serve(*flags: str, env: dict[str, str] | None = None) -> Iterator[Se
     try:
         ready = serving.wait_for(r"gRPC on port \d+")
         port = int(re.search(r"gRPC on port (\d+)", ready).group(1))
-        yield Served(serving.process, port, serving)
+        http_port = int(re.search(r"HTTP on port (\d+)", ready).group(1))
+        yield Served(serving.process, port, http_port, serving)
     finally:
         serving.kill()
 
@@ -78,21 +79,15 @@ def generate(stub, i: int, max_tokens: int, metadata=()):
     return stub.Generate(request, metadata=metadata, timeout=300)
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def test_sigterm_with_streams_in_flight_exits_within_the_grace_and_starts_no_ray():
-    http_port = free_port()
-    flags = ("--shutdown-grace-s", str(GRACE_S), "--http-port", str(http_port))
-    api = f"http://127.0.0.1:{http_port}/v1"
+    # Any free HTTP port (the default's 0), read from the ready line: a port picked here first
+    # was taken by another process before the server bound it once in 16 runs.
     with (
-        pdserve_serve(*flags) as served,
+        pdserve_serve("--shutdown-grace-s", str(GRACE_S)) as served,
         grpc.insecure_channel(f"127.0.0.1:{served.port}") as channel,
         httpx.Client(timeout=300) as http,
     ):
+        api = f"http://127.0.0.1:{served.http_port}/v1"
         stub = generate_pb2_grpc.GenerationStub(channel)
         streams = [generate(stub, i, 2000) for i in range(3)]
         for stream in streams:
