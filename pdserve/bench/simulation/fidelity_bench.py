@@ -47,6 +47,7 @@ from pdserve.bench.simulation.fidelity_calibration import install_recorders, pac
 from pdserve.bench.simulation.fidelity_eval import (
     EVAL_WORKLOADS,
     METRICS,
+    add_eval_arguments,
     band_table,
     bands,
     eval_rate,
@@ -86,19 +87,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also serve on sim workers with the profile less its spread (the fitted mean)",
     )
-    p.add_argument(
-        "--eval-workloads",
-        default="",
-        help="measure on these workloads instead of the calibration's mix at --rates: "
-        + "; ".join(f"{name}: {w.about}" for name, w in EVAL_WORKLOADS.items()),
-    )
-    p.add_argument(
-        "--real-repeats",
-        type=int,
-        default=1,
-        help="the real system serves each measured workload this many times, around the sim's "
-        "run; from 2, each percentile is judged against the real runs' band widened by 10%%",
-    )
+    add_eval_arguments(p, workloads="", repeats=1, real="the real system")
     p.add_argument("--json", help="write both systems' summaries and the ratios to this file")
 
 

@@ -14,6 +14,7 @@ was not fitted on.
 
 from __future__ import annotations
 
+import argparse
 import math
 from dataclasses import dataclass, replace
 from typing import Any
@@ -66,6 +67,26 @@ EVAL_WORKLOADS = {
         about="4 groups sharing a 384-token system prompt, 48-token questions, 48 out, 0.75x",
     ),
 }
+
+
+def add_eval_arguments(
+    p: argparse.ArgumentParser, *, workloads: str, repeats: int, real: str
+) -> None:
+    """--eval-workloads and --real-repeats, shared by both fidelity benches (`real` names what
+    serves the real runs)."""
+    p.add_argument(
+        "--eval-workloads",
+        default=workloads,
+        help="the measured workloads, comma-separated (none: the calibration's mix at --rates): "
+        + "; ".join(f"{name}: {w.about}" for name, w in EVAL_WORKLOADS.items()),
+    )
+    p.add_argument(
+        "--real-repeats",
+        type=int,
+        default=repeats,
+        help=f"{real} serves each measured workload this many times, around the sim's run; "
+        "from 2, each percentile is judged against the real runs' band widened by 10%%",
+    )
 
 
 def parse_eval_workloads(value: str) -> list[str]:

@@ -52,7 +52,7 @@ from pdserve.bench.simulation.fidelity_bench import (
     summary_line,
 )
 from pdserve.bench.simulation.fidelity_eval import (
-    EVAL_WORKLOADS,
+    add_eval_arguments,
     band_table,
     bands,
     eval_rate,
@@ -103,19 +103,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--num-kv-blocks", type=int, default=4096, help="KV blocks of both workers (16 tokens)"
     )
-    p.add_argument(
-        "--eval-workloads",
-        default="short,long,prefix",
-        help="the measured workloads: "
-        + "; ".join(f"{name}: {w.about}" for name, w in EVAL_WORKLOADS.items()),
-    )
-    p.add_argument(
-        "--real-repeats",
-        type=int,
-        default=2,
-        help="the real worker serves each measured workload this many times, around the sim's "
-        "run; from 2, each percentile is also judged against the real runs' band widened by 10%%",
-    )
+    add_eval_arguments(p, workloads="short,long,prefix", repeats=2, real="the real worker")
     p.add_argument(
         "--tolerance", type=float, default=0.1, help="sim/real within 1 +- this counts as agreeing"
     )
