@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
+import torch
 
 from pdserve.bench.engine.step_recorder import StepRecorder, fastest_per_work, write_profile
 from pdserve.cli import main
@@ -45,8 +46,24 @@ def test_a_profile_out_in_a_missing_directory_is_refused_before_measuring(tmp_pa
         main(["bench", "engine", "--preset", "tiny", "--profile-out", str(missing)])
 
 
-def test_recorded_steps_are_the_scheduled_work_and_the_fit_predicts_them(tmp_path):
-    engine = LLMEngine(EngineConfig(block_size=4, num_kv_blocks=256, max_num_batched_tokens=64))
+@pytest.fixture
+def one_thread():
+    """torch's threads as they were after the test: an engine's `num_threads` sets them for
+    the whole process."""
+    threads = torch.get_num_threads()
+    yield 1
+    torch.set_num_threads(threads)
+
+
+def test_recorded_steps_are_the_scheduled_work_and_the_fit_predicts_them(tmp_path, one_thread):
+    # One thread: the tests run beside another test worker on the same cores, and a step of
+    # two threads waits for whichever of them was preempted (one run in four fitted a 5 ms
+    # cost per prompt step to ~1 ms steps so).
+    engine = LLMEngine(
+        EngineConfig(
+            block_size=4, num_kv_blocks=256, max_num_batched_tokens=64, num_threads=one_thread
+        )
+    )
     recorder = engine.executor = StepRecorder(engine.executor)
     prompts = [list(range(5, 5 + n)) for n in (3, 20, 90, 41, 7, 60)]
     params = [SamplingParams(max_tokens=m, ignore_eos=True) for m in (12, 5, 3, 9, 20, 6)]
