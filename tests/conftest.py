@@ -8,14 +8,15 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-# Each test worker starts its own Ray clusters, servers and models (1-3 GB at peak): more than
-# this many would trade memory for little time.
+# Each test worker starts its own Ray clusters, servers and models: more workers than this
+# would trade memory for little time.
 MAX_TEST_WORKERS = 4
 
 
 def pytest_xdist_auto_num_workers(config) -> int:
-    """`-n auto`: the CPUs this process may run on (xdist's own count is physical cores, 1 on a
-    2-vCPU runner whose vCPUs are hyperthreads), at most MAX_TEST_WORKERS."""
+    """`-n auto`: the CPUs this process may run on, at most MAX_TEST_WORKERS (xdist's own
+    count is physical cores, which would be 1 where a runner's 2 vCPUs are one core's
+    hyperthreads)."""
     return max(1, min(len(os.sched_getaffinity(0)), MAX_TEST_WORKERS))
 
 
