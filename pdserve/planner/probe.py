@@ -260,10 +260,13 @@ def ttft_growth(runs: list[VirtualRequest], rate: float, now: float) -> float:
     that of the second quarter (the first fills an empty cluster); a request still without its
     first token at `now` counts the time it has waited. 1.0 with fewer than 8 arrivals."""
     arrived = sorted(
-        ((r.probe.unit_arrival / rate, r.record.ttft) for r in runs),
+        (
+            (r.probe.unit_arrival / rate, r.record.ttft)
+            for r in runs
+            if r.probe.unit_arrival / rate <= now
+        ),
         key=lambda sent_ttft: sent_ttft[0],  # a trace's equal arrivals: no None to compare
     )
-    arrived = [(sent, ttft) for sent, ttft in arrived if sent <= now]
     n = len(arrived)
     if n < 8:
         return 1.0

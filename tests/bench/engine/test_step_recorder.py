@@ -47,22 +47,22 @@ def test_a_profile_out_in_a_missing_directory_is_refused_before_measuring(tmp_pa
 
 
 @pytest.fixture
-def one_thread():
+def torch_threads_restored():
     """torch's threads as they were after the test: an engine's `num_threads` sets them for
     the whole process."""
     threads = torch.get_num_threads()
-    yield 1
+    yield
     torch.set_num_threads(threads)
 
 
-def test_recorded_steps_are_the_scheduled_work_and_the_fit_predicts_them(tmp_path, one_thread):
+def test_recorded_steps_are_the_scheduled_work_and_the_fit_predicts_them(
+    tmp_path, torch_threads_restored
+):
     # One thread: the tests run beside another test worker on the same cores, and a step of
     # two threads waits for whichever of them was preempted (one run in four fitted a 5 ms
     # cost per prompt step to ~1 ms steps so).
     engine = LLMEngine(
-        EngineConfig(
-            block_size=4, num_kv_blocks=256, max_num_batched_tokens=64, num_threads=one_thread
-        )
+        EngineConfig(block_size=4, num_kv_blocks=256, max_num_batched_tokens=64, num_threads=1)
     )
     recorder = engine.executor = StepRecorder(engine.executor)
     prompts = [list(range(5, 5 + n)) for n in (3, 20, 90, 41, 7, 60)]
