@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 from pathlib import Path
 
@@ -18,6 +19,29 @@ def pytest_xdist_auto_num_workers(config) -> int:
     count is physical cores, which would be 1 where a runner's 2 vCPUs are one core's
     hyperthreads)."""
     return max(1, min(len(os.sched_getaffinity(0)), MAX_TEST_WORKERS))
+
+
+@pytest.fixture(autouse=True)
+def cpu_share(request, tmp_path_factory):
+    """Beside other test workers, a test marked `times_the_real_system` runs alone: it compares
+    timings of the real system measured minutes apart, which another worker's load would move
+    (sim/real TTFT p50 1.77 once so). Every other test shares the cores. A gate lock held by
+    the one waiting to run alone keeps new shared holders out until it has run."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        yield
+        return
+    alone = request.node.get_closest_marker("times_the_real_system") is not None
+    shared_root = tmp_path_factory.getbasetemp().parent  # the workers' common base
+    with open(shared_root / "cpu.gate", "a") as gate, open(shared_root / "cpu.lock", "a") as lock:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        if not alone:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            fcntl.flock(gate, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="session")

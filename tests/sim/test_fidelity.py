@@ -22,6 +22,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 BOUND = 0.5  # sim/real p50 within 1 ± this
 
 
+@pytest.mark.times_the_real_system
 def test_sim_workers_reproduce_the_real_cpu_system_within_the_bound(tmp_path):
     out = tmp_path / "fidelity.json"
     profile = tmp_path / "profile.json"
