@@ -256,7 +256,11 @@ class WorkerPool:
     async def _poll(self, worker: Worker) -> None:
         sent_at = time.monotonic()
         try:
-            stats: WorkerStats = await asyncio.wait_for(worker.handle.stats(), self._call_timeout_s)
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for returns the call's result
+            # when the call ends in the step that cancels it, and the poller, its cancel lost,
+            # would outlive stop().
+            async with asyncio.timeout(self._call_timeout_s):
+                stats: WorkerStats = await worker.handle.stats()
         except Exception as exc:  # RayActorError, timeout: the worker is down or restarting
             self.mark_unhealthy(worker.worker_id, failure_reason(exc))
         else:
@@ -288,9 +292,8 @@ class WorkerPool:
         while True:
             await asyncio.sleep(self._heartbeat_interval_s)
             try:
-                step_age = await asyncio.wait_for(
-                    worker.handle.heartbeat(), self.heartbeat_timeout_s
-                )
+                async with asyncio.timeout(self.heartbeat_timeout_s):  # not wait_for: see _poll
+                    step_age = await worker.handle.heartbeat()
             except Exception as exc:  # RayActorError, timeout: frozen, dead or restarting
                 self.mark_unhealthy(worker.worker_id, f"heartbeat: {type(exc).__name__}: {exc}")
             else:

@@ -9,6 +9,8 @@ from types import SimpleNamespace
 
 from router import ray_worker
 from router.ray_worker import RayWorkerHandle, stop_draining
+from router.types import WorkerStats
+from router.worker_pool import WorkerPool
 from tests.router.flow_cluster import LETTERS, cluster, run, script_after_prompt
 
 
@@ -63,3 +65,44 @@ def test_pool_stop_returns_once_its_pollers_have_ended(tokenizer) -> None:
 
     pollers = run(scenario)
     assert pollers and all(task.done() for task in pollers)
+
+
+class _HeldHandle:
+    """A worker whose calls wait until the test answers them, so a call can end in the very
+    step that stops the pool."""
+
+    def __init__(self) -> None:
+        self.calls: asyncio.Queue[asyncio.Future] = asyncio.Queue()
+
+    async def _held(self, value):
+        answer = asyncio.get_running_loop().create_future()
+        self.calls.put_nowait(answer)
+        await answer
+        return value
+
+    async def ready(self):
+        return None
+
+    def stats(self):
+        return self._held(WorkerStats())
+
+    def heartbeat(self):
+        return self._held(0.0)
+
+
+def test_pool_stop_ends_a_poller_whose_call_answers_as_it_is_cancelled() -> None:
+    # Python 3.11's asyncio.wait_for returns the call's result when the call ends in the step
+    # that cancels it, and the cancel is lost: the poller went on forever and stop() hung (a
+    # CI run's TimeoutError in tests/router/test_request_flow_failover.py).
+    async def scenario():
+        handle = _HeldHandle()
+        pool = WorkerPool({}, {"decode-0": handle}, poll_interval_s=0.01)
+        starting = asyncio.ensure_future(pool.start())
+        (await handle.calls.get()).set_result(None)  # start()'s own poll
+        await starting
+        (await handle.calls.get()).set_result(None)  # a poller's call ends ...
+        stopping = asyncio.ensure_future(pool.stop())  # ... as the pool stops
+        done, _ = await asyncio.wait([stopping], timeout=2.0)
+        return bool(done)
+
+    assert run(scenario)
