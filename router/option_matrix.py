@@ -149,7 +149,7 @@ class OptionMatrix:
         feasible = np.empty((n_d, columns), dtype=bool)
         p_cached = np.empty((n_d, columns), dtype=np.int64)
         load = np.empty((n_d, columns), dtype=np.int64)
-        stall_miss = np.zeros((n_d, columns))  # D's TPOT beyond the SLO with the stall
+        stall_miss = np.zeros((n_d, columns))  # D's TPOT beyond the SLO x the stalled, capped
         if k:
             transfer = _line(cost.transfer, missing * request.bytes_per_block)
             np.add(p_ttft[keep], transfer[:, None], out=ttft[:, :k])
@@ -180,7 +180,9 @@ class OptionMatrix:
             compute[:, k] = w.compute * l_compute / slo_t
             harm_term[:, k] = w.interference * harm / slo_p
             stalled_tpot_n = (tpot + l_stall / amortize) / slo_p
-            stall_miss[:, k] = np.where(l_stall != 0, np.maximum(0.0, stalled_tpot_n - 1), 0.0)
+            stall_miss[:, k] = np.minimum(
+                w.stall_miss_cap, stalled * np.maximum(0.0, stalled_tpot_n - 1)
+            )
             feasible[:, k] = d_ok & queue_ok[n_p:]
             p_cached[:, k] = d.cached
             load[:, k] = d.load
@@ -253,13 +255,15 @@ def _hybrid_stalls(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per prefill worker, what a remote prefill there does to its own decodes when it is
     hybrid (0 elsewhere), as `objective` prices it: the interference term's harm and the
-    SLO overshoot of their TPOT with the stall."""
+    SLO overshoot of their TPOT with the stall, once per stalled request up to the cap."""
     stall = _stall_seconds(cost, uncached)
     before = p.running + p.queued_requests
     stalls = (p.hybrid != 0) & (stall != 0)
-    harm = np.where(stalls, (before + limits.weights.stall_newcomers) * stall / amortize, 0.0)
     tpot_n = (_line(cost.decode, np.maximum(1, before)) + stall / amortize) / limits.tpot_slo_s
-    return harm, np.where(stalls, np.maximum(0.0, tpot_n - 1), 0.0)
+    stalled = np.where(stalls, before + limits.weights.stall_newcomers, 0.0)
+    cap = limits.weights.stall_miss_cap
+    harm = stalled * stall / amortize
+    return harm, np.minimum(cap, stalled * np.maximum(0.0, tpot_n - 1))
 
 
 def _exclude_self(

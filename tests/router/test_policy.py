@@ -299,7 +299,10 @@ def test_a_prompt_that_misses_the_ttft_slo_anywhere_does_not_stall_a_decode_work
     amortize = min(Weights().stall_amortize_tokens, long_chat.max_tokens)
     stalled_tpot_s = local.tpot_s + local.stall_s / amortize
     stall_miss = stalled_tpot_s / (RouterConfig().tpot_slo_ms / 1e3) - 1
-    assert local.terms["slo_penalty"] == Weights().slo_penalty * stall_miss > 0
+    w = Weights()  # one request stalled: the newcomer the idle D would take meanwhile
+    stalled = w.stall_newcomers
+    assert local.terms["slo_penalty"] == w.slo_penalty * min(w.stall_miss_cap, stalled * stall_miss)
+    assert stall_miss > 0
     # A short prompt on the same idle D meets the SLO locally and is still prefilled there.
     short = RoutingRequest(prompt_tokens=48, max_tokens=8, block_size=16, bytes_per_block=MiB // 4)
     assert pol.decide(short, [worker("p0")], [worker("d0")]).prefill_worker is None
@@ -325,6 +328,32 @@ def test_a_remote_prefill_predicted_just_under_the_ttft_slo_is_priced_as_a_likel
     assert prefilled_on(Weights(ttft_margin=0), 2400) == "p0"
     # Further from the SLO (0.72 s predicted, near the penalty's start) the queue still wins.
     assert prefilled_on(Weights(), 1600) == "p0"
+
+
+@pytest.mark.parametrize("vectorised", [True, False])
+def test_a_stall_that_breaks_a_batchs_tpot_slo_is_charged_for_every_request_it_stalls(vectorised):
+    # D runs 28 decodes at ~18.7 ms a step against a 20 ms TPOT SLO; a 160-token local prefill
+    # would push them all past it. The prefill worker's queue puts a remote TTFT at 0.82 s of a
+    # 1 s SLO: a likely miss for one request. Charged as one request's miss, the batch's breach
+    # lost to it (Weights.stall_miss_cap).
+    pol = RoutingPolicy(RouterConfig(ttft_slo_ms=1000, tpot_slo_ms=20), calibrated(),
+                        vectorised=vectorised)  # fmt: skip
+    prompt = RoutingRequest(prompt_tokens=160, max_tokens=64, block_size=16, bytes_per_block=MiB)
+    queued = worker("p0", num_waiting=4, waiting_prompt_tokens=3000)
+    decision = pol.decide(prompt, [queued], [worker("d0", num_running=28)])
+    assert decision.prefill_worker == "p0"
+    assert 0.7 < decision.chosen.ttft_s < 1.0  # inside the SLO, past the penalty's margin
+    local = decision.estimates["local@d0"]
+    stalled_tpot_n = (local.tpot_s + local.stall_s / 32) / 0.020
+    per_request = stalled_tpot_n - 1
+    assert 0 < per_request < 0.05  # a small breach: charged once, it lost
+    w = Weights()
+    breach = min(w.stall_miss_cap, (28 + w.stall_newcomers) * per_request)
+    assert local.terms["slo_penalty"] == pytest.approx(w.slo_penalty * breach)
+    assert breach == w.stall_miss_cap  # 29 requests' breach: the cap
+    # A remote TTFT predicted past the SLO costs more than the capped breach: local.
+    longer = worker("p0", num_waiting=4, waiting_prompt_tokens=5000)
+    assert pol.decide(prompt, [longer], [worker("d0", num_running=28)]).prefill_worker is None
 
 
 @pytest.mark.parametrize("vectorised", [True, False])

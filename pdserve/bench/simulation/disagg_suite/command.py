@@ -6,6 +6,9 @@ Ray actor per GPU and reaches a few hundred simulated requests/s on two cores, w
 serve thousands of chat requests/s. Probes are scaled down (`--requests-per-worker` requests per
 simulated worker, goodput within `--precision`): a cell costs CPU minutes, not hours.
 
+With --at-rates R1,R2,... there is no search: one cell's families are probed at those rates on
+one split and engine setting, paired (paired.py), where goodputs lie within the bracket.
+
 With --plot DIR, each cell's families are also offered load at fixed fractions of its
 goodput (curves.py) and drawn as goodput against rate, one PNG per model and workload, with a
 markdown summary table of every cell in DIR (plots.py).
@@ -62,6 +65,12 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--requests-per-worker", type=int, default=150, help="--suite: probe size")
     p.add_argument("--precision", type=float, default=0.1, help="--suite: goodput bracket")
     p.add_argument("--jobs", type=int, default=1, help="--suite: processes per search")
+    p.add_argument(
+        "--at-rates",
+        default="",
+        help="--suite: no search; each family's SLO attainment at these cluster rates on one "
+        "cell, split and setting (paired.py)",
+    )
 
 
 def _names(value: str, known, flag: str) -> list[str]:
@@ -110,6 +119,8 @@ def run_suite(args: argparse.Namespace) -> int:
         settings, args.requests_per_worker, args.precision, tuple(families), args.jobs, args.seed,
         splits=splits,
     )  # fmt: skip
+    if args.at_rates:
+        return _run_paired(args, models, workloads, slos, families, splits, options)
     started = time.perf_counter()
     print(
         f"suite (offline virtual cluster): {len(models) * len(workloads) * len(slos)} cells, "
@@ -131,6 +142,46 @@ def run_suite(args: argparse.Namespace) -> int:
                     _write_json(Path(args.json), cells)
     print(summary_table(cells))
     print(f"suite: {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+def _run_paired(
+    args: argparse.Namespace,
+    models: list[str],
+    workloads: list[str],
+    slos: list[str],
+    families: list[str],
+    splits: tuple[str, ...],
+    options: SuiteOptions,
+) -> int:
+    from pdserve.bench.simulation.disagg_suite.paired import paired_attainment, paired_table
+
+    try:
+        rates = [float(r) for r in args.at_rates.split(",") if r.strip()]
+    except ValueError:
+        rates = []
+    single = {"--models": models, "--suite-workloads": workloads, "--slos": slos,
+              "--splits": splits, "--chunks x --batch-limits": options.settings}  # fmt: skip
+    many = [flag for flag, values in single.items() if len(values) != 1]
+    if many or not rates or min(rates) <= 0:
+        print(f"sim-disagg --suite --at-rates: positive rates, and one value of each of "
+              f"{', '.join(single)} (got several or none: {', '.join(many) or '-'})")  # fmt: skip
+        return 2
+    started = time.perf_counter()
+    probes = paired_attainment(
+        models[0], workloads[0], slos[0], families, splits[0], options.settings[0], rates, options
+    )
+    for p in probes:
+        print(f"  {p.family:<11} {p.layout} at {p.rate:g} req/s: {p.good}/{p.requests} within "
+              f"SLO ({p.attainment:.4f}); TTFT p90 {p.ttft_p90_ms:.0f} ms, TPOT p90 "
+              f"{p.tpot_p90_ms:.2f} ms, {p.remote_share:.1%} prefilled remotely")  # fmt: skip
+    print(paired_table(probes))
+    if args.json:
+        path = Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        rows = [{**asdict(p), "attainment": p.attainment} for p in probes]
+        path.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+    print(f"suite --at-rates: {time.perf_counter() - started:.0f} s")
     return 0
 
 

@@ -1,0 +1,42 @@
+"""`pdserve bench sim-disagg --suite --at-rates`: families probed at the same rates on the same
+requests, layout and engine setting."""
+
+from __future__ import annotations
+
+from pdserve.bench.simulation import sim_disagg_bench
+from pdserve.bench.simulation.disagg_suite.command import run_suite
+from pdserve.bench.simulation.disagg_suite.paired import paired_attainment, paired_table
+from pdserve.bench.simulation.disagg_suite.suite import Setting, SuiteOptions
+from tests.bench.cli_args import bench_args
+
+
+def test_every_family_is_probed_at_every_rate_on_the_same_requests() -> None:
+    setting = Setting(512, 64)
+    options = SuiteOptions((setting,), requests_per_worker=30, steady_probes=False)
+    families = ["colocated", "split", "auto"]
+    probes = paired_attainment("70b", "code", "loose", families, "1:3", setting, [2.0, 400.0],
+                               options)  # fmt: skip
+    assert [(p.family, p.rate) for p in probes] == [(f, r) for r in (2.0, 400.0) for f in families]
+    at = {(p.family, p.rate): p for p in probes}
+    # One replica of each layout, as the search probes it: colocated's of 2 workers at half the
+    # rate, the split's of all 4, each on the sample's first 30 requests per simulated worker.
+    assert at["colocated", 2.0].requests == 60 and at["split", 2.0].requests == 120
+    assert at["auto", 400.0].requests == at["split", 400.0].requests
+    assert at["colocated", 2.0].remote_share == 0 and at["split", 2.0].remote_share == 1
+    assert at["split", 2.0].layout == at["auto", 2.0].layout == "1P:3D (TP 4:4)"
+    # Light load: every request within both SLOs. At 400 req/s the split's one prefill worker
+    # queues past the TTFT SLO, where the others absorb the short probe's burst.
+    assert all(at[f, 2.0].attainment == 1 for f in families)
+    assert at["split", 400.0].attainment < 0.9 <= at["auto", 400.0].attainment
+    table = paired_table(probes)
+    assert table.endswith(
+        "highest attainment at: colocated 2 of 2 rates, split 1 of 2 rates, auto 2 of 2 rates"
+    )  # ties count for each
+
+
+def test_at_rates_takes_one_cell_split_and_setting(capsys) -> None:
+    args = bench_args(sim_disagg_bench, models="70b", suite_workloads="code",
+                      slos="loose", splits="1:3", chunks="512,2048", batch_limits="64",
+                      at_rates="2")  # fmt: skip
+    assert run_suite(args) == 2
+    assert "--chunks x --batch-limits" in capsys.readouterr().out
