@@ -182,9 +182,10 @@ class Weights:
     # against one predicted to miss it. Charged once, a 256-request batch's breach weighed
     # less than one request's TTFT near its SLO: on 70B mix at TPOT <= 20 ms `auto` prefilled
     # 4.6% of prompts on its decode worker and missed twice the threshold rule's TPOTs.
-    # Uncapped, a remote prefill won however long its queue, and with one prefill worker (70B
-    # agentic at TPOT <= 20 ms, 1P:3D) TTFTs passed the SLO: 0.75 against 0.94 of requests
-    # within SLO at 52 req/s; at 0.25, 0.98 (docs/benchmarks/simulation.md, session 12).
+    # Capped higher, a remote prefill won against a queue well past the TTFT SLO, and with one
+    # prefill worker (70B agentic at TPOT <= 20 ms, 1P:3D) TTFTs passed the SLO: at a cap of
+    # 1.0, 0.75 against 0.94 of requests within SLO at 52 req/s; at 0.25, 0.98
+    # (docs/benchmarks/simulation.md, session 12).
     stall_miss_cap: float = 0.25
 
 

@@ -6,6 +6,7 @@ planner's virtual cluster (pdserve/planner).
 - `suite.py` — one cell (workload x model x SLOs): each layout family's best goodput.
 - `curves.py` — `--plot`: each family's best layout offered load below, at and past saturation.
 - `plots.py` — `--plot`: goodput vs rate per model and workload, and the summary table.
+- `paired.py` — `--at-rates`: the families' SLO attainment at the same offered rates.
 - `targets.py` — issue 49's targets on one cell.
 - `coverage.py` — every cell of the suite's `--json` files in one table.
 - `command.py` — the `--suite` arguments, the run over every cell, the targets and the table.
