@@ -274,8 +274,19 @@ class Search:
             result.failed_at = rate
         return probe.passed
 
-    def _run(self, result: SplitResult, replica: Split, size: int, rate: float) -> ProbeResult:
-        """One probe of `size` requests of the sample on one replica of the split."""
+    def steady_probe_to_end(self, split: Split, rate: float) -> ProbeResult:
+        """The split's steady probe at `rate`, sized and replicated as the search confirms a
+        goodput with, run until every request ends rather than to a certain verdict: equal
+        rates for families side by side (bench sim-disagg --suite --at-rates)."""
+        result = SplitResult(split, 0.0, replica_count(split, self.min_replica_workers))
+        _, steady = self._sizes(result)
+        return self._run(result, split.replica(result.replicas), steady, rate, to_end=True)
+
+    def _run(
+        self, result: SplitResult, replica: Split, size: int, rate: float, to_end: bool = False
+    ) -> ProbeResult:
+        """One probe of `size` requests of the sample on one replica of the split (`to_end`:
+        not stopped once its verdict is certain)."""
         k = result.replicas
         probe, _ = run_probe(
             self.deployment_for(result.split),
@@ -285,6 +296,7 @@ class Search:
             self.slo,
             self.router_config,
             self.timing,
+            stop_when_certain=not to_end,
             index_lag_s=self.index_lag_s,
         )
         probe.split, probe.rate = result.split, rate

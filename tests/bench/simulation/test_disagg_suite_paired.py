@@ -3,9 +3,15 @@ requests, layout and engine setting."""
 
 from __future__ import annotations
 
+import pytest
+
 from pdserve.bench.simulation import sim_disagg_bench
 from pdserve.bench.simulation.disagg_suite.command import run_suite
-from pdserve.bench.simulation.disagg_suite.paired import paired_attainment, paired_table
+from pdserve.bench.simulation.disagg_suite.paired import (
+    family_layout,
+    paired_attainment,
+    paired_table,
+)
 from pdserve.bench.simulation.disagg_suite.suite import Setting, SuiteOptions
 from tests.bench.cli_args import bench_args
 
@@ -18,10 +24,9 @@ def test_every_family_is_probed_at_every_rate_on_the_same_requests() -> None:
                                options)  # fmt: skip
     assert [(p.family, p.rate) for p in probes] == [(f, r) for r in (2.0, 400.0) for f in families]
     at = {(p.family, p.rate): p for p in probes}
-    # One replica of each layout, as the search probes it: colocated's of 2 workers at half the
-    # rate, the split's of all 4, each on the sample's first 30 requests per simulated worker.
-    assert at["colocated", 2.0].requests == 60 and at["split", 2.0].requests == 120
-    assert at["auto", 400.0].requests == at["split", 400.0].requests
+    # The search's steady probe of each layout: here the whole sample (30 requests per
+    # worker, shorter than a steady probe), for every family alike.
+    assert {p.requests for p in probes} == {120}
     assert at["colocated", 2.0].remote_share == 0 and at["split", 2.0].remote_share == 1
     assert at["split", 2.0].layout == at["auto", 2.0].layout == "1P:3D (TP 4:4)"
     # Light load: every request within both SLOs. At 400 req/s the split's one prefill worker
@@ -40,3 +45,9 @@ def test_at_rates_takes_one_cell_split_and_setting(capsys) -> None:
                       at_rates="2")  # fmt: skip
     assert run_suite(args) == 2
     assert "--chunks x --batch-limits" in capsys.readouterr().out
+
+
+def test_only_auto_has_the_hybrid_layout() -> None:
+    assert family_layout("70b", "auto", "hybrid").name == "hybrid 4 (TP 4)"
+    with pytest.raises(ValueError, match="threshold has no layout 'hybrid'"):
+        family_layout("70b", "threshold", "hybrid")

@@ -168,9 +168,12 @@ def _run_paired(
               f"{', '.join(single)} (got several or none: {', '.join(many) or '-'})")  # fmt: skip
         return 2
     started = time.perf_counter()
-    probes = paired_attainment(
-        models[0], workloads[0], slos[0], families, splits[0], options.settings[0], rates, options
-    )
+    try:
+        probes = paired_attainment(models[0], workloads[0], slos[0], families, splits[0],
+                                   options.settings[0], rates, options)  # fmt: skip
+    except ValueError as e:  # a family without that layout (hybrid: `auto` only)
+        print(f"sim-disagg --suite --at-rates: {e}")
+        return 2
     for p in probes:
         print(f"  {p.family:<11} {p.layout} at {p.rate:g} req/s: {p.good}/{p.requests} within "
               f"SLO ({p.attainment:.4f}); TTFT p90 {p.ttft_p90_ms:.0f} ms, TPOT p90 "

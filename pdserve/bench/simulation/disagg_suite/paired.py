@@ -25,9 +25,8 @@ from pdserve.bench.simulation.disagg_suite.suite import (
     family_router,
     family_splits,
 )
-from pdserve.planner.probe import SLO, Split, run_probe
-from pdserve.planner.search import MIN_REPLICA_WORKERS, steady_requests_per_worker
-from pdserve.planner.splits import replica_count
+from pdserve.planner.probe import SLO, Split
+from pdserve.planner.search import Search
 
 
 @dataclass(frozen=True)
@@ -49,12 +48,10 @@ class PairedProbe:
 def family_layout(model: str, family: str, split: str) -> Split:
     """The layout `family` is probed on: colocated its own; the others the split named "P:D",
     or every worker hybrid ("hybrid", `auto` only)."""
-    setup = MODELS[model]
-    if family == "colocated":
-        return family_splits(setup, family)[0]
-    if split == "hybrid":
-        return Split(0, setup.workers, setup.tp, setup.tp, hybrid=True)
-    return family_splits(setup, family, (split,))[0]
+    layouts = family_splits(MODELS[model], family, () if family == "colocated" else (split,))
+    if not layouts:
+        raise ValueError(f"{family} has no layout {split!r}")
+    return layouts[0]
 
 
 def paired_attainment(
@@ -72,27 +69,20 @@ def paired_attainment(
     deployment = deployment_of(setup.model, setup.tp, setting)
     sample = cell_sample(model, workload, options)
     slo = SLO(*SLOS[slo_name])
+    layouts = {f: family_layout(model, f, split) for f in families}
+    searches = {
+        f: Search(deployment, sample, slo, family_router(f, slo_name, len(sample)),
+                  requests_per_worker=options.requests_per_worker, index_lag_s=INDEX_LAG_S)
+        for f in families
+    }  # fmt: skip
     probes = []
     for rate in rates:
         for family in families:
-            layout = family_layout(model, family, split)
-            # One replica of the layout at its share of the rate, as the search probes it.
-            k = replica_count(layout, MIN_REPLICA_WORKERS)
-            replica = layout.replica(k)
-            workers = replica.prefill + replica.decode
-            per_worker = options.requests_per_worker
-            if options.steady_probes:
-                per_worker = steady_requests_per_worker(deployment)
-            requests = sample[: per_worker * workers]
-            router = family_router(family, slo_name, len(sample))
-            result, _ = run_probe(
-                deployment, replica, requests, rate / k, slo, router,
-                stop_when_certain=False, index_lag_s=INDEX_LAG_S,
-            )  # fmt: skip
+            result = searches[family].steady_probe_to_end(layouts[family], rate)
             probes.append(
                 PairedProbe(
                     family,
-                    layout.name,
+                    layouts[family].name,
                     rate,
                     result.requests,
                     result.good,
