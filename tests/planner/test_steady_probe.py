@@ -12,8 +12,10 @@ from pdserve.planner.search import (
     STEADY_GROWTH,
     STEADY_TRIGGER,
     Search,
+    SplitResult,
     steady_requests_per_worker,
 )
+from pdserve.workloads.metrics import LatencyStats
 from pdserve.planner.workload import PlanRequest, probe_sample
 
 SHORT = 8  # requests per worker of the search's probes
@@ -110,3 +112,49 @@ def test_a_goodput_found_on_short_probes_is_confirmed_on_a_steady_one(planner_mo
     assert not confirming.passed
     assert result.steady and result.best.requests == steady and not result.saturated
     assert result.goodput < confirming.rate / 2
+
+
+class _ScriptedProbes(Search):
+    """A Search whose probes answer from rules instead of the virtual cluster: the bisection
+    and its confirmation under test, on verdicts chosen to reach one path through them."""
+
+    def __init__(self, deployment, sample, short_knee, building_from, steady_knee):
+        slo = SLO(ttft_ms=200, tpot_ms=50)
+        router = RouterConfig(ttft_slo_ms=slo.ttft_ms, tpot_slo_ms=slo.tpot_ms)
+        super().__init__(deployment, sample, slo, router, precision=0.02, requests_per_worker=SHORT)
+        self.short_knee, self.building_from = short_knee, building_from
+        self.steady_knee = steady_knee
+
+    def _run(self, result, replica, size, rate, to_end=False):
+        _, steady = self._sizes(result)
+        passed = rate <= (self.steady_knee if size >= steady else self.short_knee)
+        growth = 2.0 if size < steady and rate >= self.building_from else 1.0
+        probe = ProbeResult(
+            split=result.split, rate=rate, requests=size, good=size if passed else 0,
+            missed=0 if passed else size, passed=passed, complete=True, elapsed_s=1.0,
+            ttft=LatencyStats.of([0.1]), tpot=LatencyStats.of([0.02]),
+            prefill_utilisation=0.5, decode_utilisation=0.5, ttft_growth=growth,
+        )  # fmt: skip
+        result.probes.append(probe)
+        return probe
+
+
+def test_a_short_pass_below_the_rate_a_split_turned_steady_at_is_confirmed(planner_model_dir):
+    """Short probes pass up to 195 req/s and show a queue building from 192; steady ones pass
+    up to 110. The split turns steady at a building pass near 192.7 whose steady probe fails,
+    and the bracket then closes within the precision on the short pass below it, at 188.4.
+    That goodput came from a short probe: it is judged again on the steady one and searched
+    down, so the search reports what the split sustains."""
+    deployment = Deployment(str(planner_model_dir), max_num_seqs=4, max_num_batched_tokens=1024)
+    workload = [PlanRequest(64, 8) for _ in range(64)]
+    sample = probe_sample(workload, len(workload), seed=3)
+    search = _ScriptedProbes(deployment, sample, short_knee=195, building_from=192, steady_knee=110)
+    steady = steady_requests_per_worker(deployment)
+    result = SplitResult(Split(0, 1), estimate=180.0)
+    search._search(result, bar=0.0, best=0.0, start=180.0)
+    turned = next(p for p in result.probes if p.requests == steady)  # the building pass's
+    assert not turned.passed
+    below = max(p.rate for p in result.probes if p.passed and p.rate < turned.rate)
+    assert below > 188 and turned.rate / below < 1.03  # a bracket within the precision
+    assert result.steady and result.best.requests == steady
+    assert 110 / 1.03 <= result.goodput <= 110
