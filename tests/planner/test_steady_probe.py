@@ -15,8 +15,8 @@ from pdserve.planner.search import (
     SplitResult,
     steady_requests_per_worker,
 )
-from pdserve.workloads.metrics import LatencyStats
 from pdserve.planner.workload import PlanRequest, probe_sample
+from pdserve.workloads.metrics import LatencyStats
 
 SHORT = 8  # requests per worker of the search's probes
 
