@@ -33,6 +33,10 @@ def test_every_family_is_probed_at_every_rate_on_the_same_requests() -> None:
     # queues past the TTFT SLO, where the others absorb the short probe's burst.
     assert all(at[f, 2.0].attainment == 1 for f in families)
     assert at["split", 400.0].attainment < 0.9 <= at["auto", 400.0].attainment
+    # Point 5's TTFT target compares means: a remote prefill's handoff shows in the split's,
+    # and its queue at 400 req/s far more.
+    split_mean = {r: at["split", r].ttft_mean_ms for r in (2.0, 400.0)}
+    assert at["colocated", 2.0].ttft_mean_ms < split_mean[2.0] < split_mean[400.0]
     table = paired_table(probes)
     assert table.endswith(
         "highest attainment at: colocated 2 of 2 rates, split 1 of 2 rates, auto 2 of 2 rates"

@@ -176,7 +176,8 @@ def _run_paired(
         return 2
     for p in probes:
         print(f"  {p.family:<11} {p.layout} at {p.rate:g} req/s: {p.good}/{p.requests} within "
-              f"SLO ({p.attainment:.4f}); TTFT p90 {p.ttft_p90_ms:.0f} ms, TPOT p90 "
+              f"SLO ({p.attainment:.4f}); TTFT mean {p.ttft_mean_ms:.0f} ms, p90 "
+              f"{p.ttft_p90_ms:.0f} ms, TPOT p90 "
               f"{p.tpot_p90_ms:.2f} ms, {p.remote_share:.1%} prefilled remotely")  # fmt: skip
     print(paired_table(probes))
     if args.json:

@@ -36,6 +36,7 @@ class PairedProbe:
     rate: float  # requests/s offered to the whole cluster
     requests: int
     good: int  # within both SLOs
+    ttft_mean_ms: float  # point 5's TTFT target compares means
     ttft_p90_ms: float
     tpot_p90_ms: float
     remote_share: float
@@ -86,6 +87,7 @@ def paired_attainment(
                     rate,
                     result.requests,
                     result.good,
+                    result.ttft.mean,
                     result.ttft.p90,
                     result.tpot.p90,
                     result.remote_share,
