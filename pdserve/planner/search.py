@@ -380,9 +380,10 @@ class Search:
         probes passed 190.9 and 193.1 req/s, the steady one failed 193.1, and 190.9 was
         reported; on the steady probe 8% of requests met the SLOs there, and the split
         sustains 110.4)."""
-        short, steady = self._sizes(result)
-        confirmed = result.best is not None and result.best.requests >= steady
-        if confirmed or result.goodput == 0.0 or result.below_best or steady <= short:
+        _, steady = self._sizes(result)
+        # No pass (best None, goodput 0), one on a probe as long as the steady one (a sample
+        # shorter than it included), or only bracketed below the best: nothing to confirm.
+        if result.best is None or result.best.requests >= steady or result.below_best:
             return
         result.steady = True
         rate, result.goodput, result.best = result.goodput, 0.0, None
