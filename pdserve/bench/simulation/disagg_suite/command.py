@@ -71,6 +71,17 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
         help="--suite: no search; each family's SLO attainment at these cluster rates on one "
         "cell, split and setting (paired.py)",
     )
+    p.add_argument(
+        "--screen",
+        default="",
+        help="--suite: no search; the figures of these suite --json files (or folders of them), "
+        "per cell and family from the highest down, each on its steady probe until one holds; "
+        "rows appended to --json (JSONL, resumed) (screen.py)",
+    )
+    p.add_argument("--screen-depth", type=int, default=8,
+                   help="--screen: figures probed per cell and family before giving up")  # fmt: skip
+    p.add_argument("--summary", default="",
+                   help="--suite: no run; rewrite DIR/summary.md from DIR's files (plots.py)")  # fmt: skip
 
 
 def _names(value: str, known, flag: str) -> list[str]:
@@ -98,6 +109,13 @@ def _split_names(value: str, models: list[str]) -> tuple[str, ...]:
 
 
 def run_suite(args: argparse.Namespace) -> int:
+    if args.summary:
+        from pdserve.bench.simulation.disagg_suite.plots import SUMMARY, summary_markdown
+
+        folder = Path(args.summary)
+        (folder / SUMMARY).write_text(summary_markdown(folder), encoding="utf-8")
+        print(f"sim-disagg --suite --summary: {folder / SUMMARY}")
+        return 0
     if args.quick:
         for key, value in QUICK.items():
             setattr(args, key, value)
@@ -121,6 +139,8 @@ def run_suite(args: argparse.Namespace) -> int:
     )  # fmt: skip
     if args.at_rates:
         return _run_paired(args, models, workloads, slos, families, splits, options)
+    if args.screen:
+        return _run_screen(args, models, workloads, slos, families)
     started = time.perf_counter()
     print(
         f"suite (offline virtual cluster): {len(models) * len(workloads) * len(slos)} cells, "
@@ -186,6 +206,48 @@ def _run_paired(
         rows = [{**asdict(p), "attainment": p.attainment} for p in probes]
         path.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
     print(f"suite --at-rates: {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+def _run_screen(
+    args: argparse.Namespace,
+    models: list[str],
+    workloads: list[str],
+    slos: list[str],
+    families: list[str],
+) -> int:
+    from pdserve.bench.simulation.disagg_suite import screen
+
+    if not args.json or args.screen_depth < 1:
+        print("sim-disagg --suite --screen: needs --json (the screen's JSONL) and a positive "
+              "--screen-depth")  # fmt: skip
+        return 2
+    started = time.perf_counter()
+    out = Path(args.json)
+    done = screen.read_rows(out)
+    figures = [
+        f for f in screen.documented_figures(screen.suite_files(args.screen.split(",")))
+        if f.model in models and f.workload in workloads and f.slo in slos
+        and f.family in families
+    ]  # fmt: skip
+    print(f"screen: {len(figures)} documented figures, {len(done)} judged in {out} already",
+          flush=True)  # fmt: skip
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def keep(row: dict) -> None:
+        with out.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+        verdict = "holds" if row["holds"] else "fails"
+        print(f"  {row['model']} {row['workload']} {row['slo']} {row['family']:<11} "
+              f"{row['layout']}, chunk {row['chunk']} batch {row['batch']} at "
+              f"{row['rate']:.2f} req/s: {row['attainment']:.4f} within SLO, {verdict} "
+              f"(TTFT p90 {row['ttft_p90_ms']:.0f} ms, TPOT p90 {row['tpot_p90_ms']:.1f} ms)",
+              flush=True)  # fmt: skip
+
+    rows = screen.screen(figures, done, args.screen_depth, on_row=keep)
+    held = sum(row["holds"] for row in rows)
+    print(f"screen: {len(rows)} figures judged, {held} hold; "
+          f"{time.perf_counter() - started:.0f} s")  # fmt: skip
     return 0
 
 

@@ -1,0 +1,174 @@
+"""`sim-disagg --suite --screen FILES`: which documented figures hold on today's code.
+
+A suite `--json` file records, per cell and family, every (layout, engine setting) it searched
+and the goodput each reached. Figures searched with short probes, or by an older search, can
+be bursts (issue 49, session 13: a third of one session's `auto` figures kept under 20% of
+their requests within SLO when run to the end). The screen takes every such figure of the
+files, per cell and family from the highest rate down, and runs its steady probe to its end at
+that rate, layout and setting (paired.py's probe); the first one that keeps >= 90% within both
+SLOs is the family's confirmed figure: a rate the layout sustains, so a lower bound of the
+family's goodput on that cell. Each probe is one line of a JSONL file; a later run reads it
+and probes only what it lacks, so a screen can be split across processes and resumed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from functools import cache
+from pathlib import Path
+
+from pdserve.bench.simulation.disagg_suite.paired import PairedProbe, paired_attainment
+from pdserve.bench.simulation.disagg_suite.suite import (
+    MODELS,
+    Setting,
+    SuiteOptions,
+    cell_sample,
+    deployment_of,
+)
+from pdserve.planner.ceiling import compute_ceiling
+
+HOLDS = 0.9  # DistServe's goodput: >= 90% of the requests within both SLOs
+# A searched entry's name: "<layout> chunk C batch B", the layout "2P:6D", "2P:2D (TP 4:4)",
+# "hybrid 8", "colocated 4 (TP 4)".
+_ENTRY = re.compile(r"^(?P<layout>.+?) chunk (?P<chunk>\d+) batch (?P<batch>\d+)$")
+_SPLIT = re.compile(r"^(\d+)P:(\d+)D\b")
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One documented goodput: a family on one layout and engine setting of one cell."""
+
+    model: str
+    workload: str
+    slo: str
+    family: str
+    split: str  # "P:D", "hybrid" or "colocated" (paired.family_layout's names)
+    chunk: int
+    batch: int
+    rate: float
+    source: str  # the first file that documents it
+
+    @property
+    def key(self) -> tuple:
+        return (self.model, self.workload, self.slo, self.family, self.split, self.chunk,
+                self.batch, round(self.rate, 6))  # fmt: skip
+
+
+def layout_key(layout: str) -> str:
+    """The --splits name of a layout as the suite JSON names it."""
+    if layout.startswith("colocated"):
+        return "colocated"
+    if layout.startswith("hybrid"):
+        return "hybrid"
+    match = _SPLIT.match(layout)
+    if not match:
+        raise ValueError(f"not a layout name: {layout!r}")
+    return f"{match[1]}:{match[2]}"
+
+
+def documented_figures(paths: Iterable[Path]) -> list[Figure]:
+    """Every positive goodput the suite JSON files record (the best and every searched entry),
+    once each; files that are not suite `--json` output are skipped."""
+    figures: dict[tuple, Figure] = {}
+    for path in paths:
+        document = json.loads(path.read_text(encoding="utf-8"))
+        if not (isinstance(document, list) and all("families" in c for c in document)):
+            continue
+        for cell in document:
+            for family, best in cell["families"].items():
+                for name, rate in best.get("searched", {}).items():
+                    match = _ENTRY.match(name)
+                    if not rate or not match:
+                        continue
+                    figure = Figure(
+                        cell["model"], cell["workload"], cell["slo"], family,
+                        layout_key(match["layout"]), int(match["chunk"]), int(match["batch"]),
+                        rate, str(path),
+                    )  # fmt: skip
+                    figures.setdefault(figure.key, figure)
+    return list(figures.values())
+
+
+def suite_files(paths: Iterable[str]) -> list[Path]:
+    """The JSON files named, folders searched recursively, in a stable order."""
+    found = []
+    for name in paths:
+        path = Path(name)
+        found.extend(sorted(path.rglob("*.json")) if path.is_dir() else [path])
+    return found
+
+
+Probe = Callable[[Figure], PairedProbe]
+
+
+def probe_figure(figure: Figure) -> PairedProbe:
+    """The figure's steady probe, run to its end at its rate, layout and setting."""
+    setting = Setting(figure.chunk, figure.batch)
+    split = "hybrid" if figure.split == "colocated" else figure.split  # colocated: ignored
+    [probe] = paired_attainment(figure.model, figure.workload, figure.slo, [figure.family],
+                                split, setting, [figure.rate],
+                                SuiteOptions(settings=(setting,)))  # fmt: skip
+    return probe
+
+
+@cache
+def cell_ceiling(model: str, workload: str) -> float | None:
+    """The cell's compute ceiling (suite.Cell.ceiling): no layout sustains a rate above it."""
+    setup, setting = MODELS[model], Setting(512, 256)  # FLOPs only: any setting
+    sample = cell_sample(model, workload, SuiteOptions(settings=(setting,)))
+    return compute_ceiling(deployment_of(setup.model, setup.tp, setting), sample, setup.workers)
+
+
+def screen(
+    figures: list[Figure],
+    done: dict[tuple, dict],
+    depth: int,
+    probe: Probe = probe_figure,
+    on_row: Callable[[dict], None] | None = None,
+    ceiling: Callable[[str, str], float | None] = cell_ceiling,
+) -> list[dict]:
+    """Per cell and family, its figures from the highest rate down until one holds or `depth`
+    of them failed; `done` (rows of an earlier screen, by Figure.key) are not probed again, and
+    figures above the cell's compute ceiling (bursts by arithmetic) not at all. Returns the rows
+    of every figure judged, earlier or now."""
+    by_family: dict[tuple, list[Figure]] = {}
+    for f in figures:
+        top = ceiling(f.model, f.workload)
+        if top is None or f.rate <= top:
+            by_family.setdefault((f.model, f.workload, f.slo, f.family), []).append(f)
+    rows = []
+    for group in by_family.values():
+        for figure in sorted(group, key=lambda f: -f.rate)[:depth]:
+            row = done.get(figure.key)
+            if row is None:
+                row = screen_row(figure, probe(figure))
+                if on_row is not None:
+                    on_row(row)
+            rows.append(row)
+            if row["holds"]:
+                break
+    return rows
+
+
+def screen_row(figure: Figure, probe: PairedProbe) -> dict:
+    row = {**asdict(figure), "layout": probe.layout}
+    row.update(requests=probe.requests, good=probe.good, attainment=probe.attainment,
+               holds=probe.attainment >= HOLDS, ttft_mean_ms=probe.ttft_mean_ms,
+               ttft_p90_ms=probe.ttft_p90_ms, tpot_p90_ms=probe.tpot_p90_ms,
+               remote_share=probe.remote_share)  # fmt: skip
+    return row
+
+
+def row_key(row: dict) -> tuple:
+    return Figure(**{k: row[k] for k in Figure.__dataclass_fields__}).key
+
+
+def read_rows(path: Path) -> dict[tuple, dict]:
+    """The rows of a screen's JSONL file, by figure."""
+    if not path.exists():
+        return {}
+    rows = (json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line)
+    return {row_key(row): row for row in rows}
