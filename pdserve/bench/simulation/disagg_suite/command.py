@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from pdserve.bench.simulation.disagg_suite.suite import (
@@ -226,7 +226,8 @@ def _run_screen(
     out = Path(args.json)
     done = screen.read_rows(out)
     figures = [
-        f for f in screen.documented_figures(screen.suite_files(args.screen.split(",")))
+        replace(f, requests_per_worker=args.requests_per_worker)
+        for f in screen.documented_figures(screen.suite_files(args.screen.split(",")))
         if f.model in models and f.workload in workloads and f.slo in slos
         and f.family in families
     ]  # fmt: skip

@@ -50,11 +50,14 @@ class Figure:
     batch: int
     rate: float
     source: str  # the first file that documents it
+    # The probe sample's block (suite.cell_sample): agentic, mix and phases repeat their trace
+    # every requests_per_worker x (fewest workers) requests, so their sample depends on it.
+    requests_per_worker: int = 150
 
     @property
     def key(self) -> tuple:
         return (self.model, self.workload, self.slo, self.family, self.split, self.chunk,
-                self.batch, round(self.rate, 6))  # fmt: skip
+                self.batch, round(self.rate, 6), self.requests_per_worker)  # fmt: skip
 
 
 def layout_key(layout: str) -> str:
@@ -108,9 +111,9 @@ def probe_figure(figure: Figure) -> PairedProbe:
     """The figure's steady probe, run to its end at its rate, layout and setting."""
     setting = Setting(figure.chunk, figure.batch)
     split = "hybrid" if figure.split == "colocated" else figure.split  # colocated: ignored
+    options = SuiteOptions(settings=(setting,), requests_per_worker=figure.requests_per_worker)
     [probe] = paired_attainment(figure.model, figure.workload, figure.slo, [figure.family],
-                                split, setting, [figure.rate],
-                                SuiteOptions(settings=(setting,)))  # fmt: skip
+                                split, setting, [figure.rate], options)  # fmt: skip
     return probe
 
 
