@@ -274,13 +274,13 @@ class Search:
             result.failed_at = rate
         return probe.passed
 
-    def steady_probe_to_end(self, split: Split, rate: float) -> ProbeResult:
+    def steady_probe(self, split: Split, rate: float, to_end: bool = True) -> ProbeResult:
         """The split's steady probe at `rate`, sized and replicated as the search confirms a
-        goodput with, run until every request ends rather than to a certain verdict: equal
-        rates for families side by side (bench sim-disagg --suite --at-rates)."""
+        goodput with; `to_end`: run until every request ends rather than to a certain verdict
+        (equal rates for families side by side: bench sim-disagg --suite --at-rates)."""
         result = SplitResult(split, 0.0, replica_count(split, self.min_replica_workers))
         _, steady = self._sizes(result)
-        return self._run(result, split.replica(result.replicas), steady, rate, to_end=True)
+        return self._run(result, split.replica(result.replicas), steady, rate, to_end=to_end)
 
     def _run(
         self, result: SplitResult, replica: Split, size: int, rate: float, to_end: bool = False

@@ -241,7 +241,7 @@ def _run_screen(
         verdict = "holds" if row["holds"] else "fails"
         print(f"  {row['model']} {row['workload']} {row['slo']} {row['family']:<11} "
               f"{row['layout']}, chunk {row['chunk']} batch {row['batch']} at "
-              f"{row['rate']:.2f} req/s: {row['attainment']:.4f} within SLO, {verdict} "
+              f"{row['rate']:.2f} req/s: {screen.attainment_text(row)} within SLO, {verdict} "
               f"(TTFT p90 {row['ttft_p90_ms']:.0f} ms, TPOT p90 {row['tpot_p90_ms']:.1f} ms)",
               flush=True)  # fmt: skip
 

@@ -49,7 +49,7 @@ def coverage_markdown(cells: list[dict]) -> str:
             _figure(families.get("threshold")), _figure(families.get("conditional")),
             _ratio(auto, static), _ratio(auto, colocated),
             ", ".join(missed) or "none",
-            "-" if ceiling is None else _rate(ceiling) + _bursts(cell),
+            "-" if ceiling is None else rate_text(ceiling) + _bursts(cell),
         ]  # fmt: skip
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
@@ -61,7 +61,7 @@ def _judged(cell: dict) -> Cell:
     return Cell(cell["model"], cell["workload"], cell["slo"], families)
 
 
-def _rate(value: float) -> str:
+def rate_text(value: float) -> str:
     return f"{value:.0f}" if value >= 100 else f"{value:.1f}" if value >= 1 else f"{value:.2f}"
 
 
@@ -74,7 +74,7 @@ def _figure(best: dict | None, with_split: bool = True) -> str:
     setting = best["setting"]
     where = best["split"].split(" (")[0] if with_split else ""
     where = ", ".join(w for w in (where, f"chunk {setting['chunk']}") if w)
-    return f"{_rate(best['goodput'])} ({where})"
+    return f"{rate_text(best['goodput'])} ({where})"
 
 
 def _ratio(a: float, b: float) -> str:

@@ -40,6 +40,11 @@ class PairedProbe:
     ttft_p90_ms: float
     tpot_p90_ms: float
     remote_share: float
+    # False: stopped once its verdict was certain (`paired_attainment(to_end=False)`), so
+    # `attainment` counts only the requests judged by then; a failing one's true attainment
+    # lies below 1 - missed / requests.
+    complete: bool = True
+    missed: int = 0
 
     @property
     def attainment(self) -> float:
@@ -64,8 +69,10 @@ def paired_attainment(
     setting: Setting,
     rates: list[float],
     options: SuiteOptions,
+    to_end: bool = True,
 ) -> list[PairedProbe]:
-    """Every family at every rate, in that order, each on the cell's sample."""
+    """Every family at every rate, in that order, each on the cell's sample (`to_end` False:
+    each probe stops once its verdict is certain)."""
     setup = MODELS[model]
     deployment = deployment_of(setup.model, setup.tp, setting)
     sample = cell_sample(model, workload, options)
@@ -79,7 +86,7 @@ def paired_attainment(
     probes = []
     for rate in rates:
         for family in families:
-            result = searches[family].steady_probe_to_end(layouts[family], rate)
+            result = searches[family].steady_probe(layouts[family], rate, to_end)
             probes.append(
                 PairedProbe(
                     family,
@@ -91,6 +98,8 @@ def paired_attainment(
                     result.ttft.p90,
                     result.tpot.p90,
                     result.remote_share,
+                    result.complete,
+                    result.missed,
                 )  # fmt: skip
             )
     return probes

@@ -14,12 +14,14 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+from pdserve.bench.simulation.disagg_suite.confirmed import SCREEN, confirmed_markdown
 from pdserve.bench.simulation.disagg_suite.coverage import (
     COVERAGE_DIR,
     coverage_cells,
     coverage_markdown,
 )
 from pdserve.bench.simulation.disagg_suite.curves import Curve
+from pdserve.bench.simulation.disagg_suite.screen import read_rows
 from pdserve.bench.simulation.disagg_suite.suite import FAMILIES, SLOS, Cell
 
 SUMMARY = "summary.md"
@@ -97,14 +99,30 @@ def summary_markdown(out_dir: Path) -> str:
             static = max(colocated, goodput.get("split", 0.0))
             auto = f"{goodput['auto'] / static:.2f}" if "auto" in goodput and static else "-"
             lines.append("| " + " | ".join([model, workload, slo, *cells, auto]) + " |")
-    table = "\n".join(lines) + "\n"
-    covered = coverage_cells(out_dir / COVERAGE_DIR) if (out_dir / COVERAGE_DIR).is_dir() else []
-    if not covered:
-        return table
-    return (
-        f"{table}\n## Every cell run ({COVERAGE_DIR}/*.json, no curves)\n\n"
-        f"{coverage_markdown(covered)}"
-    )
+    parts = ["\n".join(lines) + "\n"]
+    coverage = out_dir / COVERAGE_DIR
+    screened = read_rows(coverage / SCREEN)
+    if screened:
+        parts.append(f"## Every cell, confirmed ({COVERAGE_DIR}/{SCREEN}: each figure held its "
+                     f"steady probe)\n\n{CONFIRMED_NOTE}\n\n"
+                     f"{confirmed_markdown(list(screened.values()))}")  # fmt: skip
+    covered = coverage_cells(coverage) if coverage.is_dir() else []
+    if covered:
+        parts.append(f"## Every cell as searched ({COVERAGE_DIR}/*.json, no curves; short "
+                     f"probes, some figures bursts: read the table above)\n\n"
+                     f"{coverage_markdown(covered)}")  # fmt: skip
+    return "\n".join(parts)
+
+
+# Above the confirmed table: what its figures are, and the command that rebuilds it.
+CONFIRMED_NOTE = (
+    "Per cell and family, the highest figure documented in this folder's suite JSON that keeps "
+    ">= 90% of its steady probe within both SLOs (`pdserve bench sim-disagg "
+    "--suite --screen FOLDER --json SCREEN`, pdserve/bench/simulation/disagg_suite/screen.py): "
+    'a rate the layout sustains, so a lower bound of the family\'s goodput. "none held": the '
+    'highest figures probed all fell short (the highest\'s attainment shown); "-": no '
+    "documented figure below the cell's compute ceiling."
+)
 
 
 def _figure(goodput: dict[str, float], family: str, colocated: float) -> str:

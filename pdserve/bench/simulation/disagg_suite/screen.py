@@ -4,9 +4,9 @@ A suite `--json` file records, per cell and family, every (layout, engine settin
 and the goodput each reached. Figures searched with short probes, or by an older search, can
 be bursts (issue 49, session 13: a third of one session's `auto` figures kept under 20% of
 their requests within SLO when run to the end). The screen takes every such figure of the
-files, per cell and family from the highest rate down, and runs its steady probe to its end at
-that rate, layout and setting (paired.py's probe); the first one that keeps >= 90% within both
-SLOs is the family's confirmed figure: a rate the layout sustains, so a lower bound of the
+files, per cell and family from the highest rate down, and runs its steady probe at that rate,
+layout and setting (paired.py's probe) until its verdict is certain; the first one that keeps
+>= 90% within both SLOs is the family's confirmed figure: a rate the layout sustains, so a lower bound of the
 family's goodput on that cell. Each probe is one line of a JSONL file; a later run reads it
 and probes only what it lacks, so a screen can be split across processes and resumed.
 """
@@ -108,12 +108,14 @@ Probe = Callable[[Figure], PairedProbe]
 
 
 def probe_figure(figure: Figure) -> PairedProbe:
-    """The figure's steady probe, run to its end at its rate, layout and setting."""
+    """The figure's steady probe at its rate, layout and setting, until its verdict is certain
+    (a burst's fails within its first few hundred requests; run to the end, a probe of 8192 far
+    past saturation takes minutes)."""
     setting = Setting(figure.chunk, figure.batch)
     split = "hybrid" if figure.split == "colocated" else figure.split  # colocated: ignored
     options = SuiteOptions(settings=(setting,), requests_per_worker=figure.requests_per_worker)
     [probe] = paired_attainment(figure.model, figure.workload, figure.slo, [figure.family],
-                                split, setting, [figure.rate], options)  # fmt: skip
+                                split, setting, [figure.rate], options, to_end=False)  # fmt: skip
     return probe
 
 
@@ -161,8 +163,16 @@ def screen_row(figure: Figure, probe: PairedProbe) -> dict:
     row.update(requests=probe.requests, good=probe.good, attainment=probe.attainment,
                holds=probe.attainment >= HOLDS, ttft_mean_ms=probe.ttft_mean_ms,
                ttft_p90_ms=probe.ttft_p90_ms, tpot_p90_ms=probe.tpot_p90_ms,
-               remote_share=probe.remote_share)  # fmt: skip
+               remote_share=probe.remote_share, complete=probe.complete,
+               missed=probe.missed)  # fmt: skip
     return row
+
+
+def attainment_text(row: dict) -> str:
+    """A row's share within SLO; a probe stopped on a certain failure: its upper bound."""
+    if row["holds"] or row["complete"]:
+        return f"{row['attainment']:.2f}"
+    return f"<= {1 - row['missed'] / row['requests']:.2f}"
 
 
 def row_key(row: dict) -> tuple:

@@ -1,0 +1,63 @@
+"""The confirmed coverage table: per cell, each family's highest documented figure that held its
+steady probe in a screen (screen.py), and issue 49's targets judged on those figures alone.
+
+A held figure is a rate the layout sustains, so each entry is a lower bound of the family's
+goodput: within the search's precision of it where the figure came from a confirming search
+(2% in sessions 10-14), further below where the highest figures of a short-probe search were
+bursts and the screen reached a lower one.
+"""
+
+from __future__ import annotations
+
+from pdserve.bench.simulation.disagg_suite.coverage import rate_text
+from pdserve.bench.simulation.disagg_suite.screen import attainment_text
+from pdserve.bench.simulation.disagg_suite.suite import MODELS, SLOS, Cell, FamilyBest
+from pdserve.bench.simulation.disagg_suite.targets import targets
+from pdserve.bench.simulation.disagg_suite.workloads import WORKLOADS
+
+SCREEN = "screen.jsonl"  # in the coverage folder: the screen the summary's table reads
+COLUMNS = ["colocated", "split", "auto", "threshold", "conditional"]
+HEADER = ["model", "workload", "SLO", "colocated", "best split", "auto", "threshold:16",
+          "conditional", "auto / best static", "auto / colocated", "targets missed",
+          "figures held / probed"]  # fmt: skip
+
+
+def confirmed_markdown(rows: list[dict]) -> str:
+    by_cell: dict[tuple, dict[str, list[dict]]] = {}
+    for row in rows:
+        cell = by_cell.setdefault((row["model"], row["workload"], row["slo"]), {})
+        cell.setdefault(row["family"], []).append(row)
+    order = {name: i for i, name in enumerate([*MODELS, *WORKLOADS, *SLOS])}
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    for key in sorted(by_cell, key=lambda k: [order[n] for n in k]):
+        families = by_cell[key]
+        held = {f: max((r for r in rs if r["holds"]), key=lambda r: r["rate"], default=None)
+                for f, rs in families.items()}  # fmt: skip
+        judged = Cell(*key, {f: FamilyBest(f, r["rate"]) for f, r in held.items() if r})
+        auto, static = judged.goodput("auto"), judged.best_static
+        missed = [name for name, ok in targets(judged).items() if not ok]
+        probed = [r for rs in families.values() for r in rs]
+        row = [
+            *key,
+            *(_entry(families.get(f, []), held.get(f), f != "colocated") for f in COLUMNS),
+            _ratio(auto, static), _ratio(auto, judged.goodput("colocated")),
+            ", ".join(missed) or "none", f"{sum(r['holds'] for r in probed)} / {len(probed)}",
+        ]  # fmt: skip
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _entry(rows: list[dict], held: dict | None, with_layout: bool) -> str:
+    """The held figure with where it held; or how far the highest figure probed fell short."""
+    if not rows:
+        return "-"
+    if held is None:
+        top = max(rows, key=lambda r: r["rate"])
+        return f"none held ({len(rows)} probed; {rate_text(top['rate'])}: {attainment_text(top)})"
+    where = held["layout"].split(" (")[0] if with_layout else ""
+    where = ", ".join(w for w in (where, f"chunk {held['chunk']}") if w)
+    return f"{rate_text(held['rate'])} ({where})"
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}" if a > 0 and b > 0 else "-"

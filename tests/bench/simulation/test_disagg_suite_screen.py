@@ -1,0 +1,154 @@
+"""`sim-disagg --suite --screen`: documented figures judged on their steady probes, from the
+highest down per cell and family, and the confirmed table built from what held."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pdserve.bench.simulation import sim_disagg_bench
+from pdserve.bench.simulation.disagg_suite.command import _write_json, run_suite
+from pdserve.bench.simulation.disagg_suite.confirmed import SCREEN, confirmed_markdown
+from pdserve.bench.simulation.disagg_suite.paired import PairedProbe
+from pdserve.bench.simulation.disagg_suite.plots import summary_markdown
+from pdserve.bench.simulation.disagg_suite.screen import (
+    Figure,
+    attainment_text,
+    documented_figures,
+    read_rows,
+    screen,
+)
+from pdserve.bench.simulation.disagg_suite.suite import Cell, FamilyBest, Setting
+from tests.bench.cli_args import bench_args
+
+
+def _family(family: str, **searched: float) -> FamilyBest:
+    best = FamilyBest(family)
+    for name, rate in searched.items():
+        layout, chunk = name.rsplit("_", 1)
+        entry = f"{layout.replace('_', ':')} chunk {chunk} batch 256"
+        best.searched[entry] = rate
+        if rate > best.goodput:
+            best.goodput, best.split, best.setting = rate, layout, Setting(int(chunk), 256)
+    return best
+
+
+def _suite_file(path: Path) -> None:
+    cell = Cell("70b", "code", "loose", ceiling=240.0)
+    cell.families["colocated"] = _family("colocated", **{"colocated 4 (TP 4)_512": 190.0})
+    cell.families["auto"] = _family(
+        "auto", **{"1P_3D (TP 4_4)_2048": 230.0, "hybrid 4 (TP 4)_512": 185.0, "3P_1D_512": 0.0}
+    )
+    _write_json(path, [cell])
+
+
+def test_figures_of_every_suite_file_once_each(tmp_path: Path) -> None:
+    _suite_file(tmp_path / "a.json")
+    _suite_file(tmp_path / "b.json")  # the same figures again: kept once, from a.json
+    (tmp_path / "other.json").write_text(json.dumps({"not": "a suite file"}))
+    figures = documented_figures(sorted(tmp_path.glob("*.json")))
+    got = sorted((f.family, f.split, f.chunk, f.rate, Path(f.source).name) for f in figures)
+    assert got == [
+        ("auto", "1:3", 2048, 230.0, "a.json"),
+        ("auto", "hybrid", 512, 185.0, "a.json"),  # a goodput of 0 is no figure
+        ("colocated", "colocated", 512, 190.0, "a.json"),
+    ]
+
+
+def _probe_holding_up_to(limit: float, calls: list[Figure]):
+    def probe(figure: Figure) -> PairedProbe:
+        calls.append(figure)
+        good = 95 if figure.rate <= limit else 40
+        return PairedProbe(figure.family, f"{figure.split} layout", figure.rate, 100, good,
+                           300.0, 500.0, 20.0, 0.5)  # fmt: skip
+
+    return probe
+
+
+def _figure(family: str, rate: float, split: str = "1:3") -> Figure:
+    return Figure("70b", "code", "loose", family, split, 512, 256, rate, "x.json")
+
+
+def test_each_family_from_its_highest_figure_down_until_one_holds() -> None:
+    figures = [_figure("auto", r) for r in (150, 230, 200, 260, 170)]
+    figures += [_figure("colocated", r, "colocated") for r in (120, 180)]
+    calls: list[Figure] = []
+    rows = screen(figures, {}, depth=8, probe=_probe_holding_up_to(175, calls),
+                  ceiling=lambda model, workload: 240.0)  # fmt: skip
+    # 260 lies above the compute ceiling: a burst by arithmetic, never probed.
+    assert [(f.family, f.rate) for f in calls] == [
+        ("auto", 230), ("auto", 200), ("auto", 170), ("colocated", 180), ("colocated", 120)
+    ]  # fmt: skip
+    assert [(r["rate"], r["holds"], r["attainment"]) for r in rows] == [
+        (230, False, 0.4), (200, False, 0.4), (170, True, 0.95),
+        (180, False, 0.4), (120, True, 0.95),
+    ]  # fmt: skip
+
+
+def test_a_screen_gives_up_after_depth_figures_and_reuses_earlier_rows() -> None:
+    figures = [_figure("auto", r) for r in (230, 200, 170, 150)]
+    first: list[Figure] = []
+    rows = screen(figures, {}, depth=2, probe=_probe_holding_up_to(100, first),
+                  ceiling=lambda model, workload: None)  # fmt: skip
+    assert [f.rate for f in first] == [230, 200] and not any(r["holds"] for r in rows)
+    done = {figure.key: row for figure, row in zip(first, rows, strict=True)}
+    again: list[Figure] = []
+    rows = screen(figures, done, depth=3, probe=_probe_holding_up_to(180, again),
+                  ceiling=lambda model, workload: None)  # fmt: skip
+    assert [f.rate for f in again] == [170]  # only the figure the first screen lacked
+    assert [r["holds"] for r in rows] == [False, False, True]
+
+
+def test_the_confirmed_table_judges_the_targets_on_held_figures_only(tmp_path: Path) -> None:
+    calls: list[Figure] = []
+    figures = [_figure("colocated", 180, "colocated"), _figure("colocated", 120, "colocated"),
+               _figure("split", 100, "3:1"), _figure("auto", 230), _figure("auto", 170),
+               _figure("threshold", 200)]  # fmt: skip
+    probe = _probe_holding_up_to(175, calls)
+    rows = screen(figures, {}, depth=2, probe=probe, ceiling=lambda model, workload: None)
+    table = confirmed_markdown(rows).splitlines()
+    assert len(table) == 3
+    cells = [c.strip() for c in table[2].strip("|").split("|")]
+    assert cells[:8] == [
+        "70b", "code", "loose", "120 (chunk 512)", "100 (3:1 layout, chunk 512)",
+        "170 (1:3 layout, chunk 512)", "none held (1 probed; 200: 0.40)", "-",
+    ]  # fmt: skip
+    # auto 170 against colocated 120: threshold's 200 failed its probe, so is not judged.
+    assert cells[8:] == ["1.42", "1.42", "none", "3 / 6"]
+    # The summary carries it when the coverage folder holds a screen.
+    (tmp_path / "coverage").mkdir()
+    with (tmp_path / "coverage" / SCREEN).open("w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    assert confirmed_markdown(list(read_rows(tmp_path / "coverage" / SCREEN).values())) in (
+        summary_markdown(tmp_path)
+    )
+
+
+def test_screen_command_probes_documented_figures_until_one_holds(tmp_path: Path, capsys) -> None:
+    cell = Cell("70b", "code", "loose", ceiling=240.0)
+    cell.families["colocated"] = _family("colocated", **{"colocated 4 (TP 4)_512": 2.0})
+    cell.families["colocated"].searched = {
+        "colocated 4 (TP 4) chunk 512 batch 16": 2.0,
+        "colocated 4 (TP 4) chunk 2048 batch 16": 200.0,
+    }
+    _write_json(tmp_path / "suite.json", [cell])
+    out = tmp_path / "screen.jsonl"
+    args = bench_args(sim_disagg_bench, models="70b", suite_workloads="code", slos="loose",
+                      families="colocated", screen=str(tmp_path / "suite.json"),
+                      json=str(out))  # fmt: skip
+    assert run_suite(args) == 0
+    burst, held = read_rows(out).values()
+    # The steady probe: 8 x max_num_seqs requests per worker, on one replica of two of the four
+    # workers (as the search probes it), each stopped once its verdict is certain. At 200 req/s
+    # a batch of 16 queues past the TTFT SLO within the first requests.
+    assert {burst["requests"], held["requests"]} == {8 * 16 * 2}
+    assert (burst["rate"], burst["holds"], burst["complete"]) == (200.0, False, False)
+    assert burst["missed"] > 0.1 * burst["requests"]
+    assert (held["layout"], held["rate"], held["batch"]) == ("colocated 4 (TP 4)", 2.0, 16)
+    assert held["holds"] and held["attainment"] >= 0.9
+    printed = capsys.readouterr().out
+    assert f"at 200.00 req/s: {attainment_text(burst)} within SLO, fails" in printed
+    assert attainment_text(burst).startswith("<= ")
+    assert "2 figures judged, 1 hold" in printed
+    assert run_suite(args) == 0  # resumed: nothing left to probe
+    assert "2 judged in" in capsys.readouterr().out and len(out.read_text().splitlines()) == 2
