@@ -37,3 +37,14 @@ def test_cells_of_every_file_in_suite_order_with_targets_and_bursts(tmp_path: Pa
     assert "| 1.02 | 4.10 | none | 100 |" in rows[2]
     # The plots' summary carries the coverage table of DIR/coverage.
     assert coverage_markdown(cells) in summary_markdown(tmp_path)
+
+
+def test_a_cell_in_several_files_is_the_latest_sessions_whatever_the_files_times(
+    tmp_path: Path,
+) -> None:
+    # Written in this order; a clone gives every file the checkout's time, so the names decide.
+    for name, goodput in [("70b-tight-tpot", 10), ("70b-all-session6", 20),
+                          ("70b-all-session7", 30), ("70b-all-session7-sweep", 40)]:  # fmt: skip
+        _write_json(tmp_path / f"{name}.json", [_cell("70b", "chat", "loose", colocated=goodput)])
+    [cell] = coverage_cells(tmp_path)
+    assert cell["families"]["colocated"]["goodput"] == 40

@@ -10,6 +10,7 @@ and the families whose goodput lies above the compute ceiling (a burst, not a ra
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from pdserve.bench.simulation.disagg_suite.suite import MODELS, SLOS, Cell, FamilyBest
@@ -24,13 +25,21 @@ HEADER = ["model", "workload", "SLO", "colocated", "best split", "auto", "thresh
 
 def coverage_cells(folder: Path) -> list[dict]:
     """Every cell of the `--json` files in `folder`, in the suite's order (a cell measured
-    twice: the later file's)."""
+    twice: the later file's, by `_written_order`)."""
     by_key = {}
-    for path in sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime):
+    for path in sorted(folder.glob("*.json"), key=_written_order):
         for cell in json.loads(path.read_text(encoding="utf-8")):
             by_key[cell["model"], cell["workload"], cell["slo"]] = cell
     order = {name: i for i, name in enumerate([*MODELS, *WORKLOADS, *SLOS])}
     return [by_key[k] for k in sorted(by_key, key=lambda k: [order[n] for n in k])]
+
+
+def _written_order(path: Path) -> tuple[int, bool, str]:
+    """The order the files were written in, from their names (a clone's files all bear the
+    time of the checkout): "...-sessionN" by N (none: before the sessions were named), a
+    "-sweep" after the session's plain file."""
+    session = re.search(r"session(\d+)", path.stem)
+    return (int(session[1]) if session else 0, path.stem.endswith("-sweep"), path.stem)
 
 
 def coverage_markdown(cells: list[dict]) -> str:

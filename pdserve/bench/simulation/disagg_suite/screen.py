@@ -14,6 +14,7 @@ and probes only what it lacks, so a screen can be split across processes and res
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
@@ -172,7 +173,8 @@ def attainment_text(row: dict) -> str:
     """A row's share within SLO; a probe stopped on a certain failure: its upper bound."""
     if row["holds"] or row["complete"]:
         return f"{row['attainment']:.2f}"
-    return f"<= {1 - row['missed'] / row['requests']:.2f}"
+    bound = 1 - row["missed"] / row["requests"]  # the share not yet missed when it stopped
+    return f"< {math.floor(bound * 100 + 1) / 100:.2f}"
 
 
 def row_key(row: dict) -> tuple:
