@@ -9,5 +9,7 @@ planner's virtual cluster (pdserve/planner).
 - `paired.py` — `--at-rates`: the families' SLO attainment at the same offered rates.
 - `targets.py` — issue 49's targets on one cell.
 - `coverage.py` — every cell of the suite's `--json` files in one table.
+- `screen.py` — `--screen`: each documented figure on its steady probe, the highest down.
+- `confirmed.py` — the coverage table of the figures a screen found to hold.
 - `command.py` — the `--suite` arguments, the run over every cell, the targets and the table.
 """

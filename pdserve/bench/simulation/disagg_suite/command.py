@@ -81,7 +81,7 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--screen-depth", type=int, default=8,
                    help="--screen: figures probed per cell and family before giving up")  # fmt: skip
     p.add_argument("--summary", default="",
-                   help="--suite: no run; rewrite DIR/summary.md from DIR's files (plots.py)")  # fmt: skip
+                   help="--suite: no run; rewrite the summary table in DIR from its files (plots.py)")  # fmt: skip
 
 
 def _names(value: str, known, flag: str) -> list[str]:
