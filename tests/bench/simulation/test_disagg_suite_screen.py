@@ -4,6 +4,7 @@ highest down per cell and family, and the confirmed table built from what held."
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from pdserve.bench.simulation import sim_disagg_bench
@@ -115,6 +116,11 @@ def test_the_confirmed_table_judges_the_targets_on_held_figures_only(tmp_path: P
     ]  # fmt: skip
     # auto 170 against colocated 120: threshold's 200 failed its probe, so is not judged.
     assert cells[8:] == ["1.42", "1.42", "none", "3 / 6"]
+    # A screen on another sample (agentic, mix and phases depend on its block) is its own row.
+    [other] = screen([replace(figures[0], requests_per_worker=500)], {}, depth=1, probe=probe,
+                     ceiling=lambda model, workload: None)  # fmt: skip
+    table = confirmed_markdown([*rows, other]).splitlines()
+    assert table[3].startswith("| 70b | code (500 per worker) | loose | none held (1 probed;")
     # The summary carries it when the coverage folder holds a screen.
     (tmp_path / "coverage").mkdir()
     with (tmp_path / "coverage" / SCREEN).open("w") as f:

@@ -30,6 +30,7 @@ from pathlib import Path
 from pdserve.bench.simulation.disagg_suite.suite import (
     FAMILIES,
     MODELS,
+    REQUESTS_PER_WORKER,
     SLOS,
     SUITE_SLOS,
     Cell,
@@ -62,7 +63,8 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--chunks", default="256,512,1024,2048", help="--suite: chunk budgets swept")
     p.add_argument("--batch-limits", default="128,256", help="--suite: max_num_seqs swept")
-    p.add_argument("--requests-per-worker", type=int, default=150, help="--suite: probe size")
+    p.add_argument("--requests-per-worker", type=int, default=REQUESTS_PER_WORKER,
+                   help="--suite: probe size")  # fmt: skip
     p.add_argument("--precision", type=float, default=0.1, help="--suite: goodput bracket")
     p.add_argument("--jobs", type=int, default=1, help="--suite: processes per search")
     p.add_argument(

@@ -11,7 +11,13 @@ from __future__ import annotations
 
 from pdserve.bench.simulation.disagg_suite.coverage import rate_text
 from pdserve.bench.simulation.disagg_suite.screen import attainment_text
-from pdserve.bench.simulation.disagg_suite.suite import MODELS, SLOS, Cell, FamilyBest
+from pdserve.bench.simulation.disagg_suite.suite import (
+    MODELS,
+    REQUESTS_PER_WORKER,
+    SLOS,
+    Cell,
+    FamilyBest,
+)
 from pdserve.bench.simulation.disagg_suite.targets import targets
 from pdserve.bench.simulation.disagg_suite.workloads import WORKLOADS
 
@@ -23,22 +29,27 @@ HEADER = ["model", "workload", "SLO", "colocated", "best split", "auto", "thresh
 
 
 def confirmed_markdown(rows: list[dict]) -> str:
+    # A cell screened on samples of two sizes is two rows: agentic, mix and phases differ.
     by_cell: dict[tuple, dict[str, list[dict]]] = {}
     for row in rows:
-        cell = by_cell.setdefault((row["model"], row["workload"], row["slo"]), {})
-        cell.setdefault(row["family"], []).append(row)
+        key = (row["model"], row["workload"], row["slo"], row["requests_per_worker"])
+        by_cell.setdefault(key, {}).setdefault(row["family"], []).append(row)
     order = {name: i for i, name in enumerate([*MODELS, *WORKLOADS, *SLOS])}
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
-    for key in sorted(by_cell, key=lambda k: [order[n] for n in k]):
+    for key in sorted(by_cell, key=lambda k: [*(order[n] for n in k[:3]), k[3]]):
         families = by_cell[key]
         held = {f: max((r for r in rs if r["holds"]), key=lambda r: r["rate"], default=None)
                 for f, rs in families.items()}  # fmt: skip
-        judged = Cell(*key, {f: FamilyBest(f, r["rate"]) for f, r in held.items() if r})
+        model, workload, slo, per_worker = key
+        judged = Cell(model, workload, slo,
+                      {f: FamilyBest(f, r["rate"]) for f, r in held.items() if r})  # fmt: skip
+        if per_worker != REQUESTS_PER_WORKER:
+            workload = f"{workload} ({per_worker} per worker)"
         auto, static = judged.goodput("auto"), judged.best_static
         missed = [name for name, ok in targets(judged).items() if not ok]
         probed = [r for rs in families.values() for r in rs]
         row = [
-            *key,
+            model, workload, slo,
             *(_entry(families.get(f, []), held.get(f), f != "colocated") for f in COLUMNS),
             _ratio(auto, static), _ratio(auto, judged.goodput("colocated")),
             ", ".join(missed) or "none", f"{sum(r['holds'] for r in probed)} / {len(probed)}",

@@ -24,6 +24,7 @@ from pathlib import Path
 from pdserve.bench.simulation.disagg_suite.paired import PairedProbe, paired_attainment
 from pdserve.bench.simulation.disagg_suite.suite import (
     MODELS,
+    REQUESTS_PER_WORKER,
     Setting,
     SuiteOptions,
     cell_sample,
@@ -53,7 +54,7 @@ class Figure:
     source: str  # the first file that documents it
     # The probe sample's block (suite.cell_sample): agentic, mix and phases repeat their trace
     # every requests_per_worker x (fewest workers) requests, so their sample depends on it.
-    requests_per_worker: int = 150
+    requests_per_worker: int = REQUESTS_PER_WORKER
 
     @property
     def key(self) -> tuple:

@@ -60,6 +60,9 @@ FAMILIES = {
     "threshold": "threshold:16",
     "conditional": "conditional:1000:2",
 }
+# Requests per simulated worker of a search's short probes, and the block agentic, mix and
+# phases repeat their trace in (cell_sample).
+REQUESTS_PER_WORKER = 150
 # Index updates reach the router's copy this long after a step (the KV events' path).
 INDEX_LAG_S = 0.01
 
@@ -113,7 +116,7 @@ class Cell:
 @dataclass(frozen=True)
 class SuiteOptions:
     settings: tuple[Setting, ...]
-    requests_per_worker: int = 150
+    requests_per_worker: int = REQUESTS_PER_WORKER
     precision: float = 0.1
     families: tuple[str, ...] = tuple(FAMILIES)
     jobs: int = 1
