@@ -18,6 +18,7 @@ from pdserve.bench.simulation.disagg_suite.screen import (
     documented_figures,
     read_rows,
     screen,
+    with_looser_slos,
 )
 from pdserve.bench.simulation.disagg_suite.suite import Cell, FamilyBest, Setting
 from tests.bench.cli_args import bench_args
@@ -160,3 +161,17 @@ def test_screen_command_probes_documented_figures_until_one_holds(tmp_path: Path
     assert "2 figures judged, 1 hold" in printed
     assert run_suite(args) == 0  # resumed: nothing left to probe
     assert "2 judged in" in capsys.readouterr().out and len(out.read_text().splitlines()) == 2
+
+
+def test_a_figure_is_also_a_candidate_under_every_looser_slo_pair() -> None:
+    tpot18 = replace(_figure("split", 7.8, "3:1"), slo="tighter-tpot")
+    loose = _figure("split", 9.0, "3:1")
+    figures = with_looser_slos([tpot18, loose])
+    # TPOT <= 18 ms is within 20 ms and the loose pair; not within TTFT <= 200 ms.
+    assert sorted((f.slo, f.rate, f.source) for f in figures) == [
+        ("loose", 7.8, "x.json (tighter-tpot)"), ("loose", 9.0, "x.json"),
+        ("tight-tpot", 7.8, "x.json (tighter-tpot)"), ("tighter-tpot", 7.8, "x.json"),
+    ]  # fmt: skip
+    # A documented figure is kept as documented, not as another pair's copy.
+    assert with_looser_slos([loose, replace(loose, slo="tight-tpot")])[0].source == "x.json"
+    assert len(with_looser_slos([loose, replace(loose, slo="tight-tpot")])) == 2

@@ -77,7 +77,8 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
         "--screen",
         default="",
         help="--suite: no search; the figures of these suite --json files (or folders of them), "
-        "per cell and family from the highest down, each on its steady probe until one holds; "
+        "also under looser SLOs, per cell and family from the highest down, each on its steady "
+        "probe until one holds; "
         "rows appended to --json (JSONL, resumed) (screen.py)",
     )
     p.add_argument("--screen-depth", type=int, default=8,
@@ -229,7 +230,9 @@ def _run_screen(
     done = screen.read_rows(out)
     figures = [
         replace(f, requests_per_worker=args.requests_per_worker)
-        for f in screen.documented_figures(screen.suite_files(args.screen.split(",")))
+        for f in screen.with_looser_slos(
+            screen.documented_figures(screen.suite_files(args.screen.split(",")))
+        )
         if f.model in models and f.workload in workloads and f.slo in slos
         and f.family in families
     ]  # fmt: skip
