@@ -122,6 +122,9 @@ def test_the_confirmed_table_judges_the_targets_on_held_figures_only(tmp_path: P
                      ceiling=lambda model, workload: None)  # fmt: skip
     table = confirmed_markdown([*rows, other]).splitlines()
     assert table[3].startswith("| 70b | code (500 per worker) | loose | none held (1 probed;")
+    # A cell where no search found a rate for any family: a row of zeros, in the suite's order.
+    table = confirmed_markdown(rows, [("70b", "chat", "tight-ttft")]).splitlines()
+    assert table[2] == "| 70b | chat | tight-ttft | 0 | 0 | 0 | 0 | 0 | - | - | none | 0 / 0 |"
     # The summary carries it when the coverage folder holds a screen.
     (tmp_path / "coverage").mkdir()
     with (tmp_path / "coverage" / SCREEN).open("w") as f:

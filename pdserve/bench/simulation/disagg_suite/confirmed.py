@@ -9,6 +9,8 @@ bursts and the screen reached a lower one.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from pdserve.bench.simulation.disagg_suite.coverage import rate_text
 from pdserve.bench.simulation.disagg_suite.screen import attainment_text
 from pdserve.bench.simulation.disagg_suite.suite import (
@@ -28,12 +30,16 @@ HEADER = ["model", "workload", "SLO", "colocated", "best split", "auto", "thresh
           "figures held / probed"]  # fmt: skip
 
 
-def confirmed_markdown(rows: list[dict]) -> str:
+def confirmed_markdown(rows: list[dict], unserved: Iterable[tuple[str, str, str]] = ()) -> str:
+    """The table of a screen's rows; `unserved`: cells (model, workload, SLO) where no search
+    found any rate for any family, each a row of zeros (nothing there to screen)."""
     # A cell screened on samples of two sizes is two rows: agentic, mix and phases differ.
     by_cell: dict[tuple, dict[str, list[dict]]] = {}
     for row in rows:
         key = (row["model"], row["workload"], row["slo"], row["requests_per_worker"])
         by_cell.setdefault(key, {}).setdefault(row["family"], []).append(row)
+    zeros = {(*cell, REQUESTS_PER_WORKER) for cell in unserved} - by_cell.keys()
+    by_cell.update(dict.fromkeys(zeros, {}))
     order = {name: i for i, name in enumerate([*MODELS, *WORKLOADS, *SLOS])}
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     for key in sorted(by_cell, key=lambda k: [*(order[n] for n in k[:3]), k[3]]):
@@ -50,7 +56,8 @@ def confirmed_markdown(rows: list[dict]) -> str:
         probed = [r for rs in families.values() for r in rs]
         row = [
             model, workload, slo,
-            *(_entry(families.get(f, []), held.get(f), f != "colocated") for f in COLUMNS),
+            *("0" if key in zeros else _entry(families.get(f, []), held.get(f), f != "colocated")
+              for f in COLUMNS),
             _ratio(auto, static), _ratio(auto, judged.goodput("colocated")),
             ", ".join(missed) or "none", f"{sum(r['holds'] for r in probed)} / {len(probed)}",
         ]  # fmt: skip

@@ -102,11 +102,13 @@ def summary_markdown(out_dir: Path) -> str:
     parts = ["\n".join(lines) + "\n"]
     coverage = out_dir / COVERAGE_DIR
     screened = read_rows(coverage / SCREEN)
+    covered = coverage_cells(coverage) if coverage.is_dir() else []
     if screened:
+        unserved = [(c["model"], c["workload"], c["slo"]) for c in covered
+                    if not any(best["goodput"] for best in c["families"].values())]  # fmt: skip
         parts.append(f"## Every cell, confirmed ({COVERAGE_DIR}/{SCREEN}: each figure held its "
                      f"steady probe)\n\n{CONFIRMED_NOTE}\n\n"
-                     f"{confirmed_markdown(list(screened.values()))}")  # fmt: skip
-    covered = coverage_cells(coverage) if coverage.is_dir() else []
+                     f"{confirmed_markdown(list(screened.values()), unserved)}")  # fmt: skip
     if covered:
         parts.append(f"## Every cell as searched ({COVERAGE_DIR}/*.json, no curves; short "
                      f"probes, some figures bursts: read the table above)\n\n"
@@ -116,12 +118,14 @@ def summary_markdown(out_dir: Path) -> str:
 
 # Above the confirmed table: what its figures are, and the command that rebuilds it.
 CONFIRMED_NOTE = (
-    "Per cell and family, the highest figure documented in this folder's suite JSON that keeps "
-    ">= 90% of its steady probe within both SLOs (`pdserve bench sim-disagg "
-    "--suite --screen FOLDER --json SCREEN`, pdserve/bench/simulation/disagg_suite/screen.py): "
-    'a rate the layout sustains, so a lower bound of the family\'s goodput. "none held": the '
-    'highest figures probed all fell short (the highest\'s attainment shown); "-": no '
-    "documented figure below the cell's compute ceiling."
+    "Per cell and family, the highest figure documented in this folder's suite JSON (at the "
+    "cell's SLO pair or a tighter one) that keeps >= 90% of its steady probe within both SLOs "
+    "(`pdserve bench sim-disagg --suite --screen FOLDER --json SCREEN`, "
+    "pdserve/bench/simulation/disagg_suite/screen.py): a rate the layout sustains, so a lower "
+    'bound of the family\'s goodput. "none held": every figure probed fell short (the '
+    'highest\'s share within SLO; "< x": the probe stopped once its failure was certain); '
+    '"-": no documented figure below the cell\'s compute ceiling; a row of 0: no search found '
+    "a rate for any family."
 )
 
 
