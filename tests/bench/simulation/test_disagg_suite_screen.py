@@ -178,3 +178,24 @@ def test_a_figure_is_also_a_candidate_under_every_looser_slo_pair() -> None:
     # A documented figure is kept as documented, not as another pair's copy.
     assert with_looser_slos([loose, replace(loose, slo="tight-tpot")])[0].source == "x.json"
     assert len(with_looser_slos([loose, replace(loose, slo="tight-tpot")])) == 2
+
+
+def test_refine_bisects_the_gap_above_the_figure_that_held() -> None:
+    # A burst at 200 on one layout, the next figure 150 on another: the family holds to 175.
+    figures = [_figure("auto", 200, "3:1"), _figure("auto", 150, "1:3")]
+    calls: list[Figure] = []
+    rows = screen(figures, {}, depth=8, probe=_probe_holding_up_to(175, calls),
+                  ceiling=lambda model, workload: None, refine=0.02)  # fmt: skip
+    bisected = calls[2:]
+    assert bisected and {(f.split, f.source) for f in bisected} == {
+        ("3:1", "bisected below x.json")
+    }
+    assert all(150 < f.rate < 200 for f in bisected)
+    best = max(r["rate"] for r in rows if r["holds"])
+    assert 175 / 1.02 <= best <= 175
+    lowest_failed = min(r["rate"] for r in rows if not r["holds"])
+    assert lowest_failed <= best * 1.02  # bracketed within the precision
+    # Without refine the family stays at the figure that held.
+    plain = screen(figures, {}, depth=8, probe=_probe_holding_up_to(175, []),
+                   ceiling=lambda model, workload: None)  # fmt: skip
+    assert [r["rate"] for r in plain] == [200, 150]

@@ -83,6 +83,9 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--screen-depth", type=int, default=8,
                    help="--screen: figures probed per cell and family before giving up")  # fmt: skip
+    p.add_argument("--screen-refine", type=float, default=0.0,
+                   help="--screen: bisect the gap above each family's held figure on the "
+                   "failed figure's layout and setting to this precision (0: off)")  # fmt: skip
     p.add_argument("--summary", default="",
                    help="--suite: no run; rewrite the summary table in DIR from its files (plots.py)")  # fmt: skip
 
@@ -250,7 +253,8 @@ def _run_screen(
               f"(TTFT p90 {row['ttft_p90_ms']:.0f} ms, TPOT p90 {row['tpot_p90_ms']:.1f} ms)",
               flush=True)  # fmt: skip
 
-    rows = screen.screen(figures, done, args.screen_depth, on_row=keep)
+    rows = screen.screen(figures, done, args.screen_depth, on_row=keep,
+                         refine=args.screen_refine)  # fmt: skip
     held = sum(row["holds"] for row in rows)
     print(f"screen: {len(rows)} figures judged, {held} hold; "
           f"{time.perf_counter() - started:.0f} s")  # fmt: skip

@@ -151,28 +151,50 @@ def screen(
     probe: Probe = probe_figure,
     on_row: Callable[[dict], None] | None = None,
     ceiling: Callable[[str, str], float | None] = cell_ceiling,
+    refine: float = 0.0,
 ) -> list[dict]:
     """Per cell and family, its figures from the highest rate down until one holds or `depth`
     of them failed; `done` (rows of an earlier screen, by Figure.key) are not probed again, and
-    figures above the cell's compute ceiling (bursts by arithmetic) not at all. Returns the rows
-    of every figure judged, earlier or now."""
+    figures above the cell's compute ceiling (bursts by arithmetic) not at all. `refine` > 0:
+    then `_refine` narrows the gap above the figure that held. Returns the rows of every figure
+    judged, earlier or now."""
     by_family: dict[tuple, list[Figure]] = {}
     for f in figures:
         top = ceiling(f.model, f.workload)
         if top is None or f.rate <= top:
             by_family.setdefault((f.model, f.workload, f.slo, f.family), []).append(f)
     rows = []
+
+    def judge(figure: Figure) -> dict:
+        row = done.get(figure.key)
+        if row is None:
+            row = screen_row(figure, probe(figure))
+            if on_row is not None:
+                on_row(row)
+        rows.append(row)
+        return row
+
     for group in by_family.values():
+        judged = []
         for figure in sorted(group, key=lambda f: -f.rate)[:depth]:
-            row = done.get(figure.key)
-            if row is None:
-                row = screen_row(figure, probe(figure))
-                if on_row is not None:
-                    on_row(row)
-            rows.append(row)
-            if row["holds"]:
+            judged.append((figure, judge(figure)))
+            if judged[-1][1]["holds"]:
                 break
+        if refine > 0 and len(judged) > 1 and judged[-1][1]["holds"]:
+            _refine(judged[-1][0].rate, judged[-2][0], refine, judge)
     return rows
+
+
+def _refine(held: float, failed: Figure, precision: float, judge: Callable) -> None:
+    """Bisects the rate between the figure that held and the lowest one above it that failed,
+    on the failed one's layout and setting, until the bracket is within `precision`: where the
+    documented figures are far apart (a burst at one chunk budget, the next figure a search of
+    another SLO pair), the figure that held understates the family by up to that gap."""
+    low, high = held, failed.rate
+    while high > low * (1 + precision):
+        rate = (low * high) ** 0.5
+        row = judge(replace(failed, rate=rate, source=f"bisected below {failed.source}"))
+        low, high = (rate, high) if row["holds"] else (low, rate)
 
 
 def screen_row(figure: Figure, probe: PairedProbe) -> dict:
