@@ -181,20 +181,27 @@ def screen(
             if judged[-1][1]["holds"]:
                 break
         if refine > 0 and len(judged) > 1 and judged[-1][1]["holds"]:
-            _refine(judged[-1][0].rate, judged[-2][0], refine, judge)
+            _refine(judged[-1][0].rate, [f for f, _ in judged[:-1]], refine, judge)
     return rows
 
 
-def _refine(held: float, failed: Figure, precision: float, judge: Callable) -> None:
-    """Bisects the rate between the figure that held and the lowest one above it that failed,
-    on the failed one's layout and setting, until the bracket is within `precision`: where the
-    documented figures are far apart (a burst at one chunk budget, the next figure a search of
-    another SLO pair), the figure that held understates the family by up to that gap."""
-    low, high = held, failed.rate
-    while high > low * (1 + precision):
-        rate = (low * high) ** 0.5
-        row = judge(replace(failed, rate=rate, source=f"bisected below {failed.source}"))
-        low, high = (rate, high) if row["holds"] else (low, rate)
+def _refine(held: float, failed: list[Figure], precision: float, judge: Callable) -> float:
+    """Where the documented figures are far apart (a burst at one chunk budget, the next figure
+    a search of another SLO pair), the figure that held understates the family by up to the
+    gap: on each layout and setting that failed above it (the highest first), bisects the rate
+    between the best that held so far and the lowest that failed there, to `precision`.
+    Returns the best rate that held."""
+    lowest: dict[tuple, Figure] = {}
+    for f in failed:  # highest first: the last one kept per setting is its lowest
+        lowest[f.split, f.chunk, f.batch] = f
+    for top in lowest.values():
+        low, high = held, top.rate
+        while high > low * (1 + precision):
+            rate = (low * high) ** 0.5
+            row = judge(replace(top, rate=rate, source=f"bisected below {top.source}"))
+            low, high = (rate, high) if row["holds"] else (low, rate)
+        held = low
+    return held
 
 
 def screen_row(figure: Figure, probe: PairedProbe) -> dict:
