@@ -4,8 +4,10 @@ family (one panel per SLO pair), and one summary table of every cell plotted in 
 A `<model>-<workload>.json` in DIR keeps the curves; a later run into the same DIR replaces the
 families it measured and keeps the others, so families searched by separate commands (as the
 documented runs search each family at its own split) end up on one plot. The summary table
-(SUMMARY, in DIR) is rewritten from every such file after each cell, followed by the coverage
-table of the suite's `--json` files in DIR/coverage (coverage.py), when there are any.
+(SUMMARY, in DIR) is rewritten from every such file after each cell (or by `--summary DIR`),
+followed by the table of every cell's confirmed figures when DIR/coverage holds a screen
+(confirmed.py), and by the coverage table of the suite's `--json` files in DIR/coverage
+(coverage.py), when there are any.
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ from pdserve.bench.simulation.disagg_suite.coverage import (
 from pdserve.bench.simulation.disagg_suite.curves import Curve
 from pdserve.bench.simulation.disagg_suite.screen import read_rows
 from pdserve.bench.simulation.disagg_suite.suite import FAMILIES, SLOS, Cell
+from pdserve.planner.probe import SLO
 
 SUMMARY = "summary.md"
-ATTAINMENT = 0.9  # DistServe's goodput: the highest rate at which 90% meet both SLOs
+ATTAINMENT = SLO.attainment  # DistServe's goodput: the highest rate at which 90% meet both SLOs
 
 
 def write_cell(out_dir: Path, cell: Cell, curves: list[Curve]) -> Path:

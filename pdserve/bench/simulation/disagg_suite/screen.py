@@ -4,11 +4,12 @@ A suite `--json` file records, per cell and family, every (layout, engine settin
 and the goodput each reached. Figures searched with short probes, or by an older search, can
 be bursts (issue 49, session 13: a third of one session's `auto` figures kept under 20% of
 their requests within SLO when run to the end). The screen takes every such figure of the
-files, per cell and family from the highest rate down, and runs its steady probe at that rate,
-layout and setting (paired.py's probe) until its verdict is certain; the first one that keeps
->= 90% within both SLOs is the family's confirmed figure: a rate the layout sustains, so a lower bound of the
-family's goodput on that cell. Each probe is one line of a JSONL file; a later run reads it
-and probes only what it lacks, so a screen can be split across processes and resumed.
+files (each also under every looser SLO pair), per cell and family from the highest rate down,
+and runs its steady probe at that rate, layout and setting (paired.py's probe) until its
+verdict is certain. The first one that keeps >= 90% within both SLOs is the family's confirmed
+figure: a rate the layout sustains, so a lower bound of the family's goodput on that cell;
+`refine` bisects the gap above it. Each probe is one line of a JSONL file; a later run reads
+it and probes only what it lacks, so a screen can be split across processes and resumed.
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ from pdserve.bench.simulation.disagg_suite.suite import (
     deployment_of,
 )
 from pdserve.planner.ceiling import compute_ceiling
+from pdserve.planner.probe import SLO
 
-HOLDS = 0.9  # DistServe's goodput: >= 90% of the requests within both SLOs
+HOLDS = SLO.attainment  # the search's bar, DistServe's: >= 90% of the requests within both SLOs
 # A searched entry's name: "<layout> chunk C batch B", the layout "2P:6D", "2P:2D (TP 4:4)",
 # "hybrid 8", "colocated 4 (TP 4)".
 _ENTRY = re.compile(r"^(?P<layout>.+?) chunk (?P<chunk>\d+) batch (?P<batch>\d+)$")
