@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from pdserve.bench.simulation.disagg_suite.coverage import rate_text
+from pdserve.bench.simulation.disagg_suite.coverage import figure_text, rate_text
 from pdserve.bench.simulation.disagg_suite.screen import attainment_text
 from pdserve.bench.simulation.disagg_suite.suite import (
     MODELS,
@@ -72,9 +72,7 @@ def _entry(rows: list[dict], held: dict | None, with_layout: bool) -> str:
     if held is None:
         top = max(rows, key=lambda r: r["rate"])
         return f"none held ({len(rows)} probed; {rate_text(top['rate'])}: {attainment_text(top)})"
-    where = held["layout"].split(" (")[0] if with_layout else ""
-    where = ", ".join(w for w in (where, f"chunk {held['chunk']}") if w)
-    return f"{rate_text(held['rate'])} ({where})"
+    return figure_text(held["rate"], held["layout"] if with_layout else "", held["chunk"])
 
 
 def _ratio(a: float, b: float) -> str:

@@ -80,10 +80,14 @@ def _figure(best: dict | None, with_split: bool = True) -> str:
         return "-"
     if not best["goodput"]:
         return "0"
-    setting = best["setting"]
-    where = best["split"].split(" (")[0] if with_split else ""
-    where = ", ".join(w for w in (where, f"chunk {setting['chunk']}") if w)
-    return f"{rate_text(best['goodput'])} ({where})"
+    return figure_text(best["goodput"], best["split"] if with_split else "",
+                       best["setting"]["chunk"])  # fmt: skip
+
+
+def figure_text(rate: float, layout: str, chunk: int) -> str:
+    """ "115.6 (1P:3D, chunk 512)": a goodput and where it was reached (no layout: colocated)."""
+    where = ", ".join(w for w in (layout.split(" (")[0], f"chunk {chunk}") if w)
+    return f"{rate_text(rate)} ({where})"
 
 
 def _ratio(a: float, b: float) -> str:

@@ -24,15 +24,13 @@ from pathlib import Path
 
 from pdserve.bench.simulation.disagg_suite.paired import PairedProbe, paired_attainment
 from pdserve.bench.simulation.disagg_suite.suite import (
-    MODELS,
     REQUESTS_PER_WORKER,
     SLOS,
     Setting,
     SuiteOptions,
     cell_sample,
-    deployment_of,
+    sample_ceiling,
 )
-from pdserve.planner.ceiling import compute_ceiling
 from pdserve.planner.probe import SLO
 
 HOLDS = SLO.attainment  # the search's bar, DistServe's: >= 90% of the requests within both SLOs
@@ -141,9 +139,9 @@ def probe_figure(figure: Figure) -> PairedProbe:
 @cache
 def cell_ceiling(model: str, workload: str) -> float | None:
     """The cell's compute ceiling (suite.Cell.ceiling): no layout sustains a rate above it."""
-    setup, setting = MODELS[model], Setting(512, 256)  # FLOPs only: any setting
-    sample = cell_sample(model, workload, SuiteOptions(settings=(setting,)))
-    return compute_ceiling(deployment_of(setup.model, setup.tp, setting), sample, setup.workers)
+    return sample_ceiling(
+        model, cell_sample(model, workload, SuiteOptions(settings=(Setting(512, 256),)))
+    )
 
 
 def screen(
@@ -187,12 +185,11 @@ def screen(
     return rows
 
 
-def _refine(held: float, failed: list[Figure], precision: float, judge: Callable) -> float:
+def _refine(held: float, failed: list[Figure], precision: float, judge: Callable) -> None:
     """Where the documented figures are far apart (a burst at one chunk budget, the next figure
     a search of another SLO pair), the figure that held understates the family by up to the
     gap: on each layout and setting that failed above it (the highest first), bisects the rate
-    between the best that held so far and the lowest that failed there, to `precision`.
-    Returns the best rate that held."""
+    between the best that held so far and the lowest that failed there, to `precision`."""
     lowest: dict[tuple, Figure] = {}
     for f in failed:  # highest first: the last one kept per setting is its lowest
         lowest[f.split, f.chunk, f.batch] = f
@@ -203,7 +200,6 @@ def _refine(held: float, failed: list[Figure], precision: float, judge: Callable
             row = judge(replace(top, rate=rate, source=f"bisected below {top.source}"))
             low, high = (rate, high) if row["holds"] else (low, rate)
         held = low
-    return held
 
 
 def screen_row(figure: Figure, probe: PairedProbe) -> dict:

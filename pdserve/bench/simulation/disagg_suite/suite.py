@@ -158,6 +158,14 @@ def split_key(split: Split) -> str:
     return "hybrid" if split.hybrid else f"{split.prefill}:{split.decode}"
 
 
+def sample_ceiling(model: str, sample: list) -> float | None:
+    """The sample's compute ceiling on all of the model's GPUs (FLOPs only: the same at every
+    engine setting)."""
+    setup = MODELS[model]
+    deployment = deployment_of(setup.model, setup.tp, Setting(512, 256))
+    return compute_ceiling(deployment, sample, setup.workers)
+
+
 def cell_sample(model: str, workload: str, options: SuiteOptions) -> list:
     """The probe sample every family of the cell is searched on, in blocks of the shortest
     probe's size (its requests per worker x the workers of the smallest replica the search
@@ -195,9 +203,7 @@ def run_cell(
     sample = cell_sample(model, workload, options)
     cell = Cell(model, workload, slo_name)
     # FLOPs only: the same at every engine setting.
-    cell.ceiling = compute_ceiling(
-        deployment_of(setup.model, setup.tp, options.settings[0]), sample, setup.workers
-    )
+    cell.ceiling = sample_ceiling(model, sample)
     for family in options.families:
         best = FamilyBest(family)
         router = family_router(family, slo_name, len(sample))
