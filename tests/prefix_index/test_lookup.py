@@ -13,6 +13,7 @@ from pdserve.prefix_index.lookup import PrefixIndex
 from pdserve.prefix_index.publisher import PrefixIndexPublisher
 from pdserve.prefix_index.reuse_stats import read_reuse_stats
 from pdserve.prefix_index.sweeper import IndexSweeper
+from tests.prefix_index.heartbeats import LAPSING_TTL_S, wait_lapsed
 
 BS = 4
 PROMPT = list(range(100, 132))  # 8 full blocks
@@ -157,9 +158,9 @@ def test_live_workers_are_the_registered_ones_whose_heartbeat_holds_their_epoch(
 ) -> None:
     index = PrefixIndex(redis_url, "m", BS)
     assert index.live_workers() == {}  # nobody registered: the script's empty answer
-    a, b = publisher(redis_url, "a"), publisher(redis_url, "b", ttl=0.2)
+    a, b = publisher(redis_url, "a"), publisher(redis_url, "b", ttl=LAPSING_TTL_S)
     assert index.live_workers() == {"a": a.epoch, "b": b.epoch}
-    time.sleep(0.3)  # b's heartbeat lapsed; it stays registered
+    wait_lapsed(redis_url, b)  # b's heartbeat lapsed; it stays registered
     assert index.live_workers() == {"a": a.epoch}
     assert b.heartbeat()
     assert index.live_workers() == {"a": a.epoch, "b": b.epoch}
@@ -176,14 +177,13 @@ def test_entries_of_a_stale_epoch_never_count(redis_url: str) -> None:
 
 
 def test_dead_worker_expires_and_live_one_stays(redis_url: str) -> None:
-    dead, live = publisher(redis_url, "dead", ttl=0.5), publisher(redis_url, "live", ttl=0.5)
+    dead, live = publisher(redis_url, "dead", ttl=LAPSING_TTL_S), publisher(redis_url, "live")
     dead.publish([stored(HASHES)])
     live.publish([stored(HASHES)])
     index = PrefixIndex(redis_url, "m", BS)
     assert index.lookup(HASHES) == {"dead": 8, "live": 8}
-    for _ in range(4):  # only "live" heartbeats
-        time.sleep(0.2)
-        assert live.heartbeat()
+    wait_lapsed(redis_url, dead)  # only "live" heartbeats
+    assert live.heartbeat()
     assert index.lookup(HASHES) == {"live": 8}
     assert IndexSweeper(index).sweep().forgotten_workers == 1
     client = redis.Redis.from_url(redis_url, decode_responses=True)

@@ -16,6 +16,7 @@ from pdserve.prefix_index import mirror as mirror_module
 from pdserve.prefix_index.lookup import PrefixIndex
 from pdserve.prefix_index.publisher import PrefixIndexPublisher
 from pdserve.prefix_index.redis_server import RedisServer
+from tests.prefix_index.heartbeats import LAPSING_TTL_S, wait_lapsed
 
 BS = 4
 HASHES = prompt_block_hashes(list(range(100, 100 + 48 * BS)), BS)  # 48 full blocks
@@ -128,11 +129,12 @@ def test_restarts_fence_the_old_incarnation_and_unregistering_empties_the_worker
 
 
 def test_a_dead_worker_stops_counting_and_a_lapsed_one_comes_back(redis_url: str, indexes) -> None:
-    dead, live = publisher(redis_url, "dead", ttl=0.3), publisher(redis_url, "live")
+    dead = publisher(redis_url, "dead", ttl=LAPSING_TTL_S)
+    live = publisher(redis_url, "live")
     dead.publish([stored(HASHES)])
     live.publish([stored(HASHES)])
     assert same_answer(indexes) == {"dead": 48, "live": 48}
-    time.sleep(0.4)  # "dead" misses its heartbeats
+    wait_lapsed(redis_url, dead)  # "dead" misses its heartbeats
     assert same_answer(indexes) == {"live": 48}
     assert dead.heartbeat()  # its key lapsed: it rewrites its entries (a reset event)
     assert same_answer(indexes) == {"dead": 48, "live": 48}

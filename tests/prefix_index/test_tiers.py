@@ -18,6 +18,7 @@ from router.cost_model import CostModel
 from tests.engine.test_disk_tier import A_TOKENS as DISK_A
 from tests.engine.test_disk_tier import disk_tiered, pushed_to_disk, settled
 from tests.engine.test_host_tier import BS, compute, seq, tiered
+from tests.prefix_index.heartbeats import LAPSING_TTL_S, wait_lapsed
 
 A_TOKENS, B_TOKENS = list(range(13)), list(range(100, 116))
 
@@ -104,7 +105,7 @@ def test_the_index_lists_disk_blocks_and_the_sweeper_drops_a_dead_workers(
     """A's blocks pushed device -> host -> disk by a real block manager with a disk tier: still
     held (an update each time), listed as on disk, not on the host; read back, they leave the
     list; when the worker dies the sweeper deletes its disk list with its blocks."""
-    pub = publisher(redis_url, "dead", ttl=0.5)
+    pub = publisher(redis_url, "dead", ttl=LAPSING_TTL_S)
     bm, kv = disk_tiered(tmp_path, num_blocks=4, host_blocks=3, disk_blocks=8)
     pushed_to_disk(bm, kv)
     settled(bm)  # the index hears of a disk block once its file is written
@@ -124,6 +125,6 @@ def test_the_index_lists_disk_blocks_and_the_sweeper_drops_a_dead_workers(
     client = redis.Redis.from_url(redis_url)
     disk_key = pub.keys.worker_tier_blocks("dead", "disk")
     assert client.scard(disk_key) > 0  # the other prompts' blocks pushed down meanwhile
-    time.sleep(0.6)
+    wait_lapsed(redis_url, pub)
     IndexSweeper(PrefixIndex(redis_url, "m", BS)).sweep()
     assert not client.exists(disk_key) and index.lookup(a_hashes) == {}
