@@ -7,7 +7,11 @@ from types import ModuleType
 
 
 def bench_args(bench: ModuleType, **overrides) -> argparse.Namespace:
-    """`bench`'s defaults with `overrides` given as flags (name_with_underscores=value)."""
+    """`bench`'s defaults with `overrides` given as flags (name_with_underscores=value; True:
+    a switch given alone)."""
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
-    return parser.parse_args([f"--{k.replace('_', '-')}={v}" for k, v in overrides.items()])
+    flags = [
+        f"--{k.replace('_', '-')}" + ("" if v is True else f"={v}") for k, v in overrides.items()
+    ]
+    return parser.parse_args(flags)

@@ -10,6 +10,7 @@ from pathlib import Path
 from pdserve.bench.simulation import sim_disagg_bench
 from pdserve.bench.simulation.disagg_suite.command import _write_json, run_suite
 from pdserve.bench.simulation.disagg_suite.confirmed import SCREEN, confirmed_markdown
+from pdserve.bench.simulation.disagg_suite.curves import CURVE_FRACTIONS
 from pdserve.bench.simulation.disagg_suite.paired import PairedProbe
 from pdserve.bench.simulation.disagg_suite.plots import summary_markdown
 from pdserve.bench.simulation.disagg_suite.screen import (
@@ -18,6 +19,7 @@ from pdserve.bench.simulation.disagg_suite.screen import (
     documented_figures,
     read_rows,
     screen,
+    screen_row,
     with_looser_slos,
 )
 from pdserve.bench.simulation.disagg_suite.suite import Cell, FamilyBest, Setting
@@ -199,3 +201,32 @@ def test_refine_bisects_the_gap_above_the_figure_that_held_on_each_failed_settin
     plain = screen(figures, {}, depth=8, probe=_probe_holding_up_to(175, []),
                    ceiling=lambda model, workload: None)  # fmt: skip
     assert [r["rate"] for r in plain] == [230, 200, 150]
+
+
+def test_plot_confirmed_draws_each_family_at_its_highest_held_figure(tmp_path: Path) -> None:
+    """`--plot DIR --plot-confirmed`: no search; the family's curve is offered load on the
+    layout and setting of its highest held figure in DIR/coverage/screen.jsonl."""
+    held = Figure("70b", "code", "loose", "colocated", "colocated", 512, 16, 2.0, "x.json")
+    lower = replace(held, rate=1.0)  # held too, but lower: not the confirmed figure
+    burst = replace(held, chunk=2048, rate=200.0)
+    verdicts = {2.0: (True, 0.95), 1.0: (True, 1.0), 200.0: (False, 0.05)}
+    (tmp_path / "coverage").mkdir()
+    with (tmp_path / "coverage" / SCREEN).open("w") as f:
+        for figure in (held, lower, burst):
+            holds, attainment = verdicts[figure.rate]
+            probe = PairedProbe("colocated", "colocated 4 (TP 4)", figure.rate, 100,
+                                round(attainment * 100), 500.0, 800.0, 30.0, 0.0)  # fmt: skip
+            f.write(json.dumps(screen_row(figure, probe)) + "\n")
+    args = bench_args(sim_disagg_bench, models="70b", suite_workloads="code", slos="loose,tight-tpot",
+                      families="colocated", plot=str(tmp_path), plot_confirmed=True)  # fmt: skip
+    assert run_suite(args) == 0
+    [curve] = json.loads((tmp_path / "70b-code.json").read_text())["loose"].values()
+    assert curve["goodput"] == 2.0
+    assert curve["label"] == "colocated 4 (TP 4), chunk 512, batch 16"
+    top = 2.0  # the cell's highest confirmed figure: the curve's rates are its fractions
+    assert [rate for rate, _ in curve["points"]] == sorted(
+        {round(f * top, 3) for f in CURVE_FRACTIONS} | {2.0}
+    )
+    assert dict(curve["points"])[2.0] >= 0.9  # the held figure, run to its end, holds
+    assert (tmp_path / "70b-code.png").stat().st_size > 0
+    assert "| 70b | code | loose | 2.0 |" in (tmp_path / "summary.md").read_text()

@@ -86,6 +86,9 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--screen-refine", type=float, default=0.0,
                    help="--screen: bisect the gap above each family's held figure on the "
                    "failed figure's layout and setting to this precision (0: off)")  # fmt: skip
+    p.add_argument("--plot-confirmed", action="store_true",
+                   help="--suite --plot DIR: no search; each family's curve at its confirmed "
+                   "figure (DIR/coverage/screen.jsonl), at --requests-per-worker's sample")  # fmt: skip
     p.add_argument("--summary", default="",
                    help="--suite: no run; rewrite the summary table in DIR from its files (plots.py)")  # fmt: skip
 
@@ -147,6 +150,8 @@ def run_suite(args: argparse.Namespace) -> int:
         return _run_paired(args, models, workloads, slos, families, splits, options)
     if args.screen:
         return _run_screen(args, models, workloads, slos, families)
+    if args.plot_confirmed:
+        return _plot_confirmed(args, models, workloads, slos, families, options)
     started = time.perf_counter()
     print(
         f"suite (offline virtual cluster): {len(models) * len(workloads) * len(slos)} cells, "
@@ -258,6 +263,40 @@ def _run_screen(
     held = sum(row["holds"] for row in rows)
     print(f"screen: {len(rows)} figures judged, {held} hold; "
           f"{time.perf_counter() - started:.0f} s")  # fmt: skip
+    return 0
+
+
+def _plot_confirmed(
+    args: argparse.Namespace,
+    models: list[str],
+    workloads: list[str],
+    slos: list[str],
+    families: list[str],
+    options: SuiteOptions,
+) -> int:
+    """Curves of the cells a screen confirmed, each family on the layout and setting of its
+    highest held figure: no search, so a cell costs its curves' probes alone."""
+    from pdserve.bench.simulation.disagg_suite.confirmed import SCREEN, confirmed_cell
+    from pdserve.bench.simulation.disagg_suite.coverage import COVERAGE_DIR
+    from pdserve.bench.simulation.disagg_suite.screen import read_rows
+
+    if not args.plot:
+        print("sim-disagg --suite --plot-confirmed: needs --plot DIR")
+        return 2
+    out_dir = Path(args.plot)
+    rows = list(read_rows(out_dir / COVERAGE_DIR / SCREEN).values())
+    for model in models:
+        for workload in workloads:
+            for slo in slos:
+                cell = confirmed_cell(rows, model, workload, slo, args.requests_per_worker)
+                cell.families = {f: b for f, b in cell.families.items() if f in families}
+                if not cell.families:
+                    print(f"  {model} {workload} {slo}: no family confirmed at "
+                          f"{args.requests_per_worker} requests per worker; skipped")  # fmt: skip
+                    continue
+                for best in cell.families.values():
+                    _print_family(cell, best)
+                _plot(out_dir, cell, options)
     return 0
 
 

@@ -19,6 +19,7 @@ from pdserve.bench.simulation.disagg_suite.suite import (
     SLOS,
     Cell,
     FamilyBest,
+    Setting,
 )
 from pdserve.bench.simulation.disagg_suite.targets import targets
 from pdserve.bench.simulation.disagg_suite.workloads import WORKLOADS
@@ -44,8 +45,7 @@ def confirmed_markdown(rows: list[dict], unserved: Iterable[tuple[str, str, str]
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     for key in sorted(by_cell, key=lambda k: [*(order[n] for n in k[:3]), k[3]]):
         families = by_cell[key]
-        held = {f: max((r for r in rs if r["holds"]), key=lambda r: r["rate"], default=None)
-                for f, rs in families.items()}  # fmt: skip
+        held = {f: highest_held(rs) for f, rs in families.items()}
         model, workload, slo, per_worker = key
         judged = Cell(model, workload, slo,
                       {f: FamilyBest(f, r["rate"]) for f, r in held.items() if r})  # fmt: skip
@@ -63,6 +63,34 @@ def confirmed_markdown(rows: list[dict], unserved: Iterable[tuple[str, str, str]
         ]  # fmt: skip
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
+
+
+def highest_held(rows: Iterable[dict]) -> dict | None:
+    """The row of the highest rate that held, of one cell and family's rows."""
+    return max((r for r in rows if r["holds"]), key=lambda r: r["rate"], default=None)
+
+
+def confirmed_cell(
+    rows: Iterable[dict], model: str, workload: str, slo: str, requests_per_worker: int
+) -> Cell:
+    """The cell as a screen confirmed it: each family at its highest held figure, on the
+    layout and engine setting it held on (families with none held are left out)."""
+    by_family: dict[str, list[dict]] = {}
+    for row in rows:
+        if (row["model"], row["workload"], row["slo"], row["requests_per_worker"]) == (
+            model, workload, slo, requests_per_worker
+        ):  # fmt: skip
+            by_family.setdefault(row["family"], []).append(row)
+    families = {}
+    for family, family_rows in by_family.items():
+        if held := highest_held(family_rows):
+            setting = Setting(held["chunk"], held["batch"])
+            families[family] = FamilyBest(
+                family, held["rate"], held["layout"], setting,
+                ttft_mean_ms=held["ttft_mean_ms"], tpot_p90_ms=held["tpot_p90_ms"],
+                remote_share=held["remote_share"],
+            )  # fmt: skip
+    return Cell(model, workload, slo, families)
 
 
 def _entry(rows: list[dict], held: dict | None, with_layout: bool) -> str:
