@@ -18,8 +18,10 @@ from pdserve.bench.simulation.disagg_suite.screen import (
     attainment_text,
     documented_figures,
     read_rows,
+    row_key,
     screen,
     screen_row,
+    sweep_settings,
     with_looser_slos,
 )
 from pdserve.bench.simulation.disagg_suite.suite import Cell, FamilyBest, Setting
@@ -230,3 +232,39 @@ def test_plot_confirmed_draws_each_family_at_its_highest_held_figure(tmp_path: P
     assert dict(curve["points"])[2.0] >= 0.9  # the held figure, run to its end, holds
     assert (tmp_path / "70b-code.png").stat().st_size > 0
     assert "| 70b | code | loose | 2.0 |" in (tmp_path / "summary.md").read_text()
+
+
+def test_the_setting_sweep_raises_the_best_rate_held_on_each_other_setting() -> None:
+    """Point 0 where a search tried one engine setting: the confirmed layout at every other
+    setting, each from the best rate held so far up by the step while it holds."""
+    limits = {(512, 256): 120.0, (1024, 256): 110.0, (256, 128): 50.0}
+    calls: list[Figure] = []
+
+    def probe(figure: Figure) -> PairedProbe:
+        calls.append(figure)
+        holds = figure.rate <= limits[figure.chunk, figure.batch]
+        return PairedProbe(figure.family, "3P:1D", figure.rate, 100, 95 if holds else 40,
+                           300.0, 500.0, 20.0, 1.0)  # fmt: skip
+
+    held = replace(_figure("split", 100.0, "3:1"), chunk=2048)
+    rows = [screen_row(held, _probe_holding_up_to(100, [])(held))]
+    settings = [Setting(2048, 256), Setting(512, 256), Setting(1024, 256), Setting(256, 128)]
+    judged = sweep_settings(rows, settings, 0.05, {}, probe=probe,
+                            ceiling=lambda model, workload: None)  # fmt: skip
+    # 512 climbs past the held 100 to 115.76 and fails at 121.55; 1024 and 256x128 must beat
+    # 115.76 and fail their first probe; the held figure's own setting is not probed again.
+    assert [(f.chunk, f.batch, round(f.rate, 2)) for f in calls] == [
+        (512, 256, 105.0), (512, 256, 110.25), (512, 256, 115.76), (512, 256, 121.55),
+        (1024, 256, 121.55), (256, 128, 121.55),
+    ]  # fmt: skip
+    best = max((r for r in judged if r["holds"]), key=lambda r: r["rate"])
+    assert (best["chunk"], best["split"], round(best["rate"], 2)) == (512, "3:1", 115.76)
+    assert best["source"] == "setting sweep of 3:1 chunk 2048 batch 256"
+    # Resumed from its rows, nothing is probed again; under a compute ceiling nothing above it.
+    done = {row_key(r): r for r in judged}
+    assert sweep_settings(rows, settings, 0.05, done, probe=probe,
+                          ceiling=lambda model, workload: None) == judged  # fmt: skip
+    assert len(calls) == 6
+    capped = sweep_settings(rows, settings, 0.05, {}, probe=probe,
+                            ceiling=lambda model, workload: 112.0)  # fmt: skip
+    assert [round(r["rate"], 2) for r in capped] == [105.0, 110.25]

@@ -86,6 +86,10 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--screen-refine", type=float, default=0.0,
                    help="--screen: bisect the gap above each family's held figure on the "
                    "failed figure's layout and setting to this precision (0: off)")  # fmt: skip
+    p.add_argument("--screen-settings", type=float, default=0.0,
+                   help="--screen: then each family's highest held figure's layout at every "
+                   "--chunks x --batch-limits setting, from the best rate held up in steps of "
+                   "this fraction while it holds (0: off)")  # fmt: skip
     p.add_argument("--plot-confirmed", action="store_true",
                    help="--suite --plot DIR: no search; each family's curve at its confirmed "
                    "figure (DIR/coverage/screen.jsonl), at --requests-per-worker's sample")  # fmt: skip
@@ -149,7 +153,7 @@ def run_suite(args: argparse.Namespace) -> int:
     if args.at_rates:
         return _run_paired(args, models, workloads, slos, families, splits, options)
     if args.screen:
-        return _run_screen(args, models, workloads, slos, families)
+        return _run_screen(args, models, workloads, slos, families, options)
     if args.plot_confirmed:
         return _plot_confirmed(args, models, workloads, slos, families, options)
     started = time.perf_counter()
@@ -226,6 +230,7 @@ def _run_screen(
     workloads: list[str],
     slos: list[str],
     families: list[str],
+    options: SuiteOptions,
 ) -> int:
     from pdserve.bench.simulation.disagg_suite import screen
 
@@ -260,6 +265,10 @@ def _run_screen(
 
     rows = screen.screen(figures, done, args.screen_depth, on_row=keep,
                          refine=args.screen_refine)  # fmt: skip
+    if args.screen_settings > 0:
+        judged = {**done, **{screen.row_key(row): row for row in rows}}
+        rows += screen.sweep_settings(rows, options.settings, args.screen_settings, judged,
+                                      on_row=keep)  # fmt: skip
     held = sum(row["holds"] for row in rows)
     print(f"screen: {len(rows)} figures judged, {held} hold; "
           f"{time.perf_counter() - started:.0f} s")  # fmt: skip

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from pdserve.bench.simulation.disagg_suite.coverage import figure_text, rate_text
-from pdserve.bench.simulation.disagg_suite.screen import attainment_text
+from pdserve.bench.simulation.disagg_suite.screen import attainment_text, highest_held
 from pdserve.bench.simulation.disagg_suite.suite import (
     MODELS,
     REQUESTS_PER_WORKER,
@@ -63,11 +63,6 @@ def confirmed_markdown(rows: list[dict], unserved: Iterable[tuple[str, str, str]
         ]  # fmt: skip
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
-
-
-def highest_held(rows: Iterable[dict]) -> dict | None:
-    """The row of the highest rate that held, of one cell and family's rows."""
-    return max((r for r in rows if r["holds"]), key=lambda r: r["rate"], default=None)
 
 
 def confirmed_cell(

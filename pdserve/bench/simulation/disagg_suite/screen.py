@@ -163,7 +163,24 @@ def screen(
         top = ceiling(f.model, f.workload)
         if top is None or f.rate <= top:
             by_family.setdefault((f.model, f.workload, f.slo, f.family), []).append(f)
-    rows = []
+    rows: list[dict] = []
+    judge = _judge(done, probe, on_row, rows)
+    for group in by_family.values():
+        judged = []
+        for figure in sorted(group, key=lambda f: -f.rate)[:depth]:
+            judged.append((figure, judge(figure)))
+            if judged[-1][1]["holds"]:
+                break
+        if refine > 0 and len(judged) > 1 and judged[-1][1]["holds"]:
+            _refine(judged[-1][0].rate, [f for f, _ in judged[:-1]], refine, judge)
+    return rows
+
+
+def _judge(
+    done: dict[tuple, dict], probe: Probe, on_row: Callable[[dict], None] | None, rows: list[dict]
+) -> Callable[[Figure], dict]:
+    """A figure's row: an earlier one from `done`, else its probe's (passed to `on_row`); each
+    row judged is also appended to `rows`."""
 
     def judge(figure: Figure) -> dict:
         row = done.get(figure.key)
@@ -174,15 +191,53 @@ def screen(
         rows.append(row)
         return row
 
-    for group in by_family.values():
-        judged = []
-        for figure in sorted(group, key=lambda f: -f.rate)[:depth]:
-            judged.append((figure, judge(figure)))
-            if judged[-1][1]["holds"]:
-                break
-        if refine > 0 and len(judged) > 1 and judged[-1][1]["holds"]:
-            _refine(judged[-1][0].rate, [f for f, _ in judged[:-1]], refine, judge)
-    return rows
+    return judge
+
+
+def highest_held(rows: Iterable[dict]) -> dict | None:
+    """The row of the highest rate that held, of one cell and family's rows."""
+    return max((r for r in rows if r["holds"]), key=lambda r: r["rate"], default=None)
+
+
+def sweep_settings(
+    rows: list[dict],
+    settings: Iterable[Setting],
+    step: float,
+    done: dict[tuple, dict],
+    probe: Probe = probe_figure,
+    on_row: Callable[[dict], None] | None = None,
+    ceiling: Callable[[str, str], float | None] = cell_ceiling,
+) -> list[dict]:
+    """Point 0's sweep where a search tried one engine setting: per cell and family of `rows`,
+    the layout of its highest held figure at each of `settings` in turn, offered the best rate
+    held so far raised by `step`, and raised again while it holds (up to the cell's compute
+    ceiling). A setting that serves no more fails its first probe; one that serves more takes
+    the lead, and the next setting must beat it. Returns the rows judged."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        key = (row["model"], row["workload"], row["slo"], row["family"], row["requests_per_worker"])
+        groups.setdefault(key, []).append(row)
+    judged: list[dict] = []
+    judge = _judge(done, probe, on_row, judged)
+    for group in groups.values():
+        held = highest_held(group)
+        if held is None:
+            continue
+        figure = Figure(**{k: held[k] for k in Figure.__dataclass_fields__})
+        top = ceiling(figure.model, figure.workload)
+        best = figure.rate
+        for setting in settings:
+            if (setting.chunk, setting.batch) == (figure.chunk, figure.batch):
+                continue
+            source = f"setting sweep of {figure.split} chunk {figure.chunk} batch {figure.batch}"
+            rate = best * (1 + step)
+            while top is None or rate <= top:
+                candidate = replace(figure, chunk=setting.chunk, batch=setting.batch, rate=rate,
+                                    source=source)  # fmt: skip
+                if not judge(candidate)["holds"]:
+                    break
+                best, rate = rate, rate * (1 + step)
+    return judged
 
 
 def _refine(held: float, failed: list[Figure], precision: float, judge: Callable) -> None:
