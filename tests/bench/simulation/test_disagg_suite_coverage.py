@@ -5,7 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from pdserve.bench.simulation.disagg_suite.command import _write_json
-from pdserve.bench.simulation.disagg_suite.coverage import coverage_cells, coverage_markdown
+from pdserve.bench.simulation.disagg_suite.coverage import (
+    coverage_cells,
+    coverage_markdown,
+    figure_text,
+)
 from pdserve.bench.simulation.disagg_suite.plots import summary_markdown
 from pdserve.bench.simulation.disagg_suite.suite import Cell, FamilyBest, Setting
 
@@ -48,3 +52,9 @@ def test_a_cell_in_several_files_is_the_latest_sessions_whatever_the_files_times
         _write_json(tmp_path / f"{name}.json", [_cell("70b", "chat", "loose", colocated=goodput)])
     [cell] = coverage_cells(tmp_path)
     assert cell["families"]["colocated"]["goodput"] == 40
+
+
+def test_a_figure_names_its_batch_limit_where_it_is_not_the_usual_256() -> None:
+    assert figure_text(35.12, "7P:1D", 512, 128) == "35.1 (7P:1D, chunk 512 batch 128)"
+    assert figure_text(1150.07, "", 1024, 256) == "1150 (chunk 1024)"
+    assert figure_text(2.5, "3P:1D (TP 4:4)", 2048) == "2.5 (3P:1D, chunk 2048)"

@@ -95,7 +95,8 @@ def _entry(rows: list[dict], held: dict | None, with_layout: bool) -> str:
     if held is None:
         top = max(rows, key=lambda r: r["rate"])
         return f"none held ({len(rows)} probed; {rate_text(top['rate'])}: {attainment_text(top)})"
-    return figure_text(held["rate"], held["layout"] if with_layout else "", held["chunk"])
+    return figure_text(held["rate"], held["layout"] if with_layout else "", held["chunk"],
+                       held["batch"])  # fmt: skip
 
 
 def _ratio(a: float, b: float) -> str:
