@@ -8,7 +8,8 @@ files (each also under every looser SLO pair), per cell and family from the high
 and runs its steady probe at that rate, layout and setting (paired.py's probe) until its
 verdict is certain. The first one that keeps >= 90% within both SLOs is the family's confirmed
 figure: a rate the layout sustains, so a lower bound of the family's goodput on that cell;
-`refine` bisects the gap above it. Each probe is one line of a JSONL file; a later run reads
+`refine` bisects the gap above it, and `sweep_settings` tries its layout at the engine settings
+a search did not (`--screen-settings`). Each probe is one line of a JSONL file; a later run reads
 it and probes only what it lacks, so a screen can be split across processes and resumed.
 """
 
