@@ -22,9 +22,11 @@ against `auto`, and the targets of issue 49 checked: auto >= 0.95x the best stat
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import time
-from dataclasses import asdict, replace
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from pdserve.bench.simulation.disagg_suite.suite import (
@@ -97,6 +99,25 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
                    help="--suite: no run; rewrite the summary table in DIR from its files (plots.py)")  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Selection:
+    """The cells and families a --suite command was given (--models, --suite-workloads, --slos,
+    --families)."""
+
+    models: list[str]
+    workloads: list[str]
+    slos: list[str]
+    families: list[str]
+
+    def cells(self) -> Iterator[tuple[str, str, str]]:
+        """(model, workload, SLO pair), in the suite's order."""
+        return itertools.product(self.models, self.workloads, self.slos)
+
+    def holds(self, model: str, workload: str, slo: str, family: str) -> bool:
+        return (model in self.models and workload in self.workloads and slo in self.slos
+                and family in self.families)  # fmt: skip
+
+
 def _names(value: str, known, flag: str) -> list[str]:
     names = [n.strip() for n in value.split(",") if n.strip()]
     unknown = [n for n in names if n not in known]
@@ -133,61 +154,56 @@ def run_suite(args: argparse.Namespace) -> int:
         for key, value in QUICK.items():
             setattr(args, key, value)
     try:
-        models = _names(args.models, MODELS, "--models")
-        workloads = _names(args.suite_workloads, WORKLOADS, "--suite-workloads")
-        slos = _names(args.slos, SLOS, "--slos")
-        families = _names(args.families, FAMILIES, "--families")
+        selection = Selection(
+            _names(args.models, MODELS, "--models"),
+            _names(args.suite_workloads, WORKLOADS, "--suite-workloads"),
+            _names(args.slos, SLOS, "--slos"),
+            _names(args.families, FAMILIES, "--families"),
+        )
         settings = tuple(
             Setting(int(c), int(b))
             for c in args.chunks.split(",")
             for b in args.batch_limits.split(",")
         )
-        splits = _split_names(args.splits, models)
+        splits = _split_names(args.splits, selection.models)
     except ValueError as e:
         print(f"sim-disagg --suite: {e}")
         return 2
     options = SuiteOptions(
-        settings, args.requests_per_worker, args.precision, tuple(families), args.jobs, args.seed,
+        settings, args.requests_per_worker, args.precision, tuple(selection.families), args.jobs,
+        args.seed,
         splits=splits,
     )  # fmt: skip
     if args.at_rates:
-        return _run_paired(args, models, workloads, slos, families, splits, options)
+        return _run_paired(args, selection, splits, options)
     if args.screen:
-        return _run_screen(args, models, workloads, slos, families, options)
+        return _run_screen(args, selection, options)
     if args.plot_confirmed:
-        return _plot_confirmed(args, models, workloads, slos, families, options)
+        return _plot_confirmed(args, selection, options)
     started = time.perf_counter()
     print(
-        f"suite (offline virtual cluster): {len(models) * len(workloads) * len(slos)} cells, "
-        f"families {', '.join(families)}, settings chunk x batch "
+        f"suite (offline virtual cluster): {len(list(selection.cells()))} cells, "
+        f"families {', '.join(selection.families)}, settings chunk x batch "
         f"{', '.join(f'{s.chunk}x{s.batch}' for s in settings)}, "
         f"{args.requests_per_worker} requests per simulated worker, precision {args.precision:g}",
         flush=True,
     )
     cells: list[Cell] = []
-    for model in models:
-        for workload in workloads:
-            for slo in slos:
-                cell = run_cell(model, workload, slo, options, _print_family)
-                cells.append(cell)
-                print(cell_summary(cell), flush=True)
-                if args.plot:
-                    _plot(Path(args.plot), cell, options)
-                if args.json:
-                    _write_json(Path(args.json), cells)
+    for model, workload, slo in selection.cells():
+        cell = run_cell(model, workload, slo, options, _print_family)
+        cells.append(cell)
+        print(cell_summary(cell), flush=True)
+        if args.plot:
+            _plot(Path(args.plot), cell, options)
+        if args.json:
+            _write_json(Path(args.json), cells)
     print(summary_table(cells))
     print(f"suite: {time.perf_counter() - started:.0f} s")
     return 0
 
 
 def _run_paired(
-    args: argparse.Namespace,
-    models: list[str],
-    workloads: list[str],
-    slos: list[str],
-    families: list[str],
-    splits: tuple[str, ...],
-    options: SuiteOptions,
+    args: argparse.Namespace, selection: Selection, splits: tuple[str, ...], options: SuiteOptions
 ) -> int:
     from pdserve.bench.simulation.disagg_suite.paired import paired_attainment, paired_table
 
@@ -195,7 +211,8 @@ def _run_paired(
         rates = [float(r) for r in args.at_rates.split(",") if r.strip()]
     except ValueError:
         rates = []
-    single = {"--models": models, "--suite-workloads": workloads, "--slos": slos,
+    single = {"--models": selection.models, "--suite-workloads": selection.workloads,
+              "--slos": selection.slos,
               "--splits": splits, "--chunks x --batch-limits": options.settings}  # fmt: skip
     many = [flag for flag, values in single.items() if len(values) != 1]
     if many or not rates or min(rates) <= 0:
@@ -203,8 +220,9 @@ def _run_paired(
               f"{', '.join(single)} (got several or none: {', '.join(many) or '-'})")  # fmt: skip
         return 2
     started = time.perf_counter()
+    [(model, workload, slo)] = selection.cells()  # one of each, checked above
     try:
-        probes = paired_attainment(models[0], workloads[0], slos[0], families, splits[0],
+        probes = paired_attainment(model, workload, slo, selection.families, splits[0],
                                    options.settings[0], rates, options)  # fmt: skip
     except ValueError as e:  # a family without that layout (hybrid: `auto` only)
         print(f"sim-disagg --suite --at-rates: {e}")
@@ -224,14 +242,7 @@ def _run_paired(
     return 0
 
 
-def _run_screen(
-    args: argparse.Namespace,
-    models: list[str],
-    workloads: list[str],
-    slos: list[str],
-    families: list[str],
-    options: SuiteOptions,
-) -> int:
+def _run_screen(args: argparse.Namespace, selection: Selection, options: SuiteOptions) -> int:
     from pdserve.bench.simulation.disagg_suite import screen
 
     if not args.json or args.screen_depth < 1:
@@ -246,9 +257,8 @@ def _run_screen(
         for f in screen.with_looser_slos(
             screen.documented_figures(screen.suite_files(args.screen.split(",")))
         )
-        if f.model in models and f.workload in workloads and f.slo in slos
-        and f.family in families
-    ]  # fmt: skip
+        if selection.holds(f.model, f.workload, f.slo, f.family)
+    ]
     print(f"screen: {len(figures)} documented figures, {len(done)} judged in {out} already",
           flush=True)  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -275,14 +285,7 @@ def _run_screen(
     return 0
 
 
-def _plot_confirmed(
-    args: argparse.Namespace,
-    models: list[str],
-    workloads: list[str],
-    slos: list[str],
-    families: list[str],
-    options: SuiteOptions,
-) -> int:
+def _plot_confirmed(args: argparse.Namespace, selection: Selection, options: SuiteOptions) -> int:
     """Curves of the cells a screen confirmed, each family on the layout and setting of its
     highest held figure: no search, so a cell costs its curves' probes alone."""
     from pdserve.bench.simulation.disagg_suite.confirmed import SCREEN, confirmed_cell
@@ -294,18 +297,16 @@ def _plot_confirmed(
         return 2
     out_dir = Path(args.plot)
     rows = list(read_rows(out_dir / COVERAGE_DIR / SCREEN).values())
-    for model in models:
-        for workload in workloads:
-            for slo in slos:
-                cell = confirmed_cell(rows, model, workload, slo, args.requests_per_worker)
-                cell.families = {f: b for f, b in cell.families.items() if f in families}
-                if not cell.families:
-                    print(f"  {model} {workload} {slo}: no family confirmed at "
-                          f"{args.requests_per_worker} requests per worker; skipped")  # fmt: skip
-                    continue
-                for best in cell.families.values():
-                    _print_family(cell, best)
-                _plot(out_dir, cell, options)
+    for model, workload, slo in selection.cells():
+        cell = confirmed_cell(rows, model, workload, slo, args.requests_per_worker)
+        cell.families = {f: b for f, b in cell.families.items() if f in selection.families}
+        if not cell.families:
+            print(f"  {model} {workload} {slo}: no family confirmed at "
+                  f"{args.requests_per_worker} requests per worker; skipped")  # fmt: skip
+            continue
+        for best in cell.families.values():
+            _print_family(cell, best)
+        _plot(out_dir, cell, options)
     return 0
 
 

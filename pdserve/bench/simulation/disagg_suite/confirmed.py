@@ -47,13 +47,12 @@ def confirmed_markdown(rows: list[dict], unserved: Iterable[tuple[str, str, str]
         families = by_cell[key]
         held = {f: highest_held(rs) for f, rs in families.items()}
         model, workload, slo, per_worker = key
-        judged = Cell(model, workload, slo,
-                      {f: FamilyBest(f, r["rate"]) for f, r in held.items() if r})  # fmt: skip
+        probed = [r for rs in families.values() for r in rs]
+        judged = confirmed_cell(probed, model, workload, slo, per_worker)
         if per_worker != REQUESTS_PER_WORKER:
             workload = f"{workload} ({per_worker} per worker)"
         auto, static = judged.goodput("auto"), judged.best_static
         missed = [name for name, ok in targets(judged).items() if not ok]
-        probed = [r for rs in families.values() for r in rs]
         row = [
             model, workload, slo,
             *("0" if key in zeros else _entry(families.get(f, []), held.get(f), f != "colocated")
