@@ -77,8 +77,12 @@ def test_requests_waiting_for_room_are_pending_and_a_full_router_refuses_at_once
         waiting = [
             asyncio.create_task(c.generate(greedy(4), request_id=f"waits-{i}")) for i in range(3)
         ]
+        # Wait for the stage asserted below, not only the count: a request is pending from the
+        # moment it is admitted, still in "workers" until its reservation is refused (CI once
+        # read the stages in between).
+        waiting_for_room = c.routing.pending_stages()["waiting_for_room"]
         deadline = time.monotonic() + 5
-        while c.routing.pending() < 3 and time.monotonic() < deadline:
+        while waiting_for_room() < 3 and time.monotonic() < deadline:
             await asyncio.sleep(0.005)
         pending = c.routing.pending()
         stages = {stage: count() for stage, count in c.routing.pending_stages().items()}
