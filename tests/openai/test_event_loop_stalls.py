@@ -4,6 +4,10 @@ A served system (real Ray workers, the router's gRPC and HTTP APIs) takes the la
 each API accepts and the largest it refuses, while gRPC health checks measure the loop: every
 one answers within 100 ms. Text prompts far over the context's worth are refused before they
 reach the tokenizer, so a small request does not wait behind them.
+
+The inputs are sent in rounds, each round all of them. A stall that an input causes recurs in
+every round; a 2-core CI machine that deschedules the process for 250 ms once in a run (seen)
+stalls one round. So the bound must hold in all rounds but one.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from tests.openai.served import builtin_config, serve
 
 HEALTH_P100_S = 0.1
 ROUNDS = 3
+ROUNDS_THAT_MAY_STALL = 1  # the machine's own hiccup (module docstring)
 SMALL_REQUEST_S = 5.0
 
 
@@ -52,13 +57,14 @@ def served_limits(served) -> ModelLimits:
 
 
 class HealthProbe:
-    """gRPC health checks back to back on their own channel, each one's latency kept."""
+    """gRPC health checks back to back on their own channel, each one's start and latency
+    kept."""
 
     def __init__(self, port: int) -> None:
         self._channel = grpc.insecure_channel(f"127.0.0.1:{port}")
         self._stub = health_pb2_grpc.HealthStub(self._channel)
         self._stub.Check(health_pb2.HealthCheckRequest(), timeout=10)  # connected
-        self.latencies: list[float] = []
+        self.checks: list[tuple[float, float]] = []  # (started, seconds)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run)
 
@@ -66,7 +72,11 @@ class HealthProbe:
         while not self._stop.wait(0.005):
             started = time.perf_counter()
             self._stub.Check(health_pb2.HealthCheckRequest(), timeout=30)
-            self.latencies.append(time.perf_counter() - started)
+            self.checks.append((started, time.perf_counter() - started))
+
+    def worst_between(self, start: float, end: float) -> float:
+        """The slowest check that started in [start, end]."""
+        return max((took for at, took in self.checks if start <= at <= end), default=0.0)
 
     def __enter__(self) -> HealthProbe:
         self._thread.start()
@@ -152,12 +162,19 @@ def test_the_largest_inputs_accepted_and_refused_do_not_stall_health(served, cha
     with ThreadPoolExecutor(8) as pool:
         one_round(pool)  # first uses (the chat template's compilation...) are not measured
         with HealthProbe(served.port) as probe:
+            rounds = []
             for _ in range(ROUNDS):
+                started = time.perf_counter()
                 one_round(pool)
-    times = sorted(probe.latencies)
-    worst, p99 = times[-1], times[int(0.99 * len(times)) - 1]
-    print(f"{len(times)} health checks: p99 {p99 * 1e3:.1f} ms, worst {worst * 1e3:.1f} ms")
-    assert len(probe.latencies) > 20 and worst <= HEALTH_P100_S, worst
+                rounds.append((started, time.perf_counter()))
+    worst = [probe.worst_between(*span) for span in rounds]
+    times = sorted(took for _, took in probe.checks)
+    p99 = times[int(0.99 * len(times)) - 1]
+    print(f"{len(times)} health checks: p99 {p99 * 1e3:.1f} ms, "
+          f"worst per round {[round(w * 1e3, 1) for w in worst]} ms")  # fmt: skip
+    assert len(times) > 20
+    stalled = [w for w in worst if w > HEALTH_P100_S]
+    assert len(stalled) <= ROUNDS_THAT_MAY_STALL, worst
 
 
 def test_huge_text_prompts_do_not_delay_a_small_request(served, channel):
