@@ -237,7 +237,7 @@ def test_plot_confirmed_draws_each_family_at_its_highest_held_figure(tmp_path: P
 def test_the_setting_sweep_raises_the_best_rate_held_on_each_other_setting() -> None:
     """Point 0 where a search tried one engine setting: the confirmed layout at every other
     setting, each from the best rate held so far up by the step while it holds."""
-    limits = {(512, 256): 120.0, (1024, 256): 110.0, (256, 128): 50.0}
+    limits = {(2048, 256): 103.0, (512, 256): 120.0, (1024, 256): 110.0, (256, 128): 50.0}
     calls: list[Figure] = []
 
     def probe(figure: Figure) -> PairedProbe:
@@ -251,10 +251,11 @@ def test_the_setting_sweep_raises_the_best_rate_held_on_each_other_setting() -> 
     settings = [Setting(2048, 256), Setting(512, 256), Setting(1024, 256), Setting(256, 128)]
     judged = sweep_settings(rows, settings, 0.05, {}, probe=probe,
                             ceiling=lambda model, workload: None)  # fmt: skip
-    # 512 climbs past the held 100 to 115.76 and fails at 121.55; 1024 and 256x128 must beat
-    # 115.76 and fail their first probe; the held figure's own setting is not probed again.
+    # The held figure's own setting first, one step up (fails); then 512 climbs past the held
+    # 100 to 115.76 and fails at 121.55; 1024 and 256x128 must beat 115.76 and fail their first
+    # probe.
     assert [(f.chunk, f.batch, round(f.rate, 2)) for f in calls] == [
-        (512, 256, 105.0), (512, 256, 110.25), (512, 256, 115.76), (512, 256, 121.55),
+        (2048, 256, 105.0), (512, 256, 105.0), (512, 256, 110.25), (512, 256, 115.76), (512, 256, 121.55),
         (1024, 256, 121.55), (256, 128, 121.55),
     ]  # fmt: skip
     best = max((r for r in judged if r["holds"]), key=lambda r: r["rate"])
@@ -264,7 +265,7 @@ def test_the_setting_sweep_raises_the_best_rate_held_on_each_other_setting() -> 
     done = {row_key(r): r for r in judged}
     assert sweep_settings(rows, settings, 0.05, done, probe=probe,
                           ceiling=lambda model, workload: None) == judged  # fmt: skip
-    assert len(calls) == 6
+    assert len(calls) == 7
     capped = sweep_settings(rows, settings, 0.05, {}, probe=probe,
                             ceiling=lambda model, workload: 112.0)  # fmt: skip
-    assert [round(r["rate"], 2) for r in capped] == [105.0, 110.25]
+    assert [round(r["rate"], 2) for r in capped] == [105.0, 105.0, 110.25]

@@ -89,9 +89,9 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
                    help="--screen: bisect the gap above each family's held figure on the "
                    "failed figure's layout and setting to this precision (0: off)")  # fmt: skip
     p.add_argument("--screen-settings", type=float, default=0.0,
-                   help="--screen: then each family's highest held figure's layout at every "
-                   "--chunks x --batch-limits setting, from the best rate held up in steps of "
-                   "this fraction while it holds (0: off)")  # fmt: skip
+                   help="--screen: then each family's highest held figure's layout at its own "
+                   "and every --chunks x --batch-limits setting, from the best rate held up in "
+                   "steps of this fraction while it holds (0: off)")  # fmt: skip
     p.add_argument("--plot-confirmed", action="store_true",
                    help="--suite --plot DIR: no search; each family's curve at its confirmed "
                    "figure (DIR/coverage/screen.jsonl), at --requests-per-worker's sample")  # fmt: skip

@@ -210,10 +210,12 @@ def sweep_settings(
     ceiling: Callable[[str, str], float | None] = cell_ceiling,
 ) -> list[dict]:
     """Point 0's sweep where a search tried one engine setting: per cell and family of `rows`,
-    the layout of its highest held figure at each of `settings` in turn, offered the best rate
-    held so far raised by `step`, and raised again while it holds (up to the cell's compute
-    ceiling). A setting that serves no more fails its first probe; one that serves more takes
-    the lead, and the next setting must beat it. Returns the rows judged."""
+    the layout of its highest held figure at its own setting and then each of `settings` in
+    turn, offered the best rate held so far raised by `step`, and raised again while it holds
+    (up to the cell's compute ceiling). A setting that serves no more fails its first probe;
+    one that serves more takes the lead, and the next setting must beat it. Its own setting is
+    climbed too: the figure is the top of a ladder of another step (a finer step narrows it),
+    and where the same step probed it before, that row is reused. Returns the rows judged."""
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
         key = (row["model"], row["workload"], row["slo"], row["family"], row["requests_per_worker"])
@@ -227,9 +229,8 @@ def sweep_settings(
         figure = Figure(**{k: held[k] for k in Figure.__dataclass_fields__})
         top = ceiling(figure.model, figure.workload)
         best = figure.rate
-        for setting in settings:
-            if (setting.chunk, setting.batch) == (figure.chunk, figure.batch):
-                continue
+        own = Setting(figure.chunk, figure.batch)
+        for setting in [own, *(s for s in settings if s != own)]:
             source = f"setting sweep of {figure.split} chunk {figure.chunk} batch {figure.batch}"
             rate = best * (1 + step)
             while top is None or rate <= top:
