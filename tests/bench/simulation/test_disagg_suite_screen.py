@@ -269,3 +269,47 @@ def test_the_setting_sweep_raises_the_best_rate_held_on_each_other_setting() -> 
     capped = sweep_settings(rows, settings, 0.05, {}, probe=probe,
                             ceiling=lambda model, workload: 112.0)  # fmt: skip
     assert [round(r["rate"], 2) for r in capped] == [105.0, 105.0, 110.25]
+
+
+def test_auto_also_climbs_on_the_layout_and_setting_where_each_other_family_held_most() -> None:
+    """`auto` runs on any layout: the sweep offers it each P:D layout and setting where another
+    family of the cell held its highest figure, from `auto`'s best up."""
+    limits = {("hybrid", 2048): 100.0, ("1:7", 512): 130.0, ("3:5", 2048): 90.0}
+    calls: list[Figure] = []
+
+    def probe(figure: Figure) -> PairedProbe:
+        calls.append(figure)
+        holds = figure.rate <= limits[figure.split, figure.chunk]
+        return PairedProbe(figure.family, figure.split, figure.rate, 100, 95 if holds else 40,
+                           300.0, 500.0, 20.0, 1.0)  # fmt: skip
+
+    def held(family: str, split: str, chunk: int, rate: float, **other) -> dict:
+        figure = replace(_figure(family, rate, split), chunk=chunk, **other)
+        return screen_row(figure, _probe_holding_up_to(rate, [])(figure))
+
+    auto = held("auto", "hybrid", 2048, 100.0)
+    peers = [
+        auto,
+        held("conditional", "1:7", 512, 120.0, batch=128),
+        held("conditional", "1:7", 2048, 80.0),  # not its highest
+        held("threshold", "3:5", 2048, 90.0),
+        held("colocated", "colocated", 1024, 110.0),  # no P:D split: hybrid is `auto`'s
+        held("split", "2:6", 2048, 200.0, workload="chat"),  # another cell
+    ]
+    judged = sweep_settings([auto], [], 0.05, {}, probe=probe,
+                            ceiling=lambda model, workload: None, peers=peers)  # fmt: skip
+    # Its own layout one step up (fails), then conditional's 1:7 at chunk 512 batch 128 from
+    # auto's 100 up to 127.63, then threshold's 3:5 offered 134.01 (fails).
+    assert [(f.split, f.chunk, f.batch, round(f.rate, 2)) for f in calls] == [
+        ("hybrid", 2048, 256, 105.0),
+        *(("1:7", 512, 128, r) for r in (105.0, 110.25, 115.76, 121.55, 127.63, 134.01)),
+        ("3:5", 2048, 256, 134.01),
+    ]  # fmt: skip
+    assert {f.family for f in calls} == {"auto"}
+    best = max((r for r in judged if r["holds"]), key=lambda r: r["rate"])
+    assert best["source"] == "auto on conditional's 1:7 layout"
+    # Another family does not borrow.
+    calls.clear()
+    sweep_settings([peers[3]], [], 0.05, {}, probe=probe, ceiling=lambda model, workload: None,
+                   peers=peers)  # fmt: skip
+    assert [(f.family, f.split) for f in calls] == [("threshold", "3:5")]

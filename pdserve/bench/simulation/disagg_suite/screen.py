@@ -208,6 +208,7 @@ def sweep_settings(
     probe: Probe = probe_figure,
     on_row: Callable[[dict], None] | None = None,
     ceiling: Callable[[str, str], float | None] = cell_ceiling,
+    peers: Iterable[dict] = (),
 ) -> list[dict]:
     """Point 0's sweep where a search tried one engine setting: per cell and family of `rows`,
     the layout of its highest held figure at its own setting and then each of `settings` in
@@ -215,31 +216,72 @@ def sweep_settings(
     (up to the cell's compute ceiling). A setting that serves no more fails its first probe;
     one that serves more takes the lead, and the next setting must beat it. Its own setting is
     climbed too: the figure is the top of a ladder of another step (a finer step narrows it),
-    and where the same step probed it before, that row is reused. Returns the rows judged."""
+    and where the same step probed it before, that row is reused.
+    `auto` then climbs the same way on the P:D layout and setting of each other family's
+    highest held figure of the cell in `peers` (rows of any families): the router's choice
+    runs on any layout, and a search that tried `auto` on other layouts or settings than a
+    rule's cannot say it is worse there. Returns the rows judged."""
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
-        key = (row["model"], row["workload"], row["slo"], row["family"], row["requests_per_worker"])
-        groups.setdefault(key, []).append(row)
+        groups.setdefault(_family_key(row), []).append(row)
     judged: list[dict] = []
     judge = _judge(done, probe, on_row, judged)
-    for group in groups.values():
+    for key, group in groups.items():
         held = highest_held(group)
         if held is None:
             continue
-        figure = Figure(**{k: held[k] for k in Figure.__dataclass_fields__})
+        figure = _figure_of(held)
         top = ceiling(figure.model, figure.workload)
-        best = figure.rate
         own = Setting(figure.chunk, figure.batch)
-        for setting in [own, *(s for s in settings if s != own)]:
-            source = f"setting sweep of {figure.split} chunk {figure.chunk} batch {figure.batch}"
-            rate = best * (1 + step)
-            while top is None or rate <= top:
-                candidate = replace(figure, chunk=setting.chunk, batch=setting.batch, rate=rate,
-                                    source=source)  # fmt: skip
-                if not judge(candidate)["holds"]:
-                    break
-                best, rate = rate, rate * (1 + step)
+        source = f"setting sweep of {figure.split} chunk {figure.chunk} batch {figure.batch}"
+        best = _climb(replace(figure, source=source), [own, *(s for s in settings if s != own)],
+                      figure.rate, step, top, judge)  # fmt: skip
+        if figure.family == "auto":
+            for peer in _peer_layouts(peers, key, figure):
+                borrowed = replace(peer, family="auto",
+                                   source=f"auto on {peer.family}'s {peer.split} layout")  # fmt: skip
+                best = _climb(borrowed, [Setting(peer.chunk, peer.batch)], best, step, top, judge)
     return judged
+
+
+def _family_key(row: dict) -> tuple:
+    return (row["model"], row["workload"], row["slo"], row["family"], row["requests_per_worker"])
+
+
+def _figure_of(row: dict) -> Figure:
+    return Figure(**{k: row[k] for k in Figure.__dataclass_fields__})
+
+
+def _climb(figure: Figure, settings: list[Setting], best: float, step: float,
+           top: float | None, judge: Callable) -> float:  # fmt: skip
+    """`figure`'s layout at each setting in turn, from `best` up by `step` while it holds (to
+    `top`); the best rate held, `best` if none beat it."""
+    for setting in settings:
+        rate = best * (1 + step)
+        while top is None or rate <= top:
+            candidate = replace(figure, chunk=setting.chunk, batch=setting.batch, rate=rate)
+            if not judge(candidate)["holds"]:
+                break
+            best, rate = rate, rate * (1 + step)
+    return best
+
+
+def _peer_layouts(peers: Iterable[dict], key: tuple, own: Figure) -> list[Figure]:
+    """The highest held figure of each other family of `key`'s cell that runs a P:D split,
+    other than `own`'s layout and setting, highest first."""
+    by_family: dict[str, list[dict]] = {}
+    for row in peers:
+        peer_key = _family_key(row)
+        if (peer_key[:3], peer_key[4]) == (key[:3], key[4]) and peer_key[3] != key[3]:
+            by_family.setdefault(peer_key[3], []).append(row)
+    layouts = []
+    for rows in by_family.values():
+        held = highest_held(rows)
+        if held is None or held["split"] in ("hybrid", "colocated"):  # no P:D split
+            continue
+        if (held["split"], held["chunk"], held["batch"]) != (own.split, own.chunk, own.batch):
+            layouts.append(_figure_of(held))
+    return sorted(layouts, key=lambda f: -f.rate)
 
 
 def _refine(held: float, failed: list[Figure], precision: float, judge: Callable) -> None:
