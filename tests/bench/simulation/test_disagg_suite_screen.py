@@ -293,6 +293,7 @@ def test_auto_also_climbs_on_the_layout_and_setting_where_each_other_family_held
         held("conditional", "1:7", 512, 120.0, batch=128),
         held("conditional", "1:7", 2048, 80.0),  # not its highest
         held("threshold", "3:5", 2048, 90.0),
+        held("split", "3:5", 2048, 85.0),  # the same layout and setting: offered once
         held("colocated", "colocated", 1024, 110.0),  # no P:D split: hybrid is `auto`'s
         held("split", "2:6", 2048, 200.0, workload="chat"),  # another cell
     ]

@@ -268,20 +268,20 @@ def _climb(figure: Figure, settings: list[Setting], best: float, step: float,
 
 def _peer_layouts(peers: Iterable[dict], key: tuple, own: Figure) -> list[Figure]:
     """The highest held figure of each other family of `key`'s cell that runs a P:D split,
-    other than `own`'s layout and setting, highest first."""
+    highest first, each layout and setting once and other than `own`'s."""
     by_family: dict[str, list[dict]] = {}
     for row in peers:
         peer_key = _family_key(row)
         if (peer_key[:3], peer_key[4]) == (key[:3], key[4]) and peer_key[3] != key[3]:
             by_family.setdefault(peer_key[3], []).append(row)
-    layouts = []
-    for rows in by_family.values():
-        held = highest_held(rows)
-        if held is None or held["split"] in ("hybrid", "colocated"):  # no P:D split
-            continue
-        if (held["split"], held["chunk"], held["batch"]) != (own.split, own.chunk, own.batch):
-            layouts.append(_figure_of(held))
-    return sorted(layouts, key=lambda f: -f.rate)
+    highest = [highest_held(rows) for rows in by_family.values()]
+    own_place = (own.split, own.chunk, own.batch)
+    layouts: dict[tuple, Figure] = {}
+    for held in sorted(filter(None, highest), key=lambda row: -row["rate"]):
+        place = (held["split"], held["chunk"], held["batch"])
+        if held["split"] not in ("hybrid", "colocated") and place != own_place:  # P:D only
+            layouts.setdefault(place, _figure_of(held))
+    return list(layouts.values())
 
 
 def _refine(held: float, failed: list[Figure], precision: float, judge: Callable) -> None:
