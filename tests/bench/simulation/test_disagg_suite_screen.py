@@ -261,11 +261,19 @@ def test_the_setting_sweep_raises_the_best_rate_held_on_each_other_setting() -> 
     best = max((r for r in judged if r["holds"]), key=lambda r: r["rate"])
     assert (best["chunk"], best["split"], round(best["rate"], 2)) == (512, "3:1", 115.76)
     assert best["source"] == "setting sweep of 3:1 chunk 2048 batch 256"
-    # Resumed from its rows, nothing is probed again; under a compute ceiling nothing above it.
+    # Run again on its rows, it goes on from 115.76 at 512: only the held figure's own 2048,
+    # offered 105 before, is offered 121.55; under a compute ceiling nothing above it.
     done = {row_key(r): r for r in judged}
+    again = sweep_settings(rows, settings, 0.05, done, probe=probe,
+                           ceiling=lambda model, workload: None)  # fmt: skip
+    assert [(r["chunk"], round(r["rate"], 2), r["holds"]) for r in again] == [
+        (512, 121.55, False), (2048, 121.55, False), (1024, 121.55, False), (256, 121.55, False),
+    ]  # fmt: skip
+    assert len(calls) == 8
+    done.update((row_key(r), r) for r in again)
     assert sweep_settings(rows, settings, 0.05, done, probe=probe,
-                          ceiling=lambda model, workload: None) == judged  # fmt: skip
-    assert len(calls) == 7
+                          ceiling=lambda model, workload: None) == again  # fmt: skip
+    assert len(calls) == 8
     capped = sweep_settings(rows, settings, 0.05, {}, probe=probe,
                             ceiling=lambda model, workload: 112.0)  # fmt: skip
     assert [round(r["rate"], 2) for r in capped] == [105.0, 105.0, 110.25]

@@ -211,12 +211,14 @@ def sweep_settings(
     peers: Iterable[dict] = (),
 ) -> list[dict]:
     """Point 0's sweep where a search tried one engine setting: per cell and family of `rows`,
-    the layout of its highest held figure at its own setting and then each of `settings` in
-    turn, offered the best rate held so far raised by `step`, and raised again while it holds
-    (up to the cell's compute ceiling). A setting that serves no more fails its first probe;
-    one that serves more takes the lead, and the next setting must beat it. Its own setting is
-    climbed too: the figure is the top of a ladder of another step (a finer step narrows it),
-    and where the same step probed it before, that row is reused.
+    the layout of its highest held figure (of `rows` and `done`: a sweep goes on from where an
+    earlier one left it) at its own setting and then each of `settings` in turn, offered the
+    best rate held so far raised by `step`, and raised again while it holds (up to the cell's
+    compute ceiling). A setting that serves no more fails its first probe; one that serves more
+    takes the lead, and the next setting must beat it. Its own setting is climbed too: the
+    figure is the top of a ladder of another step (a finer step narrows it). A rate the same
+    step probed before is not probed again, so a second run probes only the settings that were
+    not yet offered the best rate.
     `auto` then climbs the same way on the P:D layout and setting of each other family's
     highest held figure of the cell in `peers` (rows of any families): the router's choice
     runs on any layout, and a search that tried `auto` on other layouts or settings than a
@@ -226,8 +228,11 @@ def sweep_settings(
         groups.setdefault(_family_key(row), []).append(row)
     judged: list[dict] = []
     judge = _judge(done, probe, on_row, judged)
+    earlier: dict[tuple, list[dict]] = {}
+    for row in done.values():
+        earlier.setdefault(_family_key(row), []).append(row)
     for key, group in groups.items():
-        held = highest_held(group)
+        held = highest_held([*group, *earlier.get(key, [])])
         if held is None:
             continue
         figure = _figure_of(held)
