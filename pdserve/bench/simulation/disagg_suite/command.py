@@ -91,7 +91,8 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--screen-settings", type=float, default=0.0,
                    help="--screen: then each family's highest held figure's layout at its own "
                    "and every --chunks x --batch-limits setting, from the best rate held up in "
-                   "steps of this fraction while it holds (0: off)")  # fmt: skip
+                   "steps of this fraction while it holds; auto also on the P:D layout and "
+                   "setting of each other family's highest held figure (0: off)")  # fmt: skip
     p.add_argument("--plot-confirmed", action="store_true",
                    help="--suite --plot DIR: no search; each family's curve at its confirmed "
                    "figure (DIR/coverage/screen.jsonl), at --requests-per-worker's sample")  # fmt: skip
