@@ -305,8 +305,9 @@ def test_auto_also_climbs_on_the_layout_and_setting_where_each_other_family_held
         held("colocated", "colocated", 1024, 110.0),  # no P:D split: hybrid is `auto`'s
         held("split", "2:6", 2048, 200.0, workload="chat"),  # another cell
     ]
-    judged = sweep_settings([auto], [], 0.05, {}, probe=probe,
-                            ceiling=lambda model, workload: None, peers=peers)  # fmt: skip
+    done = {row_key(row): row for row in peers}
+    judged = sweep_settings([auto], [], 0.05, done, probe=probe,
+                            ceiling=lambda model, workload: None)  # fmt: skip
     # Its own layout one step up (fails), then conditional's 1:7 at chunk 512 batch 128 from
     # auto's 100 up to 127.63, then threshold's 3:5 offered 134.01 (fails).
     assert [(f.split, f.chunk, f.batch, round(f.rate, 2)) for f in calls] == [
@@ -319,6 +320,6 @@ def test_auto_also_climbs_on_the_layout_and_setting_where_each_other_family_held
     assert best["source"] == "auto on conditional's 1:7 layout"
     # Another family does not borrow.
     calls.clear()
-    sweep_settings([peers[3]], [], 0.05, {}, probe=probe, ceiling=lambda model, workload: None,
-                   peers=peers)  # fmt: skip
+    sweep_settings([peers[3]], [], 0.05, done, probe=probe,
+                   ceiling=lambda model, workload: None)  # fmt: skip
     assert [(f.family, f.split) for f in calls] == [("threshold", "3:5")]

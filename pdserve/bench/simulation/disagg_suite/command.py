@@ -279,7 +279,7 @@ def _run_screen(args: argparse.Namespace, selection: Selection, options: SuiteOp
     if args.screen_settings > 0:
         judged = {**done, **{screen.row_key(row): row for row in rows}}
         rows += screen.sweep_settings(rows, options.settings, args.screen_settings, judged,
-                                      on_row=keep, peers=judged.values())  # fmt: skip
+                                      on_row=keep)  # fmt: skip
     held = sum(row["holds"] for row in rows)
     print(f"screen: {len(rows)} figures judged, {held} hold; "
           f"{time.perf_counter() - started:.0f} s")  # fmt: skip

@@ -208,7 +208,6 @@ def sweep_settings(
     probe: Probe = probe_figure,
     on_row: Callable[[dict], None] | None = None,
     ceiling: Callable[[str, str], float | None] = cell_ceiling,
-    peers: Iterable[dict] = (),
 ) -> list[dict]:
     """Point 0's sweep where a search tried one engine setting: per cell and family of `rows`,
     the layout of its highest held figure (of `rows` and `done`: a sweep goes on from where an
@@ -220,7 +219,7 @@ def sweep_settings(
     step probed before is not probed again, so a second run probes only the settings that were
     not yet offered the best rate.
     `auto` then climbs the same way on the P:D layout and setting of each other family's
-    highest held figure of the cell in `peers` (rows of any families): the router's choice
+    highest held figure of the cell in `done`: the router's choice
     runs on any layout, and a search that tried `auto` on other layouts or settings than a
     rule's cannot say it is worse there. Returns the rows judged."""
     groups: dict[tuple, list[dict]] = {}
@@ -242,7 +241,7 @@ def sweep_settings(
         best = _climb(replace(figure, source=source), [own, *(s for s in settings if s != own)],
                       figure.rate, step, top, judge)  # fmt: skip
         if figure.family == "auto":
-            for peer in _peer_layouts(peers, key, figure):
+            for peer in _peer_layouts(earlier, key, figure):
                 borrowed = replace(peer, family="auto",
                                    source=f"auto on {peer.family}'s {peer.split} layout")  # fmt: skip
                 best = _climb(borrowed, [Setting(peer.chunk, peer.batch)], best, step, top, judge)
@@ -271,15 +270,11 @@ def _climb(figure: Figure, settings: list[Setting], best: float, step: float,
     return best
 
 
-def _peer_layouts(peers: Iterable[dict], key: tuple, own: Figure) -> list[Figure]:
-    """The highest held figure of each other family of `key`'s cell that runs a P:D split,
-    highest first, each layout and setting once and other than `own`'s."""
-    by_family: dict[str, list[dict]] = {}
-    for row in peers:
-        peer_key = _family_key(row)
-        if (peer_key[:3], peer_key[4]) == (key[:3], key[4]) and peer_key[3] != key[3]:
-            by_family.setdefault(peer_key[3], []).append(row)
-    highest = [highest_held(rows) for rows in by_family.values()]
+def _peer_layouts(by_family: dict[tuple, list[dict]], key: tuple, own: Figure) -> list[Figure]:
+    """The highest held figure of each other family of `key`'s cell (rows by _family_key) that
+    runs a P:D split, highest first, each layout and setting once and other than `own`'s."""
+    highest = [highest_held(rows) for peer, rows in by_family.items()
+               if (peer[:3], peer[4]) == (key[:3], key[4]) and peer[3] != key[3]]  # fmt: skip
     own_place = (own.split, own.chunk, own.batch)
     layouts: dict[tuple, Figure] = {}
     for held in sorted(filter(None, highest), key=lambda row: -row["rate"]):
