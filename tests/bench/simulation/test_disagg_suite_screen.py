@@ -17,6 +17,7 @@ from pdserve.bench.simulation.disagg_suite.screen import (
     Figure,
     attainment_text,
     documented_figures,
+    highest_held,
     read_rows,
     row_key,
     screen,
@@ -318,6 +319,29 @@ def test_auto_also_climbs_on_the_layout_and_setting_where_each_other_family_held
     assert {f.family for f in calls} == {"auto"}
     best = max((r for r in judged if r["holds"]), key=lambda r: r["rate"])
     assert best["source"] == "auto on conditional's 1:7 layout"
+    # A rule's rate between two of `auto`'s rungs is offered to `auto` at that rate on its
+    # layout and setting (equal rates), here held: 123 against the ladder's last 121.55.
+    limits["1:7", 512] = 123.0
+    calls.clear()
+    rule = held("conditional", "1:7", 512, 123.0, batch=128)
+    rule_at = {key: row for key, row in done.items() if row is not peers[1]}
+    rule_at[row_key(rule)] = rule
+    judged = sweep_settings([auto], [], 0.05, rule_at, probe=probe,
+                            ceiling=lambda model, workload: None)  # fmt: skip
+    assert [(f.split, round(f.rate, 2)) for f in calls][-3:] == [
+        ("1:7", 127.63), ("1:7", 123.0), ("3:5", 129.15),
+    ]  # fmt: skip
+    best = max((r for r in judged if r["holds"]), key=lambda r: r["rate"])
+    assert (best["split"], best["rate"]) == ("1:7", 123.0)
+    # On `auto`'s own layout and setting too (already climbed, so offered the rate alone).
+    limits["2:6", 1024] = 104.0
+    calls.clear()
+    own = held("auto", "2:6", 1024, 100.0)
+    rule = held("conditional", "2:6", 1024, 103.0)
+    judged = sweep_settings([own], [], 0.05, {row_key(r): r for r in (own, rule)}, probe=probe,
+                            ceiling=lambda model, workload: None)  # fmt: skip
+    assert [(f.split, f.rate) for f in calls] == [("2:6", 105.0), ("2:6", 103.0)]
+    assert highest_held(judged)["rate"] == 103.0
     # Another family does not borrow.
     calls.clear()
     sweep_settings([peers[3]], [], 0.05, done, probe=probe,

@@ -219,9 +219,10 @@ def sweep_settings(
     step probed before is not probed again, so a second run probes only the settings that were
     not yet offered the best rate.
     `auto` then climbs the same way on the P:D layout and setting of each other family's
-    highest held figure of the cell in `done`: the router's choice
-    runs on any layout, and a search that tried `auto` on other layouts or settings than a
-    rule's cannot say it is worse there. Returns the rows judged."""
+    highest held figure of the cell in `done` (its own ones are climbed already), and is then
+    offered the rate that family held there when its ladder stopped below it (ladders from different rates have different rungs:
+    at the rule's own rate the two are compared at equal rates). The router's choice runs on any layout, and a search that tried `auto` on other
+    layouts or settings than a rule's cannot say it is worse there. Returns the rows judged."""
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
         groups.setdefault(_family_key(row), []).append(row)
@@ -237,14 +238,19 @@ def sweep_settings(
         figure = _figure_of(held)
         top = ceiling(figure.model, figure.workload)
         own = Setting(figure.chunk, figure.batch)
+        ladder = [own, *(s for s in settings if s != own)]
         source = f"setting sweep of {figure.split} chunk {figure.chunk} batch {figure.batch}"
-        best = _climb(replace(figure, source=source), [own, *(s for s in settings if s != own)],
-                      figure.rate, step, top, judge)  # fmt: skip
+        best = _climb(replace(figure, source=source), ladder, figure.rate, step, top, judge)
         if figure.family == "auto":
-            for peer in _peer_layouts(earlier, key, figure):
+            climbed = {(figure.split, s.chunk, s.batch) for s in ladder}
+            for peer in _peer_layouts(earlier, key):
                 borrowed = replace(peer, family="auto",
                                    source=f"auto on {peer.family}'s {peer.split} layout")  # fmt: skip
-                best = _climb(borrowed, [Setting(peer.chunk, peer.batch)], best, step, top, judge)
+                if (peer.split, peer.chunk, peer.batch) not in climbed:
+                    best = _climb(borrowed, [Setting(peer.chunk, peer.batch)], best, step, top,
+                                  judge)  # fmt: skip
+                if peer.rate > best and judge(replace(borrowed, rate=peer.rate))["holds"]:
+                    best = peer.rate
     return judged
 
 
@@ -270,17 +276,15 @@ def _climb(figure: Figure, settings: list[Setting], best: float, step: float,
     return best
 
 
-def _peer_layouts(by_family: dict[tuple, list[dict]], key: tuple, own: Figure) -> list[Figure]:
+def _peer_layouts(by_family: dict[tuple, list[dict]], key: tuple) -> list[Figure]:
     """The highest held figure of each other family of `key`'s cell (rows by _family_key) that
-    runs a P:D split, highest first, each layout and setting once and other than `own`'s."""
+    runs a P:D split, highest first, each layout and setting once."""
     highest = [highest_held(rows) for peer, rows in by_family.items()
                if (peer[:3], peer[4]) == (key[:3], key[4]) and peer[3] != key[3]]  # fmt: skip
-    own_place = (own.split, own.chunk, own.batch)
     layouts: dict[tuple, Figure] = {}
     for held in sorted(filter(None, highest), key=lambda row: -row["rate"]):
-        place = (held["split"], held["chunk"], held["batch"])
-        if held["split"] not in ("hybrid", "colocated") and place != own_place:  # P:D only
-            layouts.setdefault(place, _figure_of(held))
+        if held["split"] not in ("hybrid", "colocated"):  # P:D only
+            layouts.setdefault((held["split"], held["chunk"], held["batch"]), _figure_of(held))
     return list(layouts.values())
 
 
