@@ -166,15 +166,6 @@ class Weights:
     # stall within their TPOT SLO, and trailed Dynamo's conditional rule, 10.3 against 11.0
     # req/s; at 0.3, 11.3 (docs/benchmarks/simulation.md, session 9).
     ttft_margin: float = 0.3
-    # A TTFT predicted past the SLO itself is a lost request, not a slower one: charged this
-    # step (in SLO units, before slo_penalty) on top of the slope. Without it, on 8B rag at
-    # TPOT <= 20 ms (3P:5D), `auto` sent long prompts to a prefill queue predicted at 1.0-1.2 s
-    # rather than to a decode worker predicted at 0.8 s, to spare its decodes a stall that kept
-    # them within their SLO (TPOT p90 14 ms): 24% of its remote prefills missed the TTFT SLO,
-    # 0.886 of requests within both SLOs at 67.91 req/s; with the step 0.913, where Dynamo's
-    # conditional rule held (docs/benchmarks/simulation.md, session 17). The size of
-    # stall_miss_cap: a miss of this request weighs what a stall's TPOT breach can.
-    ttft_miss_step: float = 0.25
     kv_pressure: float = 2.0  # cost when D's KV occupancy after admission exceeds kv_soft_limit
     kv_soft_limit: float = 0.9
     # A one-off stall is spread over this many decode tokens of each stalled request, or over
@@ -323,8 +314,7 @@ def objective(
                   (stalled: D's requests now plus w.stall_newcomers arriving during the stall;
                   a remote prefill on a hybrid worker stalls that worker's requests alike)
     + w.slo_penalty * (SLO overshoot of TTFT (from            a miss costs more than slowness
-                       w.ttft_margin below its SLO, and
-                       w.ttft_miss_step once past it) and TPOT,
+                       w.ttft_margin below its SLO) and TPOT,
                        and of D's TPOT with the stall, once per request stalled and at
                        most w.stall_miss_cap: its decode step plus the local prefill's
                        measured compute spread as in the interference term; of a hybrid
@@ -340,9 +330,7 @@ def objective(
     """
     ttft_n, tpot_n = est.ttft_s / ttft_slo_s, est.tpot_s / tpot_slo_s
     bar = 1 - w.ttft_margin  # the TTFT the penalty starts at, in SLO units
-    ttft_miss = 0.0
-    if best_ttft_s <= ttft_slo_s:  # avoidable: some option meets the SLO
-        ttft_miss = max(0.0, ttft_n - bar) + (w.ttft_miss_step if ttft_n > 1 else 0.0)
+    ttft_miss = max(0.0, ttft_n - bar) if best_ttft_s <= ttft_slo_s else 0.0
     before = decode.num_running + decode.queued_requests  # D's batch without this request
     slowdown = est.tpot_s - cost.decode_step_seconds(max(1, before))
     # A local prefill pauses D's running decodes, and the requests queued behind it too.

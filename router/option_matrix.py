@@ -206,10 +206,7 @@ class OptionMatrix:
         avoidable = best_ttft <= slo_t
         # The terms in `objective`'s order; the TTFT penalty starts w.ttft_margin below the SLO.
         ttft_n = ttft / slo_t
-        ttft_miss = 0.0
-        if avoidable:  # past the SLO itself: the step too
-            ttft_miss = np.maximum(0.0, ttft_n - (1 - w.ttft_margin))
-            ttft_miss += np.where(ttft_n > 1, w.ttft_miss_step, 0.0)
+        ttft_miss = np.maximum(0.0, ttft_n - (1 - w.ttft_margin)) if avoidable else 0.0
         total_ = ttft_n + tpot_term + compute + harm_term
         objective = total_ + w.slo_penalty * (ttft_miss + tpot_over + stall_miss) + kv
         return cls(
