@@ -12,6 +12,7 @@ from pdserve.bench.simulation.disagg_suite.paired import (
     paired_attainment,
     paired_table,
 )
+from pdserve.bench.simulation.disagg_suite.screen import highest_held, paired_rows, row_key
 from pdserve.bench.simulation.disagg_suite.suite import Setting, SuiteOptions
 from tests.bench.cli_args import bench_args
 
@@ -41,6 +42,28 @@ def test_every_family_is_probed_at_every_rate_on_the_same_requests() -> None:
     assert table.endswith(
         "highest attainment at: colocated 2 of 2 rates, split 1 of 2 rates, auto 2 of 2 rates"
     )  # ties count for each
+
+
+def test_equal_rate_probes_become_screen_rows_judged_with_the_rest() -> None:
+    """`--at-rates --screen-rows`: each probe a row of the screen's JSONL, on its family's
+    layout (colocated its own), so the confirmed table's highest held figure counts it."""
+    setting = Setting(512, 64)
+    options = SuiteOptions((setting,), requests_per_worker=30, steady_probes=False)
+    families = ["colocated", "auto"]
+    probes = paired_attainment("70b", "code", "loose", families, "1:3", setting, [2.0, 400.0],
+                               options)  # fmt: skip
+    rows = paired_rows(probes, "70b", "code", "loose", "1:3", setting, 30)
+    assert [(r["family"], r["split"], r["rate"]) for r in rows] == [
+        ("colocated", "colocated", 2.0), ("auto", "1:3", 2.0),
+        ("colocated", "colocated", 400.0), ("auto", "1:3", 400.0),
+    ]  # fmt: skip
+    assert {r["source"] for r in rows if r["family"] == "auto"} == {"equal rates with colocated"}
+    for row, probe in zip(rows, probes, strict=True):
+        assert (row["holds"], row["complete"]) == (probe.attainment >= 0.9, True)
+        assert (row["chunk"], row["batch"], row["requests_per_worker"]) == (512, 64, 30)
+    assert len({row_key(r) for r in rows}) == 4
+    auto = [r for r in rows if r["family"] == "auto"]
+    assert highest_held(auto)["rate"] == 400.0  # auto holds at both (see the test above)
 
 
 def test_at_rates_takes_one_cell_split_and_setting(capsys) -> None:

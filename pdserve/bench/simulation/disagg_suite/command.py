@@ -7,7 +7,8 @@ serve thousands of chat requests/s. Probes are scaled down (`--requests-per-work
 simulated worker, goodput within `--precision`): a cell costs CPU minutes, not hours.
 
 With --at-rates R1,R2,... there is no search: one cell's families are probed at those rates on
-one split and engine setting, paired (paired.py), where goodputs lie within the bracket.
+one split and engine setting, paired (paired.py), where goodputs lie within the bracket
+(`--screen-rows` adds the probes to a screen's rows, screen.paired_rows).
 
 With --plot DIR, each cell's families are also offered load at fixed fractions of its
 goodput (curves.py) and drawn as goodput against rate, one PNG per model and workload, with a
@@ -92,7 +93,12 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
                    help="--screen: then each family's highest held figure's layout at its own "
                    "and every --chunks x --batch-limits setting, from the best rate held up in "
                    "steps of this fraction while it holds; auto also on the P:D layout and "
-                   "setting of each other family's highest held figure (0: off)")  # fmt: skip
+                   "setting of each other family's highest held figure, and at that "
+                   "figure's rate (0: off)")  # fmt: skip
+    p.add_argument("--screen-rows",
+                   help="--at-rates: also append each probe to this screen JSONL "
+                   "(coverage/screen.jsonl), so the confirmed table judges the equal-rate "
+                   "probes with the rest")  # fmt: skip
     p.add_argument("--plot-confirmed", action="store_true",
                    help="--suite --plot DIR: no search; each family's curve at its confirmed "
                    "figure (DIR/coverage/screen.jsonl), at --requests-per-worker's sample")  # fmt: skip
@@ -206,6 +212,7 @@ def run_suite(args: argparse.Namespace) -> int:
 def _run_paired(
     args: argparse.Namespace, selection: Selection, splits: tuple[str, ...], options: SuiteOptions
 ) -> int:
+    from pdserve.bench.simulation.disagg_suite import screen
     from pdserve.bench.simulation.disagg_suite.paired import paired_attainment, paired_table
 
     try:
@@ -239,6 +246,11 @@ def _run_paired(
         path.parent.mkdir(parents=True, exist_ok=True)
         rows = [{**asdict(p), "attainment": p.attainment} for p in probes]
         path.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+    if args.screen_rows:
+        rows = screen.paired_rows(probes, model, workload, slo, splits[0], options.settings[0],
+                                  options.requests_per_worker)  # fmt: skip
+        with Path(args.screen_rows).open("a", encoding="utf-8") as f:
+            f.writelines(json.dumps(row) + "\n" for row in rows)
     print(f"suite --at-rates: {time.perf_counter() - started:.0f} s")
     return 0
 
