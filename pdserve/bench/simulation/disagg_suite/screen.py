@@ -220,9 +220,11 @@ def sweep_settings(
     not yet offered the best rate.
     `auto` then climbs the same way on the P:D layout and setting of each other family's
     highest held figure of the cell in `done` (its own ones are climbed already), and is then
-    offered the rate that family held there when its ladder stopped below it (ladders from different rates have different rungs:
-    at the rule's own rate the two are compared at equal rates). The router's choice runs on any layout, and a search that tried `auto` on other
-    layouts or settings than a rule's cannot say it is worse there. Returns the rows judged."""
+    offered the rate that family held there when its ladder stopped below it (ladders from
+    different rates have different rungs: at the rule's own rate the two are compared at an
+    equal rate). The router's choice runs on any layout, and a search that tried `auto` on
+    other layouts or settings than a rule's cannot say it is worse there. Returns the rows
+    judged."""
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
         groups.setdefault(_family_key(row), []).append(row)
