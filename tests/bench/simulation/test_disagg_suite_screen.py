@@ -283,7 +283,8 @@ def test_the_setting_sweep_raises_the_best_rate_held_on_each_other_setting() -> 
 def test_auto_also_climbs_on_the_layout_and_setting_where_each_other_family_held_most() -> None:
     """`auto` runs on any layout: the sweep offers it each P:D layout and setting where another
     family of the cell held its highest figure, from `auto`'s best up."""
-    limits = {("hybrid", 2048): 100.0, ("1:7", 512): 130.0, ("3:5", 2048): 90.0}
+    limits = {("hybrid", 2048): 100.0, ("hybrid", 1024): 100.0, ("1:7", 512): 130.0,
+              ("3:5", 2048): 90.0}  # fmt: skip
     calls: list[Figure] = []
 
     def probe(figure: Figure) -> PairedProbe:
@@ -303,17 +304,19 @@ def test_auto_also_climbs_on_the_layout_and_setting_where_each_other_family_held
         held("conditional", "1:7", 2048, 80.0),  # not its highest
         held("threshold", "3:5", 2048, 90.0),
         held("split", "3:5", 2048, 85.0),  # the same layout and setting: offered once
-        held("colocated", "colocated", 1024, 110.0),  # no P:D split: hybrid is `auto`'s
+        held("colocated", "colocated", 1024, 110.0),  # `auto` there: hybrid workers
         held("split", "2:6", 2048, 200.0, workload="chat"),  # another cell
     ]
     done = {row_key(row): row for row in peers}
     judged = sweep_settings([auto], [], 0.05, done, probe=probe,
                             ceiling=lambda model, workload: None)  # fmt: skip
     # Its own layout one step up (fails), then conditional's 1:7 at chunk 512 batch 128 from
-    # auto's 100 up to 127.63, then threshold's 3:5 offered 134.01 (fails).
+    # auto's 100 up to 127.63, then hybrid workers at colocated's chunk 1024 and threshold's
+    # 3:5, each offered 134.01 (fail).
     assert [(f.split, f.chunk, f.batch, round(f.rate, 2)) for f in calls] == [
         ("hybrid", 2048, 256, 105.0),
         *(("1:7", 512, 128, r) for r in (105.0, 110.25, 115.76, 121.55, 127.63, 134.01)),
+        ("hybrid", 1024, 256, 134.01),
         ("3:5", 2048, 256, 134.01),
     ]  # fmt: skip
     assert {f.family for f in calls} == {"auto"}
@@ -328,8 +331,8 @@ def test_auto_also_climbs_on_the_layout_and_setting_where_each_other_family_held
     rule_at[row_key(rule)] = rule
     judged = sweep_settings([auto], [], 0.05, rule_at, probe=probe,
                             ceiling=lambda model, workload: None)  # fmt: skip
-    assert [(f.split, round(f.rate, 2)) for f in calls][-3:] == [
-        ("1:7", 127.63), ("1:7", 123.0), ("3:5", 129.15),
+    assert [(f.split, round(f.rate, 2)) for f in calls][-4:] == [
+        ("1:7", 127.63), ("1:7", 123.0), ("hybrid", 129.15), ("3:5", 129.15),
     ]  # fmt: skip
     best = max((r for r in judged if r["holds"]), key=lambda r: r["rate"])
     assert (best["split"], best["rate"]) == ("1:7", 123.0)
@@ -342,6 +345,18 @@ def test_auto_also_climbs_on_the_layout_and_setting_where_each_other_family_held
                             ceiling=lambda model, workload: None)  # fmt: skip
     assert [(f.split, f.rate) for f in calls] == [("2:6", 105.0), ("2:6", 103.0)]
     assert highest_held(judged)["rate"] == 103.0
+    # Colocated's figure above `auto`'s: hybrid workers at its setting, offered its rate too
+    # (70B agentic loose: colocated 129.39 at chunk 512, `auto` 111 on 2P:2D).
+    limits["hybrid", 512] = 112.0
+    calls.clear()
+    colocated = held("colocated", "colocated", 512, 111.0)
+    judged = sweep_settings([own], [], 0.05, {row_key(r): r for r in (own, colocated)},
+                            probe=probe, ceiling=lambda model, workload: None)  # fmt: skip
+    assert [(f.split, f.chunk, round(f.rate, 2)) for f in calls] == [
+        ("2:6", 1024, 105.0), ("hybrid", 512, 105.0), ("hybrid", 512, 110.25),
+        ("hybrid", 512, 115.76), ("hybrid", 512, 111.0),
+    ]  # fmt: skip
+    assert (highest_held(judged)["split"], highest_held(judged)["rate"]) == ("hybrid", 111.0)
     # Another family does not borrow.
     calls.clear()
     sweep_settings([peers[3]], [], 0.05, done, probe=probe,

@@ -92,9 +92,9 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--screen-settings", type=float, default=0.0,
                    help="--screen: then each family's highest held figure's layout at its own "
                    "and every --chunks x --batch-limits setting, from the best rate held up in "
-                   "steps of this fraction while it holds; auto also on the P:D layout and "
-                   "setting of each other family's highest held figure, and at that "
-                   "figure's rate (0: off)")  # fmt: skip
+                   "steps of this fraction while it holds; auto also on the layout (colocated's: "
+                   "hybrid workers) and setting of each other family's highest held figure, "
+                   "and at that figure's rate (0: off)")  # fmt: skip
     p.add_argument("--screen-rows",
                    help="--at-rates: also append each probe to this screen JSONL "
                    "(coverage/screen.jsonl), so the confirmed table judges the equal-rate "

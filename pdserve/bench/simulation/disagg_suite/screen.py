@@ -218,8 +218,9 @@ def sweep_settings(
     figure is the top of a ladder of another step (a finer step narrows it). A rate the same
     step probed before is not probed again, so a second run probes only the settings that were
     not yet offered the best rate.
-    `auto` then climbs the same way on the P:D layout and setting of each other family's
-    highest held figure of the cell in `done` (its own ones are climbed already), and is then
+    `auto` then climbs the same way on the layout and setting of each other family's highest
+    held figure of the cell in `done` (a P:D split, or hybrid workers at colocated's setting;
+    its own ones are climbed already), and is then
     offered the rate that family held there when its ladder stopped below it (ladders from
     different rates have different rungs: at the rule's own rate the two are compared at an
     equal rate). The router's choice runs on any layout, and a search that tried `auto` on
@@ -279,14 +280,17 @@ def _climb(figure: Figure, settings: list[Setting], best: float, step: float,
 
 
 def _peer_layouts(by_family: dict[tuple, list[dict]], key: tuple) -> list[Figure]:
-    """The highest held figure of each other family of `key`'s cell (rows by _family_key) that
-    runs a P:D split, highest first, each layout and setting once."""
+    """The highest held figure of each other family of `key`'s cell (rows by _family_key), as
+    `auto` runs it: a P:D split as it is, colocated's as every worker hybrid (`auto` on the
+    same GPUs and engine setting); highest first, each layout and setting once."""
     highest = [highest_held(rows) for peer, rows in by_family.items()
                if (peer[:3], peer[4]) == (key[:3], key[4]) and peer[3] != key[3]]  # fmt: skip
     layouts: dict[tuple, Figure] = {}
     for held in sorted(filter(None, highest), key=lambda row: -row["rate"]):
-        if held["split"] not in ("hybrid", "colocated"):  # P:D only
-            layouts.setdefault((held["split"], held["chunk"], held["batch"]), _figure_of(held))
+        figure = _figure_of(held)
+        if figure.split == "colocated":
+            figure = replace(figure, split="hybrid")
+        layouts.setdefault((figure.split, figure.chunk, figure.batch), figure)
     return list(layouts.values())
 
 
@@ -326,9 +330,10 @@ def paired_rows(probes: Iterable[PairedProbe], model: str, workload: str, slo: s
     requests allow and failed at 70.21 with 824), so the family offered more rates there
     reads higher; on a shared grid each is offered the same ones."""
     probes = list(probes)
+    families = {p.family for p in probes}
     rows = []
     for p in probes:
-        others = sorted({q.family for q in probes} - {p.family})
+        others = sorted(families - {p.family})
         figure = Figure(model, workload, slo, p.family,
                         "colocated" if p.family == "colocated" else split, setting.chunk,
                         setting.batch, p.rate, f"equal rates with {', '.join(others) or '-'}",
