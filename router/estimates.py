@@ -156,7 +156,10 @@ class Weights:
     # beside this request's own terms, as a sum of slowdowns within the TPOT SLO costs no
     # request its SLO (a breach is the penalty's). At 1.0, `auto` 1P:7D sent code completion
     # to its prefill worker until its queue broke the TTFT SLO, 0.84x colocated's goodput;
-    # at 0.25, 1.00x (docs/benchmarks/simulation.md, issue 49).
+    # at 0.25, 1.00x (docs/benchmarks/simulation.md, issue 49). At 0.125 `auto` kept 8B rag at
+    # TPOT <= 20 ms within SLO (0.943 against 0.886 at 67.91 req/s), but the highest held
+    # figure failed on 4 of 5 other cells tried: 70B mix loose, 70B rag at TPOT <= 20 and
+    # 18 ms, 8B agentic at TTFT <= 200 ms (session 18).
     interference: float = 0.25
     slo_penalty: float = 4.0  # extra cost per unit beyond an SLO: misses are worse than slowness
     # The TTFT penalty starts this share of the SLO below it, the error of a predicted TTFT at
@@ -164,7 +167,9 @@ class Weights:
     # miss. With none, `auto` sent 70B rag prompts to a prefill queue predicted at 0.9-1.2 s
     # (they came out +0.09 s at the median, +0.28 s at p90; 38% missed 1 s) to spare decodes a
     # stall within their TPOT SLO, and trailed Dynamo's conditional rule, 10.3 against 11.0
-    # req/s; at 0.3, 11.3 (docs/benchmarks/simulation.md, session 9).
+    # req/s; at 0.3, 11.3 (docs/benchmarks/simulation.md, session 9). At 0.4 8B rag at TPOT
+    # <= 20 ms kept 0.928 within SLO at 67.91 req/s (0.886 at 0.3), but the highest held
+    # figure failed on 5 of 27 other cells re-probed (session 18).
     ttft_margin: float = 0.3
     kv_pressure: float = 2.0  # cost when D's KV occupancy after admission exceeds kv_soft_limit
     kv_soft_limit: float = 0.9
