@@ -281,8 +281,9 @@ def test_the_setting_sweep_raises_the_best_rate_held_on_each_other_setting() -> 
 
 
 def test_auto_also_climbs_on_the_layout_and_setting_where_each_other_family_held_most() -> None:
-    """`auto` runs on any layout: the sweep offers it each P:D layout and setting where another
-    family of the cell held its highest figure, from `auto`'s best up."""
+    """`auto` runs on any layout: the sweep offers it each layout and setting where another
+    family of the cell held its highest figure (a P:D split as it is, colocated's as hybrid
+    workers), from `auto`'s best up."""
     limits = {("hybrid", 2048): 100.0, ("hybrid", 1024): 100.0, ("1:7", 512): 130.0,
               ("3:5", 2048): 90.0}  # fmt: skip
     calls: list[Figure] = []
