@@ -94,7 +94,8 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
                    "and every --chunks x --batch-limits setting, from the best rate held up in "
                    "steps of this fraction while it holds; auto also on the layout (colocated's: "
                    "hybrid workers) and setting of each other family's highest held figure, "
-                   "and at that figure's rate (0: off)")  # fmt: skip
+                   "and at that figure's rate; then each family's chunk bisected between and "
+                   "past the grid's toward the SLO its best breaks (0: off)")  # fmt: skip
     p.add_argument("--screen-rows",
                    help="--at-rates: also append each probe to this screen JSONL "
                    "(coverage/screen.jsonl), so the confirmed table judges the equal-rate "

@@ -9,7 +9,7 @@ and runs its steady probe at that rate, layout and setting (paired.py's probe) u
 verdict is certain. The first one that keeps >= 90% within both SLOs is the family's confirmed
 figure: a rate the layout sustains, so a lower bound of the family's goodput on that cell;
 `refine` bisects the gap above it, and `sweep_settings` tries its layout at the engine settings
-a search did not (`--screen-settings`). Each probe is one line of a JSONL file; a later run reads
+a search did not (`--screen-settings`), chunk budgets between and past the grid's included. Each probe is one line of a JSONL file; a later run reads
 it and probes only what it lacks, so a screen can be split across processes and resumed.
 """
 
@@ -180,16 +180,21 @@ def screen(
 def _judge(
     done: dict[tuple, dict], probe: Probe, on_row: Callable[[dict], None] | None, rows: list[dict]
 ) -> Callable[[Figure], dict]:
-    """A figure's row: an earlier one from `done`, else its probe's (passed to `on_row`); each
-    row judged is also appended to `rows`."""
+    """A figure's row: an earlier one from `done` or this judge's, else its probe's (passed to
+    `on_row`); each figure judged is also appended to `rows`, once."""
+
+    known = dict(done)  # and each figure probed here: a rung offered twice is probed once
+    listed: set[tuple] = set()
 
     def judge(figure: Figure) -> dict:
-        row = done.get(figure.key)
+        row = known.get(figure.key)
         if row is None:
-            row = screen_row(figure, probe(figure))
+            row = known[figure.key] = screen_row(figure, probe(figure))
             if on_row is not None:
                 on_row(row)
-        rows.append(row)
+        if figure.key not in listed:
+            listed.add(figure.key)
+            rows.append(row)
         return row
 
     return judge
@@ -224,8 +229,9 @@ def sweep_settings(
     offered the rate that family held there when its ladder stopped below it (ladders from
     different rates have different rungs: at the rule's own rate the two are compared at an
     equal rate). The router's choice runs on any layout, and a search that tried `auto` on
-    other layouts or settings than a rule's cannot say it is worse there. Returns the rows
-    judged."""
+    other layouts or settings than a rule's cannot say it is worse there. Last, every family's
+    chunk budget is refined between the grid's chunks and past its edges (`_refine_chunk`).
+    Returns the rows judged."""
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
         groups.setdefault(_family_key(row), []).append(row)
@@ -254,6 +260,10 @@ def sweep_settings(
                                   judge)  # fmt: skip
                 if peer.rate > best and judge(replace(borrowed, rate=peer.rate))["holds"]:
                     best = peer.rate
+        leader = _figure_of(highest_held([held, *(r for r in judged if _family_key(r) == key)]))
+        grid = {s.chunk for s in ladder} | {leader.chunk}
+        _refine_chunk(replace(leader, source=f"chunk refined from {leader.chunk}"), grid, step,
+                      top, judge)  # fmt: skip
     return judged
 
 
@@ -276,6 +286,52 @@ def _climb(figure: Figure, settings: list[Setting], best: float, step: float,
             if not judge(candidate)["holds"]:
                 break
             best, rate = rate, rate * (1 + step)
+    return best
+
+
+CHUNK_GRAIN = 64  # the finest chunk budget step refined (four 16-token KV blocks)
+MAX_CHUNK = 16384  # past the longest prompt of any suite workload: a larger budget changes nothing
+
+
+def _binding_slo(row: dict) -> str:
+    """Which SLO a failed row broke most: "ttft" or "tpot", by its p90 over the bound."""
+    ttft, tpot = SLOS[row["slo"]]
+    return "ttft" if row["ttft_p90_ms"] / ttft >= row["tpot_p90_ms"] / tpot else "tpot"
+
+
+def _refine_chunk(leader: Figure, grid: set[int], step: float, top: float | None,
+                  judge: Callable) -> float:  # fmt: skip
+    """The chunk budget between the grid's powers of two and past its edges (issue 49, session
+    18: 8B rag at TPOT <= 20 ms held most at chunk 576 and 640, between 512, whose prefill
+    queue breaks TTFT, and 1024, whose chunks break TPOT). A bisection led by the SLO the
+    leader breaks one step above its rate: a larger chunk drains prefill sooner (TTFT), a
+    smaller one stalls decode less (TPOT). The leader's layout and batch limit at the chunk
+    halfway to the nearest one tried that way (a multiple of CHUNK_GRAIN; at the grid's edge
+    twice or half the leader's), climbed from the best rate: one that holds more leads; one
+    that fails on the other SLO overshot and bounds the next half; one that fails on the same
+    SLO ends it (moving that way did not relieve it), as does a half finer than the grain.
+    Returns the best rate held."""
+    best, tried = leader.rate, set(grid)
+    while top is None or best * (1 + step) <= top:
+        above = judge(replace(leader, rate=best * (1 + step)))
+        if above["holds"]:  # a rate the ladder stopped below (a ceiling of an earlier run)
+            break
+        larger = _binding_slo(above) == "ttft"
+        side = [c for c in tried if (c > leader.chunk if larger else c < leader.chunk)]
+        if side:
+            bound = min(side) if larger else max(side)
+            chunk = round((leader.chunk + bound) / 2 / CHUNK_GRAIN) * CHUNK_GRAIN
+        else:
+            chunk = leader.chunk * 2 if larger else leader.chunk // 2
+        if chunk in tried or not CHUNK_GRAIN <= chunk <= MAX_CHUNK:
+            break
+        tried.add(chunk)
+        candidate = replace(leader, chunk=chunk, rate=best)
+        climbed = _climb(candidate, [Setting(chunk, leader.batch)], best, step, top, judge)
+        if climbed > best:
+            leader, best = replace(candidate, rate=climbed), climbed
+        elif _binding_slo(judge(replace(candidate, rate=best * (1 + step)))) == _binding_slo(above):
+            break  # the same SLO broke: moving this way did not relieve it
     return best
 
 
