@@ -254,30 +254,28 @@ def test_the_setting_sweep_raises_the_best_rate_held_on_each_other_setting() -> 
                             ceiling=lambda model, workload: None)  # fmt: skip
     # The held figure's own setting first, one step up (fails); then 512 climbs past the held
     # 100 to 115.76 and fails at 121.55; 1024 and 256x128 must beat 115.76 and fail their first
-    # probe. Last the chunk between: 512 broke TTFT at 121.55 (p90 500 of 1000 ms, TPOT 20 of
-    # 50), so halfway to the next larger, 768; it fails on TTFT too, which ends the refinement.
+    # probe. No chunk between is tried: 512 broke TTFT at 121.55 (p90 500 of 1000 ms, TPOT 20
+    # of 50), and so did 1024, the next larger one, at that rate.
     assert [(f.chunk, f.batch, round(f.rate, 2)) for f in calls] == [
         (2048, 256, 105.0), (512, 256, 105.0), (512, 256, 110.25), (512, 256, 115.76), (512, 256, 121.55),
-        (1024, 256, 121.55), (256, 128, 121.55), (768, 256, 121.55),
+        (1024, 256, 121.55), (256, 128, 121.55),
     ]  # fmt: skip
     best = max((r for r in judged if r["holds"]), key=lambda r: r["rate"])
     assert (best["chunk"], best["split"], round(best["rate"], 2)) == (512, "3:1", 115.76)
     assert best["source"] == "setting sweep of 3:1 chunk 2048 batch 256"
     # Run again on its rows, it goes on from 115.76 at 512: only the held figure's own 2048,
-    # offered 105 before, is offered 121.55 (and the refinement's 768 is judged already);
-    # under a compute ceiling nothing above it.
+    # offered 105 before, is offered 121.55; under a compute ceiling nothing above it.
     done = {row_key(r): r for r in judged}
     again = sweep_settings(rows, settings, 0.05, done, probe=probe,
                            ceiling=lambda model, workload: None)  # fmt: skip
     assert [(r["chunk"], round(r["rate"], 2), r["holds"]) for r in again] == [
         (512, 121.55, False), (2048, 121.55, False), (1024, 121.55, False), (256, 121.55, False),
-        (768, 121.55, False),
     ]  # fmt: skip
-    assert len(calls) == 9
+    assert len(calls) == 8
     done.update((row_key(r), r) for r in again)
     assert sweep_settings(rows, settings, 0.05, done, probe=probe,
                           ceiling=lambda model, workload: None) == again  # fmt: skip
-    assert len(calls) == 9
+    assert len(calls) == 8
     capped = sweep_settings(rows, settings, 0.05, {}, probe=probe,
                             ceiling=lambda model, workload: 112.0)  # fmt: skip
     assert [round(r["rate"], 2) for r in capped] == [105.0, 105.0, 110.25]
@@ -316,14 +314,14 @@ def test_auto_also_climbs_on_the_layout_and_setting_where_each_other_family_held
                             ceiling=lambda model, workload: None)  # fmt: skip
     # Its own layout one step up (fails), then conditional's 1:7 at chunk 512 batch 128 from
     # auto's 100 up to 127.63, then hybrid workers at colocated's chunk 1024 and threshold's
-    # 3:5, each offered 134.01 (fail); last the chunk on the leader's layout and batch limit,
-    # halfway from 512 to the 2048 the sweep tried.
+    # 3:5, each offered 134.01 (fail); last the chunk on the leader's layout and batch limit:
+    # no other was tried on 1:7, so twice 512.
     assert [(f.split, f.chunk, f.batch, round(f.rate, 2)) for f in calls] == [
         ("hybrid", 2048, 256, 105.0),
         *(("1:7", 512, 128, r) for r in (105.0, 110.25, 115.76, 121.55, 127.63, 134.01)),
         ("hybrid", 1024, 256, 134.01),
         ("3:5", 2048, 256, 134.01),
-        ("1:7", 1280, 128, 134.01),
+        ("1:7", 1024, 128, 134.01),
     ]  # fmt: skip
     assert {f.family for f in calls} == {"auto"}
     best = max((r for r in judged if r["holds"]), key=lambda r: r["rate"])
@@ -337,10 +335,10 @@ def test_auto_also_climbs_on_the_layout_and_setting_where_each_other_family_held
     rule_at[row_key(rule)] = rule
     judged = sweep_settings([auto], [], 0.05, rule_at, probe=probe,
                             ceiling=lambda model, workload: None)  # fmt: skip
-    # Then the refinement from 123 on 1:7: one step up at chunk 512 (fails on TTFT) and 1280.
+    # Then the refinement from 123 on 1:7: one step up at chunk 512 (fails on TTFT) and 1024.
     assert [(f.split, f.chunk, round(f.rate, 2)) for f in calls][-6:] == [
         ("1:7", 512, 127.63), ("1:7", 512, 123.0), ("hybrid", 1024, 129.15),
-        ("3:5", 2048, 129.15), ("1:7", 512, 129.15), ("1:7", 1280, 129.15),
+        ("3:5", 2048, 129.15), ("1:7", 512, 129.15), ("1:7", 1024, 129.15),
     ]  # fmt: skip
     best = max((r for r in judged if r["holds"]), key=lambda r: r["rate"])
     assert (best["split"], best["rate"]) == ("1:7", 123.0)
@@ -367,7 +365,7 @@ def test_auto_also_climbs_on_the_layout_and_setting_where_each_other_family_held
     assert [(f.split, f.chunk, round(f.rate, 2)) for f in calls] == [
         ("2:6", 1024, 105.0), ("hybrid", 512, 105.0), ("hybrid", 512, 110.25),
         ("hybrid", 512, 115.76), ("hybrid", 512, 111.0), ("hybrid", 512, 116.55),
-        ("hybrid", 768, 116.55),
+        ("hybrid", 1024, 116.55),
     ]  # fmt: skip
     assert (highest_held(judged)["split"], highest_held(judged)["rate"]) == ("hybrid", 111.0)
     # Another family does not borrow.
@@ -403,14 +401,23 @@ def test_the_sweep_refines_the_chunk_toward_the_slo_its_leader_breaks() -> None:
     judged = sweep_settings(rows, settings, 0.02, {}, probe=knee,
                             ceiling=lambda model, workload: None)  # fmt: skip
     refined = [(f.chunk, round(f.rate, 2)) for f in calls if f.source.startswith("chunk")]
-    # 512 breaks TTFT one step above its 90: halfway to 1024, 768 breaks TPOT (overshot);
-    # halfway back, 640 leads and breaks TPOT; halfway down, 576 leads, breaks TTFT, and the
-    # next half (608 -> 640 on the 64-token grain) was tried: the sweep stops at 576.
-    assert sorted({chunk for chunk, _ in refined}) == [576, 640, 768]
+    # 512 breaks TTFT one step above its 90 and 1024 TPOT: halfway, 768 breaks TPOT (overshot);
+    # halfway back, 640 leads and breaks TPOT, and 512 TTFT at that rate; halfway down, 576
+    # leads and breaks TTFT, 640 TPOT, and the next half (608 -> 640 on the 64-token grain)
+    # was tried: the sweep stops at 576.
+    assert sorted({chunk for chunk, _ in refined}) == [512, 576, 640, 768]
     best = highest_held(judged)
     assert (best["chunk"], best["source"]) == (576, "chunk refined from 512")
     assert 95.2 >= best["rate"] > 95.2 / 1.02  # 576's limit, to the step
     assert all(f.batch == 256 and f.split == "3:5" for f in calls)
+    # Swept again over its rows: the grid's chunks are offered the new best's next rung (as
+    # any second sweep does), and the refinement's every step is read from the rows.
+    calls.clear()
+    again = sweep_settings(rows, settings, 0.02, {row_key(r): r for r in judged}, probe=knee,
+                           ceiling=lambda model, workload: None)  # fmt: skip
+    rung = round(best["rate"] * 1.02, 2)
+    assert [(f.chunk, round(f.rate, 2)) for f in calls] == [(512, rung), (1024, rung)]
+    assert not any(row["holds"] for row in again)
 
     calls.clear()
     edge = probe_with(lambda chunk: (min(chunk / 20, 150.0), True))  # TTFT-bound everywhere

@@ -260,8 +260,11 @@ def sweep_settings(
                                   judge)  # fmt: skip
                 if peer.rate > best and judge(replace(borrowed, rate=peer.rate))["holds"]:
                     best = peer.rate
-        leader = _figure_of(highest_held([held, *(r for r in judged if _family_key(r) == key)]))
-        grid = {s.chunk for s in ladder} | {leader.chunk}
+        family_rows = [*group, *earlier.get(key, []), *(r for r in judged if _family_key(r) == key)]
+        leader = _figure_of(highest_held(family_rows))
+        # Every chunk this family was probed at on the leader's layout, an earlier refinement's
+        # too: a second sweep takes the same steps from the rows and probes none of them again.
+        grid = {r["chunk"] for r in family_rows if r["split"] == leader.split}
         _refine_chunk(replace(leader, source=f"chunk refined from {leader.chunk}"), grid, step,
                       top, judge)  # fmt: skip
     return judged
@@ -305,21 +308,26 @@ def _refine_chunk(leader: Figure, grid: set[int], step: float, top: float | None
     18: 8B rag at TPOT <= 20 ms held most at chunk 576 and 640, between 512, whose prefill
     queue breaks TTFT, and 1024, whose chunks break TPOT). A bisection led by the SLO the
     leader breaks one step above its rate: a larger chunk drains prefill sooner (TTFT), a
-    smaller one stalls decode less (TPOT). The leader's layout and batch limit at the chunk
-    halfway to the nearest one tried that way (a multiple of CHUNK_GRAIN; at the grid's edge
-    twice or half the leader's), climbed from the best rate: one that holds more leads; one
-    that fails on the other SLO overshot and bounds the next half; one that fails on the same
-    SLO ends it (moving that way did not relieve it), as does a half finer than the grain.
-    Returns the best rate held."""
-    best, tried = leader.rate, set(grid)
+    smaller one stalls decode less (TPOT). The nearest chunk tried that way, at that rate,
+    breaking the same SLO ends it (moving that way does not relieve it); else the leader's
+    layout and batch limit at the chunk halfway to it (a multiple of CHUNK_GRAIN; past the
+    grid's edge, twice or half the leader's) climbs from the best rate, and leads if it holds
+    more. It ends too where the next half is finer than the grain. Every decision is read
+    from the rows at one rate, so a second sweep over them probes nothing. Returns the best
+    rate held."""
+    best, tried = leader.rate, grid | {leader.chunk}
     while top is None or best * (1 + step) <= top:
-        above = judge(replace(leader, rate=best * (1 + step)))
+        rung = best * (1 + step)
+        above = judge(replace(leader, rate=rung))
         if above["holds"]:  # a rate the ladder stopped below (a ceiling of an earlier run)
             break
         larger = _binding_slo(above) == "ttft"
         side = [c for c in tried if (c > leader.chunk if larger else c < leader.chunk)]
         if side:
             bound = min(side) if larger else max(side)
+            beyond = judge(replace(leader, chunk=bound, rate=rung))
+            if not beyond["holds"] and _binding_slo(beyond) == _binding_slo(above):
+                break
             chunk = round((leader.chunk + bound) / 2 / CHUNK_GRAIN) * CHUNK_GRAIN
         else:
             chunk = leader.chunk * 2 if larger else leader.chunk // 2
@@ -330,8 +338,6 @@ def _refine_chunk(leader: Figure, grid: set[int], step: float, top: float | None
         climbed = _climb(candidate, [Setting(chunk, leader.batch)], best, step, top, judge)
         if climbed > best:
             leader, best = replace(candidate, rate=climbed), climbed
-        elif _binding_slo(judge(replace(candidate, rate=best * (1 + step)))) == _binding_slo(above):
-            break  # the same SLO broke: moving this way did not relieve it
     return best
 
 
