@@ -432,3 +432,29 @@ def test_the_sweep_refines_the_chunk_toward_the_slo_its_leader_breaks() -> None:
         (4096, 161.05), (8192, 161.05),
     ]  # fmt: skip
     assert highest_held(judged)["chunk"] == 4096
+
+
+def test_auto_climbs_last_on_a_figure_another_family_reached_in_the_same_sweep() -> None:
+    """Colocated's new best setting, found by this sweep (8B mix loose: chunk 1536, above
+    `auto`'s 216 at 1024), is offered to `auto` as hybrid workers in the same run."""
+    limits = {("colocated", 1024): 100.0, ("colocated", 512): 120.0, ("hybrid", 1024): 100.0,
+              ("hybrid", 512): 118.0}  # fmt: skip
+    calls: list[Figure] = []
+
+    def probe(figure: Figure) -> PairedProbe:
+        calls.append(figure)
+        holds = figure.rate <= limits.get((figure.split, figure.chunk), 0.0)
+        return PairedProbe(figure.family, figure.split, figure.rate, 100, 95 if holds else 40,
+                           300.0, 500.0, 20.0, 0.0)  # fmt: skip
+
+    def held(family: str, split: str) -> dict:
+        figure = replace(_figure(family, 100.0, split), chunk=1024)
+        return screen_row(figure, _probe_holding_up_to(100.0, [])(figure))
+
+    rows = [held("auto", "hybrid"), held("colocated", "colocated")]
+    judged = sweep_settings(rows, [Setting(512, 256)], 0.05, {row_key(r): r for r in rows},
+                            probe=probe, ceiling=lambda model, workload: None)  # fmt: skip
+    families = [f.family for f in calls]
+    assert families == sorted(families, key=lambda family: family == "auto")  # `auto` last
+    best = highest_held(r for r in judged if r["family"] == "auto")
+    assert (best["split"], best["chunk"], round(best["rate"], 2)) == ("hybrid", 512, 115.76)

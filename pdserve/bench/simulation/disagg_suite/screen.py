@@ -224,23 +224,19 @@ def sweep_settings(
     step probed before is not probed again, so a second run probes only the settings that were
     not yet offered the best rate.
     `auto` then climbs the same way on the layout and setting of each other family's highest
-    held figure of the cell in `done` (a P:D split, or hybrid workers at colocated's setting;
-    its own ones are climbed already), and is then
+    held figure of the cell in `done` or this sweep, which takes `auto` last (a P:D split, or
+    hybrid workers at colocated's setting; its own ones are climbed already), and is then
     offered the rate that family held there when its ladder stopped below it (ladders from
     different rates have different rungs: at the rule's own rate the two are compared at an
     equal rate). The router's choice runs on any layout, and a search that tried `auto` on
     other layouts or settings than a rule's cannot say it is worse there. Last, every family's
     chunk budget is refined between the grid's chunks and past its edges (`_refine_chunk`).
     Returns the rows judged."""
-    groups: dict[tuple, list[dict]] = {}
-    for row in rows:
-        groups.setdefault(_family_key(row), []).append(row)
     judged: list[dict] = []
     judge = _judge(done, probe, on_row, judged)
-    earlier: dict[tuple, list[dict]] = {}
-    for row in done.values():
-        earlier.setdefault(_family_key(row), []).append(row)
-    for key, group in groups.items():
+    earlier = _by_family(done.values())
+    # `auto` last: it climbs on the other families' layouts as this sweep leaves them.
+    for key, group in sorted(_by_family(rows).items(), key=lambda item: item[0][3] == "auto"):
         held = highest_held([*group, *earlier.get(key, [])])
         if held is None:
             continue
@@ -252,7 +248,7 @@ def sweep_settings(
         best = _climb(replace(figure, source=source), ladder, figure.rate, step, top, judge)
         if figure.family == "auto":
             climbed = {(figure.split, s.chunk, s.batch) for s in ladder}
-            for peer in _peer_layouts(earlier, key):
+            for peer in _peer_layouts(_by_family([*done.values(), *judged]), key):
                 borrowed = replace(peer, family="auto",
                                    source=f"auto on {peer.family}'s {peer.split} layout")  # fmt: skip
                 if (peer.split, peer.chunk, peer.batch) not in climbed:
@@ -272,6 +268,13 @@ def sweep_settings(
 
 def _family_key(row: dict) -> tuple:
     return (row["model"], row["workload"], row["slo"], row["family"], row["requests_per_worker"])
+
+
+def _by_family(rows: Iterable[dict]) -> dict[tuple, list[dict]]:
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        groups.setdefault(_family_key(row), []).append(row)
+    return groups
 
 
 def _figure_of(row: dict) -> Figure:
