@@ -9,8 +9,9 @@ and runs its steady probe at that rate, layout and setting (paired.py's probe) u
 verdict is certain. The first one that keeps >= 90% within both SLOs is the family's confirmed
 figure: a rate the layout sustains, so a lower bound of the family's goodput on that cell;
 `refine` bisects the gap above it, and `sweep_settings` tries its layout at the engine settings
-a search did not (`--screen-settings`), chunk budgets between and past the grid's included. Each probe is one line of a JSONL file; a later run reads
-it and probes only what it lacks, so a screen can be split across processes and resumed.
+a search did not (`--screen-settings`), chunk budgets between and past the grid's included.
+Each probe is one line of a JSONL file; a later run reads it and probes only what it lacks, so a
+screen can be split across processes and resumed.
 """
 
 from __future__ import annotations
@@ -295,8 +296,8 @@ def _climb(figure: Figure, settings: list[Setting], best: float, step: float,
     return best
 
 
-CHUNK_GRAIN = 64  # the finest chunk budget step refined (four 16-token KV blocks)
-MAX_CHUNK = 16384  # past the longest prompt of any suite workload: a larger budget changes nothing
+CHUNK_GRAIN = 64  # the finest step between two chunk budgets the refinement tries
+MAX_CHUNK = 16384  # how far doubling past the grid goes: 8x the default grid's largest chunk
 
 
 def _binding_slo(row: dict) -> str:
@@ -306,7 +307,7 @@ def _binding_slo(row: dict) -> str:
 
 
 def _refine_chunk(leader: Figure, grid: set[int], step: float, top: float | None,
-                  judge: Callable) -> float:  # fmt: skip
+                  judge: Callable) -> None:  # fmt: skip
     """The chunk budget between the grid's powers of two and past its edges (issue 49, session
     18: 8B rag at TPOT <= 20 ms held most at chunk 576 and 640, between 512, whose prefill
     queue breaks TTFT, and 1024, whose chunks break TPOT). A bisection led by the SLO the
@@ -316,8 +317,7 @@ def _refine_chunk(leader: Figure, grid: set[int], step: float, top: float | None
     layout and batch limit at the chunk halfway to it (a multiple of CHUNK_GRAIN; past the
     grid's edge, twice or half the leader's) climbs from the best rate, and leads if it holds
     more. It ends too where the next half is finer than the grain. Every decision is read
-    from the rows at one rate, so a second sweep over them probes nothing. Returns the best
-    rate held."""
+    from the rows at one rate, so a second sweep over them probes nothing."""
     best, tried = leader.rate, grid | {leader.chunk}
     while top is None or best * (1 + step) <= top:
         rung = best * (1 + step)
@@ -341,7 +341,6 @@ def _refine_chunk(leader: Figure, grid: set[int], step: float, top: float | None
         climbed = _climb(candidate, [Setting(chunk, leader.batch)], best, step, top, judge)
         if climbed > best:
             leader, best = replace(candidate, rate=climbed), climbed
-    return best
 
 
 def _peer_layouts(by_family: dict[tuple, list[dict]], key: tuple) -> list[Figure]:
