@@ -435,7 +435,7 @@ def test_the_sweep_refines_the_chunk_toward_the_slo_its_leader_breaks() -> None:
 
 
 def test_auto_climbs_last_on_a_figure_another_family_reached_in_the_same_sweep() -> None:
-    """Colocated's new best setting, found by this sweep (8B mix loose: chunk 1536, above
+    """Colocated's new best setting, found by this sweep (8B mix loose: chunk 1792, above
     `auto`'s 216 at 1024), is offered to `auto` as hybrid workers in the same run."""
     limits = {("colocated", 1024): 100.0, ("colocated", 512): 120.0, ("hybrid", 1024): 100.0,
               ("hybrid", 512): 118.0}  # fmt: skip
