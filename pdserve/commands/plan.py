@@ -146,8 +146,8 @@ def run(args: argparse.Namespace) -> int:
 def _plan(args: argparse.Namespace):
     from pdserve.config import RouterConfig
     from pdserve.planner.ceiling import compute_ceiling
-    from pdserve.planner.deployment import Deployment
-    from pdserve.planner.probe import SLO, Split
+    from pdserve.planner.deployment import Deployment, PoolDeployments
+    from pdserve.planner.probe import SLO
     from pdserve.planner.search import (
         Search,
         sampled_requests_per_worker,
@@ -194,16 +194,6 @@ def _plan(args: argparse.Namespace):
         raise CommandError(_one_line(e)) from None
     deployment = deployments[min(decode_tps)]
     workers = max(s.prefill + s.decode for s in splits)  # the most any probe may simulate
-    pools: dict[tuple[int, int], Deployment] = {}
-
-    def deployment_for(split: Split) -> Deployment:
-        tps = (split.prefill_tp, split.decode_tp)
-        if tps not in pools:
-            pools[tps] = deployments[split.decode_tp].with_prefill_pool(
-                deployments[split.prefill_tp]
-            )
-        return pools[tps]
-
     try:
         workload = load_workload(args.workload, args.requests, args.seed)
     except ValueError as e:
@@ -236,7 +226,7 @@ def _plan(args: argparse.Namespace):
         on_probe=on_probe,
         jobs=args.jobs,
         rank_all=not args.bracket_runners_up,
-        deployment_for=deployment_for,
+        deployment_for=PoolDeployments(deployments),
     )
     plan = search.run(splits)
     context = {

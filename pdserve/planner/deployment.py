@@ -151,5 +151,23 @@ class Deployment:
         return engine, meter
 
 
+class PoolDeployments:
+    """The deployment of each split whose pools run at their own TPs (`pdserve plan
+    --prefill-tp/--decode-tp`): the decode TP's deployment with the prefill TP's as its prefill
+    pool, made once per pair. A class, not a closure: the planner's worker processes are
+    given it pickled."""
+
+    def __init__(self, by_tp: dict[int, Deployment]) -> None:
+        self.by_tp = by_tp
+        self.pools: dict[tuple[int, int], Deployment] = {}
+
+    def __call__(self, split) -> Deployment:  # split: planner.probe.Split
+        tps = (split.prefill_tp, split.decode_tp)
+        if tps not in self.pools:
+            decode, prefill = self.by_tp[split.decode_tp], self.by_tp[split.prefill_tp]
+            self.pools[tps] = decode.with_prefill_pool(prefill)
+        return self.pools[tps]
+
+
 def _no_sleep(seconds: float) -> None:
     """The virtual clock moves by the modelled step time, not by waiting."""

@@ -22,7 +22,7 @@ is next probed at the best goodput of the earlier waves, and stops once it fails
 it (`below_best`: it cannot be the recommendation; its goodput is only bracketed).
 
 The splits of a wave are independent of one another (its bar is fixed when it starts), so
-`jobs` processes (forked once: they share the deployment and sample) search them in parallel,
+`jobs` processes (started once, each given the search once) search them in parallel,
 the likeliest to be searched in full first; the plan is the same for any `jobs`, as each
 split's probes depend only on its own results, its start and its wave's bar.
 
@@ -158,16 +158,17 @@ class Search:
         deployment_for: Callable[[Split], Deployment] | None = None,
         index_lag_s: float | None = None,
     ) -> None:
-        """`jobs` > 1: splits are searched in that many forked processes (`on_probe` is then
-        called in them). `rank_all`: every split that passes the bar is searched within the
-        precision; otherwise a disaggregated one stops once it failed at or below the best
-        goodput of an earlier wave (it cannot be the recommendation: `below_best`).
+        """`jobs` > 1: splits are searched in that many worker processes (`on_probe` is then
+        called in them; it and `deployment_for` are pickled, so module-level, not closures).
+        `rank_all`: every split that passes the bar is searched within the precision; otherwise
+        a disaggregated one stops once it failed at or below the best goodput of an earlier
+        wave (it cannot be the recommendation: `below_best`).
         `deployment_for`: the deployment of a split whose pools run at other TPs (tp_splits);
         default `deployment` for every split. `index_lag_s`: probes give the router a copy of
         the prefix index, fed by the workers' KV events this long after each step (None: no
         index, as `pdserve plan` runs; VirtualCluster)."""
         self.deployment, self.sample, self.slo = deployment, sample, slo
-        self.deployment_for = deployment_for or (lambda split: deployment)
+        self._deployment_for = deployment_for
         self.router_config, self.timing = router_config, timing
         self.precision, self.top = precision, top
         self.requests_per_worker = requests_per_worker
@@ -177,6 +178,11 @@ class Search:
         self.rank_all = rank_all
         self.index_lag_s = index_lag_s
         self.probes = 0
+
+    def deployment_for(self, split: Split) -> Deployment:
+        if self._deployment_for is None:
+            return self.deployment
+        return self._deployment_for(split)
 
     def run(self, splits: list[Split]) -> Plan:
         started = time.perf_counter()
@@ -217,20 +223,22 @@ class Search:
 
     @contextmanager
     def _workers(self, splits: int) -> Iterator[ProcessPoolExecutor | None]:
-        """`jobs` forked processes for the waves (None: search here). They are forked once,
-        inheriting this search: nothing large is pickled."""
+        """`jobs` worker processes for the waves (None: search here), each given this search
+        once. Started by a fork server, not forked from here: this process may run threads
+        (OpenTelemetry's span exporter, gRPC's), and a child forked from them can abort in
+        their at-fork handlers (seen in CI: BrokenProcessPool)."""
         jobs = min(self.jobs, splits)
-        if jobs <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+        if jobs <= 1:
             yield None
             return
-        global _FORKED_SEARCH
-        _FORKED_SEARCH = self
-        try:
-            context = multiprocessing.get_context("fork")
-            with ProcessPoolExecutor(jobs, mp_context=context) as pool:
-                yield pool
-        finally:
-            _FORKED_SEARCH = None
+        method = (
+            "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+        )
+        context = multiprocessing.get_context(method)
+        with ProcessPoolExecutor(
+            jobs, mp_context=context, initializer=_adopt_search, initargs=(self,)
+        ) as pool:
+            yield pool
 
     def _search_wave(
         self,
@@ -399,12 +407,17 @@ class Search:
         return allowed > 0 and probe.missed >= NEAR_EDGE * allowed
 
 
-_FORKED_SEARCH: Search | None = None  # the search whose splits forked workers are searching
+_WORKER_SEARCH: Search | None = None  # in a worker process: the search it was given
+
+
+def _adopt_search(search: Search) -> None:
+    global _WORKER_SEARCH
+    _WORKER_SEARCH = search
 
 
 def _search_in_worker(result: SplitResult, bar: float, best: float, start: float) -> SplitResult:
-    assert _FORKED_SEARCH is not None, "only a worker forked by Search._workers"
-    _FORKED_SEARCH._search(result, bar, best, start)
+    assert _WORKER_SEARCH is not None, "only a worker started by Search._workers"
+    _WORKER_SEARCH._search(result, bar, best, start)
     return result
 
 
