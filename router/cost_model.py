@@ -105,6 +105,9 @@ class LinearFit:
 # Per poll of a prefill worker: the weight the drain rate's older polls keep (a half-life of
 # ~23 polls, a few seconds at the router's poll interval).
 DRAIN_DECAY = 0.97
+# Per poll of a worker: the weight its step time's older polls keep (`step_seconds`; a
+# half-life of ~3 polls: the TPOT its batch sees now, not over the last minute).
+STEP_DECAY = 0.8
 
 
 @dataclass
@@ -142,6 +145,9 @@ class CostModel:
     # their polls with DRAIN_DECAY's forgetting: how fast a queue of prompts drains there
     # (`prefill_queue_seconds`). [seconds, tokens]
     _drain: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    # Per worker, the seconds and steps of its recent polls with STEP_DECAY's forgetting
+    # (`step_seconds`). worker_id -> [seconds, steps]
+    _steps: dict[str, list[float]] = field(default_factory=dict)
 
     @classmethod
     def with_priors_scaled(cls, factor: float) -> CostModel:
@@ -189,6 +195,7 @@ class CostModel:
             return
         tokens = stats.prefill_tokens - prev.prefill_tokens
         seconds = stats.prefill_seconds - prev.prefill_seconds
+        self._observe_steps(stats, prev)
         if tokens > 0 and seconds > 0 and stats.role == "prefill":
             self._drain = [DRAIN_DECAY * self._drain[0] + seconds,
                            DRAIN_DECAY * self._drain[1] + tokens]  # fmt: skip
@@ -209,6 +216,26 @@ class CostModel:
         # (decode_service/prefix_push.py): the same transports, so one line prices both.
         if sent > 0 and transfer_s > 0:
             self.observe_transfer(sent, transfer_s)
+
+    def _observe_steps(self, stats, prev) -> None:
+        steps = (stats.decode_steps - prev.decode_steps) + (
+            stats.prefill_steps - prev.prefill_steps
+        )
+        seconds = (stats.decode_seconds - prev.decode_seconds) + (
+            stats.prefill_seconds - prev.prefill_seconds
+        )
+        if steps > 0 and seconds > 0:  # an idle interval says nothing of the next step
+            was = self._steps.get(stats.worker_id, [0.0, 0.0])
+            self._steps[stats.worker_id] = [STEP_DECAY * was[0] + seconds,
+                                            STEP_DECAY * was[1] + steps]  # fmt: skip
+
+    def step_seconds(self, worker_id: str) -> float | None:
+        """The worker's mean step over its last few polls, prompt steps included (None before
+        any): the TPOT its running requests see now, each one token per step, with the stalls
+        of the prompts it computed. Measured, where `decode_step_seconds` predicts the step of
+        a batch size from a line fitted over every worker's decode-only steps."""
+        seconds, steps = self._steps.get(worker_id, (0.0, 0.0))
+        return seconds / steps if steps else None
 
     def _observe_host_copy(self, stats) -> None:
         """A worker's host-to-device bandwidth, measured when it started (once per epoch)."""

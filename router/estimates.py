@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from router.cost_model import CostModel
 from router.peer_pull import PULL_MARGIN, pull_seconds
 
@@ -192,6 +194,31 @@ class Weights:
     # 1.0, 0.75 against 0.94 of requests within SLO at 52 req/s; at 0.25, 0.98
     # (docs/benchmarks/simulation.md, session 12).
     stall_miss_cap: float = 0.25
+    # ... except a breach the decode worker's measured step says is certain: more than this
+    # share past the TPOT SLO (`certain_stall_misses`). Within it, the stall is a shift no
+    # larger than the step's own spread: on 70B chat at TPOT <= 20 ms (1P:3D, chunk 256) the
+    # decode workers step at 18.6-19.6 ms (p10-p90) and prefill 75% of prompts locally, each a
+    # 16-43 ms stall; with no margin, the stalls that crossed 20 ms went to the one prefill
+    # worker, whose queue broke TTFT (0.875 within SLO at 94.92 req/s, held at 0.90 before).
+    tpot_noise: float = 0.05
+
+
+def certain_stall_misses(stalled, step_s, stall_s, max_tokens: int, tpot_slo_s: float, w: Weights):
+    """A local prefill's TPOT misses that no cap may hide: the SLO overshoot of the decode
+    worker's measured step (`step_s`, CostModel.step_seconds: what its batch sees now) with the
+    stall spread over this request's max_tokens (the best guess of its neighbours' outputs),
+    once per stalled request, where it is more than w.tpot_noise past the SLO. The capped
+    breach is a prediction (the fitted step at the batch counting queued requests, the stall
+    spread over 32 tokens); this is one the batch's own steps say will happen. On 70B rag at
+    TPOT <= 18 ms (3P:1D, chunk 1024) `auto` prefilled 0.3% of prompts on a decode worker that
+    stepped at 16.6-17.5 ms (p10-p90), each a ~0.2 s stall, to rescue their TTFTs from a
+    prefill queue predicted at 1.3-1.6 s, and trailed the split at every rate tried (0.904
+    against 0.920 within SLO at 7.7 req/s). The predicted step, ~20 ms there and at TPOT <=
+    20 ms alike, could not tell that batch's 0.5 ms of headroom from the other's 2.5 ms
+    (docs/benchmarks/simulation.md, session 20). Scalars or numpy arrays alike
+    (router/option_matrix.py prices every option at once)."""
+    over = (step_s + stall_s / max(1, max_tokens)) / tpot_slo_s - 1
+    return np.where(over > w.tpot_noise, stalled * over, 0.0)
 
 
 @dataclass
@@ -323,7 +350,9 @@ def objective(
                        and of D's TPOT with the stall, once per request stalled and at
                        most w.stall_miss_cap: its decode step plus the local prefill's
                        measured compute spread as in the interference term; of a hybrid
-                       prefill worker's, for a remote prefill there)
+                       prefill worker's, for a remote prefill there; uncapped on a decode
+                       worker whose measured step the stall puts past the SLO:
+                       `certain_stall_misses`)
     + w.kv_pressure * (KV occupancy above the soft limit       preemption risk on D
                        that this request adds)
 
@@ -347,6 +376,12 @@ def objective(
     # so the overshoot is charged once per stalled request, up to the cap (Weights).
     stalled_tpot_n = (est.tpot_s + est.stall_s / amortize) / tpot_slo_s
     stall_miss = min(w.stall_miss_cap, stalled * max(0.0, stalled_tpot_n - 1))
+    step_s = cost.step_seconds(decode.worker_id)
+    if est.stall_s and not decode.hybrid and step_s is not None:  # hybrid: every option stalls
+        certain = certain_stall_misses(
+            stalled, step_s, est.stall_s, request.max_tokens, tpot_slo_s, w
+        )
+        stall_miss = max(stall_miss, float(certain))
     if est.prefill_stall_s:  # a hybrid prefill worker's own decodes pause, as D's would
         p_stalled = est.prefill_stalled + w.stall_newcomers
         harm = harm + p_stalled * est.prefill_stall_s / amortize

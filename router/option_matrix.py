@@ -26,7 +26,13 @@ from itertools import chain
 import numpy as np
 
 from router.cost_model import CostModel, LinearFit
-from router.estimates import Estimate, RoutingRequest, Weights, WorkerLoad
+from router.estimates import (
+    Estimate,
+    RoutingRequest,
+    Weights,
+    WorkerLoad,
+    certain_stall_misses,
+)
 from router.load_rows import NUMBERS, LoadRows
 from router.peer_pull import PULL_MARGIN
 
@@ -183,6 +189,16 @@ class OptionMatrix:
             stall_miss[:, k] = np.minimum(
                 w.stall_miss_cap, stalled * np.maximum(0.0, stalled_tpot_n - 1)
             )
+            steps = [cost.step_seconds(load.worker_id) for load in decode]
+            measured = np.array([s is not None for s in steps]) & (d.hybrid == 0)
+            if measured.any():  # hybrid: every option stalls someone (`objective`)
+                step_s = np.array([s or 0.0 for s in steps])
+                certain = certain_stall_misses(
+                    stalled, step_s, l_stall, request.max_tokens, slo_p, w
+                )
+                stall_miss[:, k] = np.where(
+                    measured, np.maximum(stall_miss[:, k], certain), stall_miss[:, k]
+                )
             feasible[:, k] = d_ok & queue_ok[n_p:]
             p_cached[:, k] = d.cached
             load[:, k] = d.load

@@ -138,6 +138,7 @@ class WorkerStats:
     # Cumulative measurements: the router's cost model differentiates them between polls.
     prefill_tokens: int = 0  # prompt tokens computed
     prefill_seconds: float = 0.0  # time spent in steps that computed prompt tokens
+    prefill_steps: int = 0  # those steps (their decodes, if any, ran in them too)
     decode_steps: int = 0  # steps that only decoded
     decode_seconds: float = 0.0
     decode_tokens: int = 0  # tokens produced by those steps (sum of batch sizes)

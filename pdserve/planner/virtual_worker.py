@@ -113,6 +113,7 @@ class VirtualWorker:
         if computed:
             stats.prefill_tokens += computed
             stats.prefill_seconds += seconds
+            stats.prefill_steps += 1
         elif outputs:
             stats.decode_steps += 1
             stats.decode_seconds += seconds

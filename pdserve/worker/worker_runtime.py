@@ -109,6 +109,7 @@ class WorkerRuntime:
         if computed > 0:
             self._stats.prefill_tokens += computed
             self._stats.prefill_seconds += seconds
+            self._stats.prefill_steps += 1
         elif outputs:
             self._stats.decode_steps += 1
             self._stats.decode_seconds += seconds

@@ -99,6 +99,7 @@ def test_pulled_prefix_generates_the_colocated_tokens(transport, params):
             assert stats.prefix_peer_hit_tokens == HELD * 4
             assert (stats.peer_pulls_started, stats.peer_pulls_committed) == (1, 1)
             assert stats.prefill_tokens == len(PROMPT) - HELD * 4
+            assert stats.prefill_steps >= 1  # CostModel.step_seconds counts prompt steps
             assert await idle(x, y) == [0, 0] and len(y._handoffs) == 0
 
     asyncio.run(scenario())

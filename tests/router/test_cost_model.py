@@ -76,6 +76,30 @@ def test_learns_from_worker_counters_between_polls() -> None:
     assert cost.prefill_seconds(1000, local=True) == cost.prefill_seconds(1000)
 
 
+def test_a_workers_step_is_measured_over_its_recent_polls_prompt_steps_included() -> None:
+    # d0 decodes at 17 ms a step, then takes local prompts: 1 step in 10 runs a 200 ms chunk.
+    # Its running requests get a token a step, so the mean over every step is their TPOT now.
+    cost = CostModel()
+    assert cost.step_seconds("d0") is None  # nothing measured yet
+    steps, seconds, prompt_steps, prompt_seconds = 0, 0.0, 0, 0.0
+    cost.observe_stats(stats("d0", "decode"))
+    for _ in range(30):
+        steps, seconds = steps + 100, seconds + 100 * 0.017
+        cost.observe_stats(stats("d0", "decode", decode_steps=steps, decode_seconds=seconds))
+    assert cost.step_seconds("d0") == pytest.approx(0.017)
+    for _ in range(30):  # the recent polls, not the last minute: within a few polls
+        steps, seconds = steps + 90, seconds + 90 * 0.017
+        prompt_steps, prompt_seconds = prompt_steps + 10, prompt_seconds + 10 * 0.2
+        counters = {"decode_steps": steps, "decode_seconds": seconds,
+                    "prefill_steps": prompt_steps, "prefill_seconds": prompt_seconds}  # fmt: skip
+        cost.observe_stats(stats("d0", "decode", **counters))
+    assert cost.step_seconds("d0") == pytest.approx(0.9 * 0.017 + 0.1 * 0.2, rel=0.01)
+    # An idle poll says nothing of the next step; another worker keeps its own.
+    cost.observe_stats(stats("d0", "decode", **counters))
+    assert cost.step_seconds("d0") == pytest.approx(0.9 * 0.017 + 0.1 * 0.2, rel=0.01)
+    assert cost.step_seconds("d1") is None
+
+
 def test_a_decode_workers_peer_pull_pushes_teach_the_transfer_line() -> None:
     # A colocated cluster has no prefill worker: its pulls' pushes are the only transfers.
     cost = CostModel()

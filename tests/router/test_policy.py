@@ -11,7 +11,7 @@ from pdserve.config import RouterConfig
 from pdserve.core.messages import WorkerStats
 from router.cost_model import CostModel
 from router.estimates import RoutingRequest, Weights, WorkerLoad
-from router.policy import RoutingPolicy
+from router.policy import RoutingDecision, RoutingPolicy
 
 MiB = 1 << 20
 # 1024 prompt tokens = 64 blocks of 16; 1 MiB of KV per block (a 7B-class model in bf16).
@@ -354,6 +354,51 @@ def test_a_stall_that_breaks_a_batchs_tpot_slo_is_charged_for_every_request_it_s
     # A remote TTFT predicted past the SLO costs more than the capped breach: local.
     longer = worker("p0", num_waiting=4, waiting_prompt_tokens=5000)
     assert pol.decide(prompt, [longer], [worker("d0", num_running=28)]).prefill_worker is None
+
+
+def measured_step(cost: CostModel, worker_id: str, step_s: float) -> None:
+    """Polls of a decode worker whose every step took `step_s` (CostModel.step_seconds)."""
+    for poll in range(20):
+        cost.observe_stats(WorkerStats(worker_id, "decode", epoch=1, prefill_steps=100 * poll,
+                                       prefill_seconds=100 * poll * step_s))  # fmt: skip
+
+
+@pytest.mark.parametrize("vectorised", [True, False])
+def test_a_stall_the_decode_workers_measured_step_cannot_absorb_is_charged_uncapped(vectorised):
+    # Three decode workers that look the same to the predicted step (28 decodes, ~18.7 ms
+    # against an 18 ms TPOT SLO), a remote TTFT predicted past its SLO, and a 640-token prompt
+    # whose local prefill stalls D ~0.17 s (2.7 ms over its 64 tokens). Where D's steps
+    # measure 17 ms, the stall puts its batch 9% past the SLO: every request it pauses misses,
+    # uncapped, and the prompt waits for the prefill worker. Where they measure 15.5 ms (1%
+    # past: within the step's spread), 12 ms, or are not measured yet, the capped breach is a
+    # prediction and the prompt stays local (70B rag at TPOT <= 18 ms and 70B chat at 20 ms,
+    # docs/benchmarks/simulation.md, session 20).
+    cost = calibrated()
+    measured_step(cost, "busy", 0.017)
+    measured_step(cost, "edge", 0.0155)
+    measured_step(cost, "roomy", 0.012)
+    pol = RoutingPolicy(RouterConfig(ttft_slo_ms=1000, tpot_slo_ms=18), cost,
+                        vectorised=vectorised)  # fmt: skip
+    prompt = RoutingRequest(prompt_tokens=640, max_tokens=64, block_size=16, bytes_per_block=MiB)
+    queued = worker("p0", num_waiting=4, waiting_prompt_tokens=5000)
+
+    def decide(decode_worker: str, **load) -> RoutingDecision:
+        return pol.decide(prompt, [queued], [worker(decode_worker, num_running=28, **load)])
+
+    busy = decide("busy")
+    assert busy.prefill_worker == "p0" and busy.chosen.ttft_s > 1.0
+    local = busy.estimates["local@busy"]
+    stalled_tpot_n = (0.017 + local.stall_s / prompt.max_tokens) / 0.018
+    w = Weights()
+    own = local.tpot_s / 0.018 - 1  # this request's own TPOT overshoot, as on every option
+    certain = (28 + w.stall_newcomers) * (stalled_tpot_n - 1)
+    assert certain > 4 * w.stall_miss_cap
+    assert local.terms["slo_penalty"] == pytest.approx(w.slo_penalty * (own + certain))
+    assert w.tpot_noise < stalled_tpot_n - 1
+    for kept in (decide("edge"), decide("roomy"), decide("unmeasured")):
+        assert kept.prefill_worker is None
+    # A hybrid D's every option stalls someone: the cap holds there.
+    assert decide("busy", hybrid=True).prefill_worker is None
 
 
 @pytest.mark.parametrize("vectorised", [True, False])
