@@ -351,8 +351,8 @@ def objective(
                        most w.stall_miss_cap: its decode step plus the local prefill's
                        measured compute spread as in the interference term; of a hybrid
                        prefill worker's, for a remote prefill there; uncapped on a decode
-                       worker whose measured step the stall puts past the SLO:
-                       `certain_stall_misses`)
+                       worker whose measured step the stall puts more than w.tpot_noise
+                       past the SLO: `certain_stall_misses`)
     + w.kv_pressure * (KV occupancy above the soft limit       preemption risk on D
                        that this request adds)
 
