@@ -46,11 +46,9 @@ with 2048; at 630 req/s 233 and 100% with 500, 256 and 57% with 2048.
 from __future__ import annotations
 
 import math
-import multiprocessing
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from pdserve.config import RouterConfig
@@ -58,6 +56,7 @@ from pdserve.planner.capacity import WorkerRates, split_estimate, worker_rates
 from pdserve.planner.cluster import RouterTiming
 from pdserve.planner.deployment import Deployment
 from pdserve.planner.probe import SLO, ProbeResult, Split, run_probe
+from pdserve.planner.search_pool import search_in_worker, worker_pool
 from pdserve.planner.splits import replica_count, simulated_workers
 from pdserve.planner.workload import ProbeRequest
 
@@ -221,24 +220,9 @@ class Search:
         self.probes = sum(len(r.probes) for r in results)
         return Plan(results, self.precision, time.perf_counter() - started, self.probes)
 
-    @contextmanager
-    def _workers(self, splits: int) -> Iterator[ProcessPoolExecutor | None]:
-        """`jobs` worker processes for the waves (None: search here), each given this search
-        once. Started by a fork server, not forked from here: this process may run threads
-        (OpenTelemetry's span exporter, gRPC's), and a child forked from them can abort in
-        their at-fork handlers (seen in CI: BrokenProcessPool)."""
-        jobs = min(self.jobs, splits)
-        if jobs <= 1:
-            yield None
-            return
-        method = (
-            "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-        )
-        context = multiprocessing.get_context(method)
-        with ProcessPoolExecutor(
-            jobs, mp_context=context, initializer=_adopt_search, initargs=(self,)
-        ) as pool:
-            yield pool
+    def _workers(self, splits: int):
+        """`jobs` worker processes for the waves (None: search here); search_pool.py."""
+        return worker_pool(self, min(self.jobs, splits))
 
     def _search_wave(
         self,
@@ -253,7 +237,7 @@ class Search:
             for result, start in zip(wave, starts, strict=True):
                 self._search(result, bar, best, start)
             return
-        searched = pool.map(_search_in_worker, wave, [bar] * len(wave), [best] * len(wave), starts)
+        searched = pool.map(search_in_worker, wave, [bar] * len(wave), [best] * len(wave), starts)
         for result, done in zip(wave, searched, strict=True):
             result.__dict__.update(done.__dict__)
 
@@ -405,20 +389,6 @@ class Search:
             return False
         allowed = probe.requests - math.ceil(self.slo.attainment * probe.requests - 1e-9)
         return allowed > 0 and probe.missed >= NEAR_EDGE * allowed
-
-
-_WORKER_SEARCH: Search | None = None  # in a worker process: the search it was given
-
-
-def _adopt_search(search: Search) -> None:
-    global _WORKER_SEARCH
-    _WORKER_SEARCH = search
-
-
-def _search_in_worker(result: SplitResult, bar: float, best: float, start: float) -> SplitResult:
-    assert _WORKER_SEARCH is not None, "only a worker started by Search._workers"
-    _WORKER_SEARCH._search(result, bar, best, start)
-    return result
 
 
 def _steps() -> Iterator[float]:
