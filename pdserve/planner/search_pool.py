@@ -12,16 +12,23 @@ import multiprocessing
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import Protocol, TypeVar
 
-if TYPE_CHECKING:
-    from pdserve.planner.search import Search, SplitResult
+Result = TypeVar("Result")
 
-_WORKER_SEARCH: Search | None = None  # in a worker process: the search it was given
+
+class SplitSearcher(Protocol[Result]):
+    """What a worker needs of the search (planner/search.py's Search), named here rather than
+    imported: search.py imports this module, and the planner has no import cycles."""
+
+    def _search(self, result: Result, bar: float, best: float, start: float) -> None: ...
+
+
+_WORKER_SEARCH: SplitSearcher | None = None  # in a worker process: the search it was given
 
 
 @contextmanager
-def worker_pool(search: Search, jobs: int) -> Iterator[ProcessPoolExecutor | None]:
+def worker_pool(search: SplitSearcher, jobs: int) -> Iterator[ProcessPoolExecutor | None]:
     """`jobs` worker processes, each given `search` (None when `jobs` <= 1: search here)."""
     if jobs <= 1:
         yield None
@@ -34,12 +41,12 @@ def worker_pool(search: Search, jobs: int) -> Iterator[ProcessPoolExecutor | Non
         yield pool
 
 
-def _adopt_search(search: Search) -> None:
+def _adopt_search(search: SplitSearcher) -> None:
     global _WORKER_SEARCH
     _WORKER_SEARCH = search
 
 
-def search_in_worker(result: SplitResult, bar: float, best: float, start: float) -> SplitResult:
+def search_in_worker(result: Result, bar: float, best: float, start: float) -> Result:
     """Searches one split in a worker of `worker_pool` (Search._search) and returns it."""
     assert _WORKER_SEARCH is not None, "only a worker started by worker_pool"
     _WORKER_SEARCH._search(result, bar, best, start)
