@@ -16,6 +16,7 @@ and router on a virtual clock (no Ray, no sleeping).
 - `splits.py` — `all_splits`, `tp_splits`: the splits compared; the replicas one is simulated as.
 - `capacity.py` — `worker_rates`, `split_estimate`: what a split could serve at best (timing model).
 - `search.py` — `Search`: goodput of every split by bisection over the rate.
+- `search_pool.py` — the processes `--jobs` searches in (started by a fork server, not forked).
 - `ceiling.py` — `compute_ceiling`: the requests/s a sample's FLOPs allow on every GPU.
 - `report.py` — the plan as a table and as JSON.
 - `online.py` — one window of a live router's traffic and measured costs planned (child process).
