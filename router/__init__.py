@@ -34,6 +34,8 @@ contracts in pyproject.toml); it knows workers only through `router/types.py` an
 - `policy.py` — `RoutingPolicy`: options, admission control, the choice.
 - `estimates.py` — TTFT, TPOT and stall of each option, and the objective.
 - `option_matrix.py` — the cost policy's pick over every option at once, as numpy arrays.
+- `worker_vectors.py` — workers' load snapshots as numpy vectors, for the option matrix.
+- `cost_vectors.py` — the cost model's lines over numpy vectors, for the option matrix.
 - `load_rows.py` — each role's worker loads, kept as arrays as they change, for the decisions.
 - `cost_model.py` — prefill, decode-step and transfer costs, learned online.
 - `peer_pull.py` — `--peer-pull`: whether a local prefill pulls its prefix from a peer

@@ -21,11 +21,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import chain
 
 import numpy as np
 
-from router.cost_model import CostModel, LinearFit
+from router.cost_model import CostModel
+from router.cost_vectors import line, prefill_seconds, queue_seconds, stall_seconds
 from router.estimates import (
     Estimate,
     RoutingRequest,
@@ -33,8 +33,9 @@ from router.estimates import (
     WorkerLoad,
     certain_stall_misses,
 )
-from router.load_rows import NUMBERS, LoadRows
+from router.load_rows import LoadRows
 from router.peer_pull import PULL_MARGIN
+from router.worker_vectors import WorkerVectors, max_of_others, uncached_tokens
 
 
 class LazyEstimates(Mapping[str, Estimate]):
@@ -113,30 +114,30 @@ class OptionMatrix:
         w, full, total = limits.weights, request.full_blocks, request.total_blocks
         prefill = prefill if remote else []
         n_p, n_d = len(prefill), len(decode)
-        both = _Workers.of(prefill, decode, cached, full)  # prefill rows, then decode rows
+        both = WorkerVectors.of(prefill, decode, cached, full)  # prefill rows, then decode rows
         p, d = both.rows(slice(0, n_p)), both.rows(slice(n_p, None))
-        uncached = _uncached(request, both.cached)
+        uncached = uncached_tokens(request, both.cached)
         queue_ok = _queue_ok(both, uncached, limits)  # admission of each worker as prefiller
 
         slo_t, slo_p = limits.ttft_slo_s, limits.tpot_slo_s
         before = d.running + d.queued_requests  # D's batch without this request
-        tpot = _line(cost.decode, before + 1)
+        tpot = line(cost.decode, before + 1)
         missing = total - d.cached  # blocks of the prompt D lacks
         # Decode-side admission: room for the blocks it lacks.
         d_ok = (d.num_blocks == 0) | (missing <= d.free)
-        slowdown = tpot - _line(cost.decode, np.maximum(1, before))
+        slowdown = tpot - line(cost.decode, np.maximum(1, before))
         interference = d.running * np.maximum(0.0, slowdown)  # to D's running requests
         amortize = max(1, min(w.stall_amortize_tokens, request.max_tokens))
 
         keep = np.arange(0)  # the prefill workers paired, by position in `prefill`
         if n_p:  # remote: TTFT = (queue + compute on P) + transfer to D (see estimate); no stall
-            p_compute = _prefill_seconds(cost, uncached[:n_p], local=False)
-            p_wait = _queue_seconds(cost, p.queued_tokens, p.queued_requests, local=False)
+            p_compute = prefill_seconds(cost, uncached[:n_p], local=False)
+            p_wait = queue_seconds(cost, p.queued_tokens, p.queued_requests, local=False)
             hybrid = bool(p.hybrid.any())
             if hybrid:  # priced as a decode worker's own queue and prefill (`estimate`)
                 is_hybrid = p.hybrid != 0
-                local_compute = _prefill_seconds(cost, uncached[:n_p], local=True)
-                local_wait = _queue_seconds(cost, p.queued_tokens, p.queued_requests, local=True)
+                local_compute = prefill_seconds(cost, uncached[:n_p], local=True)
+                local_wait = queue_seconds(cost, p.queued_tokens, p.queued_requests, local=True)
                 p_compute = np.where(is_hybrid, local_compute, p_compute)
                 p_wait = np.where(is_hybrid, local_wait, p_wait)
             p_ttft = p_wait + p_compute
@@ -157,7 +158,7 @@ class OptionMatrix:
         load = np.empty((n_d, columns), dtype=np.int64)
         stall_miss = np.zeros((n_d, columns))  # D's TPOT beyond the SLO x the stalled, capped
         if k:
-            transfer = _line(cost.transfer, missing * request.bytes_per_block)
+            transfer = line(cost.transfer, missing * request.bytes_per_block)
             np.add(p_ttft[keep], transfer[:, None], out=ttft[:, :k])
             ttft[:, :k] += cost.handoff_seconds()
             compute[:, :k] = p_compute_term[keep]
@@ -172,14 +173,14 @@ class OptionMatrix:
             np.add(d.load[:, None], p.load[keep], out=load[:, :k])
         if local:  # D prefills itself: TTFT = its queue + compute, which stalls its decodes
             l_uncached = uncached[n_p:]
-            l_compute = _prefill_seconds(cost, l_uncached, local=True)
-            l_wait = _queue_seconds(cost, d.queued_tokens, d.queued_requests, local=True)
+            l_compute = prefill_seconds(cost, l_uncached, local=True)
+            l_wait = queue_seconds(cost, d.queued_tokens, d.queued_requests, local=True)
             if limits.peer_pull and request.bytes_per_block:  # + the pull, where it pays
                 l_pull, l_uncached, l_compute = _pulls(
                     request, d.cached, l_uncached, l_compute, cost
                 )
                 l_wait = l_wait + l_pull
-            l_stall = _stall_seconds(cost, l_uncached)
+            l_stall = stall_seconds(cost, l_uncached)
             stalled = np.where(l_stall != 0, before + w.stall_newcomers, 0.0)
             harm = interference + stalled * l_stall / amortize
             ttft[:, k] = l_wait + l_compute
@@ -267,15 +268,15 @@ class OptionMatrix:
 
 
 def _hybrid_stalls(
-    cost: CostModel, p: _Workers, uncached: np.ndarray, amortize: int, limits: Limits
+    cost: CostModel, p: WorkerVectors, uncached: np.ndarray, amortize: int, limits: Limits
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per prefill worker, what a remote prefill there does to its own decodes when it is
     hybrid (0 elsewhere), as `objective` prices it: the interference term's harm and the
     SLO overshoot of their TPOT with the stall, once per stalled request up to the cap."""
-    stall = _stall_seconds(cost, uncached)
+    stall = stall_seconds(cost, uncached)
     before = p.running + p.queued_requests
     stalls = (p.hybrid != 0) & (stall != 0)
-    tpot_n = (_line(cost.decode, np.maximum(1, before)) + stall / amortize) / limits.tpot_slo_s
+    tpot_n = (line(cost.decode, np.maximum(1, before)) + stall / amortize) / limits.tpot_slo_s
     stalled = np.where(stalls, before + limits.weights.stall_newcomers, 0.0)
     cap = limits.weights.stall_miss_cap
     harm = stalled * stall / amortize
@@ -318,68 +319,6 @@ def _undominated(
     return ~dominates.any(axis=0)
 
 
-class _Workers:
-    """Workers' load snapshots as integer vectors (one element per worker, in order)."""
-
-    def __init__(self, workers: Sequence[WorkerLoad], cached: dict[str, int], full: int) -> None:
-        n = len(workers)
-        table = np.empty((1 + NUMBERS, n), dtype=np.int64)
-        table[0] = np.fromiter((cached.get(w.worker_id, 0) for w in workers), np.int64, n)
-        np.minimum(table[0], full, out=table[0])
-        numbers = chain.from_iterable(w.numbers for w in workers)
-        table[1:] = np.fromiter(numbers, np.int64, NUMBERS * n).reshape(n, NUMBERS).T
-        self._set(table)
-
-    @classmethod
-    def of(
-        cls,
-        prefill: Sequence[WorkerLoad],
-        decode: Sequence[WorkerLoad],
-        cached: dict[str, int],
-        full: int,
-    ) -> _Workers:
-        """The prefill workers, then the decode workers. From the router's LoadRows their
-        numbers are copied as arrays and only the workers holding a prefix are looked at;
-        other sequences are read worker by worker."""
-        parts = [rows for rows in (prefill, decode) if len(rows)]
-        if not all(isinstance(rows, LoadRows) for rows in parts):
-            return cls([*prefill, *decode], cached, full)
-        table = np.empty((1 + NUMBERS, sum(map(len, parts))), dtype=np.int64)
-        np.concatenate([rows.numbers for rows in parts], axis=1, out=table[1:])
-        held, blocks, offset = [], [], 0
-        for rows in parts:
-            position = rows.position
-            for worker_id, n in cached.items():
-                at = position.get(worker_id)
-                if at is not None:
-                    held.append(offset + at)
-                    blocks.append(n)
-            offset += len(rows)
-        table[0] = 0
-        table[0, held] = np.minimum(blocks, full)
-        out = cls.__new__(cls)
-        out._set(table)
-        return out
-
-    def _set(self, table: np.ndarray) -> None:
-        self._table = table
-        self.cached, self.running, self.queued_requests, self.queued_tokens = table[:4]
-        self.num_blocks, self.free, self.load, self.hybrid = table[4:8]
-        self.evictable, self.hits, self.queries, self.inflight_blocks, self.recent = table[8:]
-
-    def rows(self, part: slice) -> _Workers:
-        """The workers in `part` (views of these vectors)."""
-        out = _Workers.__new__(_Workers)
-        out._set(self._table[:, part])
-        return out
-
-
-def _uncached(request: RoutingRequest, cached_blocks: np.ndarray) -> np.ndarray:
-    """RoutingRequest.uncached_tokens over a vector of cached prefixes."""
-    cached = np.minimum(cached_blocks, request.full_blocks) * request.block_size
-    return np.maximum(1, request.prompt_tokens - cached)
-
-
 def _pulls(
     request: RoutingRequest,
     own: np.ndarray,
@@ -391,10 +330,10 @@ def _pulls(
     prices: the pull's seconds (0 where it does not pay), the tokens left to compute and
     their compute. `own`: the blocks each holds; the peer is the longest other holder."""
     limit = (request.prompt_tokens - 1) // request.block_size
-    peer = np.minimum(_max_of_others(own), limit)
-    pull_s = cost.handoff_seconds() + _line(cost.transfer, (peer - own) * request.bytes_per_block)
-    pulled_uncached = _uncached(request, peer)
-    pulled_compute = _prefill_seconds(cost, pulled_uncached, local=True)
+    peer = np.minimum(max_of_others(own), limit)
+    pull_s = cost.handoff_seconds() + line(cost.transfer, (peer - own) * request.bytes_per_block)
+    pulled_uncached = uncached_tokens(request, peer)
+    pulled_compute = prefill_seconds(cost, pulled_uncached, local=True)
     pays = (peer > own) & (pull_s < PULL_MARGIN * (compute - pulled_compute))
     return (
         np.where(pays, pull_s, 0.0),
@@ -403,59 +342,8 @@ def _pulls(
     )
 
 
-def _max_of_others(values: np.ndarray) -> np.ndarray:
-    """Per element, the largest of the other elements (0 when there is none)."""
-    if len(values) < 2:
-        return np.zeros_like(values)
-    top = int(np.argmax(values))
-    out = np.full_like(values, values[top])
-    out[top] = np.max(np.delete(values, top))
-    return out
-
-
-def _queue_ok(workers: _Workers, uncached: np.ndarray, limits: Limits) -> np.ndarray:
+def _queue_ok(workers: WorkerVectors, uncached: np.ndarray, limits: Limits) -> np.ndarray:
     """Prefill-side admission (RoutingPolicy._admission): the prompt queue stays bounded.
-    `uncached`: the tokens each worker would compute (`_uncached`)."""
+    `uncached`: the tokens each worker would compute (`uncached_tokens`)."""
     queued = workers.queued_tokens
     return (queued == 0) | (queued + uncached <= limits.max_queued_prefill_tokens)
-
-
-def _line(fit: LinearFit, x: np.ndarray) -> np.ndarray:
-    """LinearFit.predict over a vector."""
-    a, b = fit.coefficients
-    return a + b * np.maximum(0.0, x)
-
-
-def _prefill_seconds(cost: CostModel, tokens: np.ndarray, *, local: bool) -> np.ndarray:
-    """CostModel.prefill_seconds over a vector: the slowest of its lines."""
-    seconds = None
-    for fit in cost.prefill_fits(local):
-        line = _line(fit, tokens)
-        seconds = line if seconds is None else np.maximum(seconds, line)
-    return seconds
-
-
-def _stall_seconds(cost: CostModel, tokens: np.ndarray) -> np.ndarray:
-    """CostModel.stall_seconds over a vector: the fastest of its lines."""
-    seconds = None
-    for fit in cost.prefill_fits(True):
-        line = _line(fit, tokens)
-        seconds = line if seconds is None else np.minimum(seconds, line)
-    return seconds
-
-
-def _queue_seconds(
-    cost: CostModel, tokens: np.ndarray, requests: np.ndarray, *, local: bool
-) -> np.ndarray:
-    """CostModel.prefill_queue_seconds over vectors: the measured drain, else the slowest of
-    its lines."""
-    drain = None if local else cost.drain_seconds_per_token()
-    if drain is not None:
-        return tokens * drain
-    steps = np.minimum(requests, tokens // max(1, cost.step_tokens))
-    waits = None
-    for fit in cost.prefill_fits(local):
-        a, b = fit.coefficients
-        wait = a * steps + b * tokens
-        waits = wait if waits is None else np.maximum(waits, wait)
-    return waits
