@@ -16,7 +16,7 @@ from pdserve.bench.simulation.disagg_suite.suite import (
     run_cell,
 )
 from pdserve.bench.simulation.disagg_suite.targets import targets
-from pdserve.bench.simulation.disagg_suite.workloads import suite_sample
+from pdserve.bench.simulation.disagg_suite.workloads import WORKLOADS, suite_sample
 
 
 def test_agentic_sessions_grow_a_shared_context() -> None:
@@ -38,6 +38,13 @@ def test_phases_change_the_mix_and_mix_holds_every_kind() -> None:
     assert set(mix) == {"chat", "code", "rag", "agentic"} and min(mix.values()) >= 80
     arrivals = [r.unit_arrival for r in phases]
     assert arrivals == sorted(arrivals)
+
+
+def test_long_rag_is_run_by_name_with_prompts_past_rag() -> None:
+    lengths = [len(r.prompt) for r in suite_sample("long-rag", 200)]
+    assert min(lengths) >= 6144 and max(lengths) <= 10240
+    assert max(len(r.prompt) for r in suite_sample("rag", 200)) <= 6144
+    assert "long-rag" not in WORKLOADS  # not one of the suite's default cells
 
 
 def _kind(r) -> str:

@@ -43,7 +43,7 @@ from pdserve.bench.simulation.disagg_suite.suite import (
     run_cell,
 )
 from pdserve.bench.simulation.disagg_suite.targets import targets
-from pdserve.bench.simulation.disagg_suite.workloads import WORKLOADS
+from pdserve.bench.simulation.disagg_suite.workloads import NAMED_WORKLOADS, WORKLOADS
 
 # --quick: one model, two workloads that sit on either side of the question, one SLO, two
 # chunk budgets.
@@ -55,7 +55,8 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--suite", action="store_true", help="the workload suite, offline (see docs)")
     p.add_argument("--quick", action="store_true", help="--suite: a small subset")
     p.add_argument("--models", default="8b,70b", help="--suite: 8b (8 H100, TP 1), 70b (16, TP 4)")
-    p.add_argument("--suite-workloads", default=",".join(WORKLOADS), help="--suite: workloads")
+    p.add_argument("--suite-workloads", default=",".join(WORKLOADS),
+                   help="--suite: workloads (also: long-rag)")  # fmt: skip
     p.add_argument("--slos", default=",".join(SUITE_SLOS),
                    help="--suite: loose, tight-tpot, tight-ttft (also: tighter-tpot)")  # fmt: skip
     p.add_argument("--families", default=",".join(FAMILIES), help="--suite: layout families")
@@ -164,7 +165,7 @@ def run_suite(args: argparse.Namespace) -> int:
     try:
         selection = Selection(
             _names(args.models, MODELS, "--models"),
-            _names(args.suite_workloads, WORKLOADS, "--suite-workloads"),
+            _names(args.suite_workloads, NAMED_WORKLOADS, "--suite-workloads"),
             _names(args.slos, SLOS, "--slos"),
             _names(args.families, FAMILIES, "--families"),
         )

@@ -22,7 +22,7 @@ from pdserve.bench.simulation.disagg_suite.suite import (
     Setting,
 )
 from pdserve.bench.simulation.disagg_suite.targets import targets
-from pdserve.bench.simulation.disagg_suite.workloads import WORKLOADS
+from pdserve.bench.simulation.disagg_suite.workloads import NAMED_WORKLOADS
 
 SCREEN = "screen.jsonl"  # in the coverage folder: the screen the summary's table reads
 COLUMNS = ["colocated", "split", "auto", "threshold", "conditional"]
@@ -41,7 +41,7 @@ def confirmed_markdown(rows: list[dict], unserved: Iterable[tuple[str, str, str]
         by_cell.setdefault(key, {}).setdefault(row["family"], []).append(row)
     zeros = {(*cell, REQUESTS_PER_WORKER) for cell in unserved} - by_cell.keys()
     by_cell.update(dict.fromkeys(zeros, {}))
-    order = {name: i for i, name in enumerate([*MODELS, *WORKLOADS, *SLOS])}
+    order = {name: i for i, name in enumerate([*MODELS, *NAMED_WORKLOADS, *SLOS])}
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     for key in sorted(by_cell, key=lambda k: [*(order[n] for n in k[:3]), k[3]]):
         families = by_cell[key]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pdserve.bench.simulation.disagg_suite.suite import MODELS, SLOS, Cell, FamilyBest
 from pdserve.bench.simulation.disagg_suite.targets import targets
-from pdserve.bench.simulation.disagg_suite.workloads import WORKLOADS
+from pdserve.bench.simulation.disagg_suite.workloads import NAMED_WORKLOADS
 
 COVERAGE_DIR = "coverage"
 HEADER = ["model", "workload", "SLO", "colocated", "best split", "auto", "threshold:16",
@@ -33,7 +33,7 @@ def coverage_cells(folder: Path) -> list[dict]:
     for path in sorted(folder.glob("*.json"), key=_written_order):
         for cell in json.loads(path.read_text(encoding="utf-8")):
             by_key[cell["model"], cell["workload"], cell["slo"]] = cell
-    order = {name: i for i, name in enumerate([*MODELS, *WORKLOADS, *SLOS])}
+    order = {name: i for i, name in enumerate([*MODELS, *NAMED_WORKLOADS, *SLOS])}
     return [by_key[k] for k in sorted(by_key, key=lambda k: [order[n] for n in k])]
 
 
