@@ -49,6 +49,7 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 from pdserve.config import RouterConfig
@@ -220,7 +221,7 @@ class Search:
         self.probes = sum(len(r.probes) for r in results)
         return Plan(results, self.precision, time.perf_counter() - started, self.probes)
 
-    def _workers(self, splits: int):
+    def _workers(self, splits: int) -> AbstractContextManager[ProcessPoolExecutor | None]:
         """`jobs` worker processes for the waves (None: search here); search_pool.py."""
         return worker_pool(self, min(self.jobs, splits))
 

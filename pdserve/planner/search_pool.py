@@ -12,16 +12,14 @@ import multiprocessing
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
-from typing import Protocol, TypeVar
-
-Result = TypeVar("Result")
+from typing import Any, Protocol
 
 
-class SplitSearcher(Protocol[Result]):
+class SplitSearcher(Protocol):
     """What a worker needs of the search (planner/search.py's Search), named here rather than
     imported: search.py imports this module, and the planner has no import cycles."""
 
-    def _search(self, result: Result, bar: float, best: float, start: float) -> None: ...
+    def _search(self, result: Any, bar: float, best: float, start: float) -> None: ...
 
 
 _WORKER_SEARCH: SplitSearcher | None = None  # in a worker process: the search it was given
@@ -46,7 +44,7 @@ def _adopt_search(search: SplitSearcher) -> None:
     _WORKER_SEARCH = search
 
 
-def search_in_worker(result: Result, bar: float, best: float, start: float) -> Result:
+def search_in_worker(result: Any, bar: float, best: float, start: float) -> Any:
     """Searches one split in a worker of `worker_pool` (Search._search) and returns it."""
     assert _WORKER_SEARCH is not None, "only a worker started by worker_pool"
     _WORKER_SEARCH._search(result, bar, best, start)
