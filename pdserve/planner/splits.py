@@ -16,8 +16,10 @@ def all_splits(workers: int) -> list[Split]:
 def tp_splits(gpus: int, prefill_tps: list[int], decode_tps: list[int]) -> list[Split]:
     """Every way to serve on `gpus` GPUs with each pool at one of its TPs: colocated at each
     decode TP that divides them, and every P prefill workers of TP p with D decode workers of
-    TP d that use them all (P x p + D x d = gpus, P and D at least 1)."""
-    splits = [Split(0, gpus // d, decode_tp=d) for d in sorted(set(decode_tps)) if gpus % d == 0]
+    TP d that use them all (P x p + D x d = gpus, P and D at least 1). A colocated worker
+    prefills at its own TP, so its split carries d for both pools (the search times each
+    split by its pair of TPs)."""
+    splits = [Split(0, gpus // d, d, d) for d in sorted(set(decode_tps)) if gpus % d == 0]
     for p in sorted(set(prefill_tps)):
         for d in sorted(set(decode_tps)):
             splits += [

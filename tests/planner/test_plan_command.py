@@ -54,6 +54,25 @@ def test_tp_splits_use_every_gpu_with_each_pool_at_its_tp():
     assert tp_splits(3, [2], [2]) == []
 
 
+def test_a_plan_at_one_tp_for_both_pools(planner_model_dir, tmp_path, capsys):
+    """--tp 2 alone (the issue's `pdserve plan ... --tp 4`): colocated workers prefill at
+    their own TP, so no split asks for a TP-1 deployment the plan never made."""
+    assert {(s.prefill_tp, s.decode_tp) for s in tp_splits(4, [2], [2])} == {(2, 2)}
+    workload = tmp_path / "w.jsonl"
+    workload.write_text("".join(f"[{40 + i % 30}, {4 + i % 5}]\n" for i in range(40)))
+    out_json = tmp_path / "plan.json"
+    code, _, err = _plan(
+        capsys,
+        "--model", str(planner_model_dir), "--gpus", "4", "--tp", "2",
+        "--workload", str(workload), *SLOS, "--requests-per-worker", "20",
+        "--precision", "0.3", "--json", str(out_json),
+    )  # fmt: skip
+    assert code == 0, err
+    plan = json.loads(out_json.read_text())
+    assert {s["split"] for s in plan["splits"]} == {"colocated 2 (TP 2)", "1P:1D (TP 2:2)"}
+    assert all(s["goodput"] > 0 for s in plan["splits"])
+
+
 def test_a_tp_below_one_is_a_usage_error(capsys):
     with pytest.raises(SystemExit):
         main(["plan", "--model", "m", "--gpus", "2", "--workload", "chat", *SLOS,
