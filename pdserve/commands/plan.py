@@ -42,13 +42,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--prefill-tp",
-        type=_tp_list,
+        type=_positive_ints,
         metavar="N[,N...]",
         help="TPs the prefill pool's workers may have, e.g. 1,2,4 (default: --tp)",
     )
     parser.add_argument(
         "--decode-tp",
-        type=_tp_list,
+        type=_positive_ints,
         metavar="N[,N...]",
         help="TPs the decode (and colocated) workers may have (default: --tp)",
     )
@@ -94,7 +94,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     parser.add_argument("--max-num-seqs", type=bounded(int, minimum=1), default=256)
     # vLLM's step budget on 80 GB-class GPUs, as the sim benchmarks use (pdserve/bench/simulation/sim_run.py).
-    parser.add_argument("--max-num-batched-tokens", type=bounded(int, minimum=1), default=8192)
+    parser.add_argument(
+        "--max-num-batched-tokens",
+        type=_positive_ints,
+        default=[8192],
+        metavar="N[,N...]",
+        help="step token budgets (the prefill chunk) to search, e.g. 224,2048: every split at "
+        "each, kept at its best (default: 8192). Under a tight TPOT colocated workers serve most "
+        "with small chunks and prefill workers with large ones: one budget for both compares a "
+        "split with an untuned colocated baseline",
+    )
     parser.add_argument(
         "--link-gbps",
         type=bounded(float, above=0),
@@ -174,24 +183,29 @@ def _plan(args: argparse.Namespace):
             f"--gpus {args.gpus} holds no worker of --prefill-tp {_tps(prefill_tps)} "
             f"/ --decode-tp {_tps(decode_tps)}"
         )
+    budgets = list(dict.fromkeys(args.max_num_batched_tokens))
     try:
-        deployments = {
-            tp: Deployment(
-                args.model,
-                gpu=args.gpu,
-                tp=tp,
-                profile=args.profile,
-                dtype=args.dtype,
-                link_gbps=args.link_gbps,
-                max_num_seqs=args.max_num_seqs,
-                max_num_batched_tokens=args.max_num_batched_tokens,
-            )
-            for tp in sorted({*prefill_tps, *decode_tps})
+        by_budget = {
+            budget: {
+                tp: Deployment(
+                    args.model,
+                    gpu=args.gpu,
+                    tp=tp,
+                    profile=args.profile,
+                    dtype=args.dtype,
+                    link_gbps=args.link_gbps,
+                    max_num_seqs=args.max_num_seqs,
+                    max_num_batched_tokens=budget,
+                )
+                for tp in sorted({*prefill_tps, *decode_tps})
+            }
+            for budget in budgets
         }
     except ProfileError as e:
         raise CommandError(f"--profile: {_one_line(e)}") from None
     except (ValueError, KeyError, OSError) as e:
         raise CommandError(_one_line(e)) from None
+    deployments = by_budget[budgets[0]]
     deployment = deployments[min(decode_tps)]
     workers = max(s.prefill + s.decode for s in splits)  # the most any probe may simulate
     try:
@@ -215,20 +229,26 @@ def _plan(args: argparse.Namespace):
         max_pending_requests=max(RouterConfig().max_pending_requests, len(sample)),
     )
     on_probe = _print_probe if args.verbose else None
-    search = Search(
-        deployment,
-        sample,
-        slo,
-        router,
-        precision=args.precision,
-        top=args.top,
-        requests_per_worker=args.requests_per_worker,
-        on_probe=on_probe,
-        jobs=args.jobs,
-        rank_all=not args.bracket_runners_up,
-        deployment_for=PoolDeployments(deployments),
-    )
-    plan = search.run(splits)
+    plans = []
+    for budget, at_budget in by_budget.items():
+        search = Search(
+            at_budget[min(decode_tps)],
+            sample,
+            slo,
+            router,
+            precision=args.precision,
+            top=args.top,
+            requests_per_worker=args.requests_per_worker,
+            on_probe=on_probe,
+            jobs=args.jobs,
+            rank_all=not args.bracket_runners_up,
+            deployment_for=PoolDeployments(at_budget),
+        )
+        plans.append(search.run(splits))
+        if len(budgets) > 1:
+            for result in plans[-1].results:
+                result.max_num_batched_tokens = budget
+    plan = _best_per_split(plans)
     context = {
         "model": args.model,
         "gpu": deployment.gpu,
@@ -244,6 +264,7 @@ def _plan(args: argparse.Namespace):
         "ttft_slo_ms": args.ttft_slo_ms,
         "tpot_slo_ms": args.tpot_slo_ms,
         "attainment": args.attainment,
+        "max_num_batched_tokens": budgets,
         # FLOPs / (tp x peak) per worker: the same ceiling at any TP, from the smallest.
         "compute_ceiling": compute_ceiling(
             deployments[min(deployments)], sample, args.gpus // min(deployments)
@@ -252,10 +273,28 @@ def _plan(args: argparse.Namespace):
     return plan, context
 
 
-def _tp_list(text: str) -> list[int]:
-    """`1,2,4`: the TPs a pool's workers may have."""
+def _positive_ints(text: str) -> list[int]:
+    """`1,2,4`: the TPs a pool's workers may have, or the step budgets to search."""
     parse = bounded(int, minimum=1)
     return [parse(part) for part in text.split(",")]
+
+
+def _best_per_split(plans):
+    """One plan of each split at the step budget it served most at (the first budget given
+    at equal goodputs): point 0 of issue 49, each layout against its own best setting."""
+    from pdserve.planner.search import Plan, ranked
+
+    best = {}
+    for plan in plans:
+        for result in plan.results:
+            if result.split not in best or result.goodput > best[result.split].goodput:
+                best[result.split] = result
+    return Plan(
+        ranked(list(best.values())),
+        plans[0].precision,
+        sum(p.seconds for p in plans),
+        sum(p.probes for p in plans),
+    )
 
 
 def _tps(tps: list[int]) -> str:

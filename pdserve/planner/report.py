@@ -10,6 +10,8 @@ from pdserve.planner.search import Plan, SplitResult
 
 def plan_table(plan: Plan, context: dict[str, Any], top: int) -> str:
     c = context
+    # Several step budgets searched: each split's row names the one it served most at.
+    budgets = "  step tokens" if len(c.get("max_num_batched_tokens", ())) > 1 else ""
     lines = [
         f"plan: {c['model']} on {c['gpus']} x {c['gpu']} (tp {c['tp']}, profile {c['profile']}); "
         f"workload {c['workload']}: {c['requests']} requests, probes of "
@@ -17,11 +19,12 @@ def plan_table(plan: Plan, context: dict[str, Any], top: int) -> str:
         f"SLO TTFT <= {c['ttft_slo_ms']:g} ms and TPOT <= {c['tpot_slo_ms']:g} ms for "
         f"{c['attainment']:.0%}",
         f"{'split':>14}  {'goodput req/s':>13}  {'per GPU':>8}  {'TTFT p50/p90 ms':>16}  "
-        f"{'TPOT p50/p90 ms':>16}  {'GPU util P/D':>12}",
+        f"{'TPOT p50/p90 ms':>16}  {'GPU util P/D':>12}{budgets}",
     ]
     # The best `top` searched in full (fewer when the others all failed at the bar).
     for result in [r for r in plan.results if not r.pruned][:top]:
-        lines.append(_row(result))
+        budget = result.max_num_batched_tokens
+        lines.append(_row(result) + (f"  {budget:>11}" if budget else ""))
     lines.append(_recommendation(plan))
     pruned = [r.split.name for r in plan.results if r.pruned]
     if pruned:
@@ -134,6 +137,7 @@ def _split_json(result: SplitResult) -> dict[str, Any]:
         "saturated": result.saturated,
         "below_best": result.below_best,
         "steady_probes": result.steady,
+        "max_num_batched_tokens": result.max_num_batched_tokens,
         "probes": len(result.probes),
         "ttft_ms": None if best is None else {"p50": best.ttft.p50, "p90": best.ttft.p90},
         "tpot_ms": None if best is None else {"p50": best.tpot.p50, "p90": best.tpot.p90},

@@ -104,6 +104,9 @@ class SplitResult:
     below_best: bool = False
     # A pass came near a full batch: probed since on steady_requests_per_worker requests.
     steady: bool = False
+    # The step token budget it was searched at, when `pdserve plan` searched several
+    # (--max-num-batched-tokens 256,8192) and kept each split at its best.
+    max_num_batched_tokens: int | None = None
 
 
 @dataclass
@@ -127,6 +130,14 @@ class Plan:
         if colocated is not None and best.goodput <= colocated.goodput * (1 + self.precision):
             return colocated
         return best
+
+
+def ranked(results: list[SplitResult]) -> list[SplitResult]:
+    """Best goodput first; at equal goodputs the one that failed higher first (a bracketed
+    split below the best may lie anywhere up to its failure)."""
+    return sorted(
+        results, key=lambda r: (-r.goodput, r.pruned, -(r.failed_at or math.inf), r.split.prefill)
+    )
 
 
 def steady_requests_per_worker(deployment: Deployment) -> int:
@@ -213,13 +224,8 @@ class Search:
                 best = 0.0 if self.rank_all else max((r.goodput for r in searched), default=0.0)
                 self._search_wave(pool, wave, bar, best, [starts[id(r)] for r in wave])
                 searched += wave
-        # Equal goodputs: the one that failed higher first (a bracketed split below the best
-        # may lie anywhere up to its failure).
-        results.sort(
-            key=lambda r: (-r.goodput, r.pruned, -(r.failed_at or math.inf), r.split.prefill)
-        )
         self.probes = sum(len(r.probes) for r in results)
-        return Plan(results, self.precision, time.perf_counter() - started, self.probes)
+        return Plan(ranked(results), self.precision, time.perf_counter() - started, self.probes)
 
     def _workers(self, splits: int) -> AbstractContextManager[ProcessPoolExecutor | None]:
         """`jobs` worker processes for the waves (None: search here); search_pool.py."""

@@ -73,6 +73,44 @@ def test_a_plan_at_one_tp_for_both_pools(planner_model_dir, tmp_path, capsys):
     assert all(s["goodput"] > 0 for s in plan["splits"])
 
 
+def test_each_split_is_kept_at_the_step_budget_it_serves_most_at(
+    planner_model_dir, tmp_path, capsys
+):
+    """--max-num-batched-tokens 256,2048: every split searched at each budget, and the plan is
+    each split's best of the single-budget plans, with the budget it was found at. Long prompts
+    under a tight TPOT: colocated serves most with small chunks, the split with large ones, so
+    one budget for both would misjudge one of them (issue 49 point 0)."""
+    workload = tmp_path / "w.jsonl"
+    workload.write_text("".join(f"[{1200 + i % 600}, {16 + i % 8}]\n" for i in range(160)))
+
+    def plan(budgets: str) -> dict:
+        out_json = tmp_path / f"plan-{budgets}.json"
+        code, out, err = _plan(
+            capsys,
+            "--model", str(planner_model_dir), "--gpus", "2", "--workload", str(workload),
+            "--ttft-slo-ms", "1000", "--tpot-slo-ms", "10", "--requests-per-worker", "80",
+            "--precision", "0.2", "--max-num-batched-tokens", budgets, "--json", str(out_json),
+        )  # fmt: skip
+        assert code == 0, err
+        return json.loads(out_json.read_text()) | {"printed": out}
+
+    small, large, both = plan("256"), plan("2048"), plan("256,2048")
+    assert "step tokens" in both["printed"] and "step tokens" not in small["printed"]
+    assert both["max_num_batched_tokens"] == [256, 2048]
+    assert {s["max_num_batched_tokens"] for s in small["splits"]} == {None}
+    singles = {256: small, 2048: large}
+    for split in both["splits"]:
+        at = {
+            b: next(s for s in p["splits"] if s["split"] == split["split"])
+            for b, p in singles.items()
+        }
+        assert split["goodput"] == max(s["goodput"] for s in at.values())
+        assert split["goodput"] == at[split["max_num_batched_tokens"]]["goodput"]
+    budget = {s["split"]: s["max_num_batched_tokens"] for s in both["splits"]}
+    assert budget == {"colocated 2": 256, "1P:1D": 2048}
+    assert both["recommended"] == "colocated 2" and large["recommended"] == "1P:1D"
+
+
 def test_a_tp_below_one_is_a_usage_error(capsys):
     with pytest.raises(SystemExit):
         main(["plan", "--model", "m", "--gpus", "2", "--workload", "chat", *SLOS,
