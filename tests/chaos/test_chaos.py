@@ -216,6 +216,21 @@ def test_a_frozen_redis_stalls_no_stream(served, rng):
     """The router asks Redis off its event loop: while redis-server is frozen, requests that
     arrive wait for their own lookups (a socket timeout per backoff period, then load alone),
     and a stream already running keeps its pace."""
+    # A lookup on the event loop would hold every stream for its 0.3 s socket timeout in every
+    # freeze (measured: 0.03 s at most here, 0.31-0.34 s with the lookup on the loop). One
+    # pause of 0.51 s came once in CI, with both cores shared by two test processes and their
+    # Ray clusters, and not in six runs alone or beside three busy processes: so a second
+    # freeze judges again a first that paused, which the fault fails each time and a stall of
+    # the machine does not.
+    during = _gaps_while_redis_is_frozen(served, rng)
+    if max(during) >= 0.25:
+        during = _gaps_while_redis_is_frozen(served, rng)
+    assert max(during) < 0.25, sorted(during)[-5:]
+
+
+def _gaps_while_redis_is_frozen(served, rng) -> list[float]:
+    """The gaps between a running stream's responses while redis-server is frozen and four
+    more requests arrive (each of which must end OK)."""
     long_tokens, gaps, streaming = 600, [], threading.Event()
 
     def stream() -> None:
@@ -247,6 +262,4 @@ def test_a_frozen_redis_stalls_no_stream(served, rng):
     assert all(o.code == grpc.StatusCode.OK for o in outcomes), [o.details for o in outcomes]
     during = [gap for at, gap in gaps if frozen_at < at <= thawed_at]
     assert len(gaps) + 1 >= long_tokens // 8 and during, (len(gaps), thawed_at - frozen_at)
-    # A lookup on the event loop would hold every stream for its 0.3 s socket timeout.
-    # (Measured: 0.03 s at most here, 0.31-0.34 s with the lookup on the loop.)
-    assert max(during) < 0.25, sorted(during)[-5:]
+    return during
