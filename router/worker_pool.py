@@ -13,6 +13,8 @@ A stats poll waits for the worker's current engine step, which may rightly last 
 heartbeat, several a second, does not: it is answered by the actor's event loop with the age
 of the engine's current step. A process that answers no heartbeat for `heartbeat_timeout_s`
 is frozen or gone, and `stall_reason` says so within that time instead of the progress timeout.
+Silence is counted net of the router's own stalls (router/loop_lag.py): a call that timed out
+while the router's loop stalled says nothing about the worker.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pdserve.core.messages import WorkerStats
+from router.loop_lag import LoopLag
 from router.ray_worker import ray_handles
 from router.types import WorkerHandle
 
@@ -54,7 +57,9 @@ class Worker:
     # Requests the router runs on this worker now (admission control); written by the pool only.
     inflight: int = 0
     last_seen: float | None = None  # time.monotonic() of the last answered poll
+    lag_at_seen: float = 0.0  # the router loop's lag (LoopLag.total_s) at that time
     heartbeat_at: float | None = None  # time.monotonic() of the last answered heartbeat
+    lag_at_heartbeat: float = 0.0  # the router loop's lag (LoopLag.total_s) at that time
     step_age_s: float = 0.0  # the engine's current step's age, as of that heartbeat
     poll_sent_at: float | None = None  # when the poll behind `stats` was sent (None: unknown)
     # Leaving its role (role switching): healthy, but routing sends it no new work.
@@ -98,6 +103,7 @@ class WorkerPool:
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self._heartbeat_interval_s = min(poll_interval_s, heartbeat_timeout_s / 8)
         self._pollers: list[asyncio.Task] = []
+        self.loop_lag = LoopLag()
         self.stats_listeners: list[StatsListener] = []  # (worker, previous stats, new stats)
         self.health_listeners: list[Callable[[], None]] = []  # after every poll of any worker
         self.unhealthy_listeners: list[Callable[[Worker], None]] = []  # a worker marked unhealthy
@@ -139,10 +145,11 @@ class WorkerPool:
             asyncio.gather(*(started(w) for w in self.workers.values())), ready_timeout_s
         )
         await self.poll_once()
-        now = time.monotonic()
+        now, lag = time.monotonic(), self.loop_lag.total_s()
         for worker in self.workers.values():
-            worker.heartbeat_at = now  # every worker just answered
-        self._pollers = [asyncio.create_task(self._poll_forever(w)) for w in self.workers.values()]
+            worker.heartbeat_at, worker.lag_at_heartbeat = now, lag  # every worker just answered
+        self._pollers = [asyncio.create_task(self.loop_lag.run_forever())]
+        self._pollers += [asyncio.create_task(self._poll_forever(w)) for w in self.workers.values()]
         self._pollers += [
             asyncio.create_task(self._heartbeat_forever(w)) for w in self.workers.values()
         ]
@@ -210,9 +217,12 @@ class WorkerPool:
         return self._inflight[role]
 
     def silent_for(self, worker_id: str) -> float:
-        """Seconds since the worker last answered a poll (infinite if it never did)."""
-        seen = self.workers[worker_id].last_seen
-        return float("inf") if seen is None else time.monotonic() - seen
+        """Seconds of the router's running loop since the worker last answered a poll (infinite
+        if it never did)."""
+        worker = self.workers[worker_id]
+        if worker.last_seen is None:
+            return float("inf")
+        return self.loop_lag.net_since(worker.last_seen, worker.lag_at_seen)
 
     def stall_reason(self, worker_id: str, step_timeout_s: float) -> str | None:
         """Why the worker counts as failed now, else None: its process answered no heartbeat
@@ -221,7 +231,7 @@ class WorkerPool:
         worker = self.workers[worker_id]
         if worker.heartbeat_at is None:  # the pool is not started: no heartbeats to judge by
             return None
-        silent = time.monotonic() - worker.heartbeat_at
+        silent = self.loop_lag.net_since(worker.heartbeat_at, worker.lag_at_heartbeat)
         if silent >= self.heartbeat_timeout_s:
             return f"no heartbeat for {silent:.1f} s (frozen or gone)"
         step_age = worker.step_age_s + silent if worker.step_age_s else 0.0
@@ -253,8 +263,17 @@ class WorkerPool:
     async def poll_once(self) -> None:
         await asyncio.gather(*(self._poll(w) for w in self.workers.values()))
 
+    def _router_stalled(
+        self, exc: Exception, sent_at: float, lag_then: float, timeout_s: float
+    ) -> bool:
+        """Whether `exc` is a call's timeout that the router's own stall made: the loop ran
+        for less than `timeout_s` of the wait, so the worker is not judged by it."""
+        return isinstance(exc, TimeoutError) and (
+            self.loop_lag.net_since(sent_at, lag_then) < timeout_s
+        )
+
     async def _poll(self, worker: Worker) -> None:
-        sent_at = time.monotonic()
+        sent_at, lag_then = time.monotonic(), self.loop_lag.total_s()
         try:
             # asyncio.timeout, not wait_for: Python 3.11's wait_for returns the call's result
             # when the call ends in the step that cancels it, and the poller, its cancel lost,
@@ -262,7 +281,8 @@ class WorkerPool:
             async with asyncio.timeout(self._call_timeout_s):
                 stats: WorkerStats = await worker.handle.stats()
         except Exception as exc:  # RayActorError, timeout: the worker is down or restarting
-            self.mark_unhealthy(worker.worker_id, failure_reason(exc))
+            if not self._router_stalled(exc, sent_at, lag_then, self._call_timeout_s):
+                self.mark_unhealthy(worker.worker_id, failure_reason(exc))
         else:
             self.record_stats(worker, stats, sent_at)
         for listener in self.health_listeners:
@@ -283,7 +303,7 @@ class WorkerPool:
             self.note_failure(worker.worker_id, f"engine step failed: {stats.engine_failure}")
         previous = worker.stats
         worker.stats, worker.epoch, worker.healthy = stats, stats.epoch, True
-        worker.last_seen = time.monotonic()
+        worker.last_seen, worker.lag_at_seen = time.monotonic(), self.loop_lag.total_s()
         worker.poll_sent_at = sent_at
         for listener in self.stats_listeners:
             listener(worker, previous, stats)
@@ -291,13 +311,17 @@ class WorkerPool:
     async def _heartbeat_forever(self, worker: Worker) -> None:
         while True:
             await asyncio.sleep(self._heartbeat_interval_s)
+            sent_at, lag_then = time.monotonic(), self.loop_lag.total_s()
             try:
                 async with asyncio.timeout(self.heartbeat_timeout_s):  # not wait_for: see _poll
                     step_age = await worker.handle.heartbeat()
             except Exception as exc:  # RayActorError, timeout: frozen, dead or restarting
-                self.mark_unhealthy(worker.worker_id, f"heartbeat: {type(exc).__name__}: {exc}")
+                if not self._router_stalled(exc, sent_at, lag_then, self.heartbeat_timeout_s):
+                    reason = f"heartbeat: {type(exc).__name__}: {exc}"
+                    self.mark_unhealthy(worker.worker_id, reason)
             else:
                 worker.heartbeat_at, worker.step_age_s = time.monotonic(), step_age
+                worker.lag_at_heartbeat = self.loop_lag.total_s()
 
     async def _poll_forever(self, worker: Worker) -> None:
         while True:

@@ -1,6 +1,7 @@
 """The router's request series: latency (`TTFT_SECONDS`, `TPOT_SECONDS`, `ITL_SECONDS`,
 `E2E_SECONDS`), outcomes and routing (`REQUESTS`, `ROUTING_DECISIONS`, `PREFIX_HIT_TOKENS`,
-`PREFIX_QUERY_TOKENS`) and the requests it holds (`ROUTER_PENDING`, `track_router_pending`)."""
+`PREFIX_QUERY_TOKENS`), the requests it holds (`ROUTER_PENDING`, `track_router_pending`) and
+its event loop's stalls (`ROUTER_LOOP_STALL_SECONDS`)."""
 
 from __future__ import annotations
 
@@ -55,6 +56,11 @@ PREFIX_HIT_TOKENS = Counter(
 PREFIX_QUERY_TOKENS = Counter(
     "pdserve_prefix_query_tokens_total",
     "Prompt tokens looked up in the prefix index; hit rate = hit / query.",
+)
+ROUTER_LOOP_STALL_SECONDS = Counter(
+    "pdserve_router_loop_stall_seconds_total",
+    "Seconds the router's event loop woke late (CPU throttling, a long GC, a starved host). "
+    "Workers' silence over this time is not held against them (router/loop_lag.py).",
 )
 
 

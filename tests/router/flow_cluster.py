@@ -68,6 +68,7 @@ async def cluster(
     disaggregate: str = "always",
     num_blocks: int = 1024,
     progress_timeout_s: float = 5.0,
+    heartbeat_timeout_s: float = 2.0,
     room_wait_s: float = 2.0,
     max_retries: int = 2,
     max_pending_requests: int = 256,
@@ -83,7 +84,13 @@ async def cluster(
         f"prefill-{i}": ToyPrefillWorker(f"prefill-{i}", model, tokenizer, decode_workers=decoders)
         for i in range(prefill)
     }
-    pool = WorkerPool(prefillers, decoders, poll_interval_s=0.02, call_timeout_s=1.0)
+    pool = WorkerPool(
+        prefillers,
+        decoders,
+        poll_interval_s=0.02,
+        call_timeout_s=1.0,
+        heartbeat_timeout_s=heartbeat_timeout_s,
+    )
     await pool.start()
     # Round robin: the first attempt goes to decode-0, a retry to decode-1.
     config = RouterConfig(

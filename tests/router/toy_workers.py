@@ -80,6 +80,7 @@ class ToyWorker:
         self.aborted: list[str] = []  # every abort call, in order
         self.tokens_produced = 0
         self.step_s = 0.0  # time one token takes
+        self.round_trip_s = 0.0  # a heartbeat's or stats poll's network round trip
         self.die_after_tokens: int | None = None  # then every call raises WorkerDied
         self.freeze_after_tokens: int | None = None  # then every call hangs
         self.freeze_after_reserving = False  # decode: freezes once a reservation is made
@@ -110,10 +111,12 @@ class ToyWorker:
 
     async def heartbeat(self) -> float:
         await self._alive()
+        await asyncio.sleep(self.round_trip_s)
         return 0.0
 
     async def stats(self) -> WorkerStats:
         await self._alive()
+        await asyncio.sleep(self.round_trip_s)
         return WorkerStats(
             self.worker_id,
             self.role,
