@@ -73,10 +73,14 @@ class NixlKVSender(KVSender):
         nixl_module()  # fail now, not on the first transfer, if NIXL is not installed
         self._client = ControlClient(config)
         self.cache = kv_cache
-        self._registration: _Registration | None = None  # on first use
+        self._registration: _Registration | None = None
         self._lock = threading.Lock()
         self._checksums = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nixl-crc")
         self.tamper = tamper
+        # Now, at the worker's start, not on its first transfer: the first agent of a process
+        # loads UCX (about 2 s on an idle 2-core host, over 5 s on a loaded one), holding the
+        # worker's threads, and the router failed the worker's first request over for it.
+        self._registered()
 
     def send(self, request: TransferRequest) -> TransferResult:
         start = time.perf_counter()
