@@ -13,6 +13,13 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 # would trade memory for little time.
 MAX_TEST_WORKERS = 4
 
+if "PYTEST_XDIST_WORKER" in os.environ:
+    # One thread for torch's operators in each test worker and what it starts (Ray workers,
+    # subprocesses): the workers already fill the cores, and OpenMP threads that outnumber
+    # them spin-wait on each other (kernel choice took 2.8 s instead of 0.2 s beside two busy
+    # processes on 2 cores). A test that times threads sets its own count.
+    os.environ["OMP_NUM_THREADS"] = "1"
+
 
 def pytest_xdist_auto_num_workers(config) -> int:
     """`-n auto`: the CPUs this process may run on, at most MAX_TEST_WORKERS (xdist's own

@@ -73,8 +73,9 @@ def test_a_routing_decision_waits_for_redis_while_the_event_loop_runs_on(redis_u
     route, ticks = asyncio.run(decide())
     assert time.monotonic() - started >= PAUSE_MS / 1e3 * 0.8  # it did wait for Redis
     assert route.cached_blocks == {"prefill-0": 8}  # and used its answer
-    # A lookup made on the loop (Routing.choose) stops the ticker for the whole pause.
-    assert ticks >= 10
+    # A lookup made on the loop (Routing.choose) stops the ticker for the whole pause (0-1
+    # ticks); off the loop it ticks on, 40 times if idle, 7 once on a loaded CI host.
+    assert ticks >= 3
 
 
 def test_reuse_counts_are_written_off_the_loop_and_close_waits_for_them(redis_url: str) -> None:

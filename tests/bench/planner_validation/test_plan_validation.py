@@ -24,6 +24,9 @@ def _args(**overrides) -> argparse.Namespace:
     return bench_args(plan_validation_bench, **overrides)
 
 
+# Live latencies against the plan's: another test worker's load moved the TTFT p90 ratio to
+# 2.05 once in CI.
+@pytest.mark.times_the_real_system
 def test_rag_on_one_prefill_and_one_decode_worker_agrees_with_the_plan(
     ray_cluster, model_dir, tmp_path, capsys
 ):
