@@ -20,6 +20,7 @@ contracts in pyproject.toml); it knows workers only through `router/types.py` an
   `conditional:LEN:QUEUE` (Dynamo).
 - `errors.py` — exceptions to gRPC status codes, in one place.
 - `request_flow.py` — one request's lifecycle: reserve, prefill, stream, retry, abort.
+- `loop_lag.py` — how long the router's own event loop stalled; worker silence counted net of it.
 - `worker_watch.py` — a worker's calls failed (`WorkerFailed`) when it fails or stalls.
 - `attempts.py` — one attempt's work (a continuation after the tokens sent), what replaces a
   failed one, a refused grammar.

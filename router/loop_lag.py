@@ -11,8 +11,6 @@ import asyncio
 import logging
 import time
 
-from pdserve import metrics
-
 log = logging.getLogger(__name__)
 
 # A ticker this often; a stall shorter than a tick is counted when the tick comes due.
@@ -29,6 +27,10 @@ class LoopLag:
         self._due: float | None = None  # when the ticker's current sleep should end
 
     async def run_forever(self) -> None:
+        # Here, not at the top: the planner's virtual cluster builds the router's WorkerPool
+        # (never started) and must not load gRPC, which pdserve.metrics brings.
+        from pdserve import metrics
+
         while True:
             self._due = time.monotonic() + self._tick_s
             await asyncio.sleep(self._tick_s)
