@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
@@ -25,18 +26,19 @@ class LoopLag:
         self._tick_s = tick_s
         self._recorded_s = 0.0
         self._due: float | None = None  # when the ticker's current sleep should end
+        # Each tick's lateness in seconds, e.g. to a Prometheus counter (pdserve/app wires
+        # pdserve_router_loop_stall_seconds_total: the planner's virtual cluster builds this
+        # router's pool too and must not load the metrics' gRPC).
+        self.listeners: list[Callable[[float], None]] = []
 
     async def run_forever(self) -> None:
-        # Here, not at the top: the planner's virtual cluster builds the router's WorkerPool
-        # (never started) and must not load gRPC, which pdserve.metrics brings.
-        from pdserve import metrics
-
         while True:
             self._due = time.monotonic() + self._tick_s
             await asyncio.sleep(self._tick_s)
             late = max(0.0, time.monotonic() - self._due)
             self._recorded_s += late
-            metrics.ROUTER_LOOP_STALL_SECONDS.inc(late)
+            for listener in self.listeners:
+                listener(late)
             if late >= LOGGED_STALL_S:
                 log.warning(
                     "the router's event loop stalled for %.1f s (CPU throttled or starved, a "

@@ -11,8 +11,9 @@ from router.worker_pool import WorkerPool
 
 def export_worker_stats(pool: WorkerPool, model: str, speculates: bool) -> None:
     """Each worker's gauges and counters, and the served model's load and speculative decoding
-    under vLLM's names, from the latest poll."""
+    under vLLM's names, from the latest poll; the router's event-loop stalls."""
     pool.stats_listeners.append(lambda w, old, stats: metrics.observe_worker_stats(stats, old))
+    pool.loop_lag.listeners.append(metrics.ROUTER_LOOP_STALL_SECONDS.inc)
     # The speculation counters exist (at 0) from the start when the decode pool speculates, as
     # vLLM's do.
     if speculates:

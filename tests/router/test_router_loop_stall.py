@@ -94,3 +94,24 @@ def test_a_frozen_worker_is_still_failed_over_after_a_router_stall(tokenizer) ->
     # The stall, then the heartbeat timeout of loop time, then a margin for a loaded host.
     assert failover_s < STALL_S + HEARTBEAT_TIMEOUT_S + 1.0
     assert c.leaked_blocks() == {}
+
+
+def test_the_served_router_counts_its_stalls_for_prometheus(tokenizer) -> None:
+    from prometheus_client import REGISTRY
+
+    from pdserve.app.stats_listeners import export_worker_stats
+
+    def counted() -> float:
+        return REGISTRY.get_sample_value("pdserve_router_loop_stall_seconds_total") or 0.0
+
+    async def scenario():
+        c = await cluster(tokenizer, script_after_prompt(LETTERS))
+        export_worker_stats(c.pool, "m", speculates=False)  # as pdserve/app wires the pool
+        await asyncio.sleep(0.1)  # the pool's ticker has started
+        before = counted()
+        time.sleep(0.5)  # the loop stalls
+        await asyncio.sleep(0.1)  # the ticker runs again
+        await c.pool.stop()
+        return counted() - before
+
+    assert 0.45 <= run(scenario) < 1.0
