@@ -8,7 +8,15 @@ import asyncio
 import time
 
 from router.loop_lag import LoopLag
-from tests.router.flow_cluster import LETTERS, cluster, greedy, ids_of, run, script_after_prompt
+from tests.router.flow_cluster import (
+    LETTERS,
+    Cluster,
+    cluster,
+    greedy,
+    ids_of,
+    run,
+    script_after_prompt,
+)
 
 HEARTBEAT_TIMEOUT_S = 0.3
 STALL_S = 1.0  # over three heartbeat timeouts
@@ -17,6 +25,20 @@ STALL_S = 1.0  # over three heartbeat timeouts
 def stall_the_loop_soon(seconds: float) -> None:
     """Blocks the running event loop for `seconds`, 50 ms from now."""
     asyncio.get_running_loop().call_later(0.05, time.sleep, seconds)
+
+
+async def watched_cluster(tokenizer) -> Cluster:
+    """Toy workers failed over at HEARTBEAT_TIMEOUT_S, whose heartbeats and stats polls take a
+    round trip: in-process answers that took none would come in before the router looked."""
+    c = await cluster(
+        tokenizer,
+        script_after_prompt(LETTERS),
+        progress_timeout_s=HEARTBEAT_TIMEOUT_S,
+        heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S,
+    )
+    for worker in c.workers:
+        worker.round_trip_s = 0.01
+    return c
 
 
 def test_the_lag_counts_a_stall_before_the_ticker_runs_again() -> None:
@@ -38,17 +60,10 @@ def test_the_lag_counts_a_stall_before_the_ticker_runs_again() -> None:
 
 def test_a_request_streaming_across_a_router_stall_stays_on_its_workers(tokenizer) -> None:
     async def scenario():
-        c = await cluster(
-            tokenizer,
-            script_after_prompt(LETTERS),
-            progress_timeout_s=HEARTBEAT_TIMEOUT_S,
-            heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S,
-        )
+        c = await watched_cluster(tokenizer)
         # A decode step outlasts the stall: the router waits on it when the stall ends, and
         # the answers to its heartbeats are not in yet.
         c.decode["decode-0"].step_s = STALL_S + 0.2
-        for worker in c.workers:
-            worker.round_trip_s = 0.01
         stall_the_loop_soon(STALL_S)
         batches, progress = await c.generate(greedy(3))
         await asyncio.sleep(HEARTBEAT_TIMEOUT_S)  # heartbeats sent at the stall have timed out
@@ -67,14 +82,7 @@ def test_a_request_streaming_across_a_router_stall_stays_on_its_workers(tokenize
 
 def test_a_frozen_worker_is_still_failed_over_after_a_router_stall(tokenizer) -> None:
     async def scenario():
-        c = await cluster(
-            tokenizer,
-            script_after_prompt(LETTERS),
-            progress_timeout_s=HEARTBEAT_TIMEOUT_S,
-            heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S,
-        )
-        for worker in c.workers:
-            worker.round_trip_s = 0.01
+        c = await watched_cluster(tokenizer)
         frozen = c.decode["decode-0"]
         frozen.step_s = 0.05
         frozen.freeze_after_tokens = 2
