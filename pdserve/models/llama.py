@@ -27,6 +27,7 @@ from pdserve.models import native_ops
 from pdserve.models.attention import AttentionContext, attend_stored, paged_attention
 from pdserve.models.attention_op import compiled_paged_attention
 from pdserve.models.linear import Linear
+from pdserve.models.meta_init import building_on_meta, uninitialized
 from pdserve.models.moe import MoeConfig, SparseMoeBlock
 from pdserve.models.rope import rope_tables
 from pdserve.models.tensor_parallel import (
@@ -265,7 +266,9 @@ class LlamaForCausalLM(nn.Module):
         hidden = config.hidden_size
         if self.tp is None:
             layer_config = config
-            self.embed_tokens = nn.Embedding(config.vocab_size, hidden)
+            self.embed_tokens = nn.Embedding(
+                config.vocab_size, hidden, _weight=uninitialized(config.vocab_size, hidden)
+            )
             self.lm_head = Linear(hidden, config.vocab_size, bias=False)
         else:
             layout = shard_layout(config, self.tp)
@@ -285,7 +288,8 @@ class LlamaForCausalLM(nn.Module):
         self.norm = RMSNorm(hidden, config.rms_norm_eps)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        self.reset_rope()
+        if not building_on_meta():  # the loader builds them once on its device
+            self.reset_rope()
 
     def reset_rope(self, device: str | torch.device | None = None) -> None:
         """(Re)builds the RoPE tables over all positions, float32 like transformers (cast at

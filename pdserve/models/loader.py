@@ -133,7 +133,10 @@ def load_model(
     with ExitStack() as stack:
         checkpoint = _Checkpoint(_weight_files(model_dir), stack, layout)
         state = _state_dict(model, checkpoint, model_dir, dtype)
-    model.to_empty(device=device).to(DTYPES[dtype])
+    # torch.empty, not Module.to_empty: empty_like of a meta tensor runs torch's Python
+    # reference, whose first use imports sympy (0.3 s of every worker's start).
+    model._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
+    model.to(DTYPES[dtype])
     model.load_state_dict(state, strict=False, assign=False)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight

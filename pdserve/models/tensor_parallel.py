@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pdserve.models.linear import Linear
+from pdserve.models.meta_init import uninitialized
 from pdserve.models.tp_layout import ShardLayout
 
 
@@ -86,7 +87,8 @@ class VocabParallelEmbedding(nn.Embedding):
     elsewhere, and the all-reduce sums the one rank's row per token."""
 
     def __init__(self, layout: ShardLayout, hidden: int, tp: TensorParallel) -> None:
-        super().__init__(layout.vocab_per_rank, hidden)
+        rows = layout.vocab_per_rank
+        super().__init__(rows, hidden, _weight=uninitialized(rows, hidden))
         self.first, self.end = layout.vocab_rows
         self.tp = tp
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -169,3 +171,16 @@ def test_bfloat16_engine_runs(tiny_dir):
     assert engine.kv_cache.dtype == torch.bfloat16
     out = engine.generate([[5, 6, 7]], SamplingParams(max_tokens=4, ignore_eos=True))
     assert len(out[0]) == 4
+
+
+def test_loading_imports_neither_dynamo_nor_sympy(tiny_dir):
+    """A worker's start-up: building on the meta device and materializing the model must not
+    run torch's Python references, whose first use imports torch._dynamo and sympy (about
+    1.3 s of every worker's start; pdserve/models/meta_init.py)."""
+    code = (
+        "import sys; from pdserve.models.loader import load_model; "
+        f"load_model({str(tiny_dir)!r}); "
+        "print(sorted(m for m in ('torch._dynamo', 'sympy') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stderr
