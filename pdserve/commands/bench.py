@@ -95,6 +95,10 @@ GROUPS: dict[str, dict[str, tuple[str, str]]] = {
             "pdserve.bench.simulation.worker_fidelity",
             "one real worker (CPU or GPU) vs a sim worker with the profile fitted on it",
         ),
+        "layout-ranking": (
+            "pdserve.bench.simulation.layout_ranking",
+            "1P+1D vs 2 colocated on the real CPU system and in the simulation: same ranking?",
+        ),
         "sim-memory": (
             "pdserve.bench.simulation.sim_memory",
             "RSS of sim vs torch workers; 64 sim workers",

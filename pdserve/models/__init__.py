@@ -27,6 +27,8 @@
 - `native_ops.py` — fused CPU ops of a layer's small steps (`csrc/fused_ops.cpp`): RMSNorm
   with the residual add, SiLU * up, RoPE with the K/V store.
 - `loader.py` — Hugging Face directory (config.json + safetensors) -> model.
+- `meta_init.py` — what a model built on the meta device skips (random inits, RoPE tables),
+  which would import torch._dynamo at every worker's start.
 - `presets.py` — sizes of the random-weight models (tiny, small).
 - `builtin.py` — `make_model(dir, preset, seed)`, `default_model_dir()`.
 - `draft_of.py` — `write_draft_of(target, out, layers)`: a self-speculative draft (the target's

@@ -12,6 +12,9 @@
   workers started together.
 - `fidelity_bench.py` — `bench fidelity`: sim workers with a profile calibrated on the CPU
   engine vs the real CPU system, same requests.
+- `layout_ranking.py` — `bench layout-ranking`: 1P+1D against 2 colocated workers on suite
+  workloads scaled to a CPU, real and simulated with a profile fitted in the same run: do both
+  rank the layouts alike?
 - `worker_fidelity.py` — `bench fidelity-worker`: one real worker's engine (CPU or GPU) vs a
   sim worker with the profile fitted on it, without Ray (runs where only torch is installed).
 - `worker_serving.py` — one worker's engine served in-process behind `EngineLoop` (the

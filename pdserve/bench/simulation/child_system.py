@@ -18,15 +18,18 @@ from typing import Any
 STOP = "stop"
 
 
-def _host(conn: Any, ray_address: str, model_dir: Path, engine: dict, router: dict) -> None:
+def _host(
+    conn: Any, ray_address: str, model_dir: Path, engine: dict, router: dict, workers: tuple
+) -> None:
     import ray
 
     from pdserve.bench.common.local_system import serve_locally
 
     try:
         ray.init(address=ray_address, log_to_driver=False)
+        prefill, decode = workers
         system = serve_locally(
-            model_dir, prefill_workers=1, decode_workers=1, engine=engine, router=router
+            model_dir, prefill_workers=prefill, decode_workers=decode, engine=engine, router=router
         )
         app = system.__enter__()
     except BaseException as exc:  # reported by the parent, not lost in the child
@@ -45,11 +48,14 @@ def _host(conn: Any, ray_address: str, model_dir: Path, engine: dict, router: di
 
 class ChildSystem:
     """`with ChildSystem(model_dir, engine, router) as system: system.port, system.call(fn)`:
-    1 prefill + 1 decode worker served by a child process (see serve_locally) on this
-    process's Ray cluster, which must have a `prefill_pool` and a `decode_pool` unit free."""
+    `prefill` prefill + `decode` decode workers (0 prefill: colocated) served by a child
+    process (see serve_locally) on this process's Ray cluster, which must have as many
+    `prefill_pool` and `decode_pool` units free."""
 
-    def __init__(self, model_dir: Path, engine: dict, router: dict) -> None:
-        self._args = (model_dir, engine, router)
+    def __init__(
+        self, model_dir: Path, engine: dict, router: dict, prefill: int = 1, decode: int = 1
+    ) -> None:
+        self._args = (model_dir, engine, router, (prefill, decode))
         self.port = 0
 
     def __enter__(self) -> ChildSystem:

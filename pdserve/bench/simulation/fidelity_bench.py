@@ -157,10 +157,10 @@ def measure(args: argparse.Namespace, say: Any = print) -> dict:
     start_ray(systems, systems)  # a prefill and a decode worker for each system
     with _system(model_dir, engine) as real_app:
         say("[bold]real[/bold]: 1 prefill + 1 decode torch worker; calibrating")
-        _load(real_app, warm_up, None, args.seed)
+        send_requests(real_app, warm_up, None, args.seed)
         install_recorders(real_app.app)
         for rate, requests in calibration.items():
-            _load(real_app, requests, rate, args.seed)
+            send_requests(real_app, requests, rate, args.seed)
         steps, transfers, gaps = take_samples(real_app.app)
         notes = {"device": "cpu", "model": str(model_dir), "dtype": args.dtype}
         say(write_profile(steps, profile, every_sample=True, gaps=gaps, **notes))
@@ -178,7 +178,7 @@ def measure(args: argparse.Namespace, say: Any = print) -> dict:
                 served[name] = stack.enter_context(
                     ChildSystem(model_dir, {**engine, **sim}, ROUTER)
                 )
-                _load(served[name], warm_up, None, args.seed)
+                send_requests(served[name], warm_up, None, args.seed)
                 served[name].call(install_recorders)
             paced_before = served["sim"].call(pacing)
             summaries: dict[str, dict] = {name: {} for name in served}
@@ -187,7 +187,7 @@ def measure(args: argparse.Namespace, say: Any = print) -> dict:
             # alike.
             for key, (rate, requests) in measured.items():
                 for name in run_order(list(served), args.real_repeats):
-                    records = _load(served[name], requests, rate, args.seed)
+                    records = send_requests(served[name], requests, rate, args.seed)
                     summary = {**run_summary(records), "decode_pace": decode_pace(records)}
                     if name == "real":
                         repeats[key].append(summary)
@@ -326,8 +326,9 @@ def _system(model_dir: Path, engine: dict) -> Any:
     )
 
 
-def _load(app: Any, requests: list, rate: float | None, seed: int) -> list:
-    """The records of `requests` sent open-loop at `rate` (None: one at a time)."""
+def send_requests(app: Any, requests: list, rate: float | None, seed: int) -> list:
+    """The records of `requests` sent open-loop at `rate` (None: one at a time) to the served
+    system `app` (anything with the router's `port`)."""
     from pdserve.bench.common.load_generator import run_load
 
     target = f"127.0.0.1:{app.port}"

@@ -1,0 +1,429 @@
+"""`pdserve bench layout-ranking`: does the simulation rank this machine's layouts as the real
+system does? (issue 49 point 6, its CPU half)
+
+Two layouts of the same two workers, each pinned to its own core: 1 prefill + 1 decode worker
+(every prompt prefilled remotely, KV over grpc) against 2 colocated workers; each serves suite
+workloads scaled down to a CPU (`CPU_WORKLOADS`). In one run:
+1. calibrate: each real layout serves the fidelity bench's mixed workload (requests never
+   measured) while every step and KV push is recorded inside its workers; one `--sim-profile`
+   is fitted on both layouts' steps (prefill-only, decode-only and the colocated workers'
+   mixed steps alike), with their spread, and the pushes a link rate;
+2. the simulation the suite runs (the planner's virtual cluster, `run_probe`, with that
+   profile) offers each workload to both layouts at rising rates, `--duration` seconds of
+   arrivals each (a steady state, not a burst a short run ends before its queue builds),
+   until both fall below the attainment: each layout's simulated goodput; the real rates are
+   each layout's goodput x `--rate-factors`, so both crossings are bracketed;
+3. the real system serves each workload at those rates on both layouts (the same requests and
+   arrivals; layouts interleaved rate by rate, so drift in the machine's load hits both), and
+   the simulation the same requests at the same rates;
+4. per workload: each layout's goodput (DistServe's, over those rates; a request refused at
+   capacity counts as a miss) real and simulated, and whether both put the same layout first.
+   Goodputs within `--tie` of each other are a tie, which agrees with either order: on a
+   shared CPU the real system moves 10-40% against itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pdserve.bench.common.local_system import (
+    add_mixed_arguments,
+    add_model_arguments,
+    eos_ids,
+    load_model,
+    mixed_requests,
+    serve_locally,
+    start_ray,
+)
+from pdserve.bench.simulation.child_system import ChildSystem
+from pdserve.bench.simulation.fidelity_bench import (
+    UNMEASURABLE_LINK_GBPS,
+    push_costs,
+    send_requests,
+)
+from pdserve.bench.simulation.fidelity_calibration import install_recorders, take_samples
+from pdserve.workloads.datasets import DatasetConfig
+
+# The suite's workloads (disagg_suite/workloads.py) with prompts and answers a quarter as long:
+# the small preset prefills ~0.5 ms a token on one core, so the suite's 2k-6k-token RAG prompts
+# would take 1-3 s each, and a rate sweep hours.
+CPU_WORKLOADS = {
+    "chat": DatasetConfig(
+        name="chat-rag",
+        rag_fraction=0.0,
+        chat_input_median=50,
+        chat_output_median=38,
+        chat_max_input_len=512,
+        chat_max_output_len=128,
+    ),
+    "code": DatasetConfig(
+        name="random", random_input_len=64, random_output_len=8, random_range_ratio=0.5
+    ),
+    "rag": DatasetConfig(
+        name="chat-rag",
+        rag_fraction=1.0,
+        rag_min_input_len=512,
+        rag_max_input_len=1536,
+        rag_output_len=25,
+    ),
+}
+# name: (prefill workers, decode workers, the router's --disaggregate)
+LAYOUTS = {"1P:1D": (1, 1, "always"), "colocated 2": (0, 2, "never")}
+# A worker slowed by other processes on a shared CPU is not failed over: this bench measures
+# latencies, and a retry would count twice in them.
+PROGRESS_TIMEOUT_S = 120.0
+# The simulated sweep that places each layout's goodput: rates from SWEEP_START req/s up by
+# SWEEP_STEP until both layouts miss, at most SWEEP_MAX_RATES of them.
+SWEEP_START, SWEEP_STEP, SWEEP_MAX_RATES = 0.05, 1.15, 60
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_model_arguments(p, preset="small")
+    p.add_argument(
+        "--workloads",
+        default="code,rag",
+        help=f"suite workloads scaled to a CPU, comma separated: {', '.join(CPU_WORKLOADS)}",
+    )
+    p.add_argument(
+        "--duration", type=float, default=20.0, help="seconds of arrivals per rate (steady state)"
+    )
+    p.add_argument("--min-requests", type=int, default=20, help="requests per rate at least")
+    p.add_argument(
+        "--rate-factors",
+        default="0.8,1.25",
+        help="real rates: each layout's simulated goodput times these (both layouts at all)",
+    )
+    p.add_argument("--slo-ttft-ms", type=float, default=1000.0)
+    p.add_argument("--slo-tpot-ms", type=float, default=100.0)
+    p.add_argument("--attainment", type=float, default=0.9, help="goodput's SLO attainment")
+    p.add_argument(
+        "--tie", type=float, default=0.1, help="goodputs within this ratio of each other tie"
+    )
+    p.add_argument("--calibration-rates", default="0.5,1", help="req/s of the calibration mix")
+    p.add_argument("--calibration-requests", type=int, default=30, help="requests per rate")
+    add_mixed_arguments(
+        p, long_fraction=0.2, long_input=1024, long_output=16, short_input=64, short_output=64
+    )
+    p.add_argument(
+        "--max-num-batched-tokens", type=int, default=512, help="token budget of one step"
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--profile-out", help="keep the fitted profile in this file")
+    p.add_argument("--json", help="write every figure to this file")
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """Which layout a system puts first on one workload; None: the goodputs tie."""
+
+    first: str | None
+    ratio: float  # the higher goodput over the lower (inf when the lower is 0)
+
+
+def rank(goodputs: dict[str, float], tie: float) -> Ranking:
+    (a, ga), (b, gb) = sorted(goodputs.items(), key=lambda item: -item[1])
+    ratio = ga / gb if gb else math.inf if ga else 1.0
+    return Ranking(None if ratio <= 1 + tie else a, ratio)
+
+
+def agree(real: Ranking, sim: Ranking) -> bool:
+    """The same layout first, or a tie on either side (within the real system's own noise)."""
+    return real.first is None or sim.first is None or real.first == sim.first
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    console = Console()
+    workloads = [w for w in args.workloads.split(",") if w]
+    unknown = [w for w in workloads if w not in CPU_WORKLOADS]
+    if unknown or not workloads:
+        raise SystemExit(f"--workloads {args.workloads!r}: choose from {', '.join(CPU_WORKLOADS)}")
+    if args.min_requests < 1 or args.duration <= 0:
+        raise SystemExit("--min-requests must be >= 1 and --duration > 0")
+    result = measure(args, workloads, console.print)
+    console.print(ranking_table(result))
+    agreed = sum(w["agree"] for w in result["workloads"].values())
+    console.print(f"rankings agree on {agreed} of {len(workloads)} workloads")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+def measure(args: argparse.Namespace, workloads: list[str], say: Any = print) -> dict:
+    """Calibrates, sweeps the simulation, serves the real rates; returns {"profile",
+    "link_gbps", "slo", "workloads": {name: {"rates", "real": {layout: {"goodput", "points"}},
+    "sim": {...}, "sim_sweep": {layout: goodput}, "rank_real", "rank_sim", "agree"}}}."""
+    from pdserve.bench.engine.step_recorder import write_profile
+
+    model_dir, model_config = load_model(args)
+    calibration_rates = [float(r) for r in args.calibration_rates.split(",")]
+    engine = {"max_num_batched_tokens": args.max_num_batched_tokens}
+    profile = args.profile_out or str(Path(tempfile.mkdtemp()) / "cpu-profile.json")
+    # Both layouts up at once, so their runs interleave: the first served here, the second by
+    # a child process (a driver's worker names are its own), each worker pinned to a core.
+    start_ray(*(sum(workers[i] for workers in LAYOUTS.values()) for i in (0, 1)))
+    with contextlib.ExitStack() as stack:
+        systems = {}
+        for k, (layout, (prefill, decode, _)) in enumerate(LAYOUTS.items()):
+            say(f"[bold]{layout}[/bold]: starting the real system")
+            router = _router(layout, args)
+            if k == 0:
+                app = stack.enter_context(
+                    serve_locally(model_dir, prefill_workers=prefill, decode_workers=decode,
+                                  engine=engine, router=router)
+                )  # fmt: skip
+                systems[layout] = _InProcess(app)
+            else:
+                systems[layout] = stack.enter_context(
+                    ChildSystem(model_dir, engine, router, prefill, decode)
+                )
+        steps, gaps, transfers = [], [], []
+        for layout, system in systems.items():
+            say(f"{layout}: calibrating")
+            send_requests(
+                system, mixed_requests(args, model_config, 4, args.seed + 500), None, args.seed
+            )
+            system.call(install_recorders)
+            for i, rate in enumerate(calibration_rates):
+                mix = mixed_requests(
+                    args, model_config, args.calibration_requests, args.seed + 600 + i
+                )
+                send_requests(system, mix, rate, args.seed)
+            taken = system.call(take_samples)
+            steps += taken.steps
+            gaps += taken.gaps
+            transfers += taken.transfers
+        say(write_profile(steps, profile, every_sample=True, gaps=gaps, device="cpu",
+                          model=str(model_dir)))  # fmt: skip
+        pushes = push_costs(transfers)
+        link_gbps = pushes["link_gbps"] or UNMEASURABLE_LINK_GBPS
+        say(f"KV pushes: {pushes}")
+        deployment = _deployment(model_dir, profile, link_gbps, args)
+        figures = {}
+        for i, name in enumerate(workloads):
+
+            def offered(rate: float, name=name, i=i) -> list:
+                """The workload's requests at `rate`, --duration seconds of arrivals: prompts of
+                their own at each rate (the same for both systems), so no run finds the one
+                before it in a worker's prefix cache (each simulated run starts cold)."""
+                n = max(args.min_requests, math.ceil(rate * args.duration))
+                seed = args.seed + 7919 * (i + 1) + round(rate * 1000)
+                return _workload_requests(name, model_config, n, seed)
+
+            sweep = {layout: _sim_sweep(deployment, layout, offered, args) for layout in LAYOUTS}
+            factors = [float(f) for f in args.rate_factors.split(",")]
+            rates = sorted({round(g * f, 4) for g in sweep.values() if g > 0 for f in factors})
+            if not rates:
+                raise SystemExit(f"{name}: no layout meets the SLOs even at {SWEEP_START} req/s")
+            say(f"{name}: simulated goodput {_fmt(sweep)}; real rates {rates}")
+            real = {layout: [] for layout in LAYOUTS}
+            for rate in rates:  # layouts interleaved: the machine's drift hits both alike
+                for layout, system in systems.items():
+                    point = _point(
+                        send_requests(system, offered(rate), rate, args.seed), rate, args
+                    )
+                    real[layout].append(point)
+                    say(f"  real {name} {layout} at {rate:g}/s: {_point_line(point)}")
+            sim = {
+                layout: [_point(_sim_records(deployment, layout, offered(rate), rate, args),
+                                rate, args) for rate in rates]
+                for layout in LAYOUTS
+            }  # fmt: skip
+            figures[name] = _judged({"sim_sweep": sweep, "rates": rates}, real, sim, args)
+    return {
+        "profile": json.loads(Path(profile).read_text()),
+        "link_gbps": link_gbps,
+        "calibration_pushes": pushes,
+        "slo": {
+            "ttft_ms": args.slo_ttft_ms,
+            "tpot_ms": args.slo_tpot_ms,
+            "attainment": args.attainment,
+        },
+        "workloads": figures,
+    }
+
+
+def _workload_requests(name: str, model_config: dict, n: int, seed: int) -> list:
+    from pdserve.workloads.datasets import generate_requests
+
+    requests = generate_requests(
+        CPU_WORKLOADS[name], n, seed, model_config["vocab_size"], eos_ids(model_config)
+    )
+    for r in requests:
+        r.tag = r.tag or name
+    return requests
+
+
+def _router(layout: str, args: argparse.Namespace) -> dict:
+    return {
+        "disaggregate": LAYOUTS[layout][2],
+        "progress_timeout_s": PROGRESS_TIMEOUT_S,
+        "ttft_slo_ms": args.slo_ttft_ms,
+        "tpot_slo_ms": args.slo_tpot_ms,
+    }
+
+
+class _InProcess:
+    """A system served in this process, called as a ChildSystem is."""
+
+    def __init__(self, app: Any) -> None:
+        self.app, self.port = app, app.port
+
+    def call(self, fn: Any) -> Any:
+        return fn(self.app.app)
+
+
+def _deployment(model_dir: Path, profile: str, link_gbps: float, args: argparse.Namespace):
+    """The simulated workers: the real ones' engine settings and KV pool, the fitted profile."""
+    from pdserve.core.model_limits import kv_pool_blocks
+    from pdserve.engine_config import EngineConfig
+    from pdserve.planner.deployment import Deployment
+    from pdserve.sim.executor import read_model_config
+
+    real = EngineConfig(model=str(model_dir), max_num_batched_tokens=args.max_num_batched_tokens)
+    return Deployment(
+        str(model_dir),
+        profile=profile,
+        dtype=real.dtype,
+        link_gbps=link_gbps,
+        max_num_seqs=real.max_num_seqs,
+        max_num_batched_tokens=real.max_num_batched_tokens,
+        block_size=real.block_size,
+        num_kv_blocks=kv_pool_blocks(read_model_config(model_dir), real),
+    )
+
+
+def _sim_records(deployment: Any, layout: str, requests: list, rate: float, args) -> list:
+    """The records of `requests` offered to the simulated `layout` at `rate`, arriving as the
+    load generator releases them (its arrival schedule for this rate and seed)."""
+    from pdserve.bench.common.load_generator import arrival_times
+    from pdserve.config import RouterConfig
+    from pdserve.planner.probe import SLO, Split, run_probe
+    from pdserve.planner.workload import ProbeRequest
+
+    prefill, decode, disaggregate = LAYOUTS[layout]
+    at = arrival_times(len(requests), rate, seed=args.seed)
+    # A probe's arrivals are in units of the mean gap: at `rate`, t seconds is t * rate.
+    probes = [
+        ProbeRequest(k, list(r.prompt), r.output_len, t * rate)
+        for k, (r, t) in enumerate(zip(requests, at, strict=True))
+    ]
+    router = RouterConfig(
+        disaggregate=disaggregate, ttft_slo_ms=args.slo_ttft_ms, tpot_slo_ms=args.slo_tpot_ms
+    )
+    slo = SLO(args.slo_ttft_ms, args.slo_tpot_ms, args.attainment)
+    split = Split(prefill, decode)
+    _, runs = run_probe(deployment, split, probes, rate, slo, router, stop_when_certain=False)
+    return [r.record for r in runs]
+
+
+def _sim_sweep(deployment: Any, layout: str, offered: Any, args) -> float:
+    """The simulated goodput of `layout` over rising rates, `offered(rate)` the requests at
+    each (stops two rates past the first miss)."""
+    from pdserve.workloads.metrics import goodput_rate
+
+    attained, rate, misses = {}, SWEEP_START, 0
+    for _ in range(SWEEP_MAX_RATES):
+        point = _point(_sim_records(deployment, layout, offered(rate), rate, args), rate, args)
+        attained[rate] = point["attainment"]
+        misses += point["attainment"] < args.attainment
+        if misses >= 2:
+            break
+        rate = round(rate * SWEEP_STEP, 4)
+    return goodput_rate(attained, args.attainment)
+
+
+def _point(records: list, rate: float, args) -> dict:
+    from pdserve.workloads.metrics import meets_slo, run_duration, summarize
+
+    summary = summarize(records, run_duration(records), args.slo_ttft_ms, args.slo_tpot_ms)
+    good = sum(meets_slo(r, args.slo_ttft_ms, args.slo_tpot_ms) for r in records)
+    return {
+        "rate": rate,
+        "attainment": good / len(records),
+        "failed": summary.failed,
+        "ttft_p90_ms": summary.ttft.p90,
+        "tpot_p90_ms": summary.tpot.p90,
+    }
+
+
+def _judged(found: dict, real: dict, sim: dict, args) -> dict:
+    from pdserve.workloads.metrics import goodput_rate
+
+    def curve(points: list[dict]) -> dict:
+        attained = {p["rate"]: p["attainment"] for p in points}
+        return {
+            "goodput": goodput_rate(attained, args.attainment),
+            "attainment_target": args.attainment,
+            "points": points,
+        }
+
+    real_curves = {layout: curve(points) for layout, points in real.items()}
+    sim_curves = {layout: curve(points) for layout, points in sim.items()}
+    rank_real = rank({k: v["goodput"] for k, v in real_curves.items()}, args.tie)
+    rank_sim = rank({k: v["goodput"] for k, v in sim_curves.items()}, args.tie)
+    return {
+        **found,
+        "real": real_curves,
+        "sim": sim_curves,
+        "rank_real": rank_real.__dict__,
+        "rank_sim": rank_sim.__dict__,
+        "agree": agree(rank_real, rank_sim),
+    }
+
+
+def _fmt(goodputs: dict[str, float]) -> str:
+    return ", ".join(f"{layout} {g:.3f} req/s" for layout, g in goodputs.items())
+
+
+def _point_line(point: dict) -> str:
+    return (
+        f"attainment {point['attainment']:.0%}, TTFT p90 {point['ttft_p90_ms']:.0f} ms, "
+        f"TPOT p90 {point['tpot_p90_ms']:.1f} ms, failed {point['failed']}"
+    )
+
+
+def ranking_table(result: dict) -> Any:
+    from rich.table import Table
+
+    slo = result["slo"]
+    table = Table(
+        title="1P:1D vs 2 colocated: goodput req/s, real (CPU) and simulated (profile fitted "
+        f"here); TTFT <= {slo['ttft_ms']:g} ms, TPOT <= {slo['tpot_ms']:g} ms, "
+        f"{slo['attainment']:.0%} attainment"
+    )
+    names = " / ".join(LAYOUTS)
+    for column in ("workload", "rates", f"real {names}", f"sim {names}", "first real", "first sim",
+                   "agree"):  # fmt: skip
+        table.add_column(column, justify="right")
+    for name, w in result["workloads"].items():
+        table.add_row(
+            name,
+            ", ".join(f"{r:.3g}" for r in w["rates"]),
+            *(
+                " / ".join(_goodput(w[system][layout]) for layout in LAYOUTS)
+                for system in ("real", "sim")
+            ),
+            _first(w["rank_real"]),
+            _first(w["rank_sim"]),
+            "yes" if w["agree"] else "NO",
+        )
+    return table
+
+
+def _goodput(curve: dict) -> str:
+    """'>=' where no rate measured fell below the attainment (a lower bound)."""
+    held = all(p["attainment"] >= curve["attainment_target"] for p in curve["points"])
+    return f"{'>=' if held else ''}{curve['goodput']:.3g}"
+
+
+def _first(ranking: dict) -> str:
+    return f"{ranking['first'] or 'tie'} {ranking['ratio']:.2f}x"
