@@ -134,9 +134,15 @@ def load_model(
         checkpoint = _Checkpoint(_weight_files(model_dir), stack, layout)
         state = _state_dict(model, checkpoint, model_dir, dtype)
     # torch.empty, not Module.to_empty: empty_like of a meta tensor runs torch's Python
-    # reference, whose first use imports sympy (0.3 s of every worker's start).
-    model._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
-    model.to(DTYPES[dtype])
+    # reference, whose first use imports sympy (0.3 s of every worker's start). Made in the
+    # target dtype at once (floating tensors, as Module.to casts them): not in float32 first and
+    # then copied, which held the weights twice, at twice the size under bfloat16.
+    target = DTYPES[dtype]
+    model._apply(
+        lambda t: torch.empty(
+            t.shape, dtype=target if t.is_floating_point() else t.dtype, device=device
+        )
+    )
     model.load_state_dict(state, strict=False, assign=False)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
