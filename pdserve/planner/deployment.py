@@ -77,6 +77,7 @@ class Deployment:
         profile: str | None = None,
         dtype: str = "bfloat16",
         link_gbps: float = 400.0,
+        push_fixed_s: float = 0.0,
         max_num_seqs: int = 256,
         max_num_batched_tokens: int = 8192,
         block_size: int = 16,
@@ -104,8 +105,15 @@ class Deployment:
         self.prefill_pool: Deployment = self
         self.tokenizer = Tokenizer.from_dir(self.model_dir)
         self.link_bytes_per_s = link_gbps * 1e9 / 8
+        # What a KV push costs besides its bytes (its RPCs, the commit's round trip): 0 on the
+        # analytical GPU profiles; measured where the real pushes were (bench layout-ranking).
+        self.push_fixed_s = push_fixed_s
         # Longest prompt + output a worker serves.
         self.max_model_len = model_limits.max_model_len(self.model_config, self.engine_config)
+
+    def push_seconds(self, num_bytes: int) -> float:
+        """A KV push's (or a peer pull's) time on the link between two workers."""
+        return self.push_fixed_s + num_bytes / self.link_bytes_per_s
 
     def with_prefill_pool(self, prefill: Deployment) -> Deployment:
         """This deployment for the decode (and colocated) workers, `prefill`'s (its TP, timing

@@ -51,7 +51,7 @@ def pull_and_prefill(
             puller.call(lambda: puller.engine.fall_back(work_id))
             return
         num_bytes = len(missing) * holder.engine.bytes_per_block
-        seconds = num_bytes / cluster.deployment.link_bytes_per_s
+        seconds = cluster.deployment.push_seconds(num_bytes)
         cluster.loop.after(seconds, lambda: pushed(num_bytes, seconds))
 
     def pushed(num_bytes: int, seconds: float) -> None:

@@ -165,7 +165,7 @@ class VirtualRequest:
         self._token(out.new_token_ids)  # the first answer: streamed before the push
         blocks = [out.block_ids[i] for i in self.reservation.missing_block_indices]
         num_bytes = len(blocks) * worker.engine.bytes_per_block
-        seconds = num_bytes / self.cluster.deployment.link_bytes_per_s
+        seconds = self.cluster.deployment.push_seconds(num_bytes)
         loop.after(seconds, lambda: self._pushed(worker, result, num_bytes, seconds))
 
     def _pushed(

@@ -93,6 +93,28 @@ def test_the_clock_moves_by_the_modelled_step_times(deployment):
     assert result.decode_utilisation == pytest.approx(1.0)
 
 
+def test_a_push_pays_its_fixed_cost_besides_its_bytes(deployment, planner_model_dir):
+    """A deployment's `push_fixed_s` (the RPCs a measured push took besides its bytes) delays
+    each handoff's second token by exactly that much on otherwise idle workers."""
+    fixed = Deployment(
+        str(planner_model_dir),
+        max_num_seqs=8,
+        max_num_batched_tokens=64,
+        num_kv_blocks=256,
+        push_fixed_s=0.05,
+    )
+
+    def second_token_wait(d: Deployment) -> float:
+        sample = probe_sample([PlanRequest(64, 2)], 1)
+        router = RouterConfig(disaggregate="always")
+        _, runs = run_probe(d, Split(1, 1), sample, 1.0, LOOSE, router, stop_when_certain=False)
+        first, second = runs[0].record.chunk_times[:2]
+        return second - first
+
+    assert fixed.push_seconds(0) == 0.05 and deployment.push_seconds(0) == 0.0
+    assert second_token_wait(fixed) - second_token_wait(deployment) == pytest.approx(0.05)
+
+
 def test_a_handoff_takes_the_kv_bytes_over_the_link(deployment):
     prompt_len = 64  # four full blocks of 16: all of them travel
     sample = probe_sample([PlanRequest(prompt_len, 2)], 1)

@@ -259,9 +259,7 @@ def _knowing_the_link(cluster) -> None:
     sample = 64 << 20
     for routing in cluster.routers:
         for _ in range(8):
-            routing.policy.cost.observe_transfer(
-                sample, sample / cluster.deployment.link_bytes_per_s
-            )
+            routing.policy.cost.observe_transfer(sample, cluster.deployment.push_seconds(sample))
 
 
 def _line(p: RatePoint) -> str:

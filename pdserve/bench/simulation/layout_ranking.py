@@ -7,15 +7,24 @@ workloads scaled down to a CPU (`CPU_WORKLOADS`). In one run:
 1. calibrate: each real layout serves the fidelity bench's mixed workload (requests never
    measured) while every step and KV push is recorded inside its workers; one `--sim-profile`
    is fitted on both layouts' steps (prefill-only, decode-only and the colocated workers'
-   mixed steps alike), with their spread, and the pushes a link rate;
+   mixed steps alike), with their spread, and the pushes a link rate and a fixed cost each
+   (its RPCs and the commit's round trip, paid by every simulated push as well);
 2. the simulation the suite runs (the planner's virtual cluster, `run_probe`, with that
    profile) offers each workload to both layouts at rising rates, `--duration` seconds of
    arrivals each (a steady state, not a burst a short run ends before its queue builds),
-   until both fall below the attainment: each layout's simulated goodput; the real rates are
-   each layout's goodput x `--rate-factors`, so both crossings are bracketed;
+   until both fall below the attainment: each layout's simulated goodput;
+   with `--workload-calibration`, each real layout then serves the workload itself (prompts
+   of their own) at those goodputs' geometric mean, recorded, and the profile is refitted on
+   the mix's steps and these: the mix runs small decode batches, so the cost of a decode
+   sequence, and what the decode worker's receiving of this workload's KV adds to its steps,
+   are measured where they matter; the sweep runs again on that profile;
+   the real rates are each layout's goodput x `--rate-factors`, so both crossings are
+   bracketed;
 3. the real system serves each workload at those rates on both layouts (the same requests and
    arrivals; layouts interleaved rate by rate, so drift in the machine's load hits both), and
-   the simulation the same requests at the same rates;
+   the simulation the same requests at the same rates; while a layout misses at the lowest
+   real rate, both serve half of it too (at most `--lower-rates` times): a goodput
+   interpolated from zero ranks nothing;
 4. per workload: each layout's goodput (DistServe's, over those rates; a request refused at
    capacity counts as a miss) real and simulated, and whether both put the same layout first.
    Goodputs within `--tie` of each other are a tie, which agrees with either order: on a
@@ -48,7 +57,11 @@ from pdserve.bench.simulation.fidelity_bench import (
     push_costs,
     send_requests,
 )
-from pdserve.bench.simulation.fidelity_calibration import install_recorders, take_samples
+from pdserve.bench.simulation.fidelity_calibration import (
+    Samples,
+    install_recorders,
+    take_samples,
+)
 from pdserve.workloads.datasets import DatasetConfig
 
 # The suite's workloads (disagg_suite/workloads.py) with prompts and answers a quarter as long:
@@ -108,6 +121,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--calibration-rates", default="0.5,1", help="req/s of the calibration mix")
     p.add_argument("--calibration-requests", type=int, default=30, help="requests per rate")
+    p.add_argument(
+        "--workload-calibration",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="refit the profile per workload on steps of both layouts serving it (prompts of "
+        "its own) at the simulated goodputs' geometric mean",
+    )
+    p.add_argument(
+        "--lower-rates",
+        type=int,
+        default=2,
+        help="halvings of the lowest real rate at most, while a layout misses there",
+    )
     add_mixed_arguments(
         p, long_fraction=0.2, long_input=1024, long_output=16, short_input=64, short_output=64
     )
@@ -160,9 +186,8 @@ def run(args: argparse.Namespace) -> int:
 def measure(args: argparse.Namespace, workloads: list[str], say: Any = print) -> dict:
     """Calibrates, sweeps the simulation, serves the real rates; returns {"profile",
     "link_gbps", "slo", "workloads": {name: {"rates", "real": {layout: {"goodput", "points"}},
-    "sim": {...}, "sim_sweep": {layout: goodput}, "rank_real", "rank_sim", "agree"}}}."""
-    from pdserve.bench.engine.step_recorder import write_profile
-
+    "sim": {...}, "sim_sweep": {layout: goodput}, "rank_real", "rank_sim", "agree", and with
+    --workload-calibration "calibration": {"rate", "profile", "profile_file", "sim_sweep"}}}}."""
     model_dir, model_config = load_model(args)
     calibration_rates = [float(r) for r in args.calibration_rates.split(",")]
     engine = {"max_num_batched_tokens": args.max_num_batched_tokens}
@@ -185,7 +210,7 @@ def measure(args: argparse.Namespace, workloads: list[str], say: Any = print) ->
                 systems[layout] = stack.enter_context(
                     ChildSystem(model_dir, engine, router, prefill, decode)
                 )
-        steps, gaps, transfers = [], [], []
+        mix = Samples([], [], [])
         for layout, system in systems.items():
             say(f"{layout}: calibrating")
             send_requests(
@@ -193,54 +218,20 @@ def measure(args: argparse.Namespace, workloads: list[str], say: Any = print) ->
             )
             system.call(install_recorders)
             for i, rate in enumerate(calibration_rates):
-                mix = mixed_requests(
+                requests = mixed_requests(
                     args, model_config, args.calibration_requests, args.seed + 600 + i
                 )
-                send_requests(system, mix, rate, args.seed)
-            taken = system.call(take_samples)
-            steps += taken.steps
-            gaps += taken.gaps
-            transfers += taken.transfers
-        say(write_profile(steps, profile, every_sample=True, gaps=gaps, device="cpu",
-                          model=str(model_dir)))  # fmt: skip
-        pushes = push_costs(transfers)
-        link_gbps = pushes["link_gbps"] or UNMEASURABLE_LINK_GBPS
+                mix = _joined(mix, _recorded(system, requests, rate, args.seed))
+        # The pushes of the light calibration load: what one costs besides the queues and
+        # the steps in progress it waits for, which the simulation has of its own.
+        pushes = push_costs(mix.transfers)
         say(f"KV pushes: {pushes}")
-        deployment = _deployment(model_dir, profile, link_gbps, args)
-        figures = {}
-        for i, name in enumerate(workloads):
-
-            def offered(rate: float, name=name, i=i) -> list:
-                """The workload's requests at `rate`, --duration seconds of arrivals: prompts of
-                their own at each rate (the same for both systems), so no run finds the one
-                before it in a worker's prefix cache (each simulated run starts cold)."""
-                n = max(args.min_requests, math.ceil(rate * args.duration))
-                seed = args.seed + 7919 * (i + 1) + round(rate * 1000)
-                return _workload_requests(name, model_config, n, seed)
-
-            sweep = {layout: _sim_sweep(deployment, layout, offered, args) for layout in LAYOUTS}
-            factors = [float(f) for f in args.rate_factors.split(",")]
-            rates = sorted({round(g * f, 4) for g in sweep.values() if g > 0 for f in factors})
-            if not rates:
-                raise SystemExit(f"{name}: no layout meets the SLOs even at {SWEEP_START} req/s")
-            say(f"{name}: simulated goodput {_fmt(sweep)}; real rates {rates}")
-            real = {layout: [] for layout in LAYOUTS}
-            for rate in rates:  # layouts interleaved: the machine's drift hits both alike
-                for layout, system in systems.items():
-                    point = _point(
-                        send_requests(system, offered(rate), rate, args.seed), rate, args
-                    )
-                    real[layout].append(point)
-                    say(f"  real {name} {layout} at {rate:g}/s: {_point_line(point)}")
-            sim = {
-                layout: [_point(_sim_records(deployment, layout, offered(rate), rate, args),
-                                rate, args) for rate in rates]
-                for layout in LAYOUTS
-            }  # fmt: skip
-            figures[name] = _judged({"sim_sweep": sweep, "rates": rates}, real, sim, args)
+        say(_fit_profile(mix, profile, model_dir))
+        run = _WorkloadRun(args, systems, (model_dir, model_config), mix, pushes, say)
+        figures = {name: run.measure(name, i, profile) for i, name in enumerate(workloads)}
     return {
         "profile": json.loads(Path(profile).read_text()),
-        "link_gbps": link_gbps,
+        "link_gbps": _link_gbps(pushes),
         "calibration_pushes": pushes,
         "slo": {
             "ttft_ms": args.slo_ttft_ms,
@@ -249,6 +240,120 @@ def measure(args: argparse.Namespace, workloads: list[str], say: Any = print) ->
         },
         "workloads": figures,
     }
+
+
+class _WorkloadRun:
+    """Steps 2-4 of one workload on the real systems (both up) and the simulation."""
+
+    def __init__(self, args, systems: dict, model: tuple, mix: Samples, pushes: dict, say) -> None:
+        self.args, self.systems, self.say = args, systems, say
+        (self.model_dir, self.model_config), self.mix, self.pushes = model, mix, pushes
+
+    def measure(self, name: str, index: int, profile: str) -> dict:
+        """The workload's figures (see `measure`); `profile` is the mix's fit."""
+        args, say = self.args, self.say
+        deployment = _deployment(self.model_dir, profile, self.pushes, args)
+
+        def offered(rate: float, salt: int = 0) -> list:
+            """The workload's requests at `rate`, --duration seconds of arrivals: prompts of
+            their own at each rate (the same for both systems), so no run finds the one before
+            it in a worker's prefix cache (each simulated run starts cold)."""
+            n = max(args.min_requests, math.ceil(rate * args.duration))
+            seed = args.seed + 7919 * (index + 1) + round(rate * 1000) + salt
+            return _workload_requests(name, self.model_config, n, seed)
+
+        sweep = {layout: _sim_sweep(deployment, layout, offered, args) for layout in LAYOUTS}
+        found: dict[str, Any] = {}
+        if args.workload_calibration:
+            rate = _calibration_rate(sweep)
+            say(f"{name}: simulated goodput {_fmt(sweep)}; recording both layouts at {rate:g}/s")
+            samples = self.mix
+            for system in self.systems.values():
+                requests = offered(rate, salt=CALIBRATION_SALT)
+                samples = _joined(samples, _recorded(system, requests, rate, args.seed))
+            path = str(Path(profile).with_suffix(f".{name}.json"))
+            say(_fit_profile(samples, path, self.model_dir))
+            deployment = _deployment(self.model_dir, path, self.pushes, args)
+            coefficients = json.loads(Path(path).read_text())
+            coefficients.pop("spread", None)  # hundreds of kB, in the profile file
+            found["calibration"] = {
+                "rate": rate,
+                "sim_sweep": sweep,
+                "profile": coefficients,
+                "profile_file": path,
+            }
+            sweep = {layout: _sim_sweep(deployment, layout, offered, args) for layout in LAYOUTS}
+        factors = [float(f) for f in args.rate_factors.split(",")]
+        rates = sorted({round(g * f, 4) for g in sweep.values() if g > 0 for f in factors})
+        if not rates:
+            raise SystemExit(f"{name}: no layout meets the SLOs even at {SWEEP_START} req/s")
+        say(f"{name}: simulated goodput {_fmt(sweep)}; real rates {rates}")
+        real: dict[str, list[dict]] = {layout: [] for layout in LAYOUTS}
+
+        def serve_real(rate: float) -> None:
+            """Both layouts at `rate`, interleaved: the machine's drift hits both alike."""
+            for layout, system in self.systems.items():
+                point = _point(send_requests(system, offered(rate), rate, args.seed), rate, args)
+                real[layout].append(point)
+                say(f"  real {name} {layout} at {rate:g}/s: {_point_line(point)}")
+
+        for rate in rates:
+            serve_real(rate)
+        for _ in range(args.lower_rates):
+            lowest = rates[0]
+            missed = [lay for lay in LAYOUTS if _at(real[lay], lowest) < args.attainment]
+            if not missed:
+                break
+            rates.insert(0, round(lowest / 2, 4))
+            say(f"  {', '.join(missed)} missed at {lowest:g}/s: both at {rates[0]:g}/s too")
+            serve_real(rates[0])
+        for points in real.values():
+            points.sort(key=lambda p: p["rate"])
+        sim = {
+            layout: [_point(_sim_records(deployment, layout, offered(rate), rate, args), rate, args)
+                     for rate in rates]
+            for layout in LAYOUTS
+        }  # fmt: skip
+        return _judged({**found, "sim_sweep": sweep, "rates": rates}, real, sim, args)
+
+
+# Added to a workload's seeds for its calibration run: prompts no measured run sends.
+CALIBRATION_SALT = 104729
+
+
+def _calibration_rate(sweep: dict[str, float]) -> float:
+    """The rate a workload is recorded at: the geometric mean of the layouts' simulated
+    goodputs (the middle of the rates measured, on a log scale), SWEEP_START if none holds."""
+    held = [g for g in sweep.values() if g > 0]
+    return round(math.prod(held) ** (1 / len(held)), 4) if held else SWEEP_START
+
+
+def _recorded(system: Any, requests: list, rate: float, seed: int) -> Samples:
+    """The steps and pushes of `system`'s workers while it serves `requests` at `rate` (what
+    they recorded before is dropped: the real runs between calibrations)."""
+    system.call(take_samples)
+    send_requests(system, requests, rate, seed)
+    return system.call(take_samples)
+
+
+def _joined(a: Samples, b: Samples) -> Samples:
+    return Samples(a.steps + b.steps, a.transfers + b.transfers, a.gaps + b.gaps)
+
+
+def _fit_profile(samples: Samples, path: str, model_dir: Path) -> str:
+    """Fits the profile on the steps of `samples`, writes it to `path`; its summary line."""
+    from pdserve.bench.engine.step_recorder import write_profile
+
+    return write_profile(samples.steps, path, every_sample=True, gaps=samples.gaps,
+                         device="cpu", model=str(model_dir))  # fmt: skip
+
+
+def _link_gbps(pushes: dict) -> float:
+    return pushes["link_gbps"] or UNMEASURABLE_LINK_GBPS
+
+
+def _at(points: list[dict], rate: float) -> float:
+    return next(p["attainment"] for p in points if p["rate"] == rate)
 
 
 def _workload_requests(name: str, model_config: dict, n: int, seed: int) -> list:
@@ -281,8 +386,9 @@ class _InProcess:
         return fn(self.app.app)
 
 
-def _deployment(model_dir: Path, profile: str, link_gbps: float, args: argparse.Namespace):
-    """The simulated workers: the real ones' engine settings and KV pool, the fitted profile."""
+def _deployment(model_dir: Path, profile: str, pushes: dict, args: argparse.Namespace):
+    """The simulated workers: the real ones' engine settings and KV pool, the fitted profile,
+    the link and fixed cost of the measured `pushes` (push_costs)."""
     from pdserve.core.model_limits import kv_pool_blocks
     from pdserve.engine_config import EngineConfig
     from pdserve.planner.deployment import Deployment
@@ -293,7 +399,8 @@ def _deployment(model_dir: Path, profile: str, link_gbps: float, args: argparse.
         str(model_dir),
         profile=profile,
         dtype=real.dtype,
-        link_gbps=link_gbps,
+        link_gbps=_link_gbps(pushes),
+        push_fixed_s=pushes["fixed_ms"] / 1e3,
         max_num_seqs=real.max_num_seqs,
         max_num_batched_tokens=real.max_num_batched_tokens,
         block_size=real.block_size,
