@@ -159,12 +159,16 @@ def test_a_figure_is_also_a_candidate_under_every_looser_slo_pair() -> None:
     tpot18 = replace(figure_at("split", 7.8, "3:1"), slo="tighter-tpot")
     loose = figure_at("split", 9.0, "3:1")
     figures = with_looser_slos([tpot18, loose])
-    # TPOT <= 18 ms is within 20 ms (at TTFT <= 1 s and <= 2 s) and the loose pair; not within
-    # TTFT <= 200 ms. The loose pair's TPOT <= 50 ms is within none of the others.
+    # TPOT <= 18 ms at TTFT <= 1 s is within 20 ms (at TTFT <= 1 s and <= 2 s), the loose pair
+    # and 18 ms at the looser TTFTs; not within TTFT <= 200 ms or <= 950 ms. The loose pair's
+    # TPOT <= 50 ms is within none of the others.
     assert sorted((f.slo, f.rate, f.source) for f in figures) == [
         ("loose", 7.8, "x.json (tighter-tpot)"), ("loose", 9.0, "x.json"),
         ("tight-tpot", 7.8, "x.json (tighter-tpot)"),
         ("tight-tpot-2s", 7.8, "x.json (tighter-tpot)"), ("tighter-tpot", 7.8, "x.json"),
+        ("tighter-tpot-1.2s", 7.8, "x.json (tighter-tpot)"),
+        ("tighter-tpot-1.5s", 7.8, "x.json (tighter-tpot)"),
+        ("tighter-tpot-2s", 7.8, "x.json (tighter-tpot)"),
     ]  # fmt: skip
     # A documented figure is kept as documented, not as another pair's copy.
     assert with_looser_slos([loose, replace(loose, slo="tight-tpot")])[0].source == "x.json"

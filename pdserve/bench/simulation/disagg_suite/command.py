@@ -58,7 +58,8 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--suite-workloads", default=",".join(WORKLOADS),
                    help="--suite: workloads (also: long-rag)")  # fmt: skip
     p.add_argument("--slos", default=",".join(SUITE_SLOS),
-                   help="--suite: loose, tight-tpot, tight-ttft (also: tighter-tpot, tight-tpot-2s)")  # fmt: skip
+                   help="--suite: loose, tight-tpot, tight-ttft (also: tighter-tpot, "
+                   "tight-tpot-2s, tighter-tpot-0.95s/1.2s/1.5s/2s)")  # fmt: skip
     p.add_argument("--families", default=",".join(FAMILIES), help="--suite: layout families")
     p.add_argument(
         "--splits",
