@@ -1,7 +1,8 @@
 """A peer pull in the simulated cluster (--peer-pull), as router/peer_pull.py and the decode
 workers run it (docs/design.md, "Peer pull"): Y reserves the prompt for the pull
 (`reserve(pull=True)`), X pins its cached prefix, the blocks Y lacks cross the deployment's
-link (bytes / link bandwidth, as a prefill handoff's push does), then Y commits them as a prefix
+link (`Deployment.push_seconds`: bytes / link bandwidth plus a push's fixed cost, as a
+prefill handoff's push takes), then Y commits them as a prefix
 and prefills the rest while X unpins. X records the push as a transfer, so the router's cost
 model learns the link from pulls as it does from handoffs. When Y has no room for the pull, Y
 prefills as usual; when it already holds the prefix, or X no longer holds it whole, Y falls

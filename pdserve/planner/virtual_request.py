@@ -1,7 +1,7 @@
 """VirtualRequest: one request's life in the simulated cluster, as router/request_flow.py runs
 it: the router's `Routing.choose` picks the route; a local prefill is `add_request` on the
 decode worker (with --peer-pull, after pulling a peer's prefix: virtual_pull.py); a
-disaggregated one is `reserve` on the decode worker, a prefill-only run on the prefill worker, the push of the blocks the decode worker lacks (bytes / link bandwidth), then
+disaggregated one is `reserve` on the decode worker, a prefill-only run on the prefill worker, the push of the blocks the decode worker lacks (`Deployment.push_seconds`), then
 `commit` on the decode worker and, once committed, `release` on the prefill worker (each of
 these calls waits for its worker's step in progress). As prefill_service/worker.py answers the
 router twice, the first token reaches the client when the prefill step sampled it; the second
