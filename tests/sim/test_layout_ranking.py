@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pdserve.bench.simulation import layout_ranking
+from pdserve.bench.simulation import layout_ranking, layout_ranking_sim
 from pdserve.bench.simulation.layout_ranking import LAYOUTS, Ranking, agree, rank
 from pdserve.models.builtin import builtin_model_dir
 
@@ -53,9 +53,9 @@ def test_the_simulation_puts_two_prefilling_workers_first_where_prefill_binds(tm
     requests = layout_ranking._workload_requests("rag", model_config, 40, seed=0)
     assert all(512 <= r.prompt_len <= 1536 and r.output_len == 25 for r in requests)
     pushes = {"link_gbps": 10.0, "fixed_ms": 5.0}
-    deployment = layout_ranking._deployment(model_dir, str(profile), pushes, args)
+    deployment = layout_ranking_sim.sim_deployment(model_dir, str(profile), pushes, args)
     goodput = {
-        layout: layout_ranking._sim_sweep(deployment, layout, lambda rate: requests, args)
+        layout: layout_ranking_sim.sim_sweep(deployment, layout, lambda rate: requests, args)
         for layout in LAYOUTS
     }
     assert goodput["1P:1D"] > 0 and goodput["colocated 2"] > 1.5 * goodput["1P:1D"], goodput

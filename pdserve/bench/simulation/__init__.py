@@ -15,6 +15,9 @@
 - `layout_ranking.py` — `bench layout-ranking`: 1P+1D against 2 colocated workers on suite
   workloads scaled to a CPU, real and simulated with a profile fitted in the same run: do both
   rank the layouts alike?
+- `layout_ranking_sim.py` — its simulated side: the layouts on the virtual cluster, a
+  simulated goodput sweep.
+- `layout_ranking_report.py` — its table.
 - `worker_fidelity.py` — `bench fidelity-worker`: one real worker's engine (CPU or GPU) vs a
   sim worker with the profile fitted on it, without Ray (runs where only torch is installed).
 - `worker_serving.py` — one worker's engine served in-process behind `EngineLoop` (the

@@ -52,15 +52,21 @@ from pdserve.bench.common.local_system import (
     start_ray,
 )
 from pdserve.bench.simulation.child_system import ChildSystem
-from pdserve.bench.simulation.fidelity_bench import (
-    UNMEASURABLE_LINK_GBPS,
-    push_costs,
-    send_requests,
-)
+from pdserve.bench.simulation.fidelity_bench import push_costs, send_requests
 from pdserve.bench.simulation.fidelity_calibration import (
     Samples,
     install_recorders,
     take_samples,
+)
+from pdserve.bench.simulation.layout_ranking_report import ranking_table
+from pdserve.bench.simulation.layout_ranking_sim import (
+    LAYOUTS,
+    SWEEP_START,
+    link_gbps,
+    rate_point,
+    sim_deployment,
+    sim_records,
+    sim_sweep,
 )
 from pdserve.workloads.datasets import DatasetConfig
 
@@ -87,14 +93,9 @@ CPU_WORKLOADS = {
         rag_output_len=25,
     ),
 }
-# name: (prefill workers, decode workers, the router's --disaggregate)
-LAYOUTS = {"1P:1D": (1, 1, "always"), "colocated 2": (0, 2, "never")}
 # A worker slowed by other processes on a shared CPU is not failed over: this bench measures
 # latencies, and a retry would count twice in them.
 PROGRESS_TIMEOUT_S = 120.0
-# The simulated sweep that places each layout's goodput: rates from SWEEP_START req/s up by
-# SWEEP_STEP until both layouts miss, at most SWEEP_MAX_RATES of them.
-SWEEP_START, SWEEP_STEP, SWEEP_MAX_RATES = 0.05, 1.15, 60
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -231,7 +232,7 @@ def measure(args: argparse.Namespace, workloads: list[str], say: Any = print) ->
         figures = {name: run.measure(name, i, profile) for i, name in enumerate(workloads)}
     return {
         "profile": json.loads(Path(profile).read_text()),
-        "link_gbps": _link_gbps(pushes),
+        "link_gbps": link_gbps(pushes),
         "calibration_pushes": pushes,
         "slo": {
             "ttft_ms": args.slo_ttft_ms,
@@ -252,7 +253,7 @@ class _WorkloadRun:
     def measure(self, name: str, index: int, profile: str) -> dict:
         """The workload's figures (see `measure`); `profile` is the mix's fit."""
         args, say = self.args, self.say
-        deployment = _deployment(self.model_dir, profile, self.pushes, args)
+        deployment = sim_deployment(self.model_dir, profile, self.pushes, args)
 
         def offered(rate: float, salt: int = 0) -> list:
             """The workload's requests at `rate`, --duration seconds of arrivals: prompts of
@@ -262,7 +263,7 @@ class _WorkloadRun:
             seed = args.seed + 7919 * (index + 1) + round(rate * 1000) + salt
             return _workload_requests(name, self.model_config, n, seed)
 
-        sweep = {layout: _sim_sweep(deployment, layout, offered, args) for layout in LAYOUTS}
+        sweep = {layout: sim_sweep(deployment, layout, offered, args) for layout in LAYOUTS}
         found: dict[str, Any] = {}
         if args.workload_calibration:
             rate = _calibration_rate(sweep)
@@ -273,7 +274,7 @@ class _WorkloadRun:
                 samples = _joined(samples, _recorded(system, requests, rate, args.seed))
             path = str(Path(profile).with_suffix(f".{name}.json"))
             say(_fit_profile(samples, path, self.model_dir))
-            deployment = _deployment(self.model_dir, path, self.pushes, args)
+            deployment = sim_deployment(self.model_dir, path, self.pushes, args)
             coefficients = json.loads(Path(path).read_text())
             coefficients.pop("spread", None)  # hundreds of kB, in the profile file
             found["calibration"] = {
@@ -282,7 +283,7 @@ class _WorkloadRun:
                 "profile": coefficients,
                 "profile_file": path,
             }
-            sweep = {layout: _sim_sweep(deployment, layout, offered, args) for layout in LAYOUTS}
+            sweep = {layout: sim_sweep(deployment, layout, offered, args) for layout in LAYOUTS}
         factors = [float(f) for f in args.rate_factors.split(",")]
         rates = sorted({round(g * f, 4) for g in sweep.values() if g > 0 for f in factors})
         if not rates:
@@ -293,7 +294,9 @@ class _WorkloadRun:
         def serve_real(rate: float) -> None:
             """Both layouts at `rate`, interleaved: the machine's drift hits both alike."""
             for layout, system in self.systems.items():
-                point = _point(send_requests(system, offered(rate), rate, args.seed), rate, args)
+                point = rate_point(
+                    send_requests(system, offered(rate), rate, args.seed), rate, args
+                )
                 real[layout].append(point)
                 say(f"  real {name} {layout} at {rate:g}/s: {_point_line(point)}")
 
@@ -310,7 +313,7 @@ class _WorkloadRun:
         for points in real.values():
             points.sort(key=lambda p: p["rate"])
         sim = {
-            layout: [_point(_sim_records(deployment, layout, offered(rate), rate, args), rate, args)
+            layout: [rate_point(sim_records(deployment, layout, offered(rate), rate, args), rate, args)
                      for rate in rates]
             for layout in LAYOUTS
         }  # fmt: skip
@@ -348,10 +351,6 @@ def _fit_profile(samples: Samples, path: str, model_dir: Path) -> str:
                          device="cpu", model=str(model_dir))  # fmt: skip
 
 
-def _link_gbps(pushes: dict) -> float:
-    return pushes["link_gbps"] or UNMEASURABLE_LINK_GBPS
-
-
 def _at(points: list[dict], rate: float) -> float:
     return next(p["attainment"] for p in points if p["rate"] == rate)
 
@@ -384,81 +383,6 @@ class _InProcess:
 
     def call(self, fn: Any) -> Any:
         return fn(self.app.app)
-
-
-def _deployment(model_dir: Path, profile: str, pushes: dict, args: argparse.Namespace):
-    """The simulated workers: the real ones' engine settings and KV pool, the fitted profile,
-    the link and fixed cost of the measured `pushes` (push_costs)."""
-    from pdserve.core.model_limits import kv_pool_blocks
-    from pdserve.engine_config import EngineConfig
-    from pdserve.planner.deployment import Deployment
-    from pdserve.sim.executor import read_model_config
-
-    real = EngineConfig(model=str(model_dir), max_num_batched_tokens=args.max_num_batched_tokens)
-    return Deployment(
-        str(model_dir),
-        profile=profile,
-        dtype=real.dtype,
-        link_gbps=_link_gbps(pushes),
-        push_fixed_s=pushes["fixed_ms"] / 1e3,
-        max_num_seqs=real.max_num_seqs,
-        max_num_batched_tokens=real.max_num_batched_tokens,
-        block_size=real.block_size,
-        num_kv_blocks=kv_pool_blocks(read_model_config(model_dir), real),
-    )
-
-
-def _sim_records(deployment: Any, layout: str, requests: list, rate: float, args) -> list:
-    """The records of `requests` offered to the simulated `layout` at `rate`, arriving as the
-    load generator releases them (its arrival schedule for this rate and seed)."""
-    from pdserve.bench.common.load_generator import arrival_times
-    from pdserve.config import RouterConfig
-    from pdserve.planner.probe import SLO, Split, run_probe
-    from pdserve.planner.workload import ProbeRequest
-
-    prefill, decode, disaggregate = LAYOUTS[layout]
-    at = arrival_times(len(requests), rate, seed=args.seed)
-    # A probe's arrivals are in units of the mean gap: at `rate`, t seconds is t * rate.
-    probes = [
-        ProbeRequest(k, list(r.prompt), r.output_len, t * rate)
-        for k, (r, t) in enumerate(zip(requests, at, strict=True))
-    ]
-    router = RouterConfig(
-        disaggregate=disaggregate, ttft_slo_ms=args.slo_ttft_ms, tpot_slo_ms=args.slo_tpot_ms
-    )
-    slo = SLO(args.slo_ttft_ms, args.slo_tpot_ms, args.attainment)
-    split = Split(prefill, decode)
-    _, runs = run_probe(deployment, split, probes, rate, slo, router, stop_when_certain=False)
-    return [r.record for r in runs]
-
-
-def _sim_sweep(deployment: Any, layout: str, offered: Any, args) -> float:
-    """The simulated goodput of `layout` over rising rates, `offered(rate)` the requests at
-    each (stops two rates past the first miss)."""
-    from pdserve.workloads.metrics import goodput_rate
-
-    attained, rate, misses = {}, SWEEP_START, 0
-    for _ in range(SWEEP_MAX_RATES):
-        point = _point(_sim_records(deployment, layout, offered(rate), rate, args), rate, args)
-        attained[rate] = point["attainment"]
-        misses += point["attainment"] < args.attainment
-        if misses >= 2:
-            break
-        rate = round(rate * SWEEP_STEP, 4)
-    return goodput_rate(attained, args.attainment)
-
-
-def _point(records: list, rate: float, args) -> dict:
-    from pdserve.workloads.metrics import run_duration, summarize
-
-    summary = summarize(records, run_duration(records), args.slo_ttft_ms, args.slo_tpot_ms)
-    return {
-        "rate": rate,
-        "attainment": summary.good_requests / summary.num_requests,  # failed ones: misses
-        "failed": summary.failed,
-        "ttft_p90_ms": summary.ttft.p90,
-        "tpot_p90_ms": summary.tpot.p90,
-    }
 
 
 def _judged(found: dict, real: dict, sim: dict, args) -> dict:
@@ -495,41 +419,3 @@ def _point_line(point: dict) -> str:
         f"attainment {point['attainment']:.0%}, TTFT p90 {point['ttft_p90_ms']:.0f} ms, "
         f"TPOT p90 {point['tpot_p90_ms']:.1f} ms, failed {point['failed']}"
     )
-
-
-def ranking_table(result: dict) -> Any:
-    from rich.table import Table
-
-    slo = result["slo"]
-    table = Table(
-        title="1P:1D vs 2 colocated: goodput req/s, real (CPU) and simulated (profile fitted "
-        f"here); TTFT <= {slo['ttft_ms']:g} ms, TPOT <= {slo['tpot_ms']:g} ms, "
-        f"{slo['attainment']:.0%} attainment"
-    )
-    names = " / ".join(LAYOUTS)
-    for column in ("workload", "rates", f"real {names}", f"sim {names}", "first real", "first sim",
-                   "agree"):  # fmt: skip
-        table.add_column(column, justify="right")
-    for name, w in result["workloads"].items():
-        table.add_row(
-            name,
-            ", ".join(f"{r:.3g}" for r in w["rates"]),
-            *(
-                " / ".join(_goodput(w[system][layout]) for layout in LAYOUTS)
-                for system in ("real", "sim")
-            ),
-            _first(w["rank_real"]),
-            _first(w["rank_sim"]),
-            "yes" if w["agree"] else "NO",
-        )
-    return table
-
-
-def _goodput(curve: dict) -> str:
-    """'>=' where no rate measured fell below the attainment (a lower bound)."""
-    held = all(p["attainment"] >= curve["attainment_target"] for p in curve["points"])
-    return f"{'>=' if held else ''}{curve['goodput']:.3g}"
-
-
-def _first(ranking: dict) -> str:
-    return f"{ranking['first'] or 'tie'} {ranking['ratio']:.2f}x"
