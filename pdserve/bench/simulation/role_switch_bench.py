@@ -50,10 +50,12 @@ from router.role_hysteresis import RoleHysteresis, split_name
 KINDS = ("chat", "code", "rag", "agentic")  # the phases, in the trace's order
 STEP = 1.25  # the bisection's walk: x1.25 up while passing, /1.25 down while failing
 QUICK = {"requests": 800, "plan_requests_per_worker": 30, "precision": 0.2}
+ONE_TP_MODELS = sorted(name for name, setup in MODELS.items() if setup.prefill_tp is None)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="70b", choices=sorted(MODELS), help="suite model setup")
+    p.add_argument("--model", default="70b", choices=ONE_TP_MODELS,
+                   help="suite model setup (one TP: a worker keeps its GPUs as it switches)")  # fmt: skip
     p.add_argument("--slo", default="tight-tpot", choices=sorted(SLOS), help="suite SLO pair")
     p.add_argument("--requests", type=int, default=2000, help="requests in the trace")
     p.add_argument("--chunk", type=int, default=512, help="max_num_batched_tokens")

@@ -9,11 +9,14 @@ import pytest
 
 from pdserve.bench.simulation.disagg_suite.command import _split_names
 from pdserve.bench.simulation.disagg_suite.suite import (
+    MODELS,
     Cell,
     FamilyBest,
     Setting,
     SuiteOptions,
+    family_splits,
     run_cell,
+    search_deployments,
 )
 from pdserve.bench.simulation.disagg_suite.targets import targets
 from pdserve.bench.simulation.disagg_suite.workloads import WORKLOADS, suite_sample
@@ -92,7 +95,7 @@ def test_splits_narrow_the_search_and_bad_ones_are_named() -> None:
     cell = run_cell("70b", "code", "loose", options)
     assert len(cell.families["colocated"].searched) == 1  # colocated is never narrowed
     assert list(cell.families["split"].searched) == ["3P:1D (TP 4:4) chunk 2048 batch 64"]
-    with pytest.raises(ValueError, match="--splits: 1:7 is not a split of 70b's 4 workers"):
+    with pytest.raises(ValueError, match=r"--splits: 1:7 is not a split of 70b \(1:3, 2:2, 3:1\)"):
         _split_names("1:7", ["70b"])
     with pytest.raises(ValueError, match="--splits: 'x' is not P:D"):
         _split_names("x", ["8b"])
@@ -112,3 +115,23 @@ def test_auto_also_searches_every_worker_hybrid_and_says_how_much_it_disaggregat
     assert cell.families["split"].remote_share == 1.0  # `always`: every prompt on P
     assert 0.0 <= cell.families["auto"].remote_share <= 1.0
     assert _split_names("hybrid,1:7", ["8b"]) == ("hybrid", "1:7")
+
+
+def test_a_setup_may_run_its_prefill_pool_at_another_tp() -> None:
+    """`--models 70b-p4d8`: 16 GPUs as two prefill workers at TP 4 and one decode worker at TP
+    8; colocated and hybrid workers at the decode TP."""
+    setup = MODELS["70b-p4d8"]
+    assert [s.name for s in family_splits(setup, "auto")] == ["2P:1D (TP 4:8)", "hybrid 2 (TP 8)"]
+    assert [s.name for s in family_splits(setup, "colocated")] == ["colocated 2 (TP 8)"]
+    [split] = family_splits(setup, "split")
+    deployment, pools = search_deployments(setup, Setting(2048, 64))
+    assert deployment.tp == 8 and pools is not None
+    assert (pools(split).prefill_pool.tp, pools(split).tp) == (4, 8)
+    assert search_deployments(MODELS["70b"], Setting(2048, 64))[1] is None
+    options = SuiteOptions((Setting(2048, 64),), requests_per_worker=30, precision=0.2,
+                           families=("split",), steady_probes=False)  # fmt: skip
+    cell = run_cell("70b-p4d8", "code", "loose", options)
+    assert cell.families["split"].split == "2P:1D (TP 4:8)" and cell.goodput("split") > 0
+    assert _split_names("2:1", ["70b-p4d8"]) == ("2:1",)
+    with pytest.raises(ValueError, match=r"not a split of 70b-p4d8 \(2:1\)"):
+        _split_names("1:1", ["70b-p4d8"])

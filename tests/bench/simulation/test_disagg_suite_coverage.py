@@ -54,6 +54,15 @@ def test_a_cell_in_several_files_is_the_latest_sessions_whatever_the_files_times
     assert cell["families"]["colocated"]["goodput"] == 40
 
 
+def test_a_what_if_on_a_costlier_push_is_not_a_suite_figure(tmp_path: Path) -> None:
+    _write_json(tmp_path / "70b-chat.json", [_cell("70b", "chat", "loose", colocated=40)])
+    costly = _cell("70b", "chat", "loose", colocated=10)
+    costly.push_fixed_ms = 5.0  # --push-fixed-ms 5, written later
+    _write_json(tmp_path / "70b-chat-session99.json", [costly])
+    [cell] = coverage_cells(tmp_path)
+    assert cell["families"]["colocated"]["goodput"] == 40
+
+
 def test_a_figure_names_its_batch_limit_where_it_is_not_the_usual_256() -> None:
     assert figure_text(35.12, "7P:1D", 512, 128) == "35.1 (7P:1D, chunk 512 batch 128)"
     assert figure_text(1150.07, "", 1024, 256) == "1150 (chunk 1024)"

@@ -78,3 +78,27 @@ def test_only_auto_has_the_hybrid_layout() -> None:
     assert family_layout("70b", "auto", "hybrid").name == "hybrid 4 (TP 4)"
     with pytest.raises(ValueError, match="threshold has no layout 'hybrid'"):
         family_layout("70b", "threshold", "hybrid")
+
+
+def test_a_push_fixed_cost_reaches_the_split_and_not_colocated() -> None:
+    """`--push-fixed-ms`: every push of the simulated cluster also pays it. The first token is
+    streamed before the push, so it lands in the split's TPOT (the second token waits for the
+    commit), and colocated, which pushes nothing, does not move."""
+    setting = Setting(512, 64)
+    at = {}
+    for push_ms in (0.0, 40.0):
+        options = SuiteOptions((setting,), requests_per_worker=30, steady_probes=False,
+                               push_fixed_ms=push_ms)  # fmt: skip
+        for p in paired_attainment("70b", "code", "loose", ["colocated", "split"], "1:3",
+                                   setting, [2.0], options):  # fmt: skip
+            at[p.family, push_ms] = p
+    assert at["colocated", 40.0].tpot_p90_ms == at["colocated", 0.0].tpot_p90_ms
+    assert at["split", 40.0].tpot_p90_ms > at["split", 0.0].tpot_p90_ms + 0.5
+    assert at["split", 40.0].ttft_mean_ms == pytest.approx(at["split", 0.0].ttft_mean_ms, rel=0.05)
+
+
+def test_push_fixed_ms_is_refused_where_figures_were_measured_without_it(capsys) -> None:
+    args = bench_args(sim_disagg_bench, models="70b", suite_workloads="code", slos="loose",
+                      screen="docs/benchmarks/sim-disagg-suite", push_fixed_ms=2.0)  # fmt: skip
+    assert run_suite(args) == 2
+    assert "--push-fixed-ms: not with --screen" in capsys.readouterr().out

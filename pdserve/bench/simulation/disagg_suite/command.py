@@ -35,12 +35,15 @@ from pdserve.bench.simulation.disagg_suite.suite import (
     MODELS,
     REQUESTS_PER_WORKER,
     SLOS,
+    SUITE_MODELS,
     SUITE_SLOS,
     Cell,
     FamilyBest,
     Setting,
     SuiteOptions,
+    family_splits,
     run_cell,
+    split_key,
 )
 from pdserve.bench.simulation.disagg_suite.targets import targets
 from pdserve.bench.simulation.disagg_suite.workloads import NAMED_WORKLOADS, WORKLOADS
@@ -54,12 +57,14 @@ QUICK = {"models": "8b", "suite_workloads": "code,rag", "slos": "loose", "chunks
 def add_suite_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--suite", action="store_true", help="the workload suite, offline (see docs)")
     p.add_argument("--quick", action="store_true", help="--suite: a small subset")
-    p.add_argument("--models", default="8b,70b", help="--suite: 8b (8 H100, TP 1), 70b (16, TP 4)")
+    p.add_argument("--models", default=",".join(SUITE_MODELS),
+                   help="--suite: 8b (8 H100, TP 1), 70b (16, TP 4) (also: 70b-tp8, and per "
+                   "pool 70b-p4d8: prefill TP 4, decode and colocated TP 8; 70b-p8d4)")  # fmt: skip
     p.add_argument("--suite-workloads", default=",".join(WORKLOADS),
                    help="--suite: workloads (also: long-rag)")  # fmt: skip
     p.add_argument("--slos", default=",".join(SUITE_SLOS),
                    help="--suite: loose, tight-tpot, tight-ttft (also: tighter-tpot, "
-                   "tight-tpot-2s, tighter-tpot-0.95s/1.2s/1.5s/2s)")  # fmt: skip
+                   "tight-tpot-2s, tighter-tpot-0.95s/1.2s/1.5s/2s, tpot-17ms, tpot-16.5ms)")  # fmt: skip
     p.add_argument("--families", default=",".join(FAMILIES), help="--suite: layout families")
     p.add_argument(
         "--splits",
@@ -72,6 +77,9 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
                    help="--suite: probe size")  # fmt: skip
     p.add_argument("--precision", type=float, default=0.1, help="--suite: goodput bracket")
     p.add_argument("--jobs", type=int, default=1, help="--suite: processes per search")
+    p.add_argument("--push-fixed-ms", type=float, default=0.0,
+                   help="--suite: what a KV push costs besides its bytes over the link "
+                   "(0: the analytical profiles' default)")  # fmt: skip
     p.add_argument(
         "--at-rates",
         default="",
@@ -146,9 +154,10 @@ def _split_names(value: str, models: list[str]) -> tuple[str, ...]:
         if not (p.isdigit() and d.isdigit() and int(p) > 0 and int(d) > 0):
             raise ValueError(f"--splits: {name!r} is not P:D (e.g. 1:7)")
         for model in models:
-            if int(p) + int(d) != MODELS[model].workers:
-                raise ValueError(f"--splits: {name} is not a split of {model}'s "
-                                 f"{MODELS[model].workers} workers")  # fmt: skip
+            known = [split_key(s) for s in family_splits(MODELS[model], "split")]
+            if name not in known:
+                raise ValueError(f"--splits: {name} is not a split of {model} "
+                                 f"({', '.join(known)})")  # fmt: skip
     return names
 
 
@@ -176,13 +185,19 @@ def run_suite(args: argparse.Namespace) -> int:
             for b in args.batch_limits.split(",")
         )
         splits = _split_names(args.splits, selection.models)
+        if args.push_fixed_ms < 0:
+            raise ValueError(f"--push-fixed-ms: {args.push_fixed_ms:g} is negative")
+        if args.push_fixed_ms and (args.screen or args.plot_confirmed):
+            # their figures were measured with free pushes: re-probing them at another cost
+            # would judge one run's figures on another's cluster
+            raise ValueError("--push-fixed-ms: not with --screen or --plot-confirmed")
     except ValueError as e:
         print(f"sim-disagg --suite: {e}")
         return 2
     options = SuiteOptions(
         settings, args.requests_per_worker, args.precision, tuple(selection.families), args.jobs,
         args.seed,
-        splits=splits,
+        splits=splits, push_fixed_ms=args.push_fixed_ms,
     )  # fmt: skip
     if args.at_rates:
         return _run_paired(args, selection, splits, options)

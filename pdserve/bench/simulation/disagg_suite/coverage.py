@@ -32,6 +32,8 @@ def coverage_cells(folder: Path) -> list[dict]:
     by_key = {}
     for path in sorted(folder.glob("*.json"), key=_written_order):
         for cell in json.loads(path.read_text(encoding="utf-8")):
+            if cell.get("push_fixed_ms"):
+                continue  # a what-if on a costlier link (--push-fixed-ms), not the suite's cluster
             by_key[cell["model"], cell["workload"], cell["slo"]] = cell
     order = {name: i for i, name in enumerate([*MODELS, *NAMED_WORKLOADS, *SLOS])}
     return [by_key[k] for k in sorted(by_key, key=lambda k: [order[n] for n in k])]

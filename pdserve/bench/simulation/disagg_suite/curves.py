@@ -23,9 +23,9 @@ from pdserve.bench.simulation.disagg_suite.suite import (
     Cell,
     SuiteOptions,
     cell_sample,
-    deployment_of,
     family_router,
     family_splits,
+    search_deployments,
 )
 from pdserve.planner.probe import SLO, run_probe
 from pdserve.planner.search import steady_requests_per_worker
@@ -61,7 +61,8 @@ def cell_curves(cell: Cell, options: SuiteOptions, known: tuple[float, ...] = ()
         split = next(s for s in family_splits(setup, family) if s.name == best.split)
         k = replica_count(split, MIN_REPLICA_WORKERS)
         replica = split.replica(k)
-        deployment = deployment_of(setup.model, setup.tp, best.setting)
+        deployment, pools = search_deployments(setup, best.setting, options.push_fixed_ms)
+        deployment = pools(split) if pools else deployment  # the split's pools at their TPs
         per_worker = options.requests_per_worker
         if options.steady_probes:
             per_worker = max(per_worker, steady_requests_per_worker(deployment))

@@ -21,9 +21,9 @@ from pdserve.bench.simulation.disagg_suite.suite import (
     Setting,
     SuiteOptions,
     cell_sample,
-    deployment_of,
     family_router,
     family_splits,
+    search_deployments,
 )
 from pdserve.planner.probe import SLO, Split
 from pdserve.planner.search import Search
@@ -74,13 +74,14 @@ def paired_attainment(
     """Every family at every rate, in that order, each on the cell's sample (`to_end` False:
     each probe stops once its verdict is certain)."""
     setup = MODELS[model]
-    deployment = deployment_of(setup.model, setup.tp, setting)
+    deployment, pools = search_deployments(setup, setting, options.push_fixed_ms)
     sample = cell_sample(model, workload, options)
     slo = SLO(*SLOS[slo_name])
     layouts = {f: family_layout(model, f, split) for f in families}
     searches = {
         f: Search(deployment, sample, slo, family_router(f, slo_name, len(sample)),
-                  requests_per_worker=options.requests_per_worker, index_lag_s=INDEX_LAG_S)
+                  requests_per_worker=options.requests_per_worker, deployment_for=pools,
+                  index_lag_s=INDEX_LAG_S)
         for f in families
     }  # fmt: skip
     probes = []

@@ -19,7 +19,7 @@ from functools import cache
 from pdserve.bench.simulation.disagg_suite.workloads import suite_sample
 from pdserve.config import RouterConfig
 from pdserve.planner.ceiling import compute_ceiling
-from pdserve.planner.deployment import Deployment
+from pdserve.planner.deployment import Deployment, PoolDeployments
 from pdserve.planner.probe import SLO, Split
 from pdserve.planner.search import (
     MIN_REPLICA_WORKERS,
@@ -27,24 +27,39 @@ from pdserve.planner.search import (
     SplitResult,
     sampled_requests_per_worker,
 )
-from pdserve.planner.splits import all_splits, replica_count, simulated_workers
+from pdserve.planner.splits import replica_count, simulated_workers, tp_splits
 
 
 @dataclass(frozen=True)
 class ModelSetup:
     model: str  # a published shape (pdserve/sim/shapes.py)
     gpus: int
-    tp: int
+    tp: int  # of the decode, colocated and hybrid workers
+    prefill_tp: int | None = None  # of the prefill workers of a split (None: tp)
 
     @property
     def workers(self) -> int:
+        """Colocated (or hybrid) workers on all the GPUs."""
         return self.gpus // self.tp
+
+    @property
+    def pool_tps(self) -> tuple[int, int]:
+        return (self.prefill_tp or self.tp, self.tp)
 
 
 MODELS = {
     "8b": ModelSetup("llama-3.1-8b", gpus=8, tp=1),
     "70b": ModelSetup("llama-3.1-70b", gpus=16, tp=4),
+    # Run by name only (`--models 70b-tp8,70b-p4d8`): the same GPUs with each pool at the TP
+    # that suits its phase, as DistServe places them. At TP 8 a decode step of 70B takes
+    # 9.4 ms against TP 4's 15.5 (8k-token context), so under a tight TPOT colocated TP 8
+    # workers keep room for prefill chunks that TP 4 ones do not; a split can give its prefill
+    # workers TP 4 (more of them, less all-reduce per token) and its decode worker TP 8.
+    "70b-tp8": ModelSetup("llama-3.1-70b", gpus=16, tp=8),
+    "70b-p4d8": ModelSetup("llama-3.1-70b", gpus=16, tp=8, prefill_tp=4),
+    "70b-p8d4": ModelSetup("llama-3.1-70b", gpus=16, tp=4, prefill_tp=8),
 }
+SUITE_MODELS = ("8b", "70b")
 # name -> (TTFT ms, TPOT ms): the suite's three pairs, then pairs run by name only
 # (`--slos tighter-tpot`): TPOT <= 18 ms, just above the 3P:1D split's decode steps on 70B
 # TP 4 at its goodput (18.0 ms p90 at 20 ms); at 15 ms no layout serves rag. And
@@ -55,7 +70,8 @@ MODELS = {
 SLOS = {"loose": (1000.0, 50.0), "tight-tpot": (1000.0, 20.0), "tight-ttft": (200.0, 50.0),
         "tighter-tpot": (1000.0, 18.0), "tight-tpot-2s": (2000.0, 20.0),
         "tighter-tpot-0.95s": (950.0, 18.0), "tighter-tpot-1.2s": (1200.0, 18.0),
-        "tighter-tpot-1.5s": (1500.0, 18.0), "tighter-tpot-2s": (2000.0, 18.0)}  # fmt: skip
+        "tighter-tpot-1.5s": (1500.0, 18.0), "tighter-tpot-2s": (2000.0, 18.0),
+        "tpot-17ms": (1000.0, 17.0), "tpot-16.5ms": (1000.0, 16.5)}  # fmt: skip
 SUITE_SLOS = ("loose", "tight-tpot", "tight-ttft")
 # family -> --disaggregate. The rules at their projects' shipped settings: llm-d's threshold
 # of 16 uncached tokens, Dynamo's max local prefill length 1000 and prefill queue size 2.
@@ -104,6 +120,7 @@ class Cell:
     # goodput above it came from probes too short to build the load (a burst), not a rate the
     # GPUs sustain. None: the profile has no FLOPs.
     ceiling: float | None = None
+    push_fixed_ms: float = 0.0  # SuiteOptions.push_fixed_ms of the run
 
     def goodput(self, family: str) -> float:
         best = self.families.get(family)
@@ -135,23 +152,40 @@ class SuiteOptions:
     steady_probes: bool = True
     # The P:D splits searched ("1:7"), every one when empty; colocated is always searched.
     splits: tuple[str, ...] = ()
+    # What a KV push costs besides its bytes over the link (its RPCs, the commit's round trip;
+    # Deployment.push_fixed_s). 0 on the analytical profiles: no GPU push has been measured, so
+    # `--push-fixed-ms` asks what the figures are worth if it is not free.
+    push_fixed_ms: float = 0.0
 
 
 @cache
-def deployment_of(model: str, tp: int, setting: Setting) -> Deployment:
+def deployment_of(model: str, tp: int, setting: Setting, push_fixed_ms: float = 0.0) -> Deployment:
     return Deployment(
         model, gpu="h100", tp=tp, max_num_seqs=setting.batch,
-        max_num_batched_tokens=setting.chunk,
+        max_num_batched_tokens=setting.chunk, push_fixed_s=push_fixed_ms / 1e3,
     )  # fmt: skip
+
+
+def search_deployments(
+    setup: ModelSetup, setting: Setting, push_fixed_ms: float = 0.0
+) -> tuple[Deployment, PoolDeployments | None]:
+    """The deployment a search of `setup` times its workers with, and, where the prefill pool
+    runs at another TP, what gives each split its pools' (Search's `deployment_for`)."""
+    prefill_tp, tp = setup.pool_tps
+    deployment = deployment_of(setup.model, tp, setting, push_fixed_ms)
+    if prefill_tp == tp:
+        return deployment, None
+    prefill = deployment_of(setup.model, prefill_tp, setting, push_fixed_ms)
+    return deployment, PoolDeployments({tp: deployment, prefill_tp: prefill})
 
 
 def family_splits(setup: ModelSetup, family: str, only: tuple[str, ...] = ()) -> list[Split]:
     """The layouts a family is searched on: colocated its one; the others every P:D split
-    (`only`: those named "P:D"); `auto` also every worker hybrid ("hybrid"), where it chooses
-    per request between a local prefill and one on another worker, and no GPU only prefills."""
-    splits = all_splits(setup.workers)
-    tp = setup.tp
-    splits = [Split(s.prefill, s.decode, tp, tp) for s in splits]
+    (`only`: those named "P:D") that uses every GPU with the setup's TP per pool; `auto` also
+    every worker hybrid ("hybrid"), where it chooses per request between a local prefill and
+    one on another worker, and no GPU only prefills."""
+    prefill_tp, tp = setup.pool_tps
+    splits = tp_splits(setup.gpus, [prefill_tp], [tp])
     if family == "colocated":
         return splits[:1]
     if family == "auto":
@@ -183,7 +217,7 @@ def cell_sample(model: str, workload: str, options: SuiteOptions) -> list:
         per_worker = sampled_requests_per_worker(biggest, per_worker)
     fewest = min(
         simulated_workers(s, replica_count(s, MIN_REPLICA_WORKERS))
-        for s in all_splits(setup.workers)
+        for s in tp_splits(setup.gpus, [setup.pool_tps[0]], [setup.tp])
     )
     block = options.requests_per_worker * fewest
     return suite_sample(workload, per_worker * setup.workers, options.seed, block=block)
@@ -207,18 +241,18 @@ def run_cell(
     setup = MODELS[model]
     slo = SLO(*SLOS[slo_name])
     sample = cell_sample(model, workload, options)
-    cell = Cell(model, workload, slo_name)
+    cell = Cell(model, workload, slo_name, push_fixed_ms=options.push_fixed_ms)
     # FLOPs only: the same at every engine setting.
     cell.ceiling = sample_ceiling(model, sample)
     for family in options.families:
         best = FamilyBest(family)
         router = family_router(family, slo_name, len(sample))
         for setting in options.settings:
-            deployment = deployment_of(setup.model, setup.tp, setting)
+            deployment, pools = search_deployments(setup, setting, options.push_fixed_ms)
             search = Search(
                 deployment, sample, slo, router, precision=options.precision, top=1,
                 requests_per_worker=options.requests_per_worker, jobs=options.jobs,
-                index_lag_s=INDEX_LAG_S,
+                deployment_for=pools, index_lag_s=INDEX_LAG_S,
             )  # fmt: skip
             for result in search.run(family_splits(setup, family, options.splits)).results:
                 _keep(best, result, setting)
