@@ -46,6 +46,11 @@ class ModelSetup:
     def pool_tps(self) -> tuple[int, int]:
         return (self.prefill_tp or self.tp, self.tp)
 
+    def layouts(self) -> list[Split]:
+        """Colocated on every GPU, then every P:D split that uses them all at the pools' TPs."""
+        prefill_tp, tp = self.pool_tps
+        return tp_splits(self.gpus, [prefill_tp], [tp])
+
 
 MODELS = {
     "8b": ModelSetup("llama-3.1-8b", gpus=8, tp=1),
@@ -67,6 +72,8 @@ SUITE_MODELS = ("8b", "70b")
 # where a long prompt's prefill is no longer capped by the TTFT SLO. And `tighter-tpot-Ns`:
 # TPOT <= 18 ms at other TTFT SLOs, from 0.95 s (10% over colocated's chunked prefill of
 # long-rag's longest prompt: 0.87 s at 224-token chunks, 0.77 s on a prefill worker) up.
+# And `tpot-17ms`, `tpot-16.5ms`: closer to 70B TP 4's decode step floor (15.5 ms at an
+# 8k-token context), where colocated's chunks shrink to nothing and so does the split's batch.
 SLOS = {"loose": (1000.0, 50.0), "tight-tpot": (1000.0, 20.0), "tight-ttft": (200.0, 50.0),
         "tighter-tpot": (1000.0, 18.0), "tight-tpot-2s": (2000.0, 20.0),
         "tighter-tpot-0.95s": (950.0, 18.0), "tighter-tpot-1.2s": (1200.0, 18.0),
@@ -184,12 +191,11 @@ def family_splits(setup: ModelSetup, family: str, only: tuple[str, ...] = ()) ->
     (`only`: those named "P:D") that uses every GPU with the setup's TP per pool; `auto` also
     every worker hybrid ("hybrid"), where it chooses per request between a local prefill and
     one on another worker, and no GPU only prefills."""
-    prefill_tp, tp = setup.pool_tps
-    splits = tp_splits(setup.gpus, [prefill_tp], [tp])
+    splits = setup.layouts()
     if family == "colocated":
         return splits[:1]
     if family == "auto":
-        splits.append(Split(0, setup.workers, tp, tp, hybrid=True))
+        splits.append(Split(0, setup.workers, setup.tp, setup.tp, hybrid=True))
     return [s for s in splits[1:] if not only or split_key(s) in only]
 
 
@@ -216,8 +222,7 @@ def cell_sample(model: str, workload: str, options: SuiteOptions) -> list:
         biggest = deployment_of(setup.model, setup.tp, max(options.settings, key=lambda s: s.batch))
         per_worker = sampled_requests_per_worker(biggest, per_worker)
     fewest = min(
-        simulated_workers(s, replica_count(s, MIN_REPLICA_WORKERS))
-        for s in tp_splits(setup.gpus, [setup.pool_tps[0]], [setup.tp])
+        simulated_workers(s, replica_count(s, MIN_REPLICA_WORKERS)) for s in setup.layouts()
     )
     block = options.requests_per_worker * fewest
     return suite_sample(workload, per_worker * setup.workers, options.seed, block=block)
